@@ -1,0 +1,275 @@
+"""A single-node Apache Kafka broker in KRaft mode, run with ``java`` under a state folder.
+
+Everything lives under the state folder (default ``.mixflow/`` in the working directory)::
+
+    broker.pid  broker.json  config/server.properties  config/log4j2.yaml  data/  logs/server.log
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+from pipeline.stack.jars import resolve_broker_jars
+from topics.errors import MixflowError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9092
+MIN_JAVA = 17
+JVM_OPTIONS = ("-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true")
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("MIXFLOW_STATE_DIR", ".mixflow")).absolute()
+
+
+def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
+    """True when a broker at ``bootstrap`` answers a metadata request within the timeout."""
+    admin = AdminClient(
+        {
+            "bootstrap.servers": bootstrap,
+            "socket.connection.setup.timeout.ms": 1000,
+            # Connection-refused lines are expected while the broker starts; keep them off stderr.
+            "log_level": 0,
+        }
+    )
+    try:
+        admin.list_topics(timeout=timeout_s)
+    except Exception:  # any failure means "not answering yet"
+        return False
+    return True
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def java_major_version(java: str) -> int:
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if not match:
+        msg = f"cannot read the Java version from `{java} -version`: {out.strip()[:200]}"
+        raise MixflowError(msg)
+    major = int(match.group(1))
+    return int(match.group(2)) if major == 1 and match.group(2) else major
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    state_dir: Path
+    pid: int | None
+    bootstrap: str | None
+    running: bool
+    answering: bool
+    log_file: Path
+
+    def describe(self) -> str:
+        if not self.running:
+            return f"not running (state folder {self.state_dir})"
+        health = "answering" if self.answering else "NOT answering metadata requests"
+        return f"running, pid {self.pid}, {self.bootstrap}, {health}; logs {self.log_file}"
+
+
+class LocalBroker:
+    """Start, stop and inspect the broker that belongs to one state folder."""
+
+    def __init__(
+        self,
+        state_dir: Path | None = None,
+        *,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        cache_dir: Path | None = None,
+    ) -> None:
+        self.state_dir = (state_dir or default_state_dir()).absolute()
+        self.host = host
+        self.port = port
+        self.cache_dir = cache_dir
+        self.pid_file = self.state_dir / "broker.pid"
+        self.info_file = self.state_dir / "broker.json"
+        self.config_dir = self.state_dir / "config"
+        self.data_dir = self.state_dir / "data"
+        self.log_file = self.state_dir / "logs" / "server.log"
+        self.stdout_file = self.state_dir / "logs" / "stdout.log"
+
+    # -- inspection -------------------------------------------------------------------------------
+
+    def _recorded_pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if self._is_our_broker(pid) else None
+
+    def _is_our_broker(self, pid: int) -> bool:
+        """The pid is alive and is a Kafka broker started with this state folder's configuration."""
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                return False
+            return True  # no /proc (macOS): trust the pid file
+        config = str(self.config_dir / "server.properties").encode()
+        return b"kafka.Kafka" in cmdline and config in cmdline
+
+    def recorded_bootstrap(self) -> str | None:
+        try:
+            return str(json.loads(self.info_file.read_text())["bootstrap"])
+        except (FileNotFoundError, ValueError, KeyError):
+            return None
+
+    def status(self) -> BrokerStatus:
+        pid = self._recorded_pid()
+        bootstrap = self.recorded_bootstrap() if pid else None
+        answering = bool(bootstrap) and broker_answers(bootstrap)  # type: ignore[arg-type]
+        return BrokerStatus(self.state_dir, pid, bootstrap, pid is not None, answering, self.log_file)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def up(self, timeout_s: float = 60.0) -> str:
+        """Start the broker unless ours already runs; return the bootstrap address once it answers."""
+        pid = self._recorded_pid()
+        if pid is not None:
+            bootstrap = self.recorded_bootstrap() or f"{self.host}:{self.port}"
+            log.info("broker already running (pid %d) at %s", pid, bootstrap)
+            self._wait_until_answering(bootstrap, pid, timeout_s)
+            return bootstrap
+
+        java = shutil.which("java")
+        if java is None:
+            msg = f"'java' is not on PATH; the local Kafka broker needs Java {MIN_JAVA} or newer"
+            raise MixflowError(msg)
+        if (major := java_major_version(java)) < MIN_JAVA:
+            msg = f"Kafka 4 needs Java {MIN_JAVA} or newer, but `java` is Java {major}"
+            raise MixflowError(msg)
+        controller_port = self.port + 1
+        for port in (self.port, controller_port):
+            if not port_is_free(self.host, port):
+                msg = (
+                    f"port {self.host}:{port} is taken by another process; stop it or choose "
+                    f"another port with --port (the controller uses --port + 1)"
+                )
+                raise MixflowError(msg)
+
+        libs = resolve_broker_jars(self.cache_dir)
+        self._write_config(controller_port)
+        if not (self.data_dir / "meta.properties").exists():
+            self._format_storage(java, libs)
+
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        command = [
+            java, *JVM_OPTIONS,
+            f"-Dlog4j2.configurationFile={self.config_dir / 'log4j2.yaml'}",
+            f"-Dkafka.logs.dir={self.log_file.parent}",
+            "-cp", f"{libs}/*",
+            "kafka.Kafka", str(self.config_dir / "server.properties"),
+        ]  # fmt: skip
+        with self.stdout_file.open("ab") as out:
+            # A new session keeps the broker alive when the shell that ran `mixflow stack up` exits.
+            process = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, cwd=self.state_dir,
+            )  # fmt: skip
+        bootstrap = f"{self.host}:{self.port}"
+        self.pid_file.write_text(f"{process.pid}\n")
+        self.info_file.write_text(json.dumps({"bootstrap": bootstrap, "pid": process.pid}) + "\n")
+        log.info("started Kafka broker, pid %d, logs in %s", process.pid, self.log_file)
+        self._wait_until_answering(bootstrap, process.pid, timeout_s, process)
+        return bootstrap
+
+    def down(self, timeout_s: float = 30.0) -> bool:
+        """Stop our broker (SIGTERM, then SIGKILL after the timeout). False when none was running."""
+        pid = self._recorded_pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while self._is_our_broker(pid) and not _reaped(pid):
+            if time.monotonic() > deadline:
+                log.warning("broker pid %d did not stop within %.0f s; killing it", pid, timeout_s)
+                os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + timeout_s
+            time.sleep(0.1)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _write_config(self, controller_port: int) -> None:
+        self.config_dir.mkdir(parents=True, exist_ok=True)
+        values = {
+            "host": self.host,
+            "port": self.port,
+            "controller_port": controller_port,
+            "data_dir": self.data_dir,
+            "log_file": self.log_file,
+        }
+        for name in ("server.properties", "log4j2.yaml"):
+            text = resources.files("pipeline.stack").joinpath(name).read_text()
+            for key, value in values.items():
+                text = text.replace(f"{{{key}}}", str(value))
+            (self.config_dir / name).write_text(text)
+
+    def _format_storage(self, java: str, libs: Path) -> None:
+        command = [
+            java, "-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={self.config_dir / 'log4j2.yaml'}",
+            "kafka.tools.StorageTool", "format", "--ignore-formatted",
+            "--cluster-id", uuid.uuid4().hex[:22],
+            "--config", str(self.config_dir / "server.properties"),
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            msg = f"formatting the broker storage in {self.data_dir} failed: {result.stderr.strip()[-500:]}"
+            raise MixflowError(msg)
+
+    def _wait_until_answering(
+        self, bootstrap: str, pid: int, timeout_s: float, process: subprocess.Popen | None = None
+    ) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not broker_answers(bootstrap, timeout_s=1.0):
+            exited = process.poll() is not None if process else not self._is_our_broker(pid)
+            if exited or time.monotonic() > deadline:
+                why = "exited" if exited else f"did not answer within {timeout_s:.0f} s"
+                tail = self._log_tail()
+                msg = f"the Kafka broker (pid {pid}) {why}; last lines of {self.log_file}:\n{tail}"
+                raise MixflowError(msg)
+
+    def _log_tail(self, lines: int = 15) -> str:
+        text = ""
+        for path in (self.log_file, self.stdout_file):
+            if path.exists():
+                text += "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) + "\n"
+        return text.strip() or "(no log output)"
+
+
+def _reaped(pid: int) -> bool:
+    """Reap the broker if it is our child (tests start it in-process); True once it has exited."""
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return waited == pid

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The test command: set-up on a fresh machine, a real Kafka broker, lint, and the whole test suite.
+# Extra arguments go to pytest. Uses $KAFKA_BOOTSTRAP_SERVERS when set; otherwise starts the local
+# broker (`mixflow stack up`) and stops it again at the end if it was not running before.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+bash scripts/setup.sh
+
+if [ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]; then
+  if ! .venv/bin/mixflow stack status >/dev/null 2>&1; then
+    trap '.venv/bin/mixflow stack down' EXIT
+  fi
+  KAFKA_BOOTSTRAP_SERVERS="$(.venv/bin/mixflow stack up | tail -n 1)"
+  export KAFKA_BOOTSTRAP_SERVERS
+fi
+echo "test: Kafka at $KAFKA_BOOTSTRAP_SERVERS"
+
+.venv/bin/ruff check .
+.venv/bin/python -m pytest -p no:cacheprovider "$@"

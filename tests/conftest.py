@@ -1,0 +1,63 @@
+"""Test fixtures. Every Kafka test uses a real broker, found in this order:
+
+1. ``KAFKA_BOOTSTRAP_SERVERS`` when set (``.ci/run`` sets it after ``mixflow stack up``);
+2. a testcontainers ``apache/kafka`` container when a Docker engine answers;
+3. ``mixflow stack up`` with the state folder ``.mixflow/`` of the repository, stopped again at the end
+   when this session started it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.stack.local_broker import LocalBroker
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+KAFKA_IMAGE = "apache/kafka:4.1.1"
+
+
+def _docker_engine_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+    except Exception:  # no client library, no socket, or no engine behind it
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """The bootstrap address of a real Kafka broker for this test session."""
+    if env := os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield env
+        return
+    if _docker_engine_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer(KAFKA_IMAGE) as container:
+            yield container.get_bootstrap_server()
+        return
+    broker = LocalBroker(REPO / ".mixflow")
+    was_running = broker.status().running
+    bootstrap = broker.up()
+    try:
+        yield bootstrap
+    finally:
+        if not was_running:
+            broker.down()
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> str:
+    """A job name no other test (or earlier run against the same broker) uses: ``t<8 hex>-<test>``."""
+    test = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40].strip("-")
+    return f"t{uuid.uuid4().hex[:8]}-{test}"
