@@ -1,0 +1,80 @@
+"""A job's mixer: its schedule, step budget and policies, built from the spec."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from pipeline.mixing.draw import Draw, LongContext, draw_step
+from pipeline.mixing.schedule import Schedule
+from pipeline.mixing.state import MixerState
+from pipeline.spec.job import JobSpec
+from pipeline.spec.sections import OnExhausted
+
+DEFAULT_OVERDRAW = 0.05
+"""Draw 5% more tokens than a step holds. The scheduler then has a choice of what to place, instead of
+having to place everything, and defers the rest; deferred samples come first in the next draw and count
+toward their source's share there, so the overdraw never accumulates: the pool of deferred samples stays
+about ``overdraw * tokens_per_step`` plus what packing could not place."""
+
+
+def step_budget(tokens_per_step: int, overdraw: float = DEFAULT_OVERDRAW) -> int:
+    """Tokens to draw for a step of ``tokens_per_step`` capacity (ranks * micro-batches * tokens each)."""
+    if tokens_per_step <= 0 or not 0 <= overdraw <= 1:
+        msg = f"need tokens_per_step > 0 and 0 <= overdraw <= 1, got {tokens_per_step}, {overdraw}"
+        raise ValueError(msg)
+    return math.ceil(tokens_per_step * (1 + overdraw))
+
+
+def step_rng(seed: int, step: int) -> np.random.Generator:
+    """A random generator that depends only on ``(seed, step)``, for random choices within a step."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, step])))
+
+
+@dataclass(frozen=True)
+class Mixer:
+    """Draws each step of a job by its schedule (see ``draw_step``)."""
+
+    schedule: Schedule
+    budget_tokens: int
+    on_exhausted: OnExhausted = OnExhausted.STOP
+    long_context: LongContext | None = None
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec, overdraw: float = DEFAULT_OVERDRAW) -> Mixer:
+        long = None
+        if spec.long_context is not None:
+            lc = spec.long_context
+            long = LongContext(lc.min_length, lc.token_share, frozenset(spec.long_sources()))
+        return cls(
+            Schedule.from_spec(spec.mixture, spec.source_names),
+            step_budget(spec.step.tokens_per_step, overdraw),
+            spec.on_exhausted,
+            long,
+        )
+
+    def initial_state(self) -> MixerState:
+        return MixerState.initial(self.schedule.sources)
+
+    def draw(
+        self,
+        state: MixerState,
+        available: Mapping[str, ArrayLike],
+        deferred: Mapping[str, ArrayLike] | None = None,
+        exhausted: Collection[str] = (),
+    ) -> Draw:
+        """Draw step ``state.step`` with the schedule's weights at that step."""
+        return draw_step(
+            state,
+            self.schedule.weights_at(state.step),
+            self.budget_tokens,
+            available,
+            deferred,
+            exhausted=exhausted,
+            on_exhausted=self.on_exhausted,
+            long_context=self.long_context,
+        )

@@ -1,0 +1,142 @@
+"""The smaller sections of a job spec: Kafka connection, step shape, cost model, long context."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pipeline.spec._problems import Problems
+
+BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+DEFAULT_BOOTSTRAP_SERVERS = "localhost:9092"
+
+ConfigValue = str | int | bool
+
+
+class KafkaSpec(BaseModel):
+    """Where the cluster is and how to reach it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bootstrap_servers: str = Field(
+        DEFAULT_BOOTSTRAP_SERVERS,
+        min_length=1,
+        description=f"host:port[,host:port...]; overridden by --bootstrap-servers, then by ${BOOTSTRAP_ENV}.",
+    )
+    config: dict[str, ConfigValue] = Field(
+        default_factory=dict,
+        description="Extra librdkafka settings for every client of the job (security.protocol, sasl.*, ssl.*).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> KafkaSpec:
+        problems = Problems("KafkaSpec")
+        if "bootstrap.servers" in self.config:
+            problems.add(("config", "bootstrap.servers"), "set kafka.bootstrap_servers instead",
+                         self.config["bootstrap.servers"])
+        problems.raise_if_any()
+        return self
+
+    def resolved_bootstrap_servers(
+        self, override: str | None = None, environ: Mapping[str, str] | None = None
+    ) -> str:
+        """The bootstrap servers to use: ``override`` (the CLI's --bootstrap-servers) if given, else
+        ``$KAFKA_BOOTSTRAP_SERVERS`` if set and not empty, else the spec's."""
+        env = os.environ if environ is None else environ
+        return override or env.get(BOOTSTRAP_ENV) or self.bootstrap_servers
+
+    def client_config(
+        self, override: str | None = None, environ: Mapping[str, str] | None = None
+    ) -> dict[str, ConfigValue]:
+        """The librdkafka settings shared by every client of the job: ``config`` plus
+        ``bootstrap.servers`` (see ``resolved_bootstrap_servers``). Roles add their own settings."""
+        return {**self.config, "bootstrap.servers": self.resolved_bootstrap_servers(override, environ)}
+
+
+class StepSpec(BaseModel):
+    """The shape of one global training step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ranks: int = Field(ge=1, description="Data-parallel ranks; one batch topic each.")
+    micro_batches: int = Field(ge=1, description="Micro-batches per rank per step.")
+    tokens_per_micro_batch: int = Field(ge=1, description="Packed length of one micro-batch.")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """The step's capacity: ranks * micro_batches * tokens_per_micro_batch."""
+        return self.ranks * self.micro_batches * self.tokens_per_micro_batch
+
+
+_DIRECT = ("alpha", "beta")
+_MODEL = ("hidden_size", "num_layers", "causal")
+
+
+class CostSpec(BaseModel):
+    """Cost of a sample of length L, ``alpha * L**2 + beta * L``, for balancing ranks.
+
+    Give ``alpha`` and ``beta``, or the model's ``hidden_size`` and ``num_layers`` (and ``causal``,
+    default true), from which per layer: attention scores and their product with the values cost
+    ``4 * h`` FLOPs per pair of tokens (half the pairs when causal), and the dense projections and MLP
+    ``24 * h**2`` FLOPs per token. Only the ratio of alpha to beta matters to the balance.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    alpha: float | None = Field(None, ge=0, allow_inf_nan=False, description="Cost per pair of tokens.")
+    beta: float | None = Field(None, ge=0, allow_inf_nan=False, description="Cost per token.")
+    hidden_size: int | None = Field(None, ge=1)
+    num_layers: int | None = Field(None, ge=1)
+    causal: bool | None = Field(None, description="Causal attention; default true.")
+
+    @model_validator(mode="after")
+    def _check(self) -> CostSpec:
+        problems = Problems("CostSpec")
+        direct = [k for k in _DIRECT if getattr(self, k) is not None]
+        model = [k for k in _MODEL if getattr(self, k) is not None]
+        if direct and model:
+            problems.add((), "give either alpha/beta or hidden_size/num_layers/causal, not both",
+                         {k: getattr(self, k) for k in direct + model})
+        elif not direct and not model:
+            problems.add((), "give alpha and beta, or hidden_size and num_layers")
+        else:
+            needed = _DIRECT if direct else _MODEL[:2]
+            for key in needed:
+                if getattr(self, key) is None:
+                    with_ = "alpha/beta" if direct else "hidden_size/num_layers"
+                    problems.add((key,), f"required with {with_}")
+        problems.raise_if_any()
+        if model and self.causal is None:
+            self.causal = True
+        return self
+
+    def alpha_beta(self) -> tuple[float, float]:
+        """``(alpha, beta)``: cost per token pair and per token."""
+        if self.alpha is not None and self.beta is not None:
+            return float(self.alpha), float(self.beta)
+        h, layers = float(self.hidden_size or 0), float(self.num_layers or 0)
+        alpha = 4.0 * h * layers
+        return (alpha / 2 if self.causal else alpha), 24.0 * h * h * layers
+
+
+class LongContextSpec(BaseModel):
+    """A share of every step's tokens comes from samples of at least ``min_length`` tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_length: int = Field(ge=1, description="A sample of at least this many tokens is long.")
+    token_share: float = Field(gt=0, lt=1, description="Share of each step's tokens from long samples.")
+
+
+class OnExhausted(StrEnum):
+    """What happens when a source has no more samples (after its epochs)."""
+
+    STOP = "stop"
+    """Stop the job at the first step the source cannot fill."""
+    NEXT_EPOCH = "next_epoch"
+    """Start another pass over the source; the step waits for it."""
+    RENORMALIZE = "renormalize"
+    """Give the source's share to the other sources, by their weights."""

@@ -1,0 +1,94 @@
+"""One data source of a job: where its files are, how to read them, and how to tokenize them."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from pipeline.spec._paths import resolve_path
+from pipeline.spec._problems import Problems
+from pipeline.spec.names import SourceName
+
+
+class Reader(StrEnum):
+    """File formats a source loader can read."""
+
+    JSONL = "jsonl"
+    PARQUET = "parquet"
+    ARROW = "arrow"
+    TEXT = "text"
+
+
+DEFAULT_GLOBS: dict[Reader, str] = {
+    Reader.JSONL: "**/*.jsonl",
+    Reader.PARQUET: "**/*.parquet",
+    Reader.ARROW: "**/*.arrow",
+    Reader.TEXT: "**/*.txt",
+}
+DEFAULT_FIELD = "text"
+# Readers of records with named columns or keys; the text reader has none.
+COLUMNAR_READERS = frozenset({Reader.JSONL, Reader.PARQUET, Reader.ARROW})
+
+
+class SourceSpec(BaseModel):
+    """A source. After validation ``glob`` and ``field`` hold their defaults, and the job fills in
+    ``tokenizer`` (from the job-level one) and ``max_sample_length`` (the step's tokens per
+    micro-batch) when they are not given here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: SourceName
+    reader: Reader = Field(description="File format: " + ", ".join(r.value for r in Reader))
+    path: Path = Field(description="Root folder of the source's files; relative to the spec's folder.")
+    glob: str | None = Field(
+        None,
+        min_length=1,
+        description="Files under path to read; default per reader: "
+        + ", ".join(f"{r.value} {g}" for r, g in DEFAULT_GLOBS.items()),
+    )
+    field: str | None = Field(
+        None,
+        min_length=1,
+        description=f"Column or key holding the text (or token ids when pretokenized) for the "
+        f"jsonl, parquet and arrow readers; default {DEFAULT_FIELD!r}. Not used by the text reader.",
+    )
+    pretokenized: bool = Field(False, description="The field holds token ids instead of text.")
+    tokenizer: Path | None = Field(
+        None,
+        description="A Hugging Face tokenizer.json, relative to the spec's folder; required unless "
+        "pretokenized; defaults to the job-level tokenizer.",
+    )
+    max_sample_length: Annotated[int, Field(gt=0)] | None = Field(
+        None,
+        description="Longer documents are split into chunks of at most this many tokens; at most the "
+        "step's tokens_per_micro_batch, which is also the default.",
+    )
+    eod_token_id: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="Token appended to the end of each document, if any."
+    )
+    epochs: int = Field(1, ge=1, description="Passes over the source's files.")
+    loaders: int = Field(1, ge=1, description="Source loader processes to start with.")
+
+    @field_validator("path", "tokenizer")
+    @classmethod
+    def _resolve_paths(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return resolve_path(value, info)
+
+    @model_validator(mode="after")
+    def _reader_defaults(self) -> SourceSpec:
+        problems = Problems("SourceSpec")
+        if self.reader in COLUMNAR_READERS:
+            self.field = self.field or DEFAULT_FIELD
+        else:
+            if self.field is not None:
+                problems.add(("field",), f"the {self.reader.value} reader has no fields; remove it", self.field)
+            if self.pretokenized:
+                problems.add(
+                    ("pretokenized",), f"the {self.reader.value} reader reads text, not token ids", True
+                )
+        problems.raise_if_any()
+        self.glob = self.glob or DEFAULT_GLOBS[self.reader]
+        return self

@@ -1,0 +1,60 @@
+"""`mixflow spec check SPEC` and `mixflow spec schema [--out FILE]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pipeline.spec import JobSpec, SpecError, check_files, load_spec, spec_json_schema
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("spec", help="check a job spec, or print its JSON schema")
+    actions = parser.add_subparsers(dest="spec_command", required=True, metavar="ACTION")
+
+    check = actions.add_parser("check", help="validate a job spec and list every problem")
+    check.add_argument("spec", type=Path, help="the job's YAML spec")
+    check.add_argument(
+        "--files", action="store_true", help="also check that source folders, their files and tokenizers exist"
+    )
+    check.set_defaults(run=_check)
+
+    schema = actions.add_parser("schema", help="print the JSON schema of a job spec")
+    schema.add_argument("--out", type=Path, help="write it to this file instead")
+    schema.set_defaults(run=_schema)
+
+
+def _check(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.spec)
+        if args.files and (problems := check_files(spec, args.spec)):
+            raise SpecError(args.spec, problems)
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(f"ok: {spec.job} ({summary(spec)})")
+    return 0
+
+
+def summary(spec: JobSpec) -> str:
+    """One line: sources, step shape, mixture."""
+    step = spec.step
+    points = len(spec.mixture.points())
+    mixture = (
+        f"curriculum of {points} points, {spec.mixture.interpolation}" if spec.mixture.schedule else "fixed weights"
+    )
+    return (
+        f"{len(spec.sources)} sources, {step.ranks} ranks x {step.micro_batches} micro-batches x "
+        f"{step.tokens_per_micro_batch} tokens = {step.tokens_per_step} tokens per step, {mixture}"
+    )
+
+
+def _schema(args: argparse.Namespace) -> int:
+    text = json.dumps(spec_json_schema(), indent=2) + "\n"
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.write_text(text, encoding="utf-8")
+    return 0
