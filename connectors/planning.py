@@ -1,0 +1,108 @@
+"""Splitting a source into work units of similar expected cost, in a seeded order per epoch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from connectors.readers.base import FileLayout, Reader
+from connectors.seeding import stable_rng
+from connectors.work_units import WorkUnit
+
+
+def unit_bytes(cost_per_byte: float, target_unit_cost: float) -> int:
+    """The content bytes one unit should hold so that reading and tokenizing it costs ``target_unit_cost``."""
+    if not (cost_per_byte > 0 and math.isfinite(cost_per_byte)):
+        msg = f"cost_per_byte must be a positive number of seconds, got {cost_per_byte}"
+        raise ValueError(msg)
+    if not (target_unit_cost > 0 and math.isfinite(target_unit_cost)):
+        msg = f"target_unit_cost must be a positive number of seconds, got {target_unit_cost}"
+        raise ValueError(msg)
+    return max(1, int(target_unit_cost / cost_per_byte))
+
+
+def cut_rows(bounds: np.ndarray, cuts: np.ndarray, max_bytes: int) -> np.ndarray:
+    """Rows at which to split, picked from the allowed ``cuts`` (row numbers, first 0, last the row count).
+
+    ``bounds[r]`` is where row ``r`` starts, in bytes. The file is split into ``ceil(bytes / max_bytes)``
+    pieces of about equal bytes, each cut moved to the nearest allowed row, so a piece exceeds
+    ``max_bytes`` by at most the largest gap between allowed cuts (one row, or one row group)."""
+    total = int(bounds[cuts[-1]] - bounds[cuts[0]])
+    pieces = max(1, -(-total // max_bytes))
+    ideal = bounds[cuts[0]] + total * np.arange(1, pieces) / pieces
+    cut_bytes = bounds[cuts]
+    right = np.clip(np.searchsorted(cut_bytes, ideal), 1, len(cuts) - 1)
+    nearer_left = (ideal - cut_bytes[right - 1]) < (cut_bytes[right] - ideal)
+    chosen = cuts[right - nearer_left]
+    return np.unique(np.concatenate([cuts[:1], chosen, cuts[-1:]]))
+
+
+def split_file(source: str, layout: FileLayout, max_bytes: int, epoch: int = 0) -> list[WorkUnit]:
+    """The units of one file, in row order, covering each of its rows exactly once."""
+    bounds = layout.row_bounds
+    whole = WorkUnit(source, layout.path, "file", 0, layout.num_rows, epoch, layout.content_bytes)
+    if layout.problem is not None:
+        return [WorkUnit(source, layout.path, "file", 0, 0, epoch, layout.size_bytes)]
+    if layout.num_rows == 0:
+        return []
+    allowed = layout.row_groups if layout.row_groups is not None else np.arange(layout.num_rows + 1)
+    rows = cut_rows(bounds, allowed, max_bytes)
+    if len(rows) == 2:
+        return [whole]
+    units = []
+    for start, stop in zip(rows[:-1].tolist(), rows[1:].tolist(), strict=True):
+        size = int(bounds[stop] - bounds[start])
+        group = _single_group(layout.row_groups, start, stop)
+        if group is not None:
+            units.append(WorkUnit(source, layout.path, "row_group", start, stop, epoch, size, row_group=group))
+        else:
+            units.append(
+                WorkUnit(source, layout.path, "rows", start, stop, epoch, size, byte_offset=int(bounds[start]))
+            )
+    return units
+
+
+def _single_group(row_groups: np.ndarray | None, start: int, stop: int) -> int | None:
+    """The index of the row group that is exactly rows ``[start, stop)``, if there is one."""
+    if row_groups is None:
+        return None
+    index = int(np.searchsorted(row_groups, start))
+    if index + 1 < len(row_groups) and row_groups[index] == start and row_groups[index + 1] == stop:
+        return index
+    return None
+
+
+def shuffle_units(units: Sequence[WorkUnit], seed: int, source: str, epoch: int) -> list[WorkUnit]:
+    """``units`` in the order drawn for this job seed, source and epoch."""
+    order = stable_rng(seed, source, epoch).permutation(len(units))
+    return [units[i] for i in order.tolist()]
+
+
+def plan_units(
+    reader: Reader,
+    cost_per_byte: float,
+    target_unit_cost: float,
+    *,
+    epoch: int = 0,
+    seed: int = 0,
+    layouts: Sequence[FileLayout] | None = None,
+) -> list[WorkUnit]:
+    """All units of the reader's source for ``epoch``, shuffled with ``seed``.
+
+    ``cost_per_byte`` (seconds, see :func:`connectors.cost.measure_cost_per_byte`) and
+    ``target_unit_cost`` (seconds) set the unit size, so a source that is slower per byte gets more,
+    smaller units. The plan is a pure function of the files and these arguments: store the measured
+    cost with the job so a restarted planner makes the same plan. Pass ``layouts`` to plan several
+    epochs from one scan of the files."""
+    if epoch < 0:
+        msg = f"epoch must be >= 0, got {epoch}"
+        raise ValueError(msg)
+    max_bytes = unit_bytes(cost_per_byte, target_unit_cost)
+    units = [
+        unit
+        for layout in (reader.layouts() if layouts is None else layouts)
+        for unit in split_file(reader.source, layout, max_bytes, epoch)
+    ]
+    return shuffle_units(units, seed, reader.source, epoch)

@@ -1,0 +1,184 @@
+"""What every reader shares: the file listing, the layout planning needs, and value checks."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Literal, get_args
+
+import numpy as np
+
+from connectors.sample_ids import document_id
+from connectors.work_units import WorkUnit
+from topics.dead_letter import DeadLetter
+from topics.errors import MixflowError
+
+ContentKind = Literal["text", "tokens"]
+CONTENT_KINDS: tuple[str, ...] = get_args(ContentKind)
+INT32_LIMIT = 2**31
+
+
+class SourceNotFoundError(MixflowError, FileNotFoundError):
+    """A source root that does not exist, or a glob that matches no file under it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One document read from a source: either ``text`` or pre-tokenized ``tokens`` (int32).
+
+    ``document_id`` is ``<source>/<path>/<row>``, without the chunk and epoch suffixes."""
+
+    document_id: str
+    text: str | None = None
+    tokens: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.tokens is None):
+            msg = f"document {self.document_id} must have exactly one of text and tokens"
+            raise ValueError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class FileLayout:
+    """What planning needs to know about one file.
+
+    ``row_bounds`` (int64, ``num_rows + 1`` entries) gives where each row's content starts and ends,
+    in bytes: exact file offsets for line-based files, estimates elsewhere. ``row_groups``, when set,
+    holds the row numbers where row groups start and end (``[0, 64, 128, 150]``), and the file can only
+    be split there. ``problem`` is set when the file could not be inspected; it is then planned as one
+    unit and reading it yields the dead letter.
+    """
+
+    path: str
+    size_bytes: int
+    row_bounds: np.ndarray
+    row_groups: np.ndarray | None = None
+    problem: str | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_bounds) - 1
+
+    @property
+    def content_bytes(self) -> int:
+        return int(self.row_bounds[-1] - self.row_bounds[0])
+
+    @classmethod
+    def unreadable(cls, path: str, size_bytes: int, problem: str) -> FileLayout:
+        return cls(path, size_bytes, np.zeros(1, dtype=np.int64), problem=problem)
+
+
+def location(path: str, *, row: int | None = None, row_group: int | None = None) -> str:
+    """Where a dead letter came from: ``a/b.jsonl:row=3``, ``c.parquet:row_group=2`` or ``d.txt``."""
+    if row is not None:
+        return f"{path}:row={row}"
+    if row_group is not None:
+        return f"{path}:row_group={row_group}"
+    return path
+
+
+class Reader(ABC):
+    """Reads the files of one source. A new format is one subclass with :meth:`layout` and :meth:`read`.
+
+    ``glob`` selects files under ``root`` (``**`` recurses); ``field`` names the column or JSON key holding
+    each document; ``content`` says whether it holds text or a list of token ids. Nothing is read from
+    disk until :meth:`files` is called.
+    """
+
+    default_glob: ClassVar[str]
+    supported_content: ClassVar[tuple[str, ...]] = CONTENT_KINDS
+
+    def __init__(
+        self,
+        source: str,
+        root: str | Path,
+        glob: str | None = None,
+        field: str = "text",
+        *,
+        content: ContentKind = "text",
+    ) -> None:
+        if not source or "/" in source:
+            msg = f"source name {source!r} must be non-empty and hold no '/'"
+            raise ValueError(msg)
+        if content not in self.supported_content:
+            kinds = ", ".join(self.supported_content)
+            msg = f"content {content!r} of source {source} is not one of {kinds} for {type(self).__name__}"
+            raise ValueError(msg)
+        self.source = source
+        self.root = Path(root)
+        self.glob = glob or self.default_glob
+        self.field = field
+        self.content = content
+
+    def files(self) -> list[str]:
+        """The matching files, relative to the root with '/' separators, sorted."""
+        if not self.root.is_dir():
+            msg = f"source {self.source}: root {self.root} does not exist or is not a directory"
+            raise SourceNotFoundError(msg)
+        try:
+            matches = [p for p in self.root.glob(self.glob) if p.is_file()]
+        except (ValueError, NotImplementedError) as exc:  # an absolute or malformed pattern
+            msg = f"source {self.source}: glob {self.glob!r} is not a pattern relative to {self.root}: {exc}"
+            raise ValueError(msg) from exc
+        found = sorted(p.relative_to(self.root).as_posix() for p in matches)
+        if not found:
+            msg = f"source {self.source}: no file under {self.root} matches {self.glob!r}"
+            raise SourceNotFoundError(msg)
+        return found
+
+    def layouts(self) -> list[FileLayout]:
+        return [self.layout(path) for path in self.files()]
+
+    @abstractmethod
+    def layout(self, path: str) -> FileLayout:
+        """Sizes and row boundaries of one file; a file that cannot be inspected gets
+        :meth:`FileLayout.unreadable`, never an exception."""
+
+    @abstractmethod
+    def read(self, unit: WorkUnit) -> Iterator[Document | DeadLetter]:
+        """The unit's documents in row order, with a dead letter in place of each bad record."""
+
+    def full_path(self, path: str) -> Path:
+        return self.root / path
+
+    def check_unit(self, unit: WorkUnit) -> None:
+        if unit.source != self.source:
+            msg = f"work unit {unit.unit_id} belongs to source {unit.source}, not {self.source}"
+            raise ValueError(msg)
+
+    def dead_letter(self, where: str, reason: str, payload: bytes | None = None) -> DeadLetter:
+        return DeadLetter(source=self.source, location=where, reason=reason, payload=payload)
+
+    def document(self, path: str, row: int, value: object) -> Document | DeadLetter:
+        """Check one record's field value against ``content`` and wrap it."""
+        doc_id = document_id(self.source, path, row)
+        where = location(path, row=row)
+        if value is None:
+            return self.dead_letter(where, f"field {self.field!r} is missing or null")
+        if self.content == "text":
+            if not isinstance(value, str):
+                return self.dead_letter(where, f"field {self.field!r} is {type(value).__name__}, not a string")
+            return Document(doc_id, text=value)
+        tokens = token_array(value)
+        if isinstance(tokens, str):
+            return self.dead_letter(where, f"field {self.field!r} {tokens}")
+        return Document(doc_id, tokens=tokens)
+
+
+def token_array(value: object) -> np.ndarray | str:
+    """``value`` as a one-dimensional int32 array of token ids, or the reason it is not one."""
+    if not isinstance(value, list | np.ndarray):
+        return f"is {type(value).__name__}, not a list of token ids"
+    if len(value) == 0:
+        return np.zeros(0, dtype=np.int32)
+    try:
+        array = np.asarray(value)
+    except ValueError as exc:
+        return f"is not a flat list of token ids: {exc}"
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        return f"is not a flat list of integers (got {array.dtype} with {array.ndim} dimensions)"
+    if int(array.min()) < 0 or int(array.max()) >= INT32_LIMIT:
+        return "holds token ids outside [0, 2**31)"
+    return array.astype(np.int32, copy=False)

@@ -1,0 +1,81 @@
+"""JSON Lines: one JSON object per line; the row is the 0-based line number."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import numpy as np
+
+from connectors.readers.base import Document, FileLayout, Reader, location
+from connectors.work_units import WorkUnit
+from topics.dead_letter import DeadLetter
+
+_SCAN_BYTES = 8 << 20
+
+
+def line_bounds(data: bytes, base: int) -> np.ndarray:
+    """Offsets just past each b'\\n' in ``data``, shifted by ``base``."""
+    return np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n")).astype(np.int64) + base + 1
+
+
+class JsonlReader(Reader):
+    """Each line holds an object whose ``field`` is the text (or, with ``content="tokens"``, a list of
+    token ids). Blank lines are rows without a document; they are skipped silently."""
+
+    default_glob = "**/*.jsonl"
+
+    def layout(self, path: str) -> FileLayout:
+        parts = [np.zeros(1, dtype=np.int64)]
+        size = 0
+        try:
+            with self.full_path(path).open("rb") as f:
+                while data := f.read(_SCAN_BYTES):
+                    parts.append(line_bounds(data, size))
+                    size += len(data)
+                    last = data[-1:]
+        except OSError as exc:
+            return FileLayout.unreadable(path, 0, f"cannot read: {exc}")
+        if size and last != b"\n":
+            parts.append(np.array([size], dtype=np.int64))
+        return FileLayout(path, size, np.concatenate(parts))
+
+    def read(self, unit: WorkUnit) -> Iterator[Document | DeadLetter]:
+        self.check_unit(unit)
+        whole = unit.kind == "file"
+        start = 0 if whole else unit.start
+        try:
+            with self.full_path(unit.path).open("rb") as f:
+                if not whole and unit.byte_offset:
+                    f.seek(unit.byte_offset)
+                else:
+                    for _ in range(start):
+                        f.readline()
+                row = start
+                while whole or row < unit.stop:
+                    line = f.readline()
+                    if not line:
+                        break
+                    if line.strip():
+                        yield self._parse(unit.path, row, line)
+                    row += 1
+        except OSError as exc:
+            yield self.dead_letter(location(unit.path), f"cannot read: {exc}")
+            return
+        if not whole and row < unit.stop:
+            where = location(unit.path, row=row)
+            yield self.dead_letter(where, f"file ends at row {row}, before row {unit.stop} of {unit.unit_id}")
+
+    def _parse(self, path: str, row: int, line: bytes) -> Document | DeadLetter:
+        where = location(path, row=row)
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            return self.dead_letter(where, f"invalid JSON: {exc}", payload=line)
+        if not isinstance(record, dict):
+            return self.dead_letter(where, f"line is a JSON {type(record).__name__}, not an object", line)
+        value = record.get(self.field)
+        result = self.document(path, row, value)
+        if isinstance(result, DeadLetter):
+            return self.dead_letter(result.location, result.reason, payload=line)
+        return result

@@ -1,0 +1,94 @@
+"""Parquet, read one row group at a time; the row is the 0-based row number within the file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from connectors.readers._columns import column_documents
+from connectors.readers.base import Document, FileLayout, Reader, location
+from connectors.work_units import WorkUnit
+from topics.dead_letter import DeadLetter
+
+
+class ParquetReader(Reader):
+    """Reads one column, ``field``: strings, or lists of integer token ids with ``content="tokens"``.
+    A file is split only at row group boundaries; a corrupt row group becomes one dead letter and the
+    file's other row groups are still read."""
+
+    default_glob = "**/*.parquet"
+
+    def layout(self, path: str) -> FileLayout:
+        full = self.full_path(path)
+        try:
+            size = full.stat().st_size
+            meta = pq.ParquetFile(full).metadata
+        except (OSError, pa.ArrowException) as exc:
+            return FileLayout.unreadable(path, _size_or_zero(full), f"cannot open as Parquet: {exc}")
+        rows = np.array([meta.row_group(i).num_rows for i in range(meta.num_row_groups)], dtype=np.int64)
+        group_bytes = np.array(
+            [self._content_bytes(meta.row_group(i)) for i in range(meta.num_row_groups)], dtype=np.float64
+        )
+        # rows of a group are assumed equally large: the metadata gives sizes per group only
+        per_row = np.repeat(group_bytes / np.maximum(rows, 1), rows)
+        row_bounds = np.concatenate([[0], np.rint(np.cumsum(per_row))]).astype(np.int64)
+        row_groups = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        return FileLayout(path, size, row_bounds, row_groups=row_groups)
+
+    def _content_bytes(self, group: pq.RowGroupMetaData) -> int:
+        for j in range(group.num_columns):
+            column = group.column(j)
+            if column.path_in_schema.split(".")[0] == self.field:
+                return column.total_uncompressed_size
+        return group.total_byte_size
+
+    def read(self, unit: WorkUnit) -> Iterator[Document | DeadLetter]:
+        self.check_unit(unit)
+        try:
+            parquet = pq.ParquetFile(self.full_path(unit.path))
+        except (OSError, pa.ArrowException) as exc:
+            yield self.dead_letter(location(unit.path), f"cannot open as Parquet: {exc}")
+            return
+        if self.field not in parquet.schema_arrow.names:
+            names = ", ".join(parquet.schema_arrow.names)
+            yield self.dead_letter(location(unit.path), f"no column {self.field!r} (columns: {names})")
+            return
+        meta = parquet.metadata
+        starts = np.concatenate([[0], np.cumsum([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])])
+        if unit.row_group is not None and unit.row_group >= meta.num_row_groups:
+            reason = f"row group {unit.row_group} planned, but the file has {meta.num_row_groups}"
+            yield self.dead_letter(location(unit.path, row_group=unit.row_group), reason)
+            return
+        for group in self._groups(unit, starts):
+            block = location(unit.path, row_group=group)
+            try:
+                table = parquet.read_row_group(group, columns=[self.field])
+            except (OSError, pa.ArrowException) as exc:
+                yield self.dead_letter(block, f"cannot read row group: {exc}")
+                continue
+            first = int(starts[group])
+            if unit.kind == "rows":
+                lo, hi = max(unit.start, first), min(unit.stop, int(starts[group + 1]))
+                table, first = table.slice(lo - first, hi - lo), lo
+            yield from column_documents(self, unit.path, first, table.column(self.field), block)
+
+    @staticmethod
+    def _groups(unit: WorkUnit, starts: np.ndarray) -> range:
+        if unit.kind == "row_group":
+            return range(unit.row_group, unit.row_group + 1)
+        if unit.kind == "file":
+            return range(len(starts) - 1)
+        first = int(np.searchsorted(starts, unit.start, side="right")) - 1
+        last = int(np.searchsorted(starts, unit.stop, side="left"))
+        return range(max(first, 0), min(last, len(starts) - 1))
+
+
+def _size_or_zero(full: Path) -> int:
+    try:
+        return full.stat().st_size
+    except OSError:
+        return 0

@@ -1,0 +1,42 @@
+"""Plain text files: each file is one document, row 0."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from connectors.readers.base import Document, FileLayout, Reader, location
+from connectors.sample_ids import document_id
+from connectors.work_units import WorkUnit
+from topics.dead_letter import DeadLetter
+
+
+class TextReader(Reader):
+    """The whole file, decoded as UTF-8, is the document's text; ``field`` is not used, and ``content``
+    must be ``"text"``. A file that is not valid UTF-8 becomes a dead letter naming the first bad byte."""
+
+    default_glob = "**/*.txt"
+    supported_content = ("text",)
+
+    def layout(self, path: str) -> FileLayout:
+        try:
+            size = self.full_path(path).stat().st_size
+        except OSError as exc:
+            return FileLayout.unreadable(path, 0, f"cannot stat: {exc}")
+        return FileLayout(path, size, np.array([0, size], dtype=np.int64))
+
+    def read(self, unit: WorkUnit) -> Iterator[Document | DeadLetter]:
+        self.check_unit(unit)
+        where = location(unit.path)
+        try:
+            data = self.full_path(unit.path).read_bytes()
+        except OSError as exc:
+            yield self.dead_letter(where, f"cannot read: {exc}")
+            return
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield self.dead_letter(where, f"not UTF-8: byte {exc.start} ({data[exc.start : exc.start + 1]!r})")
+            return
+        yield Document(document_id(self.source, unit.path, 0), text=text)

@@ -1,0 +1,89 @@
+"""Turning documents into samples: tokenize, append the end-of-document token, split long ones."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from connectors.readers.base import Document, location
+from connectors.sample_ids import parse_sample_id, with_suffixes
+from connectors.tokenizer import TextTokenizer
+from topics.dead_letter import DeadLetter
+from topics.sample import Sample
+
+
+class Built(NamedTuple):
+    samples: list[Sample]
+    dead_letters: list[DeadLetter]
+
+
+def chunk_bounds(lengths: np.ndarray, max_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Chunks of at most ``max_length`` tokens for documents of ``lengths`` laid end to end.
+
+    Returns, one entry per chunk: the document index, the chunk number within the document, and the
+    chunk's start and stop in the concatenated tokens. A document of length 0 has no chunk."""
+    lengths = lengths.astype(np.int64)
+    counts = -(-lengths // max_length)  # ceil division
+    doc_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    doc = np.repeat(np.arange(len(lengths)), counts)
+    first_chunk = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    chunk = np.arange(len(doc)) - first_chunk[doc]
+    start = doc_starts[doc] + chunk * max_length
+    stop = np.minimum(start + max_length, doc_starts[doc] + lengths[doc])
+    return doc, chunk, start, stop
+
+
+class SampleBuilder:
+    """Builds samples of at most ``max_length`` tokens from documents.
+
+    Texts are tokenized with ``tokenizer`` in one batch; pre-tokenized documents skip it. ``eod_id``, when
+    given, is appended to every document before it is split. A document split into several chunks gets
+    ``#<k>`` ids; epochs after the first get ``@e<n>``."""
+
+    def __init__(self, tokenizer: TextTokenizer | None, *, max_length: int, eod_id: int | None = None) -> None:
+        if max_length < 1:
+            msg = f"max_length must be >= 1, got {max_length}"
+            raise ValueError(msg)
+        if eod_id is not None and not 0 <= eod_id < 2**31:
+            msg = f"eod_id must be in [0, 2**31), got {eod_id}"
+            raise ValueError(msg)
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.eod_id = eod_id
+
+    def token_arrays(self, documents: Sequence[Document]) -> list[np.ndarray]:
+        """Each document's tokens (int32), without the end-of-document token."""
+        texts = [doc.text for doc in documents if doc.tokens is None]
+        if texts and self.tokenizer is None:
+            msg = f"document {documents[0].document_id}: text needs a tokenizer, but none is configured"
+            raise ValueError(msg)
+        encoded = iter(self.tokenizer.encode_batch(texts) if texts else [])
+        return [next(encoded) if doc.tokens is None else doc.tokens for doc in documents]
+
+    def build(self, documents: Sequence[Document], *, epoch: int = 0) -> Built:
+        """Samples in document order; a document with no tokens at all becomes a dead letter."""
+        arrays = self.token_arrays(documents)
+        if self.eod_id is not None:
+            eod = np.array([self.eod_id], dtype=np.int32)
+            arrays = [part for tokens in arrays for part in (tokens, eod)]
+            lengths = np.array([len(a) for a in arrays[::2]], dtype=np.int64) + 1
+        else:
+            lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+        flat = np.concatenate([np.zeros(0, dtype=np.int32), *arrays]).astype(np.int32, copy=False)
+        doc, chunk, start, stop = chunk_bounds(lengths, self.max_length)
+        split = lengths > self.max_length
+        samples = []
+        for d, k, lo, hi in zip(doc.tolist(), chunk.tolist(), start.tolist(), stop.tolist(), strict=True):
+            document_id = documents[d].document_id
+            source = document_id.partition("/")[0]
+            sample_id = with_suffixes(document_id, chunk=k if split[d] else None, epoch=epoch)
+            samples.append(Sample(sample_id=sample_id, source=source, tokens=flat[lo:hi]))
+        empty = [documents[i].document_id for i in np.flatnonzero(lengths == 0).tolist()]
+        return Built(samples, [_no_tokens(document_id) for document_id in empty])
+
+
+def _no_tokens(document_id: str) -> DeadLetter:
+    parts = parse_sample_id(document_id)
+    return DeadLetter(parts.source, location(parts.path, row=parts.row), "document has no tokens")
