@@ -1,0 +1,94 @@
+"""topics/FORMAT.md is right: its decoding snippet, run as written with only pyarrow and
+confluent_kafka, reads what the encoder writes, directly and through the real broker."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+from confluent_kafka import Producer
+
+from topics.admin import delete_job_topics, ensure_job_topics
+from topics.batch import Batch
+from topics.batch_codec import encode_batch
+from topics.names import JobTopics
+from topics.sample import Sample
+from topics.sample_codec import SAMPLE_FINGERPRINT
+
+FORMAT_MD = Path(__file__).resolve().parent.parent / "topics" / "FORMAT.md"
+TIMEOUT_S = 30.0
+
+
+def _snippets() -> tuple[str, str]:
+    blocks = re.findall(r"```python\n(.*?)```", FORMAT_MD.read_text(encoding="utf-8"), flags=re.DOTALL)
+    assert len(blocks) == 2, "FORMAT.md should hold two python blocks: decode(), then the consumer"
+    for block in blocks:
+        imported = re.findall(r"^\s*(?:from|import)\s+([\w.]+)", block, flags=re.MULTILINE)
+        assert set(imported) <= {"pyarrow", "confluent_kafka"}, imported
+    return blocks[0], blocks[1]
+
+
+def _batch() -> Batch:
+    groups = [
+        [Sample("web/a.jsonl/0", "web", np.array([5, -1, 2**31 - 1], np.int32))],
+        [],
+        [Sample("code/b/1#2", "code", np.zeros(0, np.int32)), Sample("wéb/ü/3", "web", np.arange(4, dtype=np.int32))],
+    ]
+    return Batch.from_samples(step=1234, rank=2, ranks=3, capacity=8, micro_batches=groups)
+
+
+def _assert_matches(decoded: dict, batch: Batch) -> None:
+    for name in ("step", "rank", "ranks", "micro_batches", "capacity"):
+        assert decoded[name] == getattr(batch, name), name
+    assert decoded["sample_id"] == batch.sample_ids
+    assert decoded["source"] == batch.sources
+    np.testing.assert_array_equal(decoded["micro_batch"], batch.micro_batch)
+    np.testing.assert_array_equal(decoded["lengths"], batch.lengths)
+    np.testing.assert_array_equal(decoded["tokens"], batch.tokens)
+    assert decoded["tokens"].dtype == np.int32
+
+
+def test_snippet_decodes_an_encoded_batch() -> None:
+    decode_block, _ = _snippets()
+    namespace: dict = {}
+    exec(compile(decode_block, str(FORMAT_MD), "exec"), namespace)
+    batch = _batch()
+    _, value, headers = encode_batch(batch)
+    _assert_matches(namespace["decode"](value, headers), batch)
+    empty = Batch.from_samples(step=0, rank=0, ranks=1, capacity=1, micro_batches=[[]])
+    _, value, headers = encode_batch(empty)
+    assert namespace["decode"](value, headers)["sample_id"] == []
+
+
+def test_document_names_what_the_encoder_writes() -> None:
+    text = FORMAT_MD.read_text(encoding="utf-8")
+    assert SAMPLE_FINGERPRINT.hex() in text
+    key, _, headers = encode_batch(_batch())
+    for name, _value in headers:
+        assert f"`{name}`" in text, name
+    assert key == b"1234"
+
+
+def test_snippet_reads_a_batch_from_kafka(kafka_bootstrap: str, unique_name: str) -> None:
+    decode_block, consumer_block = _snippets()
+    topic = JobTopics(unique_name).rank(2)
+    consumer_block, count = re.subn(
+        r"^BOOTSTRAP, TOPIC = .*$",
+        f"BOOTSTRAP, TOPIC = {kafka_bootstrap!r}, {topic!r}",
+        consumer_block,
+        flags=re.MULTILINE,
+    )
+    assert count == 1, "the consumer snippet should start with 'BOOTSTRAP, TOPIC = ...'"
+    batch = _batch()
+    try:
+        ensure_job_topics(kafka_bootstrap, unique_name, ["web", "code"], 3, timeout_s=TIMEOUT_S)
+        producer = Producer({"bootstrap.servers": kafka_bootstrap})
+        key, value, headers = encode_batch(batch)
+        producer.produce(topic, value=value, key=key, headers=headers)
+        assert producer.flush(TIMEOUT_S) == 0, "the batch was not delivered in time"
+        namespace: dict = {}
+        exec(compile(decode_block + "\n" + consumer_block, str(FORMAT_MD), "exec"), namespace)
+        _assert_matches(namespace["batch"], batch)
+    finally:
+        delete_job_topics(kafka_bootstrap, unique_name, timeout_s=TIMEOUT_S)

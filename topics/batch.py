@@ -1,0 +1,211 @@
+"""One rank's share of one training step: the packed samples the constructor writes to ``<job>.rank.<r>``.
+
+A ``Batch`` holds an Arrow record batch with one row per sample, ordered by micro-batch, and checks
+its invariants when it is made (see ``Batch.__post_init__``). ``topics.batch_codec`` turns it into a
+Kafka message and back; FORMAT.md describes the bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from topics.sample import Sample
+
+BATCH_SCHEMA = pa.schema(
+    [
+        pa.field("sample_id", pa.string(), nullable=False),
+        pa.field("source", pa.dictionary(pa.int32(), pa.string()), nullable=False),
+        pa.field("micro_batch", pa.int32(), nullable=False),
+        pa.field("tokens", pa.list_(pa.int32()), nullable=False),
+    ]
+)
+"""The columns every batch has, in this order. Readers ignore columns after these."""
+
+
+def _non_negative(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+        msg = f"{name} must be a non-negative int, not {value!r}"
+        raise ValueError(msg)
+    return int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """The samples of data-parallel ``rank`` (of ``ranks``) for training step ``step``.
+
+    ``records`` has the columns of ``BATCH_SCHEMA``: row ``i`` is one sample, in micro-batch
+    ``micro_batch[i]`` (``0 <= micro_batch < micro_batches``, non-decreasing down the rows), and no
+    micro-batch holds more than ``capacity`` tokens. Making a Batch that breaks these raises
+    ``ValueError``.
+    """
+
+    step: int
+    rank: int
+    ranks: int
+    micro_batches: int
+    capacity: int
+    records: pa.RecordBatch
+
+    def __post_init__(self) -> None:
+        for name in ("step", "rank", "ranks", "micro_batches", "capacity"):
+            _non_negative(name, getattr(self, name))
+        if not self.rank < self.ranks:
+            msg = f"rank {self.rank} is not below ranks {self.ranks}"
+            raise ValueError(msg)
+        if self.micro_batches < 1 or self.capacity < 1:
+            msg = f"micro_batches and capacity must be at least 1, not {self.micro_batches}, {self.capacity}"
+            raise ValueError(msg)
+        if not isinstance(self.records, pa.RecordBatch):
+            msg = f"records must be a pyarrow.RecordBatch, not {type(self.records).__name__}"
+            raise ValueError(msg)
+        self._check_records()
+
+    def _check_records(self) -> None:
+        schema = self.records.schema
+        for expected in BATCH_SCHEMA:
+            index = schema.get_field_index(expected.name)
+            if index < 0:
+                msg = f"column {expected.name!r} is missing"
+                raise ValueError(msg)
+            if schema.field(index).type != expected.type:
+                msg = f"column {expected.name!r} has type {schema.field(index).type}, expected {expected.type}"
+                raise ValueError(msg)
+        try:
+            self.records.validate(full=True)
+        except pa.ArrowException as exc:
+            msg = f"invalid Arrow data: {exc}"
+            raise ValueError(msg) from exc
+        tokens = self.records.column("tokens")
+        for name in BATCH_SCHEMA.names:
+            if self.records.column(name).null_count:
+                msg = f"column {name!r} holds nulls"
+                raise ValueError(msg)
+        if tokens.flatten().null_count or self.records.column("source").dictionary.null_count:
+            msg = "token ids and source names must not be null"
+            raise ValueError(msg)
+        micro_batch = self.micro_batch
+        if micro_batch.size and (micro_batch.min() < 0 or micro_batch.max() >= self.micro_batches):
+            msg = f"micro_batch values must lie in [0, {self.micro_batches})"
+            raise ValueError(msg)
+        if np.any(np.diff(micro_batch) < 0):
+            msg = "rows are not ordered by micro_batch"
+            raise ValueError(msg)
+        per_micro_batch = self.micro_batch_tokens()
+        if per_micro_batch.size and per_micro_batch.max() > self.capacity:
+            worst = int(per_micro_batch.argmax())
+            msg = f"micro-batch {worst} holds {per_micro_batch[worst]} tokens, over capacity {self.capacity}"
+            raise ValueError(msg)
+
+    @classmethod
+    def from_arrays(
+        cls,
+        *,
+        step: int,
+        rank: int,
+        ranks: int,
+        micro_batches: int,
+        capacity: int,
+        sample_ids: Sequence[str] | pa.Array,
+        sources: Sequence[str] | pa.DictionaryArray,
+        micro_batch: np.ndarray | Sequence[int],
+        offsets: np.ndarray | Sequence[int],
+        tokens: np.ndarray,
+    ) -> Batch:
+        """Build from flat arrays: sample ``i`` has ids ``tokens[offsets[i]:offsets[i + 1]]``.
+
+        ``offsets`` has one more entry than there are samples, starts at 0 and ends at ``len(tokens)``."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        tokens = np.asarray(tokens)
+        if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != tokens.size:
+            msg = f"offsets must run from 0 to len(tokens) = {tokens.size}"
+            raise ValueError(msg)
+        if tokens.dtype != np.int32 or tokens.size > np.iinfo(np.int32).max:
+            msg = f"tokens must be int32 and fewer than 2**31, not {tokens.dtype} x {tokens.size}"
+            raise ValueError(msg)
+        if isinstance(sources, pa.DictionaryArray):
+            source_array = sources.cast(BATCH_SCHEMA.field("source").type)
+        else:
+            source_array = pa.array(sources, pa.string()).dictionary_encode()
+        columns = [
+            pa.array(sample_ids, pa.string()),
+            source_array,
+            pa.array(np.asarray(micro_batch, dtype=np.int32), pa.int32()),
+            pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(tokens)),
+        ]
+        records = pa.RecordBatch.from_arrays(columns, schema=BATCH_SCHEMA)
+        return cls(step, rank, ranks, micro_batches, capacity, records)
+
+    @classmethod
+    def from_samples(
+        cls, *, step: int, rank: int, ranks: int, capacity: int, micro_batches: Sequence[Sequence[Sample]]
+    ) -> Batch:
+        """Build from samples grouped by micro-batch (``micro_batches[m]`` are micro-batch ``m``'s)."""
+        samples = [s for group in micro_batches for s in group]
+        lengths = np.array([s.length for s in samples], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        arrays = [np.asarray(s.tokens, dtype=np.int32) for s in samples]
+        return cls.from_arrays(
+            step=step,
+            rank=rank,
+            ranks=ranks,
+            micro_batches=len(micro_batches),
+            capacity=capacity,
+            sample_ids=[s.sample_id for s in samples],
+            sources=[s.source for s in samples],
+            micro_batch=np.repeat(np.arange(len(micro_batches)), [len(g) for g in micro_batches]),
+            offsets=offsets,
+            tokens=np.concatenate(arrays) if arrays else np.zeros(0, np.int32),
+        )
+
+    @property
+    def num_samples(self) -> int:
+        return self.records.num_rows
+
+    @property
+    def sample_ids(self) -> list[str]:
+        return self.records.column("sample_id").to_pylist()
+
+    @property
+    def sources(self) -> list[str]:
+        """The source of each row, as strings."""
+        return self.records.column("source").to_pylist()
+
+    @property
+    def micro_batch(self) -> np.ndarray:
+        """int32 [samples]: the micro-batch of each row."""
+        return self.records.column("micro_batch").to_numpy(zero_copy_only=False)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """int64 [samples + 1]: row ``i``'s tokens are ``tokens[offsets[i]:offsets[i + 1]]``."""
+        column = self.records.column("tokens")
+        offsets = column.offsets.to_numpy().astype(np.int64)
+        return offsets - offsets[0]
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """int32 [total tokens]: every row's token ids, concatenated."""
+        return self.records.column("tokens").flatten().to_numpy(zero_copy_only=False)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """int64 [samples]: tokens per row."""
+        return np.diff(self.offsets)
+
+    def micro_batch_tokens(self) -> np.ndarray:
+        """int64 [micro_batches]: tokens per micro-batch."""
+        # bincount sums in float64, exact for counts below 2**53.
+        sums = np.bincount(self.micro_batch, weights=self.lengths, minlength=self.micro_batches)
+        return sums.astype(np.int64)
+
+    def samples(self) -> list[Sample]:
+        """The rows as ``Sample`` objects (token arrays are views into the batch)."""
+        tokens, offsets = self.tokens, self.offsets
+        return [
+            Sample(sample_id, source, tokens[offsets[i] : offsets[i + 1]])
+            for i, (sample_id, source) in enumerate(zip(self.sample_ids, self.sources, strict=True))
+        ]

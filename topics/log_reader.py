@@ -1,0 +1,105 @@
+"""Read a topic from the beginning to its current end: for control records, tests and audits."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+Isolation = Literal["read_committed", "read_uncommitted"]
+# Answers for a topic created a moment ago, before its partition leaders are known everywhere.
+_SETTLING_ERRORS = frozenset(
+    {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
+)
+
+
+def read_to_end(
+    config: Mapping[str, Any],
+    topic: str,
+    *,
+    isolation: Isolation = "read_committed",
+    timeout_s: float = 60.0,
+) -> list[Message]:
+    """Every record of every partition of ``topic`` visible under ``isolation``, in partition then
+    offset order, up to the end each partition had when the call began.
+
+    Under read_committed a partition's end is its last stable offset: the reading waits while a
+    transaction is open there and raises ``TimeoutError`` naming the positions if the end is not
+    reached in time."""
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": f"mixflow-reader-{uuid.uuid4().hex[:12]}",  # never committed, so never reused
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        deadline = time.monotonic() + timeout_s
+        partitions = _partitions(consumer, topic, deadline)
+        ends = {p: _end_offset(consumer, TopicPartition(topic, p), deadline) for p in partitions}
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions if ends[p] > 0])
+        records: list[Message] = []
+        while True:
+            positions = {
+                tp.partition: tp.offset
+                for tp in consumer.position([TopicPartition(topic, p) for p in partitions])
+            }
+            if all(ends[p] == 0 or positions[p] >= ends[p] for p in partitions):
+                break
+            if time.monotonic() > deadline:
+                msg = f"reading {topic} to its end {ends} took over {timeout_s} s; positions {positions}"
+                raise TimeoutError(msg)
+            for message in consumer.consume(num_messages=10_000, timeout=0.2):
+                if message.error():
+                    raise KafkaException(message.error())
+                if message.offset() < ends[message.partition()]:
+                    records.append(message)
+        records.sort(key=lambda m: (m.partition(), m.offset()))
+        return records
+    finally:
+        consumer.close()
+
+
+def _end_offset(consumer: Consumer, partition: TopicPartition, deadline: float) -> int:
+    """The high watermark, waiting out the moments after a topic's creation when its leader is unknown."""
+    while True:
+        try:
+            return consumer.get_watermark_offsets(partition, timeout=max(0.1, deadline - time.monotonic()))[1]
+        except KafkaException as exc:
+            error = exc.args[0]
+            settling = error.retriable() or error.code() in _SETTLING_ERRORS
+            if not settling or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)  # the leader is elected within milliseconds; nothing to wait on but time
+
+
+def _partitions(consumer: Consumer, topic: str, deadline: float) -> list[int]:
+    while True:
+        metadata = consumer.list_topics(topic, timeout=max(0.1, deadline - time.monotonic()))
+        described = metadata.topics.get(topic)
+        if described is not None and described.error is None and described.partitions:
+            return sorted(described.partitions)
+        error = described.error if described is not None else None
+        settling = error is None or error.retriable() or error.code() in _SETTLING_ERRORS
+        if not settling or time.monotonic() > deadline:
+            msg = f"topic {topic} cannot be read: {error or 'not found'}"
+            raise KafkaException(msg)
+        time.sleep(0.05)  # a topic created a moment ago: wait for its metadata to settle
+
+
+def _end_offset(consumer: Consumer, partition: TopicPartition, deadline: float) -> int:
+    """The high watermark, waiting out the moments after a topic's creation when its leader is unknown."""
+    while True:
+        try:
+            return consumer.get_watermark_offsets(partition, timeout=max(0.1, deadline - time.monotonic()))[1]
+        except KafkaException as exc:
+            error = exc.args[0]
+            settling = error.retriable() or error.code() in _SETTLING_ERRORS
+            if not settling or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)  # the leader is elected within milliseconds; nothing to wait on but time

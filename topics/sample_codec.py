@@ -1,0 +1,146 @@
+"""The Avro codec for samples on ``<job>.src.<source>``; the format is written down in FORMAT.md.
+
+The value is one Avro record (``sample.avsc``) in Avro's binary encoding with no framing; the header
+``mixflow.schema`` holds the 8-byte CRC-64-AVRO fingerprint of the writer schema (little-endian, as in
+Avro's single-object encoding). A reader decodes only records written under a schema it knows.
+
+What decoding guarantees: any input either raises ``DecodeError`` or gives a well-formed ``Sample``
+(string id and source, a 1-D int32 token array whose length equals the record's ``length`` field, a
+``dict[str, str]`` of metadata) that used every byte of the value. It cannot tell a flipped byte
+inside a token or a string from the original: Avro carries no checksum. Kafka's CRC-32C on every
+record batch is what catches corruption in transit.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+import numpy as np
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from topics._headers import Headers, find_header
+from topics.errors import DecodeError
+from topics.sample import Sample
+
+SCHEMA_HEADER = "mixflow.schema"
+"""Kafka header holding the writer schema's 8-byte CRC-64-AVRO fingerprint."""
+
+_INT32_MIN, _INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+
+
+def _load_schema() -> tuple[dict[str, Any], bytes]:
+    text = resources.files("topics").joinpath("sample.avsc").read_text(encoding="utf-8")
+    parsed = parse_schema(json.loads(text))
+    # fastavro gives the fingerprint's bytes in little-endian order, as Avro's Java implementation does.
+    return parsed, bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
+
+
+SAMPLE_SCHEMA, SAMPLE_FINGERPRINT = _load_schema()
+"""The current writer schema (parsed) and its 8-byte fingerprint."""
+
+_KNOWN_SCHEMAS: dict[bytes, dict[str, Any]] = {SAMPLE_FINGERPRINT: SAMPLE_SCHEMA}
+"""Writer schemas this reader can decode, by fingerprint. Keep old ones here when the schema evolves."""
+
+
+def _tokens_bytes(sample: Sample) -> tuple[bytes, int]:
+    tokens = np.asarray(sample.tokens)
+    if tokens.ndim != 1:
+        msg = f"sample {sample.sample_id!r}: tokens must be one-dimensional, got shape {tokens.shape}"
+        raise ValueError(msg)
+    if tokens.dtype != np.int32:
+        if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
+            msg = f"sample {sample.sample_id!r}: tokens must be integers, got dtype {tokens.dtype}"
+            raise ValueError(msg)
+        if tokens.size and (tokens.min() < _INT32_MIN or tokens.max() > _INT32_MAX):
+            msg = f"sample {sample.sample_id!r}: token ids must fit in int32"
+            raise ValueError(msg)
+    # '<i4' is little-endian int32: a no-op view on little-endian machines.
+    return np.ascontiguousarray(tokens, dtype="<i4").tobytes(), int(tokens.shape[0])
+
+
+def _check_strings(sample: Sample) -> None:
+    if not isinstance(sample.sample_id, str) or not isinstance(sample.source, str):
+        msg = f"sample_id and source must be strings, got {sample.sample_id!r} and {sample.source!r}"
+        raise ValueError(msg)
+    for key, value in sample.metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            msg = f"sample {sample.sample_id!r}: metadata must map str to str, got {key!r}: {value!r}"
+            raise ValueError(msg)
+
+
+def encode_sample(sample: Sample) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """Encode a sample as ``(value, headers)`` for a produce call. Raises ``ValueError`` on a bad sample."""
+    _check_strings(sample)
+    token_bytes, length = _tokens_bytes(sample)
+    record = {
+        "id": sample.sample_id,
+        "source": sample.source,
+        "tokens": token_bytes,
+        "length": length,
+        "metadata": dict(sample.metadata) or None,
+    }
+    out = io.BytesIO()
+    schemaless_writer(out, SAMPLE_SCHEMA, record)
+    return out.getvalue(), [(SCHEMA_HEADER, SAMPLE_FINGERPRINT)]
+
+
+def decode_sample(
+    value: bytes | None,
+    headers: Headers,
+    *,
+    topic: str | None = None,
+    partition: int | None = None,
+    offset: int | None = None,
+) -> Sample:
+    """Decode a record written by ``encode_sample``; raise ``DecodeError`` saying where and why if not.
+
+    The returned ``tokens`` is a read-only int32 view into the record's bytes (no copy)."""
+
+    def error(reason: str) -> DecodeError:
+        return DecodeError(reason, topic=topic, partition=partition, offset=offset)
+
+    if value is None:
+        raise error("the record has no value")
+    try:
+        fp = find_header(headers, SCHEMA_HEADER)
+    except ValueError as exc:
+        raise error(str(exc)) from exc
+    if fp is None:
+        raise error(f"no {SCHEMA_HEADER} header: not a mixflow sample record")
+    schema = _KNOWN_SCHEMAS.get(fp)
+    if schema is None:
+        known = ", ".join(k.hex() for k in _KNOWN_SCHEMAS)
+        raise error(f"written under unknown schema fingerprint {fp.hex()}; this reader knows {known}")
+    stream = io.BytesIO(value)
+    try:
+        record = schemaless_reader(stream, schema, None)
+    except Exception as exc:  # fastavro raises EOFError, UnicodeDecodeError, IndexError, ... on bad input
+        raise error(f"truncated or corrupt Avro record ({type(exc).__name__}: {exc})") from exc
+    if stream.tell() != len(value):
+        raise error(f"{len(value) - stream.tell()} trailing bytes after the Avro record")
+    return _to_sample(record, error)
+
+
+def _to_sample(record: dict[str, Any], error: Callable[[str], DecodeError]) -> Sample:
+    token_bytes: bytes = record["tokens"]
+    if len(token_bytes) % 4:
+        raise error(f"tokens field holds {len(token_bytes)} bytes, not a multiple of 4")
+    length = len(token_bytes) // 4
+    if record["length"] != length:
+        raise error(f"length field says {record['length']} tokens but tokens holds {length}")
+    tokens = np.frombuffer(token_bytes, dtype="<i4").astype(np.int32, copy=False)
+    return Sample(record["id"], record["source"], tokens, dict(record["metadata"] or {}))
+
+
+def decode_sample_message(message: Any) -> Sample:
+    """Decode a ``confluent_kafka.Message``; errors name its topic, partition and offset."""
+    where = {"topic": message.topic(), "partition": message.partition(), "offset": message.offset()}
+    if message.error() is not None:
+        msg = f"the consumer returned an error event, not a record: {message.error()}"
+        raise DecodeError(msg, **where)
+    return decode_sample(message.value(), message.headers(), **where)
