@@ -13,6 +13,8 @@ from topics.errors import MixflowError
 # Each module defines `register(subparsers)`, which adds its sub-command(s) and sets `run` on them.
 COMMAND_MODULES = (
     "pipeline.stack.cli",
+    "pipeline.load_cli",
+    "pipeline.spec_cli",
 )
 
 

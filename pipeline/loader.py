@@ -1,0 +1,274 @@
+"""The source loader role: work units in, tokenized samples out, one Kafka transaction per unit.
+
+For each unit taken from ``<job>.work.<source>`` through the source's consumer group, the loader reads
+and tokenizes it and, in one transaction, produces its samples to ``<job>.src.<source>``, its bad
+records to ``<job>.dlq``, and commits the unit's offset (``send_offsets_to_transaction``). A loader
+killed mid-unit leaves an open transaction that the broker aborts (at once when the same loader
+instance restarts, since it reuses its ``transactional.id``), and the unit is redone: every sample
+reaches ``read_committed`` readers exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import FrameType
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from prometheus_client import Counter
+
+from connectors import Document, WorkUnit
+from pipeline.kafka_clients import (
+    KafkaConfig,
+    abort,
+    commit_or_abort,
+    produce,
+    read_committed_consumer,
+    transactional_producer,
+)
+from pipeline.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
+from pipeline.work_plan import WorkPlan, plan_is_done, publish_work_plan, read_work_plan
+from topics.dead_letter import DeadLetter, encode_dead_letter
+from topics.errors import DecodeError, MixflowError
+from topics.names import JobTopics
+from topics.sample_codec import encode_sample
+
+log = logging.getLogger(__name__)
+
+SAMPLES = Counter("mixflow_loader_samples", "Samples committed to source topics", ["source"])
+TOKENS = Counter("mixflow_loader_tokens", "Tokens committed to source topics", ["source"])
+DEAD_LETTERS = Counter("mixflow_loader_dead_letters", "Bad records sent to the dead-letter topic", ["source"])
+UNITS = Counter("mixflow_loader_units", "Work units committed", ["source"])
+ABORTS = Counter("mixflow_loader_aborted_units", "Work units whose transaction was aborted", ["source"])
+
+# Documents tokenized together: big enough for the tokenizer's parallel batch encoding to pay off.
+DOCUMENTS_PER_BATCH = 256
+
+
+@dataclass
+class LoaderStats:
+    units: int = 0
+    samples: int = 0
+    tokens: int = 0
+    dead_letters: int = 0
+    aborted: int = 0
+    seconds: float = 0.0
+    by_epoch: dict[int, int] = field(default_factory=dict)
+
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    instance: int = 0
+    until_drained: bool = False
+    transaction_timeout_ms: int = 60_000
+    # A restarted instance re-joins with its old assignment at once (static membership); a dead one's
+    # units move to the others after this long.
+    session_timeout_ms: int = 10_000
+    poll_timeout_s: float = 1.0
+    plan_wait_s: float = 600.0
+    unit_seconds: float = TARGET_UNIT_SECONDS
+    # Leave the group after this many units (to recycle or scale down a loader); None: no limit.
+    max_units: int | None = None
+
+
+class SourceLoader:
+    """One loader process of one source. ``run()`` until SIGTERM/SIGINT, or until the source's work
+    plan is done with ``until_drained``."""
+
+    def __init__(self, config: KafkaConfig, topics: JobTopics, runtime: SourceRuntime, seed: int,
+                 options: LoaderOptions = LoaderOptions()) -> None:  # fmt: skip
+        self.config = config
+        self.topics = topics
+        self.runtime = runtime
+        self.source = runtime.spec.name
+        self.seed = seed
+        self.options = options
+        self.stats = LoaderStats()
+        self._stopping = False
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.topics.job}.loader.{self.source}.{self.options.instance}"
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.topics.job}.loaders.{self.source}"
+
+    def request_stop(self, signum: int | None = None, _frame: FrameType | None = None) -> None:
+        if not self._stopping:
+            log.info("loader %s: stopping after the current unit (signal %s)", self.transactional_id, signum)
+        self._stopping = True
+
+    def ensure_plan(self) -> WorkPlan:
+        """The source's work plan. Instance 0 publishes it when there is none yet; the other instances
+        wait for it, so two planners never race."""
+        deadline = time.monotonic() + self.options.plan_wait_s
+        while (plan := read_work_plan(self.config, self.topics, self.source)) is None:
+            if self.options.instance == 0:
+                units = self.runtime.plan(self.seed, self.options.unit_seconds)
+                return publish_work_plan(self.config, self.topics, self.source, units, self._work_partitions())
+            if self._stopping or time.monotonic() > deadline:
+                msg = (
+                    f"loader {self.transactional_id}: no work plan for {self.source} on {self.topics.control} "
+                    f"after {self.options.plan_wait_s:.0f} s; loader instance 0 of the source publishes it"
+                )
+                raise MixflowError(msg)
+            log.info("loader %s: waiting for instance 0 to publish the work plan", self.transactional_id)
+            time.sleep(1.0)  # polling a topic that has no record to wait on yet
+        return plan
+
+    def run(self) -> LoaderStats:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.request_stop)
+        plan = self.ensure_plan()
+        producer = transactional_producer(
+            self.config, self.transactional_id, transaction_timeout_ms=self.options.transaction_timeout_ms
+        )
+        consumer = read_committed_consumer(
+            self.config,
+            self.group_id,
+            **{
+                "group.instance.id": self.transactional_id,
+                "session.timeout.ms": self.options.session_timeout_ms,
+                # Units spread evenly over the loaders of the source.
+                "partition.assignment.strategy": "roundrobin",
+                # A unit can take a while to tokenize; the group must not evict us for that.
+                "max.poll.interval.ms": 600_000,
+            },
+        )
+        began = time.monotonic()
+        try:
+            consumer.subscribe([self.topics.work(self.source)])
+            self._loop(consumer, producer, plan)
+        finally:
+            self.stats.seconds = time.monotonic() - began
+            consumer.close()  # leaves the group, so the others take the units at once
+            producer.flush(30)
+        log.info(
+            "loader %s: %d units, %d samples, %d tokens (%.0f tokens/s), %d dead letters, %d aborted",
+            self.transactional_id, self.stats.units, self.stats.samples, self.stats.tokens,
+            self.stats.tokens_per_second(), self.stats.dead_letters, self.stats.aborted,
+        )  # fmt: skip
+        return self.stats
+
+    def _loop(self, consumer: Consumer, producer: Producer, plan: WorkPlan) -> None:
+        work_topic = self.topics.work(self.source)
+        while not self._stopping:
+            message = consumer.poll(self.options.poll_timeout_s)
+            if message is None:
+                if self.options.until_drained and plan_is_done(consumer, work_topic, plan):
+                    log.info("loader %s: every unit of %s is done", self.transactional_id, self.source)
+                    return
+                continue
+            if message.error():
+                self._on_consumer_error(message.error())
+                continue
+            if not self._process(consumer, producer, message):
+                consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
+            elif self.options.max_units is not None and self.stats.units >= self.options.max_units:
+                log.info("loader %s: did its %d units; leaving", self.transactional_id, self.stats.units)
+                return
+
+    def _on_consumer_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            msg = f"loader {self.transactional_id}: fatal consumer error: {error}"
+            raise MixflowError(msg)
+        log.warning("loader %s: consumer error (will retry): %s", self.transactional_id, error)
+
+    def _process(self, consumer: Consumer, producer: Producer, message: Message) -> bool:
+        """Publish one unit in one transaction. False when the transaction was aborted."""
+        unit, letters = _decode_unit(message, self.source)
+        producer.begin_transaction()
+        try:
+            counts = self._publish(producer, unit) if unit else self._publish_letters(producer, letters)
+            offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
+            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())
+        except KafkaException as exc:
+            if exc.args[0].txn_requires_abort():
+                log.warning("loader %s: aborting unit at %s: %s", self.transactional_id, _where(message), exc)
+                abort(producer)
+                self._aborted()
+                return False
+            raise
+        except BaseException:
+            abort(producer)
+            raise
+        if not commit_or_abort(producer):
+            self._aborted()
+            return False
+        self._count(unit, *counts)
+        return True
+
+    def _publish(self, producer: Producer, unit: WorkUnit) -> tuple[int, int, int]:
+        samples = tokens = letters = 0
+        src_topic = self.topics.src(self.source)
+        for documents, bad in _batches(self.runtime.reader.read(unit), DOCUMENTS_PER_BATCH):
+            built = self.runtime.builder.build(documents, epoch=unit.epoch) if documents else None
+            for sample in built.samples if built else ():
+                value, headers = encode_sample(sample)
+                produce(producer, src_topic, value, key=sample.sample_id.encode(), headers=headers)
+                samples += 1
+                tokens += sample.length
+            letters += self._publish_letters(producer, bad + (built.dead_letters if built else []))[2]
+        return samples, tokens, letters
+
+    def _publish_letters(self, producer: Producer, letters: list[DeadLetter]) -> tuple[int, int, int]:
+        for letter in letters:
+            key, value, headers = encode_dead_letter(letter)
+            produce(producer, self.topics.dlq, value, key=key, headers=headers)
+            log.warning("dead letter from %s at %s: %s", letter.source, letter.location, letter.reason)
+        return 0, 0, len(letters)
+
+    def _count(self, unit: WorkUnit | None, samples: int, tokens: int, letters: int) -> None:
+        self.stats.units += 1
+        self.stats.samples += samples
+        self.stats.tokens += tokens
+        self.stats.dead_letters += letters
+        if unit is not None:
+            self.stats.by_epoch[unit.epoch] = self.stats.by_epoch.get(unit.epoch, 0) + samples
+        UNITS.labels(self.source).inc()
+        SAMPLES.labels(self.source).inc(samples)
+        TOKENS.labels(self.source).inc(tokens)
+        DEAD_LETTERS.labels(self.source).inc(letters)
+
+    def _aborted(self) -> None:
+        self.stats.aborted += 1
+        ABORTS.labels(self.source).inc()
+
+    def _work_partitions(self) -> int:
+        work_topic = self.topics.work(self.source)
+        metadata = AdminClient(dict(self.config)).list_topics(work_topic, timeout=30)
+        return len(metadata.topics[work_topic].partitions)
+
+
+def _batches(
+    items: Iterator[Document | DeadLetter], size: int
+) -> Iterator[tuple[list[Document], list[DeadLetter]]]:
+    documents: list[Document] = []
+    letters: list[DeadLetter] = []
+    for item in items:
+        (documents if isinstance(item, Document) else letters).append(item)  # type: ignore[arg-type]
+        if len(documents) >= size:
+            yield documents, letters
+            documents, letters = [], []
+    if documents or letters:
+        yield documents, letters
+
+
+def _decode_unit(message: Message, source: str) -> tuple[WorkUnit | None, list[DeadLetter]]:
+    try:
+        return WorkUnit.from_json(message.value()), []
+    except DecodeError as exc:
+        reason = f"undecodable work unit: {exc.reason}"
+        return None, [DeadLetter(source, _where(message), reason, payload=message.value())]
+
+
+def _where(message: Message) -> str:
+    return f"{message.topic()}[{message.partition()}]@{message.offset()}"

@@ -1,0 +1,47 @@
+"""What a source loader needs of the spec for one source: its reader, its sample builder, its plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from connectors import Reader, SampleBuilder, TextTokenizer, WorkUnit, make_reader, measure_cost_per_byte
+from connectors.planning import plan_units
+from pipeline.spec import JobSpec, SourceSpec
+
+# Seconds of reading and tokenizing per work unit: long enough that the per-transaction overhead
+# (a few ms) is small, short enough that a killed loader redoes little and units balance over loaders.
+TARGET_UNIT_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class SourceRuntime:
+    spec: SourceSpec
+    reader: Reader
+    builder: SampleBuilder
+
+    @classmethod
+    def from_spec(cls, job: JobSpec, source: str) -> SourceRuntime:
+        """Build the reader and the sample builder; a missing root or tokenizer is a MixflowError."""
+        spec = job.source(source)
+        reader = make_reader(
+            spec.reader.value,
+            spec.name,
+            spec.path,
+            spec.glob,
+            spec.field or "text",
+            content="tokens" if spec.pretokenized else "text",
+        )
+        reader.files()  # fail at start-up, naming the path, when the root or glob finds nothing
+        tokenizer = None if spec.pretokenized else TextTokenizer.from_file(spec.tokenizer)  # type: ignore[arg-type]
+        max_length = spec.max_sample_length or job.step.tokens_per_micro_batch
+        builder = SampleBuilder(tokenizer, max_length=max_length, eod_id=spec.eod_token_id)
+        return cls(spec, reader, builder)
+
+    def plan(self, seed: int, target_unit_seconds: float = TARGET_UNIT_SECONDS) -> list[WorkUnit]:
+        """Every unit of every epoch, epoch by epoch, each epoch in its own seeded order."""
+        layouts = self.reader.layouts()
+        cost = measure_cost_per_byte(self.reader, self.builder, layouts=layouts)
+        units: list[WorkUnit] = []
+        for epoch in range(self.spec.epochs):
+            units += plan_units(self.reader, cost, target_unit_seconds, epoch=epoch, seed=seed, layouts=layouts)
+        return units

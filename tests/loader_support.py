@@ -1,0 +1,127 @@
+"""Shared by the loader tests: example data, a spec for it, loader processes, what reached the topics."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from connectors import Document, WorkUnit
+from pipeline.source_runtime import SourceRuntime
+from pipeline.spec import JobSpec
+from topics.dead_letter import DeadLetter, decode_dead_letter_message
+from topics.log_reader import read_to_end
+from topics.names import JobTopics
+from topics.sample_codec import decode_sample_message
+
+REPO = Path(__file__).resolve().parent.parent
+SOURCES = ("code", "docstrings", "topics")
+
+
+def build_example_data(out: Path, limit: int) -> Path:
+    command = [sys.executable, str(REPO / "examples" / "build_example_data.py"), "--out", str(out),
+               "--limit", str(limit), "--vocab-size", "1024"]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    return out
+
+
+def write_spec(folder: Path, job: str, bootstrap: str, data: Path, *, epochs: int = 1, **overrides: object) -> Path:
+    """A spec of the three example sources under ``data``; ``overrides`` replace top-level sections."""
+    source = {"max_sample_length": 512, "eod_token_id": 0}
+    spec = {
+        "job": job,
+        "kafka": {"bootstrap_servers": bootstrap},
+        "tokenizer": str(data / "tokenizer.json"),
+        "sources": [
+            {"name": "code", "reader": "parquet", "path": str(data / "code"), "epochs": epochs, **source},
+            {"name": "docstrings", "reader": "jsonl", "path": str(data / "docstrings"), "field": "text", **source},
+            {"name": "topics", "reader": "text", "path": str(data / "topics"), **source},
+        ],
+        "mixture": {"weights": {"code": 1, "docstrings": 1, "topics": 1}},
+        "step": {"ranks": 2, "micro_batches": 2, "tokens_per_micro_batch": 1024},
+        "cost": {"alpha": 1.0, "beta": 100.0},
+        "seed": 7,
+        **overrides,
+    }
+    path = folder / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def start_loader(spec: Path, source: str, instance: int, log_dir: Path, *extra: str) -> subprocess.Popen:
+    log = (log_dir / f"loader-{source}-{instance}.log").open("ab")
+    command = [
+        sys.executable, "-m", "pipeline.cli", "load", "--spec", str(spec), "--source", source,
+        "--instance", str(instance), "--until-drained", "--transaction-timeout-ms", "10000", *extra,
+    ]  # fmt: skip
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+
+
+def wait_all(processes: list[subprocess.Popen], timeout_s: float, log_dir: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for other in processes:
+                other.kill()
+            logs = "\n".join(p.read_text()[-2000:] for p in sorted(log_dir.glob("loader-*.log")))
+            msg = f"loaders did not finish within {timeout_s} s; their logs end with:\n{logs}"
+            raise AssertionError(msg) from None
+        assert process.returncode == 0, f"loader {process.args} exited {process.returncode}"
+
+
+def committed_sample_ids(bootstrap: str, topics: JobTopics, source: str) -> list[str]:
+    records = read_to_end({"bootstrap.servers": bootstrap}, topics.src(source), timeout_s=60)
+    return [decode_sample_message(m).sample_id for m in records]
+
+
+def dead_letters(bootstrap: str, topics: JobTopics) -> list[DeadLetter]:
+    return [decode_dead_letter_message(m) for m in read_to_end({"bootstrap.servers": bootstrap}, topics.dlq)]
+
+
+class SourceTopicGrowth:
+    """Counts the records in a job's source topics so far, committed or not (their high watermarks)."""
+
+    def __init__(self, bootstrap: str, topics: JobTopics) -> None:
+        self.topics = topics
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks"})
+
+    def records(self) -> int:
+        total = 0
+        for source in SOURCES:
+            # KafkaException: the topic is not created, or its leader not known, yet.
+            with contextlib.suppress(KafkaException):
+                total += self.consumer.get_watermark_offsets(TopicPartition(self.topics.src(source), 0), timeout=5)[1]
+        return total
+
+    def wait_for(self, target: int, still_running: Callable[[], bool], timeout_s: float) -> None:
+        """Return once the topics hold ``target`` records or nothing runs that could add more."""
+        deadline = time.monotonic() + timeout_s
+        while self.records() < target and still_running():
+            if time.monotonic() > deadline:
+                msg = f"the source topics of {self.topics.job} did not reach {target} records in {timeout_s} s"
+                raise AssertionError(msg)
+            time.sleep(0.05)  # poll interval of the watermark probe
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def expected_sample_ids(spec: JobSpec, bootstrap: str, source: str) -> Counter[str]:
+    """The ids the source's committed work units yield when read and tokenized here, without Kafka."""
+    runtime = SourceRuntime.from_spec(spec, source)
+    units = read_to_end({"bootstrap.servers": bootstrap}, JobTopics(spec.job).work(source))
+    ids: Counter[str] = Counter()
+    for record in units:
+        unit = WorkUnit.from_json(record.value())
+        documents = [d for d in runtime.reader.read(unit) if isinstance(d, Document)]
+        ids.update(s.sample_id for s in runtime.builder.build(documents, epoch=unit.epoch).samples)
+    return ids
