@@ -1,0 +1,21 @@
+"""The balancing scheduler: plans each global step so every rank and micro-batch costs about the same.
+
+A pure library of numba kernels over arrays; it imports no Kafka client.
+"""
+
+from pipeline.scheduler.cost import DEFAULT_COST_MODEL, CostModel
+from pipeline.scheduler.packing import RankPacking, pack_rank
+from pipeline.scheduler.plan import DEFAULT_TOLERANCE, PlanSummary, StepPlan, plan_step
+from pipeline.scheduler.validation import validate_plan
+
+__all__ = [
+    "DEFAULT_COST_MODEL",
+    "DEFAULT_TOLERANCE",
+    "CostModel",
+    "PlanSummary",
+    "RankPacking",
+    "StepPlan",
+    "pack_rank",
+    "plan_step",
+    "validate_plan",
+]

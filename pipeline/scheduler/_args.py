@@ -1,0 +1,35 @@
+"""Argument checks at the Python boundary of the scheduler: ValueError naming the argument and value."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+
+def check_positive_int(name: str, value: object, upper: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        msg = f"{name} must be an integer >= 1, got {value!r}"
+        raise ValueError(msg)
+    if upper is not None and value > upper:
+        msg = f"{name} must be <= {upper}, got {value!r}"
+        raise ValueError(msg)
+    return int(value)
+
+
+def check_lengths(lengths: object) -> np.ndarray:
+    """A 1-D array of non-negative integer lengths, as contiguous int64."""
+    array = np.asarray(lengths)
+    if array.ndim != 1:
+        msg = f"lengths must be 1-D, got shape {array.shape}"
+        raise ValueError(msg)
+    if not np.issubdtype(array.dtype, np.integer):
+        msg = f"lengths must have an integer dtype, got {array.dtype}"
+        raise ValueError(msg)
+    array = np.ascontiguousarray(array, dtype=np.int64)
+    negative = np.flatnonzero(array < 0)
+    if negative.size:
+        first = int(negative[0])
+        msg = f"lengths must be >= 0, got lengths[{first}] = {int(array[first])}"
+        raise ValueError(msg)
+    return array

@@ -1,0 +1,154 @@
+"""``plan_step``: assign every candidate sample of one global step a rank and a micro-batch, or defer it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.scheduler._args import check_lengths, check_positive_int
+from pipeline.scheduler._place import longest_first, place_step
+from pipeline.scheduler._repair import prefer_older
+from pipeline.scheduler.cost import DEFAULT_COST_MODEL, CostModel
+
+# A rank may end this far above the lower bound before token capacity forces samples out for balance.
+DEFAULT_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True, eq=False)
+class PlanSummary:
+    """Statistics of a plan; costs in the cost model's unit."""
+
+    samples: int
+    placed: int
+    deferred: int
+    tokens_placed: int
+    token_capacity: int
+    max_rank_cost: float
+    lower_bound: float
+    balance_ratio: float  # max_rank_cost / lower_bound, 1.0 is perfect
+    micro_imbalance: float  # largest over ranks of (costliest micro-batch / mean micro-batch), 1.0 is perfect
+
+    def lines(self) -> list[str]:
+        return [
+            f"samples={self.samples} placed={self.placed} deferred={self.deferred}",
+            f"tokens placed={self.tokens_placed} / capacity={self.token_capacity}"
+            f" ({self.tokens_placed / self.token_capacity:.2%})",
+            f"max rank cost={self.max_rank_cost:.6g} / lower bound={self.lower_bound:.6g}"
+            f" (ratio {self.balance_ratio:.4f})",
+            f"micro-batch imbalance={self.micro_imbalance:.4f}",
+        ]
+
+
+@dataclass(frozen=True, eq=False)
+class StepPlan:
+    """Where each sample of a step goes: ``rank[i]``, ``micro[i]`` (int32), both -1 when deferred."""
+
+    rank: np.ndarray
+    micro: np.ndarray
+    ranks: int
+    micro_batches: int
+    capacity: int
+
+    @property
+    def placed_mask(self) -> np.ndarray:
+        return self.rank >= 0
+
+    @property
+    def deferred_indices(self) -> np.ndarray:
+        """Indices of deferred samples, oldest first (int64)."""
+        return np.flatnonzero(self.rank < 0)
+
+    def micro_costs(self, lengths: np.ndarray, cost_model: CostModel = DEFAULT_COST_MODEL) -> np.ndarray:
+        """Cost of every micro-batch, shape (ranks, micro_batches)."""
+        placed = self.placed_mask
+        slots = self.rank[placed].astype(np.int64) * self.micro_batches + self.micro[placed]
+        weights = cost_model.costs(np.asarray(lengths)[placed])
+        flat = np.bincount(slots, weights=weights, minlength=self.ranks * self.micro_batches)
+        return flat.reshape(self.ranks, self.micro_batches)
+
+    def rank_costs(self, lengths: np.ndarray, cost_model: CostModel = DEFAULT_COST_MODEL) -> np.ndarray:
+        placed = self.placed_mask
+        weights = cost_model.costs(np.asarray(lengths)[placed])
+        return np.bincount(self.rank[placed], weights=weights, minlength=self.ranks)
+
+    def lower_bound(self, lengths: np.ndarray, cost_model: CostModel = DEFAULT_COST_MODEL) -> float:
+        """``max(total placed cost / ranks, largest placed cost)``: no plan of these samples does better."""
+        placed_costs = cost_model.costs(np.asarray(lengths)[self.placed_mask])
+        if placed_costs.size == 0:
+            return 0.0
+        return max(float(placed_costs.sum()) / self.ranks, float(placed_costs.max()))
+
+    def summary(self, lengths: np.ndarray, cost_model: CostModel = DEFAULT_COST_MODEL) -> PlanSummary:
+        lengths = np.asarray(lengths)
+        placed = self.placed_mask
+        micro_costs = self.micro_costs(lengths, cost_model)
+        rank_costs = micro_costs.sum(axis=1)
+        max_rank_cost = float(rank_costs.max())
+        lower_bound = self.lower_bound(lengths, cost_model)
+        busy = rank_costs > 0
+        mean_micro = rank_costs[busy] / self.micro_batches
+        micro_imbalance = float((micro_costs[busy].max(axis=1) / mean_micro).max()) if busy.any() else 1.0
+        return PlanSummary(
+            samples=int(lengths.size),
+            placed=int(placed.sum()),
+            deferred=int(lengths.size - placed.sum()),
+            tokens_placed=int(lengths[placed].sum()),
+            token_capacity=self.ranks * self.micro_batches * self.capacity,
+            max_rank_cost=max_rank_cost,
+            lower_bound=lower_bound,
+            balance_ratio=max_rank_cost / lower_bound if lower_bound > 0 else 1.0,
+            micro_imbalance=micro_imbalance,
+        )
+
+
+def plan_step(
+    lengths: np.ndarray,
+    ranks: int,
+    micro_batches: int,
+    capacity: int,
+    cost_model: CostModel = DEFAULT_COST_MODEL,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> StepPlan:
+    """Plan one global step over ``ranks`` data-parallel ranks of ``micro_batches`` micro-batches,
+    each holding at most ``capacity`` tokens.
+
+    ``lengths`` (int, 1-D) are the candidates in priority order, index 0 the oldest. Only the longest
+    prefix whose tokens fit in ``ranks * micro_batches * capacity`` is considered; the rest is
+    deferred. That prefix is placed longest first on the least costly rank with room (LPT), in the
+    rank's least costly micro-batch with room. Samples that find no room are deferred. Once the samples
+    left are small, a water level caps ranks so that, where cheaper ranks are already full of tokens,
+    a sample is deferred rather than lifting a rank more than about ``tolerance`` above the lower bound.
+    Costs are float64 computed element by element and added in a fixed order, and every tie is broken
+    by index, so the plan is the same on any machine.
+
+    Guarantee against starvation: no deferred sample has a newer placed sample at least as long (it
+    could always take that one's place); a repair pass swaps until this holds.
+    """
+    lengths = check_lengths(lengths)
+    ranks = check_positive_int("ranks", ranks)
+    micro_batches = check_positive_int("micro_batches", micro_batches)
+    capacity = check_positive_int("capacity", capacity, upper=2**31 - 1)
+    if not isinstance(tolerance, float | int) or not 0 <= tolerance < 1:
+        msg = f"tolerance must be a number in [0, 1), got {tolerance!r}"
+        raise ValueError(msg)
+    too_long = np.flatnonzero(lengths > capacity)
+    if too_long.size:
+        first = int(too_long[0])
+        msg = (
+            f"lengths[{first}] = {int(lengths[first])} exceeds capacity {capacity}"
+            f" ({too_long.size} sample(s) longer than a micro-batch; split them first)"
+        )
+        raise ValueError(msg)
+
+    costs = cost_model.costs(lengths)
+    limit = int(np.searchsorted(np.cumsum(lengths), ranks * micro_batches * capacity, side="right"))
+    rank, micro, rank_cost, tokens, micro_cost, _ = place_step(
+        lengths, costs, limit, ranks, micro_batches, capacity, float(tolerance)
+    )
+    placed = rank >= 0
+    if not placed[:limit].all():  # some sample older than a placed one is deferred
+        order = longest_first(np.arange(lengths.size), lengths, capacity)
+        prefer_older(order, lengths, costs, rank, micro, tokens, micro_cost, rank_cost, micro_batches)
+    return StepPlan(rank=rank, micro=micro, ranks=ranks, micro_batches=micro_batches, capacity=capacity)

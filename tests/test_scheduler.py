@@ -1,0 +1,181 @@
+"""Properties of the balancing scheduler (pipeline.scheduler), checked with hypothesis."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.scheduler import CostModel, StepPlan, pack_rank, plan_step, validate_plan
+
+# Integer-valued alpha and beta keep costs exact in float64, so brute force compares exactly.
+COSTS = CostModel(alpha=1.0, beta=100.0)
+# LPT on identical machines is within 4/3 - 1/(3R) of the optimum (Graham 1969); with room for every
+# sample, plan_step is LPT, so it must meet that bound.
+LPT_FACTOR = 4 / 3
+
+settings.register_profile("scheduler", deadline=None, max_examples=60)
+settings.load_profile("scheduler")
+
+
+@st.composite
+def steps(draw: st.DrawFn, max_samples: int = 60) -> tuple[np.ndarray, int, int, int]:
+    ranks = draw(st.integers(1, 6))
+    micro_batches = draw(st.integers(1, 4))
+    capacity = draw(st.integers(1, 300))
+    lengths = draw(st.lists(st.integers(0, capacity), min_size=0, max_size=max_samples))
+    return np.array(lengths, np.int64), ranks, micro_batches, capacity
+
+
+def _plan(step: tuple[np.ndarray, int, int, int]) -> StepPlan:
+    lengths, ranks, micro_batches, capacity = step
+    return plan_step(lengths, ranks, micro_batches, capacity, COSTS)
+
+
+@given(steps())
+def test_plan_is_valid(step: tuple) -> None:
+    lengths = step[0]
+    plan = _plan(step)
+    validate_plan(plan, lengths)  # each sample once (placed or deferred), capacity respected
+    assert plan.rank.dtype == np.int32 and plan.micro.dtype == np.int32
+    assert np.array_equal(plan.rank < 0, plan.micro < 0)
+    assert np.array_equal(plan.deferred_indices, np.flatnonzero(~plan.placed_mask))
+
+
+@given(steps())
+def test_same_input_same_plan(step: tuple) -> None:
+    first, second = _plan(step), _plan((step[0].copy(), *step[1:]))
+    assert np.array_equal(first.rank, second.rank)
+    assert np.array_equal(first.micro, second.micro)
+
+
+@given(steps())
+def test_largest_rank_never_below_lower_bound(step: tuple) -> None:
+    lengths = step[0]
+    plan = _plan(step)
+    summary = plan.summary(lengths, COSTS)
+    assert summary.max_rank_cost >= summary.lower_bound * (1 - 1e-12)
+    assert summary.tokens_placed <= summary.token_capacity
+
+
+@given(steps())
+def test_no_older_sample_deferred_for_a_newer_one_at_least_as_long(step: tuple) -> None:
+    """The guarantee against starvation: if sample i is deferred, every placed sample j > i is strictly
+    shorter than i (i could always have taken j's place without breaking capacity or raising a cost)."""
+    lengths = step[0]
+    plan = _plan(step)
+    placed = plan.placed_mask
+    for i in plan.deferred_indices:
+        newer_placed = lengths[i + 1 :][placed[i + 1 :]]
+        assert (newer_placed < lengths[i]).all()
+
+
+@given(steps())
+def test_prefix_that_fits_is_placed_when_samples_are_small(step: tuple) -> None:
+    """Samples no longer than a tenth of a micro-batch, half the capacity asked: all placed."""
+    _, ranks, micro_batches, capacity = step
+    rng = np.random.default_rng(capacity)
+    lengths = rng.integers(0, max(capacity // 10, 1) + 1, 4 * ranks * micro_batches * 10)
+    lengths = lengths[np.cumsum(lengths) <= ranks * micro_batches * capacity // 2]
+    plan = plan_step(lengths, ranks, micro_batches, capacity, COSTS)
+    assert plan.placed_mask.all()
+
+
+def _optimal_max_rank_cost(costs: np.ndarray, ranks: int) -> float:
+    best = np.inf
+    for assignment in itertools.product(range(ranks), repeat=costs.size):
+        loads = np.bincount(np.array(assignment, np.int64), weights=costs, minlength=ranks)
+        best = min(best, loads.max())
+    return best
+
+
+@settings(max_examples=40)
+@given(st.integers(1, 3), st.lists(st.integers(1, 50), min_size=1, max_size=7))
+def test_within_lpt_factor_of_brute_force_optimum(ranks: int, raw: list[int]) -> None:
+    lengths = np.array(raw, np.int64)
+    capacity = int(lengths.sum())  # one micro-batch can hold everything: all must be placed
+    plan = plan_step(lengths, ranks, 1, capacity, COSTS)
+    assert plan.placed_mask.all()
+    optimum = _optimal_max_rank_cost(COSTS.costs(lengths), ranks)
+    assert plan.rank_costs(lengths, COSTS).max() <= LPT_FACTOR * optimum
+
+
+@given(steps())
+def test_packing_matches_plan(step: tuple) -> None:
+    lengths = step[0]
+    plan = _plan(step)
+    for r in range(plan.ranks):
+        packing = pack_rank(plan, lengths, r)
+        assert packing.indices.dtype == np.int64 and packing.micro_batch.dtype == np.int32
+        assert sorted(packing.indices.tolist()) == np.flatnonzero(plan.rank == r).tolist()
+        assert (np.diff(packing.micro_batch) >= 0).all()
+        assert np.array_equal(packing.micro_batch, plan.micro[packing.indices])
+        for m in range(plan.micro_batches):
+            members = packing.micro_batch_indices(m)
+            cu = packing.cu_seqlens[m]
+            assert cu.dtype == np.int32 and cu[0] == 0 and cu.size == members.size + 1
+            assert np.array_equal(np.diff(cu), lengths[members])
+            assert cu[-1] <= plan.capacity
+            expected = [p for i in members for p in range(lengths[i])]
+            assert packing.position_ids[m].tolist() == expected
+            assert packing.max_seqlen[m] == (int(lengths[members].max()) if members.size else 0)
+
+
+def test_balances_a_realistic_step() -> None:
+    rng = np.random.default_rng(7)
+    lengths = np.clip(rng.lognormal(np.log(500), 0.8, 6000), 1, 8192).astype(np.int64)
+    plan = plan_step(lengths, 16, 8, 8192)
+    validate_plan(plan, lengths)
+    summary = plan.summary(lengths)
+    assert summary.balance_ratio <= 1.02
+    assert summary.tokens_placed >= 0.97 * summary.token_capacity
+
+
+def test_sample_longer_than_capacity_is_named() -> None:
+    with pytest.raises(ValueError, match=r"lengths\[2\] = 11 exceeds capacity 10"):
+        plan_step(np.array([1, 2, 11], np.int64), 2, 1, 10)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"ranks": 0}, "ranks"),
+        ({"micro_batches": 0}, "micro_batches"),
+        ({"capacity": 0}, "capacity"),
+        ({"ranks": 2.5}, "ranks"),
+        ({"lengths": np.array([1, -3], np.int64)}, "lengths"),
+        ({"lengths": np.array([1.0, 2.0])}, "lengths"),
+        ({"lengths": np.ones((2, 2), np.int64)}, "lengths"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs: dict, named: str) -> None:
+    arguments = {"lengths": np.array([1, 2], np.int64), "ranks": 2, "micro_batches": 1, "capacity": 10}
+    arguments.update(kwargs)
+    with pytest.raises(ValueError, match=named):
+        plan_step(**arguments)
+
+
+def test_validate_plan_catches_overfull_micro_batch() -> None:
+    lengths = np.array([6, 6], np.int64)
+    plan = StepPlan(np.zeros(2, np.int32), np.zeros(2, np.int32), ranks=1, micro_batches=1, capacity=10)
+    with pytest.raises(ValueError, match="12 tokens, over the capacity 10"):
+        validate_plan(plan, lengths)
+
+
+def test_validate_plan_catches_half_placed_sample() -> None:
+    plan = StepPlan(np.array([0], np.int32), np.array([-1], np.int32), ranks=1, micro_batches=1, capacity=10)
+    with pytest.raises(ValueError, match="half placed"):
+        validate_plan(plan, np.array([1], np.int64))
+
+
+def test_cost_model_from_transformer() -> None:
+    model = CostModel.from_transformer(1024, 2, causal=False)
+    assert model.beta == 24 * 1024**2 * 2 and model.alpha == 4 * 1024 * 2
+    assert CostModel.from_transformer(1024, 2).alpha == model.alpha / 2
+    with pytest.raises(ValueError, match="hidden_size"):
+        CostModel.from_transformer(0, 2)
+    with pytest.raises(ValueError, match="alpha"):
+        CostModel(alpha=-1.0, beta=1.0)
