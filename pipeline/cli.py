@@ -13,8 +13,10 @@ from topics.errors import MixflowError
 # Each module defines `register(subparsers)`, which adds its sub-command(s) and sets `run` on them.
 COMMAND_MODULES = (
     "pipeline.stack.cli",
+    "pipeline.plan_cli",
     "pipeline.load_cli",
     "pipeline.spec_cli",
+    "pipeline.construct_cli",
 )
 
 

@@ -125,3 +125,8 @@ def expected_sample_ids(spec: JobSpec, bootstrap: str, source: str) -> Counter[s
         documents = [d for d in runtime.reader.read(unit) if isinstance(d, Document)]
         ids.update(s.sample_id for s in runtime.builder.build(documents, epoch=unit.epoch).samples)
     return ids
+
+
+def load_sources(spec: Path, log_dir: Path, timeout_s: float = 240) -> None:
+    """Run one loader per source until every source is drained."""
+    wait_all([start_loader(spec, source, 0, log_dir) for source in SOURCES], timeout_s, log_dir)

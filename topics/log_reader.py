@@ -22,9 +22,11 @@ def read_to_end(
     *,
     isolation: Isolation = "read_committed",
     timeout_s: float = 60.0,
+    tail: int | None = None,
 ) -> list[Message]:
     """Every record of every partition of ``topic`` visible under ``isolation``, in partition then
-    offset order, up to the end each partition had when the call began.
+    offset order, up to the end each partition had when the call began. With ``tail``, only what lies
+    in the last ``tail`` offsets of each partition (transaction markers take offsets too).
 
     Under read_committed a partition's end is its last stable offset: the reading waits while a
     transaction is open there and raises ``TimeoutError`` naming the positions if the end is not
@@ -42,14 +44,15 @@ def read_to_end(
         deadline = time.monotonic() + timeout_s
         partitions = _partitions(consumer, topic, deadline)
         ends = {p: _end_offset(consumer, TopicPartition(topic, p), deadline) for p in partitions}
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions if ends[p] > 0])
+        start = {p: max(0, ends[p] - tail) if tail is not None else 0 for p in partitions}
+        consumer.assign([TopicPartition(topic, p, start[p]) for p in partitions if ends[p] > start[p]])
         records: list[Message] = []
         while True:
             positions = {
                 tp.partition: tp.offset
                 for tp in consumer.position([TopicPartition(topic, p) for p in partitions])
             }
-            if all(ends[p] == 0 or positions[p] >= ends[p] for p in partitions):
+            if all(ends[p] == start[p] or positions[p] >= ends[p] for p in partitions):
                 break
             if time.monotonic() > deadline:
                 msg = f"reading {topic} to its end {ends} took over {timeout_s} s; positions {positions}"

@@ -1,0 +1,50 @@
+"""`mixflow construct --spec SPEC`: run the data constructor of a job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pipeline.constructor import ConstructorOptions, DataConstructor
+from pipeline.spec import load_spec
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "construct", help="run the data constructor: mix, balance and write one batch per rank per step"
+    )
+    parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec")
+    parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
+    parser.add_argument("--max-steps", type=int, help="stop after writing this many steps (default: no limit)")
+    parser.add_argument(
+        "--output-job",
+        help="write rank and state topics under this job name while reading the spec's job's sources",
+    )
+    parser.add_argument(
+        "--transaction-timeout-ms", type=int, default=60_000,
+        help="how long an open transaction of a dead constructor blocks readers (default: %(default)s)",
+    )  # fmt: skip
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    options = ConstructorOptions(
+        output_job=args.output_job,
+        max_steps=args.max_steps,
+        transaction_timeout_ms=args.transaction_timeout_ms,
+    )
+    stats = DataConstructor(spec, spec.kafka.client_config(args.bootstrap_servers), options).run()
+    steps = stats.steps
+    summary = {
+        "job": args.output_job or spec.job,
+        "steps": len(steps),
+        "tokens": stats.tokens,
+        "samples": sum(s.samples for s in steps),
+        "finished": stats.finished,
+        "seconds": round(stats.seconds, 3),
+        "max_state_bytes": max((s.state_bytes for s in steps), default=0),
+    }
+    print(json.dumps(summary))
+    return 0

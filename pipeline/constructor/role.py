@@ -1,0 +1,270 @@
+"""The data constructor role: mix the source topics by the spec, balance each step, write one batch per
+rank per step, exactly once.
+
+Each step is one Kafka transaction holding the batch of every rank (``<job>.rank.<r>``), the step's
+state record (``<job>.state``) and the source offsets (``send_offsets_to_transaction``). The state
+record is the checkpoint: a restarted constructor reads the last committed one, re-reads each source
+from its low watermark and continues with the next step, writing exactly what an uninterrupted run
+would have written. Its ``transactional.id`` is stable per job, so a restart fences a zombie.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from pipeline.constructor.assemble import AssembledStep, assemble_step
+from pipeline.constructor.pool import Candidate, SamplePool
+from pipeline.constructor.sources import SourceReader
+from pipeline.constructor.state import ConstructorState
+from pipeline.kafka_clients import (
+    KafkaConfig,
+    abort,
+    commit_or_abort,
+    produce,
+    read_committed_consumer,
+    transactional_producer,
+)
+from pipeline.mixing import DrawStatus, Mixer, MixerState
+from pipeline.scheduler import CostModel
+from pipeline.spec import JobSpec, OnExhausted
+from topics.admin import ensure_job_topics
+from topics.batch_codec import batch_key, encode_batch
+from topics.dead_letter import encode_dead_letter
+from topics.errors import DecodeError, MixflowError
+from topics.log_reader import read_to_end
+from topics.names import JobTopics
+
+log = logging.getLogger(__name__)
+
+# Offsets at the end of the state topic that hold its last record (each step adds a record and a
+# transaction marker; aborted attempts add a few more).
+STATE_TAIL = 64
+
+
+@dataclass(frozen=True)
+class ConstructorOptions:
+    # Write rank and state topics under another job name while reading this job's sources, e.g. to
+    # replay a job's data with another mixture, or to check determinism.
+    output_job: str | None = None
+    max_steps: int | None = None
+    transaction_timeout_ms: int = 60_000
+    lag_log_interval_s: float = 10.0
+
+
+@dataclass
+class StepRecord:
+    step: int
+    tokens: int
+    samples: int
+    deferred: int
+    state_bytes: int
+    max_rank_cost: float
+    mean_rank_cost: float
+    tokens_by_source: dict[str, int]
+
+
+@dataclass
+class ConstructorStats:
+    steps: list[StepRecord] = field(default_factory=list)
+    seconds: float = 0.0
+    finished: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.steps)
+
+
+class DataConstructor:
+    def __init__(self, spec: JobSpec, config: KafkaConfig, options: ConstructorOptions = ConstructorOptions()) -> None:
+        self.spec = spec
+        self.config = config
+        self.options = options
+        self.sources_topics = JobTopics(spec.job)
+        self.out = JobTopics(options.output_job or spec.job)
+        self.mixer = Mixer.from_spec(spec)
+        self.cost_model = CostModel(*spec.cost.alpha_beta())
+        self.stats = ConstructorStats()
+        self._stopping = False
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.out.job}.constructor"
+
+    def request_stop(self, signum: int | None = None, _frame: FrameType | None = None) -> None:
+        log.info("constructor %s: stopping after the current step (signal %s)", self.transactional_id, signum)
+        self._stopping = True
+
+    def run(self) -> ConstructorStats:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.request_stop)
+        ensure_job_topics(self.config, self.sources_topics.job, self.spec.source_names, self.spec.step.ranks)
+        if self.out.job != self.sources_topics.job:
+            ensure_job_topics(self.config, self.out.job, self.spec.source_names, self.spec.step.ranks)
+        producer = transactional_producer(
+            self.config, self.transactional_id, transaction_timeout_ms=self.options.transaction_timeout_ms
+        )
+        began = time.monotonic()
+        try:
+            while not self._stopping and not self.stats.finished:
+                self._run_from_checkpoint(producer)
+        finally:
+            self.stats.seconds = time.monotonic() - began
+            producer.flush(30)
+        return self.stats
+
+    # -- one attempt: from the last committed state until done, stopped or aborted ----------------
+
+    def _run_from_checkpoint(self, producer: Producer) -> None:
+        state = self._last_state()
+        if state.finished:
+            log.info("job %s finished at step %d already", self.out.job, state.step)
+            self.stats.finished = True
+            return
+        log.info("constructor %s: resuming at step %d", self.transactional_id, state.step)
+        pool = SamplePool(state)
+        consumer = read_committed_consumer(
+            self.config,
+            f"{self.out.job}.constructor",
+            **{"enable.partition.eof": True},  # tells when a source has been read to its end
+        )
+        reader = SourceReader(consumer, self.config, self.sources_topics, pool, self.mixer.budget_tokens)
+        try:
+            self._steps(producer, consumer, reader, pool, state)
+        finally:
+            reader.close()
+            consumer.close()
+
+    def _steps(
+        self, producer: Producer, consumer: Consumer, reader: SourceReader, pool: SamplePool, state: ConstructorState
+    ) -> None:
+        mixer_state, exhausted = state.mixer, set(state.exhausted)
+        last_lag_log = time.monotonic()
+        while not self._stopping:
+            if self.options.max_steps is not None and len(self.stats.steps) >= self.options.max_steps:
+                self._stopping = True
+                return
+            if waiting := pool.waiting_for_deferred():
+                reader.fill(waiting)
+                continue
+            draw = self.mixer.draw(mixer_state, pool.available_lengths(), pool.deferred_lengths(), exhausted)
+            if draw.status is DrawStatus.OK:
+                candidates = pool.take(draw.take)
+                assembled = assemble_step(mixer_state.step, candidates, self.spec.step, self.cost_model)
+                deferred_lengths = _lengths_by_source(assembled.deferred, pool.sources)
+                next_mixer = draw.settle(deferred_lengths)
+                pool.settle(assembled.delivered, assembled.deferred)
+                if not self._commit(producer, consumer, reader, pool, assembled, next_mixer, exhausted, False):
+                    return
+                mixer_state = next_mixer
+                continue
+            if draw.status is DrawStatus.WAITING:
+                newly = {s for s in draw.waiting_for if s not in exhausted and reader.is_exhausted(s)}
+                if newly:
+                    exhausted |= newly
+                    log.info("sources ran out: %s", ", ".join(sorted(newly)))
+                    if self.spec.on_exhausted is OnExhausted.NEXT_EPOCH and newly >= set(draw.waiting_for):
+                        log.warning("sources %s finished every planned epoch; the job ends", sorted(newly))
+                        self._finish(producer, consumer, reader, pool, mixer_state, exhausted)
+                        return
+                    continue
+                reader.fill(draw.waiting_for)
+                if time.monotonic() - last_lag_log > self.options.lag_log_interval_s:
+                    for s in draw.waiting_for:
+                        log.info("step %d waits for source %s: %s", mixer_state.step, s, reader.lag(s))
+                    last_lag_log = time.monotonic()
+                continue
+            # STOP: an exhausted source cannot fill its share (stop), or every source ran out.
+            self._finish(producer, consumer, reader, pool, mixer_state, exhausted)
+            return
+
+    def _finish(
+        self, producer: Producer, consumer: Consumer, reader: SourceReader, pool: SamplePool,
+        mixer_state: MixerState, exhausted: set[str],
+    ) -> None:  # fmt: skip
+        """End the job. Unless the policy is ``stop``, and once every source has run out, what is left
+        goes out in final steps, so every sample of finite sources is delivered exactly once."""
+        all_out = set(exhausted) >= set(pool.sources) or all(reader.is_exhausted(s) for s in pool.sources)
+        if self.spec.on_exhausted is not OnExhausted.STOP and all_out:
+            while not pool.empty():
+                candidates = pool.take_everything()
+                assembled = assemble_step(mixer_state.step, candidates, self.spec.step, self.cost_model)
+                if not assembled.delivered:
+                    msg = f"step {mixer_state.step}: none of the {len(candidates)} remaining samples fits a step"
+                    raise MixflowError(msg)
+                pool.settle(assembled.delivered, assembled.deferred)
+                next_mixer = MixerState(mixer_state.step + 1, mixer_state.credit, mixer_state.long_credit)
+                if not self._commit(producer, consumer, reader, pool, assembled, next_mixer, exhausted, False):
+                    return
+                mixer_state = next_mixer
+        if self._commit(producer, consumer, reader, pool, None, mixer_state, exhausted, True):
+            self.stats.finished = True
+            log.info("job %s finished after step %d", self.out.job, mixer_state.step - 1)
+
+    # -- the transaction of one step --------------------------------------------------------------
+
+    def _commit(
+        self, producer: Producer, consumer: Consumer, reader: SourceReader, pool: SamplePool,
+        assembled: AssembledStep | None, mixer: MixerState, exhausted: set[str], finished: bool,
+    ) -> bool:  # fmt: skip
+        """Write one step (or, with ``assembled`` None, only the final state). False when aborted."""
+        state = ConstructorState(mixer, pool.positions(), pool.deferred_refs(), tuple(sorted(exhausted)), finished)
+        state_bytes = state.to_bytes()
+        producer.begin_transaction()
+        try:
+            if assembled is not None:
+                for batch in assembled.batches:
+                    key, value, headers = encode_batch(batch)
+                    produce(producer, self.out.rank(batch.rank), value, key=key, headers=headers)
+            for letter in reader.dead_letters:
+                key, value, headers = encode_dead_letter(letter)
+                produce(producer, self.out.dlq, value, key=key, headers=headers)
+            produce(producer, self.out.state, state_bytes, key=batch_key(max(mixer.step - 1, 0)))
+            offsets = [TopicPartition(self.sources_topics.src(s), 0, p.low) for s, p in state.positions.items()]
+            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())
+        except BaseException:
+            abort(producer)
+            raise
+        if not commit_or_abort(producer):
+            log.warning("step %d was aborted; resuming from the last committed step", mixer.step - 1)
+            return False
+        reader.dead_letters.clear()
+        if assembled is not None:
+            self._record(assembled, len(state_bytes))
+        return True
+
+    def _record(self, assembled: AssembledStep, state_bytes: int) -> None:
+        costs = assembled.plan.rank_costs(assembled.lengths, self.cost_model)
+        by_source: dict[str, int] = {}
+        for c in assembled.delivered:
+            by_source[c.ref.source] = by_source.get(c.ref.source, 0) + c.sample.length
+        record = StepRecord(
+            step=assembled.step, tokens=assembled.tokens, samples=len(assembled.delivered),
+            deferred=len(assembled.deferred), state_bytes=state_bytes, max_rank_cost=float(costs.max()),
+            mean_rank_cost=float(costs.mean()), tokens_by_source=by_source,
+        )  # fmt: skip
+        self.stats.steps.append(record)
+        log.debug("step %d: %d tokens, %d samples, %d deferred", record.step, record.tokens, record.samples,
+                  record.deferred)  # fmt: skip
+
+    def _last_state(self) -> ConstructorState:
+        records = read_to_end(self.config, self.out.state, tail=STATE_TAIL)
+        if not records:
+            return ConstructorState.initial(self.mixer.initial_state())
+        last = records[-1]
+        try:
+            return ConstructorState.from_bytes(last.value())
+        except DecodeError as exc:
+            raise exc.at(last.topic(), last.partition(), last.offset()) from exc
+
+
+def _lengths_by_source(candidates: list[Candidate], sources: list[str]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {s: [] for s in sources}
+    for c in candidates:
+        out[c.ref.source].append(c.sample.length)
+    return out

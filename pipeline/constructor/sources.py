@@ -1,0 +1,118 @@
+"""Reading the source topics for the constructor: fill the pool, detect when a source has run out."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from pipeline.constructor.pool import SamplePool
+from pipeline.kafka_clients import KafkaConfig
+from pipeline.work_plan import WorkPlan, plan_is_done, read_work_plan
+from topics.dead_letter import DeadLetter
+from topics.errors import DecodeError
+from topics.names import JobTopics, parse_topic
+from topics.sample_codec import decode_sample_message
+
+log = logging.getLogger(__name__)
+
+# A source's FIFO stops reading above this many steps' worth of tokens, so memory stays bounded
+# whatever the number of sources and however far ahead the loaders are.
+BUFFER_STEPS = 4
+
+
+class SourceReader:
+    """Assigns every source topic's partition at the pool's low watermarks and routes records into it."""
+
+    def __init__(
+        self, consumer: Consumer, config: KafkaConfig, topics: JobTopics, pool: SamplePool, budget_tokens: int
+    ) -> None:
+        self.consumer = consumer
+        self.config = config
+        self.topics = topics
+        self.pool = pool
+        self.budget_tokens = budget_tokens
+        self.eof_at: dict[str, int] = {}
+        self.dead_letters: list[DeadLetter] = []
+        self._paused: set[str] = set()
+        self._plans: dict[str, WorkPlan] = {}
+        self._loader_groups: dict[str, Consumer] = {}
+        positions = pool.positions()
+        consumer.assign([TopicPartition(topics.src(s), 0, positions[s].low) for s in pool.sources])
+
+    def fill(self, wanted: Collection[str], timeout_s: float = 1.0) -> int:
+        """Read what is there, for at most ``timeout_s`` and until every source in ``wanted`` has new
+        records or has reached its end. Returns the records read."""
+        self._pause_full()
+        before = {s: self.pool.fifos[s].next_offset for s in wanted}
+        deadline = time.monotonic() + timeout_s
+        read = 0
+        while True:
+            messages = self.consumer.consume(num_messages=5000, timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+            for message in messages:
+                read += self._route(message)
+            pending = [s for s in wanted if self.pool.fifos[s].next_offset == before[s] and s not in self.eof_at]
+            if not pending or time.monotonic() >= deadline:
+                return read
+
+    def _route(self, message: Message) -> int:
+        source = parse_topic(message.topic()).arg
+        if message.error():
+            if message.error().code() == KafkaError._PARTITION_EOF:
+                self.eof_at[source] = message.offset()
+                return 0
+            raise KafkaException(message.error())
+        self.eof_at.pop(source, None)
+        try:
+            sample = decode_sample_message(message)
+        except DecodeError as exc:
+            where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
+            self.dead_letters.append(DeadLetter(source, where, exc.reason, payload=message.value()))
+            sample = None
+        self.pool.add(source, message.offset(), sample)
+        return 1
+
+    def _pause_full(self) -> None:
+        limit = BUFFER_STEPS * self.budget_tokens
+        held = self.pool.tokens_held()
+        full = {s for s, tokens in held.items() if tokens > limit}
+        if pause := full - self._paused:
+            self.consumer.pause([TopicPartition(self.topics.src(s), 0) for s in pause])
+        if resume := self._paused - full:
+            self.consumer.resume([TopicPartition(self.topics.src(s), 0) for s in resume])
+        self._paused = full
+
+    def is_exhausted(self, source: str) -> bool:
+        """True when the source's loaders have committed every unit and everything is read."""
+        if source not in self.eof_at or not self._loaders_done(source):
+            return False
+        _, end = self.consumer.get_watermark_offsets(TopicPartition(self.topics.src(source), 0), timeout=10)
+        return self.eof_at.get(source, -1) >= end
+
+    def _loaders_done(self, source: str) -> bool:
+        plan = self._plans.get(source) or read_work_plan(self.config, self.topics, source)
+        if plan is None:
+            return False
+        self._plans[source] = plan
+        if source not in self._loader_groups:
+            group = f"{self.topics.job}.loaders.{source}"  # asks for its offsets; never joins it
+            self._loader_groups[source] = Consumer({**self.config, "group.id": group, "enable.auto.commit": False})
+        return plan_is_done(self._loader_groups[source], self.topics.work(source), plan)
+
+    def lag(self, source: str) -> str:
+        fifo = self.pool.fifos[source]
+        try:
+            _, end = self.consumer.get_watermark_offsets(TopicPartition(self.topics.src(source), 0), timeout=5)
+        except KafkaException:
+            end = -1
+        plan = self._plans.get(source)
+        return (
+            f"{len(fifo.offsets)} samples ({fifo.tokens} tokens) buffered, read up to offset "
+            f"{fifo.next_offset} of {end}; work plan {'published' if plan else 'not published yet'}"
+        )
+
+    def close(self) -> None:
+        for consumer in self._loader_groups.values():
+            consumer.close()

@@ -1,0 +1,198 @@
+"""The data constructor against the real broker: determinism, exactly once under SIGKILL, curriculum,
+and what happens when a source runs out under each policy."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from confluent_kafka import Consumer, TopicPartition
+
+from pipeline.mixing import Schedule
+from pipeline.spec import load_spec
+from tests.loader_support import REPO, SOURCES, build_example_data, committed_sample_ids, load_sources, write_spec
+from topics.batch_codec import decode_batch_message
+from topics.log_reader import read_to_end
+from topics.names import JobTopics
+
+RANKS = 2
+KILLS = 4
+
+
+@pytest.fixture(scope="module")
+def loaded_job(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """A job whose three source topics are loaded, once for the whole module: (job name, data folder)."""
+    folder = tmp_path_factory.mktemp("constructor")
+    data = build_example_data(folder / "data", limit=40)
+    job = f"c{random.randrange(16**8):08x}"
+    spec = write_spec(folder, job, kafka_bootstrap, data, on_exhausted="renormalize")
+    load_sources(spec, folder)
+    return job, data
+
+
+def _spec(tmp_path: Path, bootstrap: str, loaded: tuple[str, Path], **overrides: object) -> Path:
+    job, data = loaded
+    return write_spec(tmp_path, job, bootstrap, data, **{"on_exhausted": "renormalize", **overrides})
+
+
+def _construct(spec: Path, output_job: str, *extra: str, log: Path | None = None) -> subprocess.Popen:
+    command = [sys.executable, "-m", "pipeline.cli", "construct", "--spec", str(spec), "--output-job", output_job,
+               "--transaction-timeout-ms", "10000", *extra]  # fmt: skip
+    out = log.open("ab") if log else subprocess.PIPE
+    return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT if log else subprocess.PIPE, cwd=REPO)
+
+
+def _run(spec: Path, output_job: str, *extra: str) -> dict:
+    process = _construct(spec, output_job, *extra)
+    out, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err.decode()[-3000:]
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def _steps(bootstrap: str, job: str) -> list[list[tuple[list[str], bytes, list[int]]]]:
+    """Per step, per rank: (sample ids, token bytes, sample lengths) as the rank topics hold them."""
+    topics = JobTopics(job)
+    per_rank = [
+        [decode_batch_message(m) for m in read_to_end({"bootstrap.servers": bootstrap}, topics.rank(r))]
+        for r in range(RANKS)
+    ]
+    assert len({len(batches) for batches in per_rank}) == 1, "ranks hold different numbers of steps"
+    for batches in per_rank:
+        assert [b.step for b in batches] == list(range(len(batches))), "steps missing, repeated or out of order"
+    return [
+        [(list(b.sample_ids), np.asarray(b.tokens).tobytes(), [int(n) for n in b.lengths]) for b in step_batches]
+        for step_batches in zip(*per_rank, strict=True)
+    ]
+
+
+def test_two_constructors_over_the_same_sources_write_identical_batches(
+    kafka_bootstrap: str, loaded_job: tuple[str, Path], tmp_path: Path, unique_name: str
+) -> None:
+    spec = _spec(tmp_path, kafka_bootstrap, loaded_job)
+    first = _run(spec, f"{unique_name}-a")
+    second = _run(spec, f"{unique_name}-b")
+    assert first["finished"] and second["finished"]
+    a, b = _steps(kafka_bootstrap, f"{unique_name}-a"), _steps(kafka_bootstrap, f"{unique_name}-b")
+    assert len(a) == first["steps"] > 10
+    assert a == b
+
+
+def test_every_sample_is_delivered_exactly_once_while_the_constructor_is_killed(
+    kafka_bootstrap: str, loaded_job: tuple[str, Path], tmp_path: Path, unique_name: str
+) -> None:
+    spec = _spec(tmp_path, kafka_bootstrap, loaded_job)
+    reference = f"{unique_name}-ref"
+    _run(spec, reference)
+    killed = f"{unique_name}-kill"
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    print(f"kill schedule seed {seed}")
+    log = tmp_path / "constructor.log"
+    state = TopicPartition(JobTopics(killed).state, 0)
+    probe = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "probe"})
+    kills = 0
+    process = _construct(spec, killed, log=log)
+    try:
+        while kills < KILLS:
+            # Kill once the state topic has grown by a random number of records: mid-step, at a random moment.
+            target = _end(probe, state) + rng.randint(1, 30)
+            deadline = time.monotonic() + 120
+            while _end(probe, state) < target and process.poll() is None:
+                assert time.monotonic() < deadline, f"the constructor stopped making steps; see {log}"
+                time.sleep(0.01)  # poll interval of the watermark probe
+            if process.poll() is not None:
+                break
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=30)
+            kills += 1
+            process = _construct(spec, killed, log=log)
+        assert process.wait(timeout=240) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+        probe.close()
+    assert kills >= 1, "the constructor finished before the first kill"
+
+    got, expected = _steps(kafka_bootstrap, killed), _steps(kafka_bootstrap, reference)
+    assert got == expected, "the killed and restarted constructor wrote other batches than an uninterrupted one"
+    delivered = Counter(i for step in got for ids, _, _ in step for i in ids)
+    assert max(delivered.values()) == 1, [i for i, n in delivered.items() if n > 1][:5]
+    job = loaded_job[0]
+    every = {i for s in SOURCES for i in committed_sample_ids(kafka_bootstrap, JobTopics(job), s)}
+    assert set(delivered) == every
+
+
+def _end(consumer: Consumer, partition: TopicPartition) -> int:
+    try:
+        return consumer.get_watermark_offsets(partition, timeout=5)[1]
+    except Exception:  # the topic is not created yet
+        return 0
+
+
+def test_token_shares_follow_the_curriculum(
+    kafka_bootstrap: str, loaded_job: tuple[str, Path], tmp_path: Path, unique_name: str
+) -> None:
+    schedule = {"interpolation": "linear", "schedule": [
+        {"step": 0, "weights": {"code": 0.2, "docstrings": 0.6, "topics": 0.2}},
+        {"step": 20, "weights": {"code": 0.6, "docstrings": 0.2, "topics": 0.2}},
+    ]}  # fmt: skip
+    spec_path = _spec(tmp_path, kafka_bootstrap, loaded_job, mixture=schedule, on_exhausted="stop")
+    summary = _run(spec_path, unique_name)
+    spec = load_spec(spec_path)
+    steps = _steps(kafka_bootstrap, unique_name)
+    assert len(steps) == summary["steps"] >= 10
+    tokens = np.zeros((len(steps), len(SOURCES)))
+    for k, step in enumerate(steps):
+        for ids, _, lengths in step:
+            for sample_id, length in zip(ids, lengths, strict=True):
+                tokens[k, SOURCES.index(sample_id.split("/")[0])] += length
+    weights = Schedule.from_spec(spec.mixture, list(SOURCES)).weights_array(np.arange(len(steps)))
+    want = np.cumsum(weights * tokens.sum(axis=1, keepdims=True), axis=0)
+    got = np.cumsum(tokens, axis=0)
+    # Cumulative shares track the schedule within about one sample per source (here <= 512 tokens) plus
+    # what the scheduler deferred at the last step.
+    error = np.abs(got - want).max(axis=0)
+    assert (error < 2 * 1024).all(), f"cumulative token error per source {error}"
+
+
+@pytest.mark.parametrize("policy", ["stop", "renormalize", "next_epoch"])
+def test_a_source_that_runs_out(
+    kafka_bootstrap: str, loaded_job: tuple[str, Path], tmp_path: Path, unique_name: str, policy: str
+) -> None:
+    # topics is the smallest source; a heavy weight on it makes it run out first.
+    mixture = {"weights": {"code": 1, "docstrings": 1, "topics": 3}}
+    spec = _spec(tmp_path, kafka_bootstrap, loaded_job, mixture=mixture, on_exhausted=policy)
+    summary = _run(spec, unique_name)
+    assert summary["finished"]
+    delivered = Counter(i for step in _steps(kafka_bootstrap, unique_name) for ids, _, _ in step for i in ids)
+    assert max(delivered.values()) == 1
+    job = loaded_job[0]
+    every = {i for s in SOURCES for i in committed_sample_ids(kafka_bootstrap, JobTopics(job), s)}
+    if policy == "renormalize":
+        assert set(delivered) == every, "renormalize must deliver every sample of every finite source"
+        return
+    # The job ends at the first step the exhausted source cannot fill: most of it is delivered, and
+    # the larger sources still have samples left.
+    topics_ids = {i for i in every if i.startswith("topics/")}
+    assert len(topics_ids & set(delivered)) > 0.5 * len(topics_ids)
+    assert {i for i in every if i.startswith("code/")} - set(delivered), f"{policy} did not end the job early"
+
+
+def test_a_bad_spec_is_refused_naming_the_field(tmp_path: Path, loaded_job: tuple[str, Path]) -> None:
+    bad = yaml.safe_load(_spec(tmp_path, "127.0.0.1:1", loaded_job).read_text())
+    bad["step"]["ranks"] = 0
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "construct", "--spec", str(path)],
+                            capture_output=True, text=True, timeout=60, check=False, cwd=REPO)  # fmt: skip
+    assert result.returncode == 2
+    assert "step.ranks" in result.stderr
