@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "pipeline.load_cli",
     "pipeline.spec_cli",
     "pipeline.construct_cli",
+    "pipeline.run_cli",
 )
 
 

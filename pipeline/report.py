@@ -1,0 +1,112 @@
+"""What a job's rank topics hold, summarised as its users judge it: balance, shares, exactly once.
+
+Reads ``<job>.rank.<r>`` like a trainer would (read_committed) and compares each step's largest rank
+cost with what naive per-rank loading of the same samples gives: the step's samples shuffled and dealt
+round-robin to ranks, as a ``DistributedSampler`` does, so every rank gets about the same number of
+samples but not the same cost.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.constructor import ConstructorState
+from pipeline.kafka_clients import KafkaConfig
+from pipeline.mixing import Schedule
+from pipeline.scheduler import CostModel
+from pipeline.spec import JobSpec
+from topics.batch import Batch
+from topics.batch_codec import decode_batch_message
+from topics.log_reader import read_to_end
+from topics.names import JobTopics
+
+
+@dataclass(frozen=True)
+class JobReport:
+    steps: int
+    samples: int
+    tokens: int
+    duplicates: int
+    capacity_tokens: int
+    imbalance: np.ndarray  # (steps,) largest rank cost / mean rank cost, as written
+    naive_imbalance: np.ndarray  # (steps,) the same for naive per-rank loading of the same samples
+    share_error: np.ndarray  # (sources,) largest cumulative |tokens - schedule| in tokens, while all had data
+    steps_with_all_sources: int  # steps before the first source ran out
+    sources: list[str]
+    tokens_by_source: dict[str, int]
+
+    def lines(self) -> list[str]:
+        if self.steps == 0:
+            return ["no steps written yet"]
+        fill = self.tokens / (self.steps * self.capacity_tokens)
+        shares = ", ".join(f"{s} {n / self.tokens:.1%}" for s, n in self.tokens_by_source.items())
+        return [
+            f"steps {self.steps}, samples {self.samples}, tokens {self.tokens} ({fill:.1%} of capacity)",
+            f"each sample exactly once: {'yes' if self.duplicates == 0 else f'NO, {self.duplicates} repeated'}",
+            f"largest rank cost / mean, median over steps: {np.median(self.imbalance):.3f} balanced, "
+            f"{np.median(self.naive_imbalance):.3f} with naive per-rank loading "
+            f"(step-time speedup {np.median(self.naive_imbalance / self.imbalance):.2f}x)",
+            f"token shares: {shares}",
+            f"largest cumulative drift from the mixture schedule over the {self.steps_with_all_sources} steps "
+            "before a source ran out, in tokens: "
+            + ", ".join(f"{s} {e:.0f}" for s, e in zip(self.sources, self.share_error, strict=True)),
+        ]
+
+
+def read_steps(config: KafkaConfig, job: str, ranks: int) -> list[list[Batch]]:
+    """Per step, the batch of every rank, as the rank topics hold them."""
+    topics = JobTopics(job)
+    per_rank = [[decode_batch_message(m) for m in read_to_end(config, topics.rank(r))] for r in range(ranks)]
+    steps = min(len(batches) for batches in per_rank)
+    return [[per_rank[r][k] for r in range(ranks)] for k in range(steps)]
+
+
+def first_exhausted_step(config: KafkaConfig, job: str) -> int:
+    """The first step written after some source had run out (the number of steps if none ran out)."""
+    step = 0
+    for record in read_to_end(config, JobTopics(job).state):
+        state = ConstructorState.from_bytes(record.value())
+        if state.exhausted:
+            return state.step - 1
+        step = state.step
+    return step
+
+
+def job_report(config: KafkaConfig, spec: JobSpec, job: str | None = None, seed: int = 0) -> JobReport:
+    steps = read_steps(config, job or spec.job, spec.step.ranks)
+    cost = CostModel(*spec.cost.alpha_beta())
+    sources = spec.source_names
+    rng = np.random.default_rng(seed)
+    seen: Counter[str] = Counter()
+    imbalance, naive, per_source = [], [], np.zeros((len(steps), len(sources)))
+    for k, batches in enumerate(steps):
+        rank_costs = np.array([cost.costs(b.lengths).sum() for b in batches])
+        imbalance.append(rank_costs.max() / max(rank_costs.mean(), 1e-12))
+        lengths = np.concatenate([b.lengths for b in batches]).astype(np.int64)
+        dealt = rng.permutation(lengths.size) % len(batches)  # (n,) rank of each sample
+        naive_costs = np.bincount(dealt, weights=cost.costs(lengths), minlength=len(batches))
+        naive.append(naive_costs.max() / max(naive_costs.mean(), 1e-12))
+        for b in batches:
+            seen.update(b.sample_ids)
+            for source, n in zip(b.sources, b.lengths.tolist(), strict=True):
+                per_source[k, sources.index(source)] += n
+    full = min(len(steps), first_exhausted_step(config, job or spec.job))
+    weights = Schedule.from_spec(spec.mixture, sources).weights_array(np.arange(full))  # (full, S)
+    want = np.cumsum(weights * per_source[:full].sum(axis=1, keepdims=True), axis=0)
+    drift = np.abs(np.cumsum(per_source[:full], axis=0) - want).max(axis=0) if full else np.zeros(len(sources))
+    return JobReport(
+        steps=len(steps),
+        samples=sum(seen.values()),
+        tokens=int(per_source.sum()),
+        duplicates=sum(n - 1 for n in seen.values() if n > 1),
+        capacity_tokens=spec.step.tokens_per_step,
+        imbalance=np.asarray(imbalance),
+        naive_imbalance=np.asarray(naive),
+        share_error=drift,
+        steps_with_all_sources=full,
+        sources=sources,
+        tokens_by_source={s: int(per_source[:, i].sum()) for i, s in enumerate(sources)},
+    )

@@ -1,0 +1,40 @@
+"""`mixflow run --spec SPEC`: run a whole job here (loaders and constructor) and report on its batches."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.local_job import job_spec_file, run_local_job
+from pipeline.report import job_report
+from pipeline.stack.local_broker import default_state_dir
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run", help="run every role of a job on this machine until its sources are drained, then report"
+    )
+    parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec")
+    parser.add_argument("--job", help="run under this job name instead of the spec's (a fresh set of topics)")
+    parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
+    parser.add_argument(
+        "--state-dir", type=Path, default=None,
+        help="where the job's logs go, under jobs/<job>/ (default: $MIXFLOW_STATE_DIR or .mixflow)",
+    )  # fmt: skip
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or default_state_dir()
+    job_name = args.job or "spec"
+    folder = state_dir / "jobs" / job_name
+    spec, spec_path = job_spec_file(args.spec, args.job, folder)
+    print(f"job {spec.job}: {len(spec.sources)} sources, {spec.step.ranks} ranks x {spec.step.micro_batches} "
+          f"micro-batches x {spec.step.tokens_per_micro_batch} tokens; logs in {folder}")  # fmt: skip
+    roles = run_local_job(spec_path, args.bootstrap_servers, folder)
+    for role in roles:
+        print(f"{role.name}: {role.summary()}")
+    report = job_report(spec.kafka.client_config(args.bootstrap_servers), spec)
+    for line in report.lines():
+        print(line)
+    return 0 if report.duplicates == 0 else 1

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The main job end to end on the built-in example, from a fresh machine: set-up, example data from the
+# standard library, a local Kafka broker (unless $KAFKA_BOOTSTRAP_SERVERS is set), then every role of
+# the job (source loaders and the data constructor) and a report on the batches the ranks receive.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+bash scripts/setup.sh
+
+.venv/bin/python examples/build_example_data.py --out examples/data
+if [ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]; then
+  KAFKA_BOOTSTRAP_SERVERS="$(.venv/bin/mixflow stack up | tail -n 1)"
+  export KAFKA_BOOTSTRAP_SERVERS
+  echo "example: Kafka at $KAFKA_BOOTSTRAP_SERVERS (stop it with: .venv/bin/mixflow stack down)"
+fi
+.venv/bin/mixflow spec check --files examples/example.yaml
+# A fresh job name per run, so each run starts from empty topics; rerunning one job resumes it.
+.venv/bin/mixflow run --spec examples/example.yaml --job "example-$(date +%Y%m%d-%H%M%S)"
