@@ -114,12 +114,14 @@ class CostSpec(BaseModel):
         return self
 
     def alpha_beta(self) -> tuple[float, float]:
-        """``(alpha, beta)``: cost per token pair and per token."""
+        """``(alpha, beta)``: cost per token pair and per token, given or derived from the model's shape
+        by ``CostModel.from_transformer``."""
         if self.alpha is not None and self.beta is not None:
             return float(self.alpha), float(self.beta)
-        h, layers = float(self.hidden_size or 0), float(self.num_layers or 0)
-        alpha = 4.0 * h * layers
-        return (alpha / 2 if self.causal else alpha), 24.0 * h * h * layers
+        from pipeline.scheduler.cost import CostModel  # the scheduler's kernels load only when needed
+
+        model = CostModel.from_transformer(self.hidden_size or 1, self.num_layers or 1, causal=self.causal is not False)
+        return model.alpha, model.beta
 
 
 class LongContextSpec(BaseModel):
