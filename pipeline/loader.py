@@ -170,9 +170,8 @@ class SourceLoader:
             if message.error():
                 self._on_consumer_error(message.error())
                 continue
-            if not self._process(consumer, producer, message):
-                consumer.seek(TopicPartition(message.topic(), message.partition(), message.offset()))
-            elif self.options.max_units is not None and self.stats.units >= self.options.max_units:
+            self._transaction(consumer, producer, message)
+            if self.options.max_units is not None and self.stats.units >= self.options.max_units:
                 log.info("loader %s: did its %d units; leaving", self.transactional_id, self.stats.units)
                 return
 
@@ -182,29 +181,62 @@ class SourceLoader:
             raise MixflowError(msg)
         log.warning("loader %s: consumer error (will retry): %s", self.transactional_id, error)
 
-    def _process(self, consumer: Consumer, producer: Producer, message: Message) -> bool:
-        """Publish one unit in one transaction. False when the transaction was aborted."""
-        unit, letters = _decode_unit(message, self.source)
+    def _transaction(self, consumer: Consumer, producer: Producer, first: Message) -> None:
+        """Publish ``first`` and, while the transaction is younger than ``unit_seconds``, the units that are
+        already fetched after it, in one transaction: each unit is all in or all out, and small units
+        (a short text file) do not pay a commit each. On abort every partition is rewound to its first
+        unit of the transaction."""
+        began = time.monotonic()
+        done: list[tuple[Message, WorkUnit | None, tuple[int, int, int]]] = []
         producer.begin_transaction()
         try:
-            counts = self._publish(producer, unit) if unit else self._publish_letters(producer, letters)
-            offsets = [TopicPartition(message.topic(), message.partition(), message.offset() + 1)]
+            message: Message | None = first
+            while message is not None:
+                unit, letters = _decode_unit(message, self.source)
+                counts = self._publish(producer, unit) if unit else self._publish_letters(producer, letters)
+                done.append((message, unit, counts))
+                message = self._next_ready(consumer, began, len(done))
+            ends: dict[tuple[str, int], int] = {}
+            for m, _, _ in done:
+                ends[(m.topic(), m.partition())] = m.offset() + 1
+            offsets = [TopicPartition(topic, partition, end) for (topic, partition), end in ends.items()]
             producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())
         except KafkaException as exc:
-            if exc.args[0].txn_requires_abort():
-                log.warning("loader %s: aborting unit at %s: %s", self.transactional_id, _where(message), exc)
-                abort(producer)
-                self._aborted()
-                return False
-            raise
+            if not exc.args[0].txn_requires_abort():
+                raise
+            log.warning("loader %s: aborting units from %s: %s", self.transactional_id, _where(first), exc)
+            abort(producer)
+            self._rewind(consumer, done or [(first, None, (0, 0, 0))])
+            return
         except BaseException:
             abort(producer)
             raise
         if not commit_or_abort(producer):
-            self._aborted()
-            return False
-        self._count(unit, *counts)
-        return True
+            self._rewind(consumer, done)
+            return
+        for _, unit, counts in done:
+            self._count(unit, *counts)
+
+    def _next_ready(self, consumer: Consumer, began: float, units: int) -> Message | None:
+        """The next unit if it is already fetched and the transaction may take one more; else None."""
+        if self._stopping or time.monotonic() - began >= self.options.unit_seconds:
+            return None
+        if self.options.max_units is not None and self.stats.units + units >= self.options.max_units:
+            return None
+        message = consumer.poll(0)
+        if message is not None and message.error():
+            self._on_consumer_error(message.error())
+            return None
+        return message
+
+    def _rewind(self, consumer: Consumer, done: list[tuple[Message, WorkUnit | None, tuple[int, int, int]]]) -> None:
+        """Seek every partition back to its first unit of an aborted transaction, to redo them."""
+        firsts: dict[tuple[str, int], int] = {}
+        for m, _, _ in done:
+            firsts.setdefault((m.topic(), m.partition()), m.offset())
+        for (topic, partition), offset in firsts.items():
+            consumer.seek(TopicPartition(topic, partition, offset))
+        self._aborted()
 
     def _publish(self, producer: Producer, unit: WorkUnit) -> tuple[int, int, int]:
         samples = tokens = letters = 0
