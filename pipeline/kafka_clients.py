@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from topics.errors import MixflowError
 
 log = logging.getLogger(__name__)
 
 KafkaConfig = Mapping[str, Any]
+T = TypeVar("T")
 
 
 def transactional_producer(
@@ -78,31 +79,49 @@ def produce(producer: Producer, topic: str, value: bytes, **kwargs: Any) -> None
             producer.poll(0.1)
 
 
+def retry_retriable(call: Callable[[], T], what: str, timeout_s: float = 60.0) -> T:
+    """``call()``, retried with backoff while it fails with a retriable Kafka error (a broker that went
+    away, a coordinator that moved), for up to ``timeout_s``. Other errors propagate at once."""
+    deadline = time.monotonic() + timeout_s
+    backoff = 0.1
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if not error.retriable() or time.monotonic() + backoff > deadline:
+                raise
+            log.warning("%s failed, retrying in %.1f s: %s", what, backoff, error)
+            time.sleep(backoff)  # backing off from a broker that is not answering
+            backoff = min(backoff * 2, 5.0)
+
+
+def send_offsets(producer: Producer, consumer: Consumer, offsets: list[TopicPartition]) -> None:
+    """Add consumed offsets to the open transaction, riding out a broker that is briefly away."""
+    metadata = consumer.consumer_group_metadata()
+    retry_retriable(lambda: producer.send_offsets_to_transaction(offsets, metadata), "adding offsets to a transaction")
+
+
 def commit_or_abort(producer: Producer, timeout_s: float = 60.0) -> bool:
     """Commit the open transaction. True when committed; False when it had to be aborted (the caller
     redoes its work); raises MixflowError on a fatal error (the producer is fenced or broken and the
     process must start a new one)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            producer.commit_transaction(max(1.0, deadline - time.monotonic()))
-            return True
-        except KafkaException as exc:
-            error: KafkaError = exc.args[0]
-            if error.retriable() and time.monotonic() < deadline:
-                log.warning("commit of transaction failed, retrying: %s", error)
-                continue
-            if error.txn_requires_abort():
-                log.warning("transaction aborted: %s", error)
-                abort(producer, timeout_s)
-                return False
-            msg = f"transaction cannot commit: {error} (fatal={error.fatal()})"
-            raise MixflowError(msg) from exc
+    try:
+        retry_retriable(lambda: producer.commit_transaction(timeout_s), "committing the transaction", timeout_s)
+        return True
+    except KafkaException as exc:
+        error: KafkaError = exc.args[0]
+        if error.txn_requires_abort():
+            log.warning("transaction aborted: %s", error)
+            abort(producer, timeout_s)
+            return False
+        msg = f"transaction cannot commit: {error} (fatal={error.fatal()})"
+        raise MixflowError(msg) from exc
 
 
 def abort(producer: Producer, timeout_s: float = 60.0) -> None:
     try:
-        producer.abort_transaction(timeout_s)
+        retry_retriable(lambda: producer.abort_transaction(timeout_s), "aborting the transaction", timeout_s)
     except KafkaException as exc:
         msg = f"transaction cannot abort: {exc.args[0]}"
         raise MixflowError(msg) from exc

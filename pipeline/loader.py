@@ -1,11 +1,12 @@
-"""The source loader role: work units in, tokenized samples out, one Kafka transaction per unit.
+"""The source loader role: work units in, tokenized samples out, each unit in one Kafka transaction.
 
 For each unit taken from ``<job>.work.<source>`` through the source's consumer group, the loader reads
 and tokenizes it and, in one transaction, produces its samples to ``<job>.src.<source>``, its bad
 records to ``<job>.dlq``, and commits the unit's offset (``send_offsets_to_transaction``). A loader
 killed mid-unit leaves an open transaction that the broker aborts (at once when the same loader
 instance restarts, since it reuses its ``transactional.id``), and the unit is redone: every sample
-reaches ``read_committed`` readers exactly once.
+reaches ``read_committed`` readers exactly once. Units already fetched may share a transaction (up to
+``unit_seconds`` of work), so sources of many small files do not pay a commit per file.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pipeline.kafka_clients import (
     commit_or_abort,
     produce,
     read_committed_consumer,
+    send_offsets,
     transactional_producer,
 )
 from pipeline.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
@@ -68,8 +70,9 @@ class LoaderOptions:
     instance: int = 0
     until_drained: bool = False
     transaction_timeout_ms: int = 60_000
-    # A restarted instance re-joins with its old assignment at once (static membership); a dead one's
-    # units move to the others after this long.
+    # A dead loader's units move to the others after this long. (Static membership would hand them
+    # back to a restarted instance at once, but a static member cannot leave the group when it exits,
+    # so every clean exit would stall the others for this long, and a broker restart fences it.)
     session_timeout_ms: int = 10_000
     poll_timeout_s: float = 1.0
     plan_wait_s: float = 600.0
@@ -110,6 +113,7 @@ class SourceLoader:
         """The source's work plan. Instance 0 publishes it when there is none yet; the other instances
         wait for it, so two planners never race."""
         deadline = time.monotonic() + self.options.plan_wait_s
+        backoff = 0.05
         while (plan := read_work_plan(self.config, self.topics, self.source)) is None:
             if self.options.instance == 0:
                 units = self.runtime.plan(self.seed, self.options.unit_seconds)
@@ -121,7 +125,8 @@ class SourceLoader:
                 )
                 raise MixflowError(msg)
             log.info("loader %s: waiting for instance 0 to publish the work plan", self.transactional_id)
-            time.sleep(1.0)  # polling a topic that has no record to wait on yet
+            time.sleep(backoff)  # polling a topic that has no record to wait on yet
+            backoff = min(2 * backoff, 1.0)
         return plan
 
     def run(self) -> LoaderStats:
@@ -135,8 +140,9 @@ class SourceLoader:
             self.config,
             self.group_id,
             **{
-                "group.instance.id": self.transactional_id,
                 "session.timeout.ms": self.options.session_timeout_ms,
+                # Rebalances (a loader joining or leaving) are noticed within a second.
+                "heartbeat.interval.ms": 1000,
                 # Units spread evenly over the loaders of the source.
                 "partition.assignment.strategy": "roundrobin",
                 # A unit can take a while to tokenize; the group must not evict us for that.
@@ -200,7 +206,7 @@ class SourceLoader:
             for m, _, _ in done:
                 ends[(m.topic(), m.partition())] = m.offset() + 1
             offsets = [TopicPartition(topic, partition, end) for (topic, partition), end in ends.items()]
-            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())
+            send_offsets(producer, consumer, offsets)
         except KafkaException as exc:
             if not exc.args[0].txn_requires_abort():
                 raise

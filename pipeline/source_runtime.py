@@ -40,7 +40,8 @@ class SourceRuntime:
     def plan(self, seed: int, target_unit_seconds: float = TARGET_UNIT_SECONDS) -> list[WorkUnit]:
         """Every unit of every epoch, epoch by epoch, each epoch in its own seeded order."""
         layouts = self.reader.layouts()
-        cost = measure_cost_per_byte(self.reader, self.builder, layouts=layouts)
+        # A quarter MiB, timed twice, sizes units well enough; planning is paid once per job.
+        cost = measure_cost_per_byte(self.reader, self.builder, sample_bytes=1 << 18, repeats=2, layouts=layouts)
         units: list[WorkUnit] = []
         for epoch in range(self.spec.epochs):
             units += plan_units(self.reader, cost, target_unit_seconds, epoch=epoch, seed=seed, layouts=layouts)

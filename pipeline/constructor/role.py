@@ -28,6 +28,7 @@ from pipeline.kafka_clients import (
     commit_or_abort,
     produce,
     read_committed_consumer,
+    send_offsets,
     transactional_producer,
 )
 from pipeline.mixing import DrawStatus, Mixer, MixerState
@@ -226,7 +227,7 @@ class DataConstructor:
                 produce(producer, self.out.dlq, value, key=key, headers=headers)
             produce(producer, self.out.state, state_bytes, key=batch_key(max(mixer.step - 1, 0)))
             offsets = [TopicPartition(self.sources_topics.src(s), 0, p.low) for s, p in state.positions.items()]
-            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())
+            send_offsets(producer, consumer, offsets)
         except BaseException:
             abort(producer)
             raise
