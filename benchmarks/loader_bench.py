@@ -60,7 +60,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SPEC = REPO / "examples" / "example.yaml"
 EXAMPLE_DATA = REPO / "examples" / "data"
 BUILD_SCRIPT = REPO / "examples" / "build_example_data.py"
-DEFAULT_BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
+DEFAULT_BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
 QUICK_LIMIT = 60
 LOADER_TIMEOUT_S = 600.0
 
