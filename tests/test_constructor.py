@@ -15,14 +15,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from pipeline.mixing import Schedule
 from pipeline.spec import load_spec
+from pipeline.work_plan import publish_work_plan
 from tests.loader_support import REPO, SOURCES, build_example_data, committed_sample_ids, load_sources, write_spec
+from topics.admin import ensure_job_topics
 from topics.batch_codec import decode_batch_message
+from topics.dead_letter import decode_dead_letter_message
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
+from topics.sample import Sample
+from topics.sample_codec import encode_sample
 
 RANKS = 2
 KILLS = 4
@@ -196,3 +201,33 @@ def test_a_bad_spec_is_refused_naming_the_field(tmp_path: Path, loaded_job: tupl
                             capture_output=True, text=True, timeout=60, check=False, cwd=REPO)  # fmt: skip
     assert result.returncode == 2
     assert "step.ranks" in result.stderr
+
+
+def test_an_undecodable_source_record_goes_to_the_dead_letter_topic(
+    kafka_bootstrap: str, tmp_path: Path, unique_name: str, loaded_job: tuple[str, Path]
+) -> None:
+    spec_path = write_spec(tmp_path, unique_name, kafka_bootstrap, loaded_job[1], on_exhausted="renormalize")
+    spec = load_spec(spec_path)
+    config = {"bootstrap.servers": kafka_bootstrap}
+    topics = JobTopics(unique_name)
+    ensure_job_topics(config, unique_name, spec.source_names, spec.step.ranks)
+    producer = Producer(config)
+    sent = []
+    for s in SOURCES:
+        publish_work_plan(config, topics, s, [], partitions=8)  # no units: the source is complete as written
+        for row in range(20):
+            sample = Sample(f"{s}/file/{row}", s, np.arange(1 + row * 7, dtype=np.int32))
+            value, headers = encode_sample(sample)
+            producer.produce(topics.src(s), value, headers=headers)
+            sent.append(sample.sample_id)
+            if s == "code" and row == 5:
+                producer.produce(topics.src(s), b"\x00garbage", headers=headers)
+    assert producer.flush(30) == 0
+
+    summary = _run(spec_path, unique_name)
+    assert summary["finished"]
+    delivered = [i for step in _steps(kafka_bootstrap, unique_name) for ids, _, _ in step for i in ids]
+    assert sorted(delivered) == sorted(sent)
+    letters = [decode_dead_letter_message(m) for m in read_to_end(config, topics.dlq)]
+    assert len(letters) == 1
+    assert letters[0].source == "code" and letters[0].location == f"{topics.src('code')}[0]@6", letters[0]
