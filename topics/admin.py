@@ -205,18 +205,24 @@ def _create(admin: _Admin, specs: list[TopicSpec], replication_factor: int) -> l
         for spec in specs
     ]
     futures = admin.client.create_topics(new, operation_timeout=admin.left(), request_timeout=admin.left())
-    created = []
+    # Another process created a topic after we listed them: its layout is checked like any other's.
+    return _outcomes(admin, futures, "create", benign=KafkaError.TOPIC_ALREADY_EXISTS)
+
+
+def _outcomes(admin: _Admin, futures: Mapping[str, Any], verb: str, benign: int) -> list[str]:
+    """The topics whose create or delete succeeded; ``benign`` is the error that means another process
+    got there first (not a failure); anything else raises, naming the topic."""
+    done = []
     for name, future in futures.items():
         try:
             future.result(timeout=admin.left())
-            created.append(name)
+            done.append(name)
         except KafkaException as exc:
-            # Another process created it after we listed topics: its layout is checked like any other's.
-            if _error_code(exc) != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise admin.fail(f"create topic {name}", exc) from exc
+            if _error_code(exc) != benign:
+                raise admin.fail(f"{verb} topic {name}", exc) from exc
         except TimeoutError as exc:
-            raise admin.fail(f"create topic {name}", exc) from exc
-    return created
+            raise admin.fail(f"{verb} topic {name}", exc) from exc
+    return done
 
 
 def _check_layout(admin: _Admin, specs: list[TopicSpec], partitions: dict[str, int]) -> None:
@@ -270,18 +276,8 @@ def delete_job_topics(
     if not names:
         return []
     futures = admin.client.delete_topics(names, operation_timeout=admin.left(), request_timeout=admin.left())
-    deleted = []
-    for name, future in futures.items():
-        try:
-            future.result(timeout=admin.left())
-            deleted.append(name)
-        except KafkaException as exc:
-            # Someone else deleted it meanwhile: the outcome is the one we wanted.
-            if _error_code(exc) != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                raise admin.fail(f"delete topic {name}", exc) from exc
-        except TimeoutError as exc:
-            raise admin.fail(f"delete topic {name}", exc) from exc
-    return sorted(deleted)
+    # Someone else deleted a topic meanwhile: the outcome is the one we wanted.
+    return sorted(_outcomes(admin, futures, "delete", benign=KafkaError.UNKNOWN_TOPIC_OR_PART))
 
 
 def _is_job_topic(name: str, job: str) -> bool:

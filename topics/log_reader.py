@@ -93,16 +93,3 @@ def _partitions(consumer: Consumer, topic: str, deadline: float) -> list[int]:
             msg = f"topic {topic} cannot be read: {error or 'not found'}"
             raise KafkaException(msg)
         time.sleep(0.05)  # a topic created a moment ago: wait for its metadata to settle
-
-
-def _end_offset(consumer: Consumer, partition: TopicPartition, deadline: float) -> int:
-    """The high watermark, waiting out the moments after a topic's creation when its leader is unknown."""
-    while True:
-        try:
-            return consumer.get_watermark_offsets(partition, timeout=max(0.1, deadline - time.monotonic()))[1]
-        except KafkaException as exc:
-            error = exc.args[0]
-            settling = error.retriable() or error.code() in _SETTLING_ERRORS
-            if not settling or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)  # the leader is elected within milliseconds; nothing to wait on but time
