@@ -231,3 +231,25 @@ def test_an_undecodable_source_record_goes_to_the_dead_letter_topic(
     letters = [decode_dead_letter_message(m) for m in read_to_end(config, topics.dlq)]
     assert len(letters) == 1
     assert letters[0].source == "code" and letters[0].location == f"{topics.src('code')}[0]@6", letters[0]
+
+
+def test_resuming_step_by_step_with_long_context_matches_an_uninterrupted_run(
+    kafka_bootstrap: str, loaded_job: tuple[str, Path], tmp_path: Path, unique_name: str
+) -> None:
+    # Long-context draws take samples out of offset order, so the checkpoint must carry offsets above
+    # the low watermark: stopping after every few steps and resuming exercises exactly that.
+    spec = _spec(tmp_path, kafka_bootstrap, loaded_job, long_context={"min_length": 256, "token_share": 0.3})
+    reference = f"{unique_name}-ref"
+    summary = _run(spec, reference)
+    resumed = f"{unique_name}-res"
+    for _ in range(200):
+        if _run(spec, resumed, "--max-steps", "25")["finished"]:
+            break
+    else:
+        pytest.fail("the resumed constructor never finished")
+    got, expected = _steps(kafka_bootstrap, resumed), _steps(kafka_bootstrap, reference)
+    assert len(got) == summary["steps"]
+    assert got == expected
+    long_tokens = [sum(n for _, _, lengths in step for n in lengths if n >= 256) for step in got[:10]]
+    all_tokens = [sum(n for _, _, lengths in step for n in lengths) for step in got[:10]]
+    assert sum(long_tokens) >= 0.25 * sum(all_tokens), "the long-context share was not drawn"

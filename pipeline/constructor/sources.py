@@ -45,7 +45,7 @@ class SourceReader:
     def fill(self, wanted: Collection[str], timeout_s: float = 1.0) -> int:
         """Read what is there, for at most ``timeout_s`` and until every source in ``wanted`` has new
         records or has reached its end. Returns the records read."""
-        self._pause_full()
+        self._pause_full(exempt=set(wanted))
         before = {s: self.pool.fifos[s].next_offset for s in wanted}
         deadline = time.monotonic() + timeout_s
         read = 0
@@ -74,10 +74,12 @@ class SourceReader:
         self.pool.add(source, message.offset(), sample)
         return 1
 
-    def _pause_full(self) -> None:
+    def _pause_full(self, exempt: set[str]) -> None:
+        """Pause sources holding more than BUFFER_STEPS steps of tokens, except those a draw waits for:
+        a long-context draw can need samples from deeper in a source than that."""
         limit = BUFFER_STEPS * self.budget_tokens
         held = self.pool.tokens_held()
-        full = {s for s, tokens in held.items() if tokens > limit}
+        full = {s for s, tokens in held.items() if tokens > limit} - exempt
         if pause := full - self._paused:
             self.consumer.pause([TopicPartition(self.topics.src(s), 0) for s in pause])
         if resume := self._paused - full:
