@@ -124,6 +124,84 @@ def test_packing_matches_plan(step: tuple) -> None:
             assert packing.max_seqlen[m] == (int(lengths[members].max()) if members.size else 0)
 
 
+def _assert_starvation_safe(plan: StepPlan, lengths: np.ndarray) -> None:
+    """No deferred sample has a newer placed sample at least as long (vectorised over a suffix maximum)."""
+    placed_lengths = np.where(plan.placed_mask, lengths, -1)
+    newer_longest = np.maximum.accumulate(placed_lengths[::-1])[::-1]  # longest placed at index >= i
+    newer_longest = np.append(newer_longest[1:], -1)  # ... at index > i
+    deferred = plan.deferred_indices
+    assert (newer_longest[deferred] < lengths[deferred]).all()
+
+
+@settings(max_examples=40)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 48),
+    st.integers(1, 8),
+    st.sampled_from([64, 1024, 4096]),
+    st.floats(0.5, 1.3),
+)
+def test_large_steps_keep_every_property(seed: int, ranks: int, micro_batches: int, capacity: int, load: float) -> None:
+    """Steps large enough for every phase (LPT, dealing, top-up, repair, moves), some over-full."""
+    rng = np.random.default_rng(seed)
+    step_tokens = ranks * micro_batches * capacity
+    lengths = np.clip(rng.lognormal(np.log(capacity / 8), 1.0, 4 * step_tokens // capacity * 8 + 8), 1, capacity)
+    lengths = lengths.astype(np.int64)
+    lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), load * step_tokens)) + 1]
+    plan = plan_step(lengths, ranks, micro_batches, capacity)
+    validate_plan(plan, lengths)
+    _assert_starvation_safe(plan, lengths)
+    summary = plan.summary(lengths)
+    assert summary.max_rank_cost >= summary.lower_bound * (1 - 1e-12)
+    again = plan_step(lengths.copy(), ranks, micro_batches, capacity)
+    assert np.array_equal(plan.rank, again.rank) and np.array_equal(plan.micro, again.micro)
+
+
+@pytest.mark.parametrize("median", [300, 1500, 6000])
+def test_balance_within_two_percent_with_enough_samples_per_rank(median: int) -> None:
+    rng = np.random.default_rng(median)
+    ranks, micro_batches, capacity = 32, 8, 16384
+    lengths = np.clip(rng.lognormal(np.log(median), 1.0, 200_000), 1, capacity).astype(np.int64)
+    lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), ranks * micro_batches * capacity)) + 1]
+    assert lengths.size >= 8 * ranks
+    plan = plan_step(lengths, ranks, micro_batches, capacity)
+    summary = plan.summary(lengths)
+    assert summary.balance_ratio <= 1.02
+    assert summary.tokens_placed >= 0.97 * summary.token_capacity
+    _assert_starvation_safe(plan, lengths)
+
+
+def test_a_full_step_defers_only_its_newest_samples() -> None:
+    """The balanced placement keeps back the newest half percent of the step's tokens for the top-up, so on a
+    step of small samples the ones that wait are the newest, not old short ones."""
+    rng = np.random.default_rng(3)
+    ranks, micro_batches, capacity = 64, 16, 8192
+    step_tokens = ranks * micro_batches * capacity
+    lengths = np.clip(rng.lognormal(np.log(500), 0.8, 30_000), 1, capacity).astype(np.int64)
+    plan = plan_step(lengths, ranks, micro_batches, capacity)
+    deferred = plan.deferred_indices
+    assert deferred.size > 0
+    newest = int(np.searchsorted(np.cumsum(lengths), 0.99 * step_tokens))  # samples from here on are the newest
+    assert deferred.min() >= newest
+    summary = plan.summary(lengths)
+    assert summary.balance_ratio <= 1.01 and summary.tokens_placed >= 0.99 * step_tokens
+
+
+def test_repair_swaps_an_older_deferred_sample_into_a_newer_ones_place() -> None:
+    from pipeline.scheduler._repair import prefer_older
+
+    lengths = np.array([5, 3, 8, 5], np.int64)  # sample 0 deferred; 2 and 3 newer and at least as long
+    costs = COSTS.costs(lengths)
+    rank = np.array([-1, 0, 0, 1], np.int32)
+    micro = np.zeros(4, np.int32)
+    tokens = np.array([11, 5], np.int64)
+    micro_cost = np.array([costs[1] + costs[2], costs[3]])
+    rank_cost = micro_cost.copy()
+    assert prefer_older(4, lengths, costs, rank, micro, tokens, micro_cost, rank_cost, 1) == 1
+    assert rank.tolist() == [1, 0, 0, -1]  # the shortest at least as long (5, not 8) gives way
+    assert tokens.tolist() == [11, 5] and rank_cost[1] == costs[0]
+
+
 def test_balances_a_realistic_step() -> None:
     rng = np.random.default_rng(7)
     lengths = np.clip(rng.lognormal(np.log(500), 0.8, 6000), 1, 8192).astype(np.int64)

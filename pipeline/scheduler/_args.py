@@ -27,9 +27,8 @@ def check_lengths(lengths: object) -> np.ndarray:
         msg = f"lengths must have an integer dtype, got {array.dtype}"
         raise ValueError(msg)
     array = np.ascontiguousarray(array, dtype=np.int64)
-    negative = np.flatnonzero(array < 0)
-    if negative.size:
-        first = int(negative[0])
+    if array.size and int(array.min()) < 0:  # the index is looked for only on error
+        first = int(np.flatnonzero(array < 0)[0])
         msg = f"lengths must be >= 0, got lengths[{first}] = {int(array[first])}"
         raise ValueError(msg)
     return array

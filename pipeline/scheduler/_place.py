@@ -1,9 +1,6 @@
-"""numba kernels that place the samples of one step.
+"""Longest first onto the least costly rank with room (LPT), one sample at a time: for the large samples.
 
 Rank ``r``'s micro-batch ``m`` lives at flat position ``r * n_micro + m`` of the per-micro-batch arrays.
-All samples go longest first, each onto the least costly rank with room (LPT). When the samples left
-are small (each under ``tolerance`` of a mean rank's cost), a water level (``_water.py``) caps ranks
-where token capacity would otherwise unbalance the step.
 """
 
 from __future__ import annotations
@@ -12,30 +9,10 @@ import numpy as np
 from numba import njit
 
 from pipeline.scheduler._heaps import new_min_tree, pop, push, set_key
-from pipeline.scheduler._water import water_level
-
-
-@njit(cache=True)
-def longest_first(items: np.ndarray, lengths: np.ndarray, capacity: int) -> np.ndarray:
-    """``items`` by decreasing length, ties by increasing index (stable)."""
-    item_lengths = lengths[items]
-    if capacity > 4 * items.shape[0] + 65536:
-        return items[np.argsort(-item_lengths, kind="mergesort")]
-    counts = np.zeros(capacity + 2, np.int64)
-    for length in item_lengths:
-        counts[capacity - length + 1] += 1
-    for value in range(1, capacity + 2):
-        counts[value] += counts[value - 1]
-    ordered = np.empty_like(items)
-    for k in range(items.shape[0]):
-        slot = capacity - item_lengths[k]
-        ordered[counts[slot]] = items[k]
-        counts[slot] += 1
-    return ordered
 
 
 @njit(cache=True, inline="always")
-def _micro_with_room(tokens: np.ndarray, micro_cost: np.ndarray, base: int, n_micro: int, fits: int) -> int:
+def micro_with_room(tokens: np.ndarray, micro_cost: np.ndarray, base: int, n_micro: int, fits: int) -> int:
     """The least costly micro-batch of the rank at ``base`` holding at most ``fits`` tokens, or -1."""
     best = -1
     for m in range(n_micro):
@@ -105,7 +82,7 @@ def place_longest_first(
             deferred_for_balance += 1
             continue
         base = r * n_micro
-        best = _micro_with_room(tokens, micro_cost, base, n_micro, capacity - length)
+        best = micro_with_room(tokens, micro_cost, base, n_micro, capacity - length)
         i = items[k]
         rank[i] = r
         micro[i] = best
@@ -115,46 +92,3 @@ def place_longest_first(
         room[r] = capacity - tokens[base : base + n_micro].min()
         set_key(by_cost, by_cost_id, leaves, r, rank_cost[r])
     return deferred_for_balance
-
-
-@njit(cache=True)
-def place_step(
-    lengths: np.ndarray, costs: np.ndarray, limit: int, n_ranks: int, n_micro: int, capacity: int,
-    tolerance: float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:  # fmt: skip
-    """Place samples ``0..limit-1``; the rest stay deferred. Returns rank, micro (-1 when deferred),
-    rank costs, micro-batch tokens and costs, and the number of samples deferred for balance."""
-    n = lengths.shape[0]
-    rank = np.full(n, -1, np.int32)
-    micro = np.full(n, -1, np.int32)
-    rank_cost = np.zeros(n_ranks, np.float64)
-    tokens = np.zeros(n_ranks * n_micro, np.int64)
-    micro_cost = np.zeros(n_ranks * n_micro, np.float64)
-
-    total_cost = 0.0
-    largest_cost = 0.0
-    for i in range(limit):
-        total_cost += costs[i]
-        largest_cost = max(largest_cost, costs[i])
-    threshold = tolerance * total_cost / n_ranks
-    ordered = longest_first(np.arange(limit), lengths, capacity)
-    split = 0
-    while split < limit and costs[ordered[split]] > threshold:
-        split += 1
-    place_longest_first(
-        ordered[:split], lengths, costs, rank, micro, rank_cost, tokens, micro_cost, capacity, np.inf
-    )
-    small_tokens = 0
-    small_cost = 0.0
-    for i in ordered[split:]:
-        small_tokens += lengths[i]
-        small_cost += costs[i]
-    free = np.empty(n_ranks, np.int64)
-    for r in range(n_ranks):
-        free[r] = n_micro * capacity - tokens[r * n_micro : (r + 1) * n_micro].sum()
-    level, capped = water_level(rank_cost, free, small_cost, small_tokens, largest_cost, tolerance / 2)
-    deferred_for_balance = place_longest_first(
-        ordered[split:], lengths, costs, rank, micro, rank_cost, tokens, micro_cost, capacity,
-        level if capped else np.inf,
-    )  # fmt: skip
-    return rank, micro, rank_cost, tokens, micro_cost, deferred_for_balance

@@ -10,7 +10,7 @@ from pipeline.scheduler._heaps import leftmost_above, set_leaf
 
 @njit(cache=True)
 def prefer_older(
-    order: np.ndarray,
+    limit: int,
     lengths: np.ndarray,
     costs: np.ndarray,
     rank: np.ndarray,
@@ -22,31 +22,42 @@ def prefer_older(
 ) -> int:
     """Swap deferred samples into the places of newer, at least as long placed samples, in place.
 
-    Afterwards no deferred sample ``i`` has a placed ``j > i`` with ``lengths[j] >= lengths[i]``.
+    Only the candidates ``0..limit-1`` take part (later ones are newer than every placed sample). Afterwards
+    no deferred sample ``i`` has a placed ``j > i`` with ``lengths[j] >= lengths[i]``.
     Each swap takes the shortest such ``j`` (the newest among equals), so tokens and costs of the
     micro-batch and rank can only fall. Returns the number of swaps.
     """
-    n = lengths.shape[0]
-    group = np.empty(n, np.int64)  # rank of the length among distinct lengths, longest = 0
+    n = limit
+    longest = 0
+    for i in range(n):
+        longest = max(longest, lengths[i])
+    # Group of a length among the distinct lengths present, longest = 0.
+    group_of = np.zeros(longest + 1, np.int64)
+    for i in range(n):
+        group_of[lengths[i]] = 1
     n_groups = 0
-    for t in range(n):
-        if t > 0 and lengths[order[t]] != lengths[order[t - 1]]:
-            n_groups += 1
-        group[order[t]] = n_groups
-    n_groups += 1
+    for length in range(longest, -1, -1):
+        present = group_of[length]
+        group_of[length] = n_groups
+        n_groups += present
+    group = np.empty(n, np.int64)
+    for i in range(n):
+        group[i] = group_of[lengths[i]]
     # Placed samples grouped by length (longest group first), by increasing index within a group.
-    stack = np.empty(n, np.int64)
     group_end = np.zeros(n_groups, np.int64)
-    filled = 0
-    for t in range(n):
-        i = order[t]
-        if rank[i] >= 0:
-            stack[filled] = i
-            filled += 1
-        group_end[group[i]] = filled
+    for i in range(n):
+        group_end[group[i]] += rank[i] >= 0
+    for g in range(1, n_groups):
+        group_end[g] += group_end[g - 1]
     group_begin = np.empty(n_groups, np.int64)
     group_begin[0] = 0
     group_begin[1:] = group_end[:-1]
+    group_end[:] = group_begin
+    stack = np.empty(n, np.int64)
+    for i in range(n):
+        if rank[i] >= 0:
+            stack[group_end[group[i]]] = i
+            group_end[group[i]] += 1
 
     # Max segment tree over positions by increasing length (position = n_groups - 1 - group),
     # each leaf holding the newest placed sample of that length, or -1.

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.scheduler._args import check_lengths, check_positive_int
-from pipeline.scheduler._place import longest_first, place_step
-from pipeline.scheduler._repair import prefer_older
+from pipeline.scheduler._step import plan_kernel
 from pipeline.scheduler.cost import DEFAULT_COST_MODEL, CostModel
 
 # A rank may end this far above the lower bound before token capacity forces samples out for balance.
@@ -116,15 +115,21 @@ def plan_step(
 
     ``lengths`` (int, 1-D) are the candidates in priority order, index 0 the oldest. Only the longest
     prefix whose tokens fit in ``ranks * micro_batches * capacity`` is considered; the rest is
-    deferred. That prefix is placed longest first on the least costly rank with room (LPT), in the
-    rank's least costly micro-batch with room. Samples that find no room are deferred. Once the samples
-    left are small, a water level caps ranks so that, where cheaper ranks are already full of tokens,
-    a sample is deferred rather than lifting a rank more than about ``tolerance`` above the lower bound.
+    deferred. All of that prefix but its newest samples (about half a percent of the step's tokens) is
+    balanced: sorted longest first, the large samples placed one by one on the least costly rank with room
+    (LPT), the small ones dealt round the ranks up to a water level, each in its rank's least costly
+    micro-batch with room. Where cheaper ranks are already full of tokens, the level is capped so that a
+    sample is deferred rather than lifting a rank more than about ``tolerance`` above the lower bound.
+    The newest samples then top the step up, oldest first, on the least costly rank with room, unless
+    that lifts a rank more than ``tolerance / 4`` above the lower bound. Last, while the costliest rank is
+    more than ``tolerance`` above the lower bound, samples move from it to the cheapest ranks with room.
     Costs are float64 computed element by element and added in a fixed order, and every tie is broken
-    by index, so the plan is the same on any machine.
+    by index, so the plan is the same on any machine. One numba kernel does all of it (``_step.py``).
 
     Guarantee against starvation: no deferred sample has a newer placed sample at least as long (it
-    could always take that one's place); a repair pass swaps until this holds.
+    could always take that one's place). The top-up keeps it by construction (it defers only the newest
+    samples, and only where no newer sample as long can be placed either); a repair pass swaps until it
+    holds for any older sample the balanced placement could not place.
     """
     lengths = check_lengths(lengths)
     ranks = check_positive_int("ranks", ranks)
@@ -133,22 +138,15 @@ def plan_step(
     if not isinstance(tolerance, float | int) or not 0 <= tolerance < 1:
         msg = f"tolerance must be a number in [0, 1), got {tolerance!r}"
         raise ValueError(msg)
-    too_long = np.flatnonzero(lengths > capacity)
-    if too_long.size:
+    if lengths.size and int(lengths.max()) > capacity:  # the index is looked for only on error
+        too_long = np.flatnonzero(lengths > capacity)
         first = int(too_long[0])
         msg = (
             f"lengths[{first}] = {int(lengths[first])} exceeds capacity {capacity}"
             f" ({too_long.size} sample(s) longer than a micro-batch; split them first)"
         )
         raise ValueError(msg)
-
-    costs = cost_model.costs(lengths)
-    limit = int(np.searchsorted(np.cumsum(lengths), ranks * micro_batches * capacity, side="right"))
-    rank, micro, rank_cost, tokens, micro_cost, _ = place_step(
-        lengths, costs, limit, ranks, micro_batches, capacity, float(tolerance)
+    rank, micro = plan_kernel(
+        lengths, ranks, micro_batches, capacity, float(cost_model.alpha), float(cost_model.beta), float(tolerance)
     )
-    placed = rank >= 0
-    if not placed[:limit].all():  # some sample older than a placed one is deferred
-        order = longest_first(np.arange(lengths.size), lengths, capacity)
-        prefer_older(order, lengths, costs, rank, micro, tokens, micro_cost, rank_cost, micro_batches)
     return StepPlan(rank=rank, micro=micro, ranks=ranks, micro_batches=micro_batches, capacity=capacity)

@@ -35,8 +35,8 @@ def validate_plan(plan: StepPlan, lengths: np.ndarray) -> None:
         raise ValueError(msg)
     placed = plan.rank >= 0
     slots = plan.rank[placed].astype(np.int64) * plan.micro_batches + plan.micro[placed]
-    tokens = np.zeros(plan.ranks * plan.micro_batches, np.int64)
-    np.add.at(tokens, slots, lengths[placed])
+    # bincount, not np.add.at (an order of magnitude slower); float64 weights are exact below 2**53 tokens.
+    tokens = np.bincount(slots, weights=lengths[placed], minlength=plan.ranks * plan.micro_batches).astype(np.int64)
     over = np.flatnonzero(tokens > plan.capacity)
     if over.size:
         slot = int(over[0])
