@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import importlib
+import io
 import logging
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
+from pipeline.kafka_clients import KafkaClientStuckError
 from topics.errors import MixflowError
 
 # Each module defines `register(subparsers)`, which adds its sub-command(s) and sets `run` on them.
@@ -32,8 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1 <pid>` prints every thread's stack, to see where a role waits."""
+    with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):  # no SIGUSR1 or no stderr fd
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _dump_stacks_on_sigusr1()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -41,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.run(args) or 0)
+    except KafkaClientStuckError as exc:
+        print(f"mixflow {args.command}: error: {exc}", file=sys.stderr, flush=True)
+        os._exit(3)  # a stuck Kafka client would hang the interpreter's exit as well
     except MixflowError as exc:
         print(f"mixflow {args.command}: error: {exc}", file=sys.stderr)
         return 2

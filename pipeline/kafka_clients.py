@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -96,10 +97,45 @@ def retry_retriable(call: Callable[[], T], what: str, timeout_s: float = 60.0) -
             backoff = min(backoff * 2, 5.0)
 
 
-def send_offsets(producer: Producer, consumer: Consumer, offsets: list[TopicPartition]) -> None:
-    """Add consumed offsets to the open transaction, riding out a broker that is briefly away."""
+class KafkaClientStuckError(MixflowError):
+    """A client call that does not return. The role must exit so that its supervisor starts a new
+    process; the new one fences this one's transactional.id and nothing is lost or repeated."""
+
+
+def send_offsets(
+    producer: Producer, consumer: Consumer, offsets: list[TopicPartition], timeout_s: float = 60.0
+) -> None:
+    """Add consumed offsets to the open transaction, riding out a broker that is briefly away.
+
+    librdkafka can block in this call forever once the group coordinator went away, whatever its
+    timeout (confluentinc/librdkafka#5456, #5511): the call runs on a watchdog thread, and when it has
+    not returned after ``timeout_s`` plus a margin, KafkaClientStuckError ends the role instead of
+    letting it hang."""
     metadata = consumer.consumer_group_metadata()
-    retry_retriable(lambda: producer.send_offsets_to_transaction(offsets, metadata), "adding offsets to a transaction")
+    outcome: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            retry_retriable(
+                lambda: producer.send_offsets_to_transaction(offsets, metadata, min(timeout_s, 15.0)),
+                "adding offsets to a transaction",
+                timeout_s,
+            )
+            outcome.append(None)
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=call, name="send-offsets", daemon=True)
+    worker.start()
+    worker.join(timeout_s + 15.0)
+    if not outcome:
+        msg = (
+            f"adding offsets to the transaction did not return in {timeout_s + 15.0:.0f} s (the Kafka client is "
+            "stuck, see confluentinc/librdkafka#5456); exiting so that a new process takes over"
+        )
+        raise KafkaClientStuckError(msg)
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 def commit_or_abort(producer: Producer, timeout_s: float = 60.0) -> bool:

@@ -24,6 +24,7 @@ from prometheus_client import Counter
 
 from connectors import Document, WorkUnit
 from pipeline.kafka_clients import (
+    KafkaClientStuckError,
     KafkaConfig,
     abort,
     commit_or_abort,
@@ -95,6 +96,7 @@ class SourceLoader:
         self.options = options
         self.stats = LoaderStats()
         self._stopping = False
+        self._revoked = False  # set when a rebalance takes partitions away during a transaction
 
     @property
     def transactional_id(self) -> str:
@@ -150,13 +152,18 @@ class SourceLoader:
             },
         )
         began = time.monotonic()
+        stuck = False
         try:
-            consumer.subscribe([self.topics.work(self.source)])
+            consumer.subscribe([self.topics.work(self.source)], on_revoke=self._on_revoke, on_lost=self._on_revoke)
             self._loop(consumer, producer, plan)
+        except KafkaClientStuckError:
+            stuck = True  # closing a stuck client would hang as well
+            raise
         finally:
             self.stats.seconds = time.monotonic() - began
-            consumer.close()  # leaves the group, so the others take the units at once
-            producer.flush(30)
+            if not stuck:
+                consumer.close()  # leaves the group, so the others take the units at once
+                producer.flush(30)
         log.info(
             "loader %s: %d units, %d samples, %d tokens (%.0f tokens/s), %d dead letters, %d aborted",
             self.transactional_id, self.stats.units, self.stats.samples, self.stats.tokens,
@@ -194,6 +201,7 @@ class SourceLoader:
         unit of the transaction."""
         began = time.monotonic()
         done: list[tuple[Message, WorkUnit | None, tuple[int, int, int]]] = []
+        self._revoked = False
         producer.begin_transaction()
         try:
             message: Message | None = first
@@ -202,18 +210,26 @@ class SourceLoader:
                 counts = self._publish(producer, unit) if unit else self._publish_letters(producer, letters)
                 done.append((message, unit, counts))
                 message = self._next_ready(consumer, began, len(done))
+            if self._revoked:
+                # Another loader may already be redoing these units from the committed offsets.
+                msg = "partitions were revoked during the transaction"
+                raise KafkaException(KafkaError(KafkaError._STATE, msg, txn_requires_abort=True))
             ends: dict[tuple[str, int], int] = {}
             for m, _, _ in done:
                 ends[(m.topic(), m.partition())] = m.offset() + 1
             offsets = [TopicPartition(topic, partition, end) for (topic, partition), end in ends.items()]
-            send_offsets(producer, consumer, offsets)
+            # Past the transaction timeout the broker aborts the transaction anyway.
+            send_offsets(producer, consumer, offsets, timeout_s=self.options.transaction_timeout_ms / 1000)
         except KafkaException as exc:
-            if not exc.args[0].txn_requires_abort():
+            error = exc.args[0]
+            if error.fatal() or not (error.txn_requires_abort() or error.retriable()):
                 raise
             log.warning("loader %s: aborting units from %s: %s", self.transactional_id, _where(first), exc)
             abort(producer)
             self._rewind(consumer, done or [(first, None, (0, 0, 0))])
             return
+        except KafkaClientStuckError:
+            raise
         except BaseException:
             abort(producer)
             raise
@@ -223,9 +239,13 @@ class SourceLoader:
         for _, unit, counts in done:
             self._count(unit, *counts)
 
+    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if partitions:
+            self._revoked = True
+
     def _next_ready(self, consumer: Consumer, began: float, units: int) -> Message | None:
         """The next unit if it is already fetched and the transaction may take one more; else None."""
-        if self._stopping or time.monotonic() - began >= self.options.unit_seconds:
+        if self._stopping or self._revoked or time.monotonic() - began >= self.options.unit_seconds:
             return None
         if self.options.max_units is not None and self.stats.units + units >= self.options.max_units:
             return None
@@ -236,12 +256,19 @@ class SourceLoader:
         return message
 
     def _rewind(self, consumer: Consumer, done: list[tuple[Message, WorkUnit | None, tuple[int, int, int]]]) -> None:
-        """Seek every partition back to its first unit of an aborted transaction, to redo them."""
+        """Seek every partition still ours back to its first unit of an aborted transaction, to redo them.
+        A partition a rebalance took away (the usual cause of the abort) resumes at its committed offset
+        with its new owner instead."""
         firsts: dict[tuple[str, int], int] = {}
         for m, _, _ in done:
             firsts.setdefault((m.topic(), m.partition()), m.offset())
+        assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
         for (topic, partition), offset in firsts.items():
-            consumer.seek(TopicPartition(topic, partition, offset))
+            if (topic, partition) in assigned:
+                try:
+                    consumer.seek(TopicPartition(topic, partition, offset))
+                except KafkaException as exc:  # revoked between the two calls
+                    log.info("loader %s: not rewinding %s[%d]: %s", self.transactional_id, topic, partition, exc)
         self._aborted()
 
     def _publish(self, producer: Producer, unit: WorkUnit) -> tuple[int, int, int]:

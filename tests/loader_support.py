@@ -99,7 +99,7 @@ class SourceTopicGrowth:
         for source in SOURCES:
             # KafkaException: the topic is not created, or its leader not known, yet.
             with contextlib.suppress(KafkaException):
-                total += self.consumer.get_watermark_offsets(TopicPartition(self.topics.src(source), 0), timeout=5)[1]
+                total += self.consumer.get_watermark_offsets(TopicPartition(self.topics.src(source), 0), timeout=0.5)[1]
         return total
 
     def wait_for(self, target: int, still_running: Callable[[], bool], timeout_s: float) -> None:

@@ -23,6 +23,7 @@ from pipeline.constructor.pool import Candidate, SamplePool
 from pipeline.constructor.sources import SourceReader
 from pipeline.constructor.state import ConstructorState
 from pipeline.kafka_clients import (
+    KafkaClientStuckError,
     KafkaConfig,
     abort,
     commit_or_abort,
@@ -137,9 +138,14 @@ class DataConstructor:
         reader = SourceReader(consumer, self.config, self.sources_topics, pool, self.mixer.budget_tokens)
         try:
             self._steps(producer, consumer, reader, pool, state)
-        finally:
+        except KafkaClientStuckError:
+            raise  # closing a stuck client would hang as well
+        except BaseException:
             reader.close()
             consumer.close()
+            raise
+        reader.close()
+        consumer.close()
 
     def _steps(
         self, producer: Producer, consumer: Consumer, reader: SourceReader, pool: SamplePool, state: ConstructorState
@@ -227,7 +233,10 @@ class DataConstructor:
                 produce(producer, self.out.dlq, value, key=key, headers=headers)
             produce(producer, self.out.state, state_bytes, key=batch_key(max(mixer.step - 1, 0)))
             offsets = [TopicPartition(self.sources_topics.src(s), 0, p.low) for s, p in state.positions.items()]
-            send_offsets(producer, consumer, offsets)
+            # Past the transaction timeout the broker aborts the transaction anyway.
+            send_offsets(producer, consumer, offsets, timeout_s=self.options.transaction_timeout_ms / 1000)
+        except KafkaClientStuckError:
+            raise
         except BaseException:
             abort(producer)
             raise
