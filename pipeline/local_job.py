@@ -21,6 +21,11 @@ from topics.errors import MixflowError
 
 log = logging.getLogger(__name__)
 
+# A role exits with this code when its Kafka client is stuck (KafkaClientStuckError): a new process
+# fences the old one's transactions and takes over, so the supervisor restarts it.
+STUCK_EXIT_CODE = 3
+MAX_RESTARTS = 3
+
 
 @dataclass
 class RoleProcess:
@@ -86,10 +91,18 @@ def _start(name: str, folder: Path, args: list[str]) -> RoleProcess:
 
 def _wait(roles: list[RoleProcess]) -> None:
     running = list(roles)
+    restarts = 0
     while running:
         for role in list(running):
             code = role.process.poll()
             if code is None:
+                continue
+            if code == STUCK_EXIT_CODE and restarts < MAX_RESTARTS:
+                restarts += 1
+                log.warning("%s exited with a stuck Kafka client; restarting it (%d/%d)", role.name, restarts,
+                            MAX_RESTARTS)  # fmt: skip
+                with role.log_file.open("ab") as out:
+                    role.process = subprocess.Popen(role.process.args, stdout=out, stderr=subprocess.STDOUT)
                 continue
             running.remove(role)
             if code != 0:
