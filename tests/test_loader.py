@@ -153,3 +153,24 @@ def test_a_missing_source_path_is_a_clear_error_at_start_up(
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2
     assert "nowhere" in result.stderr and "does not exist" in result.stderr
+
+
+def test_sigterm_finishes_the_current_units_and_leaves_the_rest_to_others(
+    kafka_bootstrap: str, unique_name: str, example_data: Path, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path, unique_name, kafka_bootstrap, example_data, epochs=3)
+    first = start_loader(spec, "code", 0, tmp_path, "--unit-seconds", "0.01")
+    growth = SourceTopicGrowth(kafka_bootstrap, JobTopics(unique_name))
+    growth.wait_for(20, lambda: first.poll() is None, timeout_s=120)
+    growth.close()
+    assert first.poll() is None, "the loader finished before it could be sent SIGTERM"
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=60) == 0, "SIGTERM did not stop the loader cleanly"
+    summary = json.loads((tmp_path / "loader-code-0.log").read_text().strip().splitlines()[-1])
+    assert summary["units"] > 0
+
+    second = start_loader(spec, "code", 1, tmp_path)
+    wait_all([second], timeout_s=120, log_dir=tmp_path)
+    got = Counter(committed_sample_ids(kafka_bootstrap, JobTopics(unique_name), "code"))
+    assert max(got.values()) == 1
+    assert set(got) == set(expected_sample_ids(load_spec(spec), kafka_bootstrap, "code"))
