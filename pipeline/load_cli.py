@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     summary = {
         "source": args.source, "instance": args.instance, "units": stats.units, "samples": stats.samples,
         "tokens": stats.tokens, "dead_letters": stats.dead_letters, "aborted": stats.aborted,
-        "seconds": round(stats.seconds, 3), "tokens_per_second": round(stats.tokens_per_second()),
+        "seconds": round(stats.seconds, 3), "busy_seconds": round(stats.busy_seconds, 3),
+        "tokens_per_second": round(stats.tokens_per_second()),
     }  # fmt: skip
     print(json.dumps(summary))
     return 0

@@ -60,6 +60,7 @@ class LoaderStats:
     dead_letters: int = 0
     aborted: int = 0
     seconds: float = 0.0
+    busy_seconds: float = 0.0  # inside transactions: reading, tokenizing, encoding, producing, committing
     by_epoch: dict[int, int] = field(default_factory=dict)
 
     def tokens_per_second(self) -> float:
@@ -195,6 +196,13 @@ class SourceLoader:
         log.warning("loader %s: consumer error (will retry): %s", self.transactional_id, error)
 
     def _transaction(self, consumer: Consumer, producer: Producer, first: Message) -> None:
+        began = time.monotonic()
+        try:
+            self._units_in_transaction(consumer, producer, first)
+        finally:
+            self.stats.busy_seconds += time.monotonic() - began
+
+    def _units_in_transaction(self, consumer: Consumer, producer: Producer, first: Message) -> None:
         """Publish ``first`` and, while the transaction is younger than ``unit_seconds``, the units that are
         already fetched after it, in one transaction: each unit is all in or all out, and small units
         (a short text file) do not pay a commit each. On abort every partition is rewound to its first
