@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from topics.log_reader import read_to_end as _read_to_end
@@ -17,3 +22,32 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, timeout_s: floa
 
 def read_to_end(bootstrap: str, topic: str, **kwargs):
     return _read_to_end({"bootstrap.servers": bootstrap}, topic, **kwargs)
+
+
+class TopicGrowth:
+    """Counts the records in some single-partition topics so far, committed or not (their high
+    watermarks): to act at a moment defined by progress (kill a role mid-work), not by a delay."""
+
+    def __init__(self, bootstrap: str, topics: Sequence[str]) -> None:
+        self.topics = list(topics)
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks"})
+
+    def records(self) -> int:
+        total = 0
+        for topic in self.topics:
+            # KafkaException: the topic is not created, or its leader not known, yet.
+            with contextlib.suppress(KafkaException):
+                total += self.consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=0.5)[1]
+        return total
+
+    def wait_for(self, target: int, still_running: Callable[[], bool], timeout_s: float) -> None:
+        """Return once the topics hold ``target`` records or nothing runs that could add more."""
+        deadline = time.monotonic() + timeout_s
+        while self.records() < target and still_running():
+            if time.monotonic() > deadline:
+                msg = f"{self.topics} did not reach {target} records in {timeout_s} s"
+                raise AssertionError(msg)
+            time.sleep(0.02)  # poll interval of the watermark probe
+
+    def close(self) -> None:
+        self.consumer.close()

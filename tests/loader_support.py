@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
-from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from connectors import Document, WorkUnit
 from pipeline.source_runtime import SourceRuntime
 from pipeline.spec import JobSpec
+from tests.kafka_support import TopicGrowth
 from topics.dead_letter import DeadLetter, decode_dead_letter_message
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
@@ -87,32 +85,9 @@ def dead_letters(bootstrap: str, topics: JobTopics) -> list[DeadLetter]:
     return [decode_dead_letter_message(m) for m in read_to_end({"bootstrap.servers": bootstrap}, topics.dlq)]
 
 
-class SourceTopicGrowth:
-    """Counts the records in a job's source topics so far, committed or not (their high watermarks)."""
-
-    def __init__(self, bootstrap: str, topics: JobTopics) -> None:
-        self.topics = topics
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks"})
-
-    def records(self) -> int:
-        total = 0
-        for source in SOURCES:
-            # KafkaException: the topic is not created, or its leader not known, yet.
-            with contextlib.suppress(KafkaException):
-                total += self.consumer.get_watermark_offsets(TopicPartition(self.topics.src(source), 0), timeout=0.5)[1]
-        return total
-
-    def wait_for(self, target: int, still_running: Callable[[], bool], timeout_s: float) -> None:
-        """Return once the topics hold ``target`` records or nothing runs that could add more."""
-        deadline = time.monotonic() + timeout_s
-        while self.records() < target and still_running():
-            if time.monotonic() > deadline:
-                msg = f"the source topics of {self.topics.job} did not reach {target} records in {timeout_s} s"
-                raise AssertionError(msg)
-            time.sleep(0.05)  # poll interval of the watermark probe
-
-    def close(self) -> None:
-        self.consumer.close()
+def source_topic_growth(bootstrap: str, topics: JobTopics) -> TopicGrowth:
+    """Records in the job's source topics so far, committed or not."""
+    return TopicGrowth(bootstrap, [topics.src(s) for s in SOURCES])
 
 
 def expected_sample_ids(spec: JobSpec, bootstrap: str, source: str) -> Counter[str]:

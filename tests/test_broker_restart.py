@@ -10,10 +10,10 @@ import pytest
 from pipeline.spec import load_spec
 from pipeline.stack.local_broker import LocalBroker
 from tests.loader_support import (
-    SourceTopicGrowth,
     build_example_data,
     committed_sample_ids,
     expected_sample_ids,
+    source_topic_growth,
     start_loader,
     wait_all,
     write_spec,
@@ -41,7 +41,7 @@ def test_a_loader_survives_a_broker_restart(
     spec = write_spec(tmp_path, unique_name, bootstrap, data, epochs=3)
     # Named on the command line: $KAFKA_BOOTSTRAP_SERVERS (the session's broker) would win over the spec.
     loader = start_loader(spec, "code", 0, tmp_path, "--unit-seconds", "0.01", "--bootstrap-servers", bootstrap)
-    growth = SourceTopicGrowth(bootstrap, JobTopics(unique_name))
+    growth = source_topic_growth(bootstrap, JobTopics(unique_name))
     growth.wait_for(20, lambda: loader.poll() is None, timeout_s=120)
     growth.close()
     assert loader.poll() is None, "the loader finished before the broker could be stopped"

@@ -8,18 +8,18 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from pipeline.mixing import Schedule
 from pipeline.spec import load_spec
 from pipeline.work_plan import publish_work_plan
+from tests.kafka_support import TopicGrowth
 from tests.loader_support import REPO, SOURCES, build_example_data, committed_sample_ids, load_sources, write_spec
 from topics.admin import ensure_job_topics
 from topics.batch_codec import decode_batch_message
@@ -102,18 +102,13 @@ def test_every_sample_is_delivered_exactly_once_while_the_constructor_is_killed(
     rng = random.Random(seed)
     print(f"kill schedule seed {seed}")
     log = tmp_path / "constructor.log"
-    state = TopicPartition(JobTopics(killed).state, 0)
-    probe = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "probe"})
+    growth = TopicGrowth(kafka_bootstrap, [JobTopics(killed).state])
     kills = 0
     process = _construct(spec, killed, log=log)
     try:
-        while kills < KILLS:
+        while kills < KILLS and process.poll() is None:
             # Kill once the state topic has grown by a random number of records: mid-step, at a random moment.
-            target = _end(probe, state) + rng.randint(1, 30)
-            deadline = time.monotonic() + 120
-            while _end(probe, state) < target and process.poll() is None:
-                assert time.monotonic() < deadline, f"the constructor stopped making steps; see {log}"
-                time.sleep(0.01)  # poll interval of the watermark probe
+            growth.wait_for(growth.records() + rng.randint(1, 30), lambda p=process: p.poll() is None, timeout_s=120)
             if process.poll() is not None:
                 break
             process.send_signal(signal.SIGKILL)
@@ -124,7 +119,7 @@ def test_every_sample_is_delivered_exactly_once_while_the_constructor_is_killed(
     finally:
         if process.poll() is None:
             process.kill()
-        probe.close()
+        growth.close()
     assert kills >= 1, "the constructor finished before the first kill"
 
     got, expected = _steps(kafka_bootstrap, killed), _steps(kafka_bootstrap, reference)
@@ -134,13 +129,6 @@ def test_every_sample_is_delivered_exactly_once_while_the_constructor_is_killed(
     job = loaded_job[0]
     every = {i for s in SOURCES for i in committed_sample_ids(kafka_bootstrap, JobTopics(job), s)}
     assert set(delivered) == every
-
-
-def _end(consumer: Consumer, partition: TopicPartition) -> int:
-    try:
-        return consumer.get_watermark_offsets(partition, timeout=5)[1]
-    except Exception:  # the topic is not created yet
-        return 0
 
 
 def test_token_shares_follow_the_curriculum(

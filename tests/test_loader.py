@@ -17,11 +17,11 @@ import pytest
 from pipeline.spec import load_spec
 from tests.loader_support import (
     SOURCES,
-    SourceTopicGrowth,
     build_example_data,
     committed_sample_ids,
     dead_letters,
     expected_sample_ids,
+    source_topic_growth,
     start_loader,
     wait_all,
     write_spec,
@@ -66,7 +66,7 @@ def test_every_sample_arrives_exactly_once_while_loaders_are_killed(
         for i in range(LOADERS_PER_SOURCE)
     }
     topics = JobTopics(unique_name)
-    growth = SourceTopicGrowth(kafka_bootstrap, topics)
+    growth = source_topic_growth(kafka_bootstrap, topics)
     kills = 0
 
     def any_running() -> bool:
@@ -160,7 +160,7 @@ def test_sigterm_finishes_the_current_units_and_leaves_the_rest_to_others(
 ) -> None:
     spec = write_spec(tmp_path, unique_name, kafka_bootstrap, example_data, epochs=3)
     first = start_loader(spec, "code", 0, tmp_path, "--unit-seconds", "0.01")
-    growth = SourceTopicGrowth(kafka_bootstrap, JobTopics(unique_name))
+    growth = source_topic_growth(kafka_bootstrap, JobTopics(unique_name))
     growth.wait_for(20, lambda: first.poll() is None, timeout_s=120)
     growth.close()
     assert first.poll() is None, "the loader finished before it could be sent SIGTERM"
