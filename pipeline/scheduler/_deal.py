@@ -47,9 +47,9 @@ def _deal_in_ring_order(
     first: int,
     end: int,
     lengths: np.ndarray,
-    costs: np.ndarray,
-    rank: np.ndarray,
-    micro: np.ndarray,
+    slot_of: np.ndarray,
+    shift: np.int64,
+    ring_rank: np.ndarray,
     rank_cost: np.ndarray,
     tokens: np.ndarray,
     micro_cost: np.ndarray,
@@ -58,7 +58,8 @@ def _deal_in_ring_order(
     alpha: float,
     beta: float,
 ) -> np.ndarray:
-    """``deal`` with the ranks numbered in the ring's first order, so the ring walks memory in order."""
+    """``deal`` with the ranks numbered in the ring's first order, so the ring walks memory in order
+    (``ring_rank`` maps a ring position back to its rank, for ``slot_of``)."""
     n_ranks = rank_cost.shape[0]
     n_micro = tokens.shape[0] // n_ranks
     left = np.empty(max(end - first, 0), np.int64)
@@ -68,10 +69,10 @@ def _deal_in_ring_order(
     longest = lengths[first]
     ring = np.arange(n_ranks)
     cost_bits = micro_cost.view(np.int64)
-    shift = np.int64(0)
-    while (1 << shift) < n_micro:
-        shift += 1
-    low_bits = (np.int64(1) << shift) - 1
+    key_shift = np.int64(0)
+    while (1 << key_shift) < n_micro:
+        key_shift += 1
+    low_bits = (np.int64(1) << key_shift) - 1
     in_ring = n_ranks
     bucket = np.full(longest + 1, -1, np.int64)  # parked ranks by the longest sample they can take
     next_parked = np.empty(n_ranks, np.int64)
@@ -80,7 +81,7 @@ def _deal_in_ring_order(
     at = 0
     for i in range(first, end):
         length = lengths[i]
-        cost = costs[i]
+        cost = _cost(alpha, beta, length)
         while sweep >= length:
             r = bucket[sweep]
             while r >= 0:
@@ -108,7 +109,7 @@ def _deal_in_ring_order(
                     chosen = snake
                 else:
                     for m in range(n_micro):
-                        key = ((cost_bits[base + m] >> shift) << shift) | m
+                        key = ((cost_bits[base + m] >> key_shift) << key_shift) | m
                         chosen = min(chosen, key if tokens[base + m] <= fits else _NONE)
             if chosen != _NONE:
                 best = chosen & low_bits
@@ -116,8 +117,7 @@ def _deal_in_ring_order(
                 tokens[base + best] += length
                 micro_cost[base + best] += cost
                 rank_cost[r] += cost
-                rank[i] = r
-                micro[i] = best
+                slot_of[i] = (ring_rank[r] << shift) | best
                 at += 1
                 placed = True
                 break
@@ -130,6 +130,7 @@ def _deal_in_ring_order(
                 next_parked[r] = bucket[takes]
                 bucket[takes] = r
         if not placed:
+            slot_of[i] = -1
             left[n_left] = i
             n_left += 1
     return left[:n_left]
@@ -140,9 +141,8 @@ def deal(
     first: int,
     end: int,
     lengths: np.ndarray,
-    costs: np.ndarray,
-    rank: np.ndarray,
-    micro: np.ndarray,
+    at: np.ndarray,
+    shift: int,
     rank_cost: np.ndarray,
     tokens: np.ndarray,
     micro_cost: np.ndarray,
@@ -152,10 +152,10 @@ def deal(
     beta: float,
 ) -> np.ndarray:
     """Place samples ``first..end-1`` (by non-increasing length, not placed yet) so that no rank goes above
-    ``level``, in place. Each goes to the next rank of the ring (which starts with the least costly rank, ties
-    by rank), in that rank's next micro-batch (snake order), or its least costly one with room. Returns the
-    samples no rank could take without going above ``level`` or over capacity, in the same order. Costs
-    must be ``alpha*L^2 + beta*L``, as computed here.
+    ``level``, in place: ``at[i] = rank << shift | micro_batch``, -1 where not placed. Each goes to the next
+    rank of the ring (which starts with the least costly rank, ties by rank), in that rank's next micro-batch
+    (snake order), or its least costly one with room. Returns the samples no rank could take without going
+    above ``level`` or over capacity, in the same order. Costs are ``alpha*L^2 + beta*L``, computed here.
     """
     n_ranks = rank_cost.shape[0]
     n_micro = tokens.shape[0] // n_ranks
@@ -164,11 +164,9 @@ def deal(
     ring_tokens = tokens.reshape(n_ranks, n_micro)[ring_rank].ravel()
     ring_micro_cost = micro_cost.reshape(n_ranks, n_micro)[ring_rank].ravel()
     left = _deal_in_ring_order(
-        first, end, lengths, costs, rank, micro, ring_cost, ring_tokens, ring_micro_cost, capacity, level, alpha, beta
-    )
-    for i in range(first, end):
-        if rank[i] >= 0:
-            rank[i] = ring_rank[rank[i]]
+        first, end, lengths, at, np.int64(shift), ring_rank, ring_cost, ring_tokens, ring_micro_cost, capacity,
+        level, alpha, beta,
+    )  # fmt: skip
     for position in range(n_ranks):
         r = ring_rank[position]
         rank_cost[r] = ring_cost[position]

@@ -30,16 +30,19 @@ def micro_with_room(tokens: np.ndarray, micro_cost: np.ndarray, base: int, n_mic
 def place_longest_first(
     items: np.ndarray,
     lengths: np.ndarray,
-    costs: np.ndarray,
-    rank: np.ndarray,
-    micro: np.ndarray,
+    alpha: float,
+    beta: float,
+    at: np.ndarray,
+    shift: int,
     rank_cost: np.ndarray,
     tokens: np.ndarray,
     micro_cost: np.ndarray,
     capacity: int,
     cost_cap: float,
 ) -> int:
-    """Place ``items`` (by non-increasing length) each on the least costly rank with room, in place.
+    """Place ``items`` (by non-increasing length) each on the least costly rank with room, in place:
+    ``at[i] = rank << shift | micro_batch`` for a placed item ``i``, -1 for the others. Costs
+    are ``alpha*L^2 + beta*L``, computed here.
 
     A sample is deferred when no micro-batch has room, or when it would lift its rank above
     ``cost_cap`` while a cheaper rank is too full for it: token capacity, not granularity, is then
@@ -61,7 +64,10 @@ def place_longest_first(
     by_room_size = 0
     deferred_for_balance = 0
     item_lengths = lengths[items]
-    item_costs = costs[items]
+    item_costs = np.empty(items.shape[0], np.float64)
+    for k in range(items.shape[0]):
+        x = np.float64(item_lengths[k])
+        item_costs[k] = (alpha * x) * x + beta * x  # as CostModel.costs
     for k in range(items.shape[0]):
         length = item_lengths[k]
         cost = item_costs[k]
@@ -76,16 +82,16 @@ def place_longest_first(
             neg_room[r] = -room[r]
             by_room_size = push(by_room, by_room_size, r, neg_room)
         if by_cost[1] == np.inf:
+            at[items[k]] = -1
             continue
         r = by_cost_id[1]
         if rank_cost[r] + cost > cost_cap and parked_cost[1] < rank_cost[r]:
             deferred_for_balance += 1
+            at[items[k]] = -1
             continue
         base = r * n_micro
         best = micro_with_room(tokens, micro_cost, base, n_micro, capacity - length)
-        i = items[k]
-        rank[i] = r
-        micro[i] = best
+        at[items[k]] = (r << shift) | best
         tokens[base + best] += length
         micro_cost[base + best] += cost
         rank_cost[r] += cost
