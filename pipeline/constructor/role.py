@@ -19,7 +19,7 @@ from types import FrameType
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from pipeline.constructor.assemble import AssembledStep, assemble_step
-from pipeline.constructor.pool import Candidate, SamplePool
+from pipeline.constructor.pool import SamplePool
 from pipeline.constructor.sources import SourceReader
 from pipeline.constructor.state import ConstructorState
 from pipeline.kafka_clients import (
@@ -163,9 +163,8 @@ class DataConstructor:
             if draw.status is DrawStatus.OK:
                 candidates = pool.take(draw.take)
                 assembled = assemble_step(mixer_state.step, candidates, self.spec.step, self.cost_model)
-                deferred_lengths = _lengths_by_source(assembled.deferred, pool.sources)
-                next_mixer = draw.settle(deferred_lengths)
                 pool.settle(assembled.delivered, assembled.deferred)
+                next_mixer = draw.settle(pool.deferred_lengths())
                 if not self._commit(producer, consumer, reader, pool, assembled, next_mixer, exhausted, False):
                     return
                 mixer_state = next_mixer
@@ -272,9 +271,3 @@ class DataConstructor:
         except DecodeError as exc:
             raise exc.at(last.topic(), last.partition(), last.offset()) from exc
 
-
-def _lengths_by_source(candidates: list[Candidate], sources: list[str]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {s: [] for s in sources}
-    for c in candidates:
-        out[c.ref.source].append(c.sample.length)
-    return out
