@@ -19,7 +19,7 @@ from pipeline.mixing import Schedule
 from pipeline.scheduler import CostModel
 from pipeline.spec import JobSpec
 from topics.batch import Batch
-from topics.batch_codec import decode_batch_message
+from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
 
@@ -59,7 +59,10 @@ class JobReport:
 def read_steps(config: KafkaConfig, job: str, ranks: int) -> list[list[Batch]]:
     """Per step, the batch of every rank, as the rank topics hold them."""
     topics = JobTopics(job)
-    per_rank = [[decode_batch_message(m) for m in read_to_end(config, topics.rank(r))] for r in range(ranks)]
+    per_rank = [
+        [decode_batch_message(m) for m in read_to_end(config, topics.rank(r)) if end_of_data_steps(m.headers()) is None]
+        for r in range(ranks)
+    ]
     steps = min(len(batches) for batches in per_rank)
     return [[per_rank[r][k] for r in range(ranks)] for k in range(steps)]
 

@@ -21,9 +21,11 @@ from topics.batch_codec import (
     decode_batch,
     decode_batch_message,
     encode_batch,
+    encode_end_of_data,
+    end_of_data_steps,
 )
 from topics.errors import DecodeError
-from topics.packing import pack_micro_batches
+from topics.packing import IGNORE_INDEX, pack_micro_batches
 from topics.sample import Sample
 
 INT32 = np.iinfo(np.int32)
@@ -216,4 +218,21 @@ def test_packed_micro_batches(batch: Batch) -> None:
         positions = [np.arange(s.length) for s in group]
         np.testing.assert_array_equal(micro.position_ids, np.concatenate(positions) if group else [])
         assert micro.cu_seqlens.dtype == micro.position_ids.dtype == micro.token_ids.dtype == np.int32
+        # Labels: each sample's own next token, never the first token of the sample after it.
+        labels = [np.append(s.tokens[1:].astype(np.int64), IGNORE_INDEX) for s in group if s.length]
+        np.testing.assert_array_equal(micro.labels, np.concatenate(labels) if labels else [])
+        assert micro.labels.dtype == np.int64
+        assert micro.max_seqlen == max((s.length for s in group), default=0)
         assert micro.token_ids.size <= batch.capacity
+
+
+def test_end_of_data_record() -> None:
+    key, value, headers = encode_end_of_data(42)
+    assert (key, value) == (b"end", b"")
+    assert end_of_data_steps(headers) == 42
+    assert end_of_data_steps(encode_batch(_encoded()[0])[2]) is None
+    message = Message(topic="j.rank.0", partition=0, offset=9, key=key, value=value, headers=headers)
+    with pytest.raises(DecodeError, match="offset=9\\): an end-of-data record, not a batch"):
+        decode_batch_message(message)
+    with pytest.raises(ValueError, match="not a canonical decimal"):
+        end_of_data_steps([("mixflow.end", b"-1")])

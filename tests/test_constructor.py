@@ -22,7 +22,7 @@ from pipeline.work_plan import publish_work_plan
 from tests.kafka_support import TopicGrowth
 from tests.loader_support import REPO, SOURCES, build_example_data, committed_sample_ids, load_sources, write_spec
 from topics.admin import ensure_job_topics
-from topics.batch_codec import decode_batch_message
+from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.dead_letter import decode_dead_letter_message
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
@@ -66,10 +66,16 @@ def _run(spec: Path, output_job: str, *extra: str) -> dict:
 def _steps(bootstrap: str, job: str) -> list[list[tuple[list[str], bytes, list[int]]]]:
     """Per step, per rank: (sample ids, token bytes, sample lengths) as the rank topics hold them."""
     topics = JobTopics(job)
-    per_rank = [
-        [decode_batch_message(m) for m in read_to_end({"bootstrap.servers": bootstrap}, topics.rank(r))]
-        for r in range(RANKS)
-    ]
+    per_rank = []
+    for r in range(RANKS):
+        records = read_to_end({"bootstrap.servers": bootstrap}, topics.rank(r))
+        ends = [i for i, m in enumerate(records) if end_of_data_steps(m.headers()) is not None]
+        # A finished job closes each rank topic with one end-of-data record, after its last step.
+        assert ends in ([], [len(records) - 1]), f"end-of-data records at {ends} of {len(records)}"
+        if ends:
+            assert end_of_data_steps(records[-1].headers()) == len(records) - 1
+            records = records[:-1]
+        per_rank.append([decode_batch_message(m) for m in records])
     assert len({len(batches) for batches in per_rank}) == 1, "ranks hold different numbers of steps"
     for batches in per_rank:
         assert [b.step for b in batches] == list(range(len(batches))), "steps missing, repeated or out of order"

@@ -30,6 +30,9 @@ RANKS_KEY = "mixflow.ranks"
 MICRO_BATCHES_KEY = "mixflow.micro_batches"
 CAPACITY_KEY = "mixflow.capacity"
 SAMPLES_KEY = "mixflow.samples"
+END_KEY = "mixflow.end"
+"""Header of the end-of-data record: the number of steps the job wrote, in decimal ASCII."""
+END_RECORD_KEY = b"end"
 
 _FIELDS = {
     STEP_KEY: "step",
@@ -61,6 +64,18 @@ def encode_batch(batch: Batch) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
     with pa.ipc.new_stream(sink, records.schema) as writer:
         writer.write_batch(records)
     return batch_key(batch.step), sink.getvalue().to_pybytes(), list(meta.items())
+
+
+def encode_end_of_data(steps: int) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """The record that closes every rank topic of a job that has ended after ``steps`` steps, as
+    ``(key, value, headers)``: key ``end``, an empty value and the header ``mixflow.end``."""
+    return END_RECORD_KEY, b"", [(VERSION_KEY, decimal(BATCH_FORMAT_VERSION)), (END_KEY, decimal(steps))]
+
+
+def end_of_data_steps(headers: Headers) -> int | None:
+    """The step count of an end-of-data record's headers; ``None`` for any other record (a batch)."""
+    raw = find_header(headers, END_KEY)
+    return None if raw is None else parse_decimal(f"header {END_KEY}", raw)
 
 
 def _read_stream(value: bytes) -> pa.RecordBatch:
@@ -129,11 +144,15 @@ def _to_batch(records: pa.RecordBatch, headers: Headers) -> Batch:
 
 
 def decode_batch_message(message: Any) -> Batch:
-    """Decode a ``confluent_kafka.Message`` and check its key; errors name topic, partition, offset."""
+    """Decode a ``confluent_kafka.Message`` and check its key; errors name topic, partition, offset.
+
+    An end-of-data record is not a batch: check ``end_of_data_steps(message.headers())`` first."""
     where = {"topic": message.topic(), "partition": message.partition(), "offset": message.offset()}
     if message.error() is not None:
         msg = f"the consumer returned an error event, not a message: {message.error()}"
         raise DecodeError(msg, **where)
+    if find_header(message.headers(), END_KEY) is not None:
+        raise DecodeError("an end-of-data record, not a batch", **where)
     batch = decode_batch(message.value(), message.headers(), **where)
     key = message.key()
     if key is not None and key != batch_key(batch.step):

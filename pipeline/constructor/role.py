@@ -36,7 +36,7 @@ from pipeline.mixing import DrawStatus, Mixer, MixerState
 from pipeline.scheduler import CostModel
 from pipeline.spec import JobSpec, OnExhausted
 from topics.admin import ensure_job_topics
-from topics.batch_codec import batch_key, encode_batch
+from topics.batch_codec import batch_key, encode_batch, encode_end_of_data
 from topics.dead_letter import encode_dead_letter
 from topics.errors import DecodeError, MixflowError
 from topics.log_reader import read_to_end
@@ -227,6 +227,11 @@ class DataConstructor:
                 for batch in assembled.batches:
                     key, value, headers = encode_batch(batch)
                     produce(producer, self.out.rank(batch.rank), value, key=key, headers=headers)
+            if finished:
+                # Readers of a finished job stop at this record instead of waiting for more steps.
+                key, value, headers = encode_end_of_data(mixer.step)
+                for rank in range(self.spec.step.ranks):
+                    produce(producer, self.out.rank(rank), value, key=key, headers=headers)
             for letter in reader.dead_letters:
                 key, value, headers = encode_dead_letter(letter)
                 produce(producer, self.out.dlq, value, key=key, headers=headers)

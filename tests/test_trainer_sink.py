@@ -1,0 +1,305 @@
+"""The trainer sink: tensors that agree with the batch, rank mapping, and against the real broker exact
+resume from any point, waiting, end of data, and errors that say where."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from confluent_kafka import Producer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.sink_support import random_batch, write_sink_spec, write_steps
+from topics.batch import Batch
+from topics.batch_codec import encode_batch
+from topics.errors import DecodeError, MixflowError
+from topics.names import JobTopics
+from topics.packing import IGNORE_INDEX
+from trainer_sink import (
+    KafkaBatchDataset,
+    Layout,
+    ParallelLayout,
+    SinkPosition,
+    SinkTimeoutError,
+    block_causal_mask,
+    micro_batch_tensors,
+    rank_from_environment,
+)
+from trainer_sink.buffer import ByteBoundedQueue, Closed
+
+# -- pure ------------------------------------------------------------------------------------------
+
+
+@settings(deadline=None, max_examples=60)
+@given(seed=st.integers(0, 2**32 - 1), micro_batches=st.integers(1, 4), capacity=st.integers(1, 300))
+def test_packed_tensors_agree_with_the_batch(seed: int, micro_batches: int, capacity: int) -> None:
+    batch = random_batch(np.random.default_rng(seed), 3, 1, 2, micro_batches, capacity)
+    rows = batch.samples()
+    out = micro_batch_tensors(batch)
+    assert [mb["micro_batch"] for mb in out] == list(range(micro_batches))
+    for m, mb in enumerate(out):
+        group = [s for s, k in zip(rows, batch.micro_batch, strict=True) if k == m]
+        assert mb["sample_ids"] == [s.sample_id for s in group]
+        assert (mb["step"], mb["rank"], mb["micro_batches"]) == (3, 1, micro_batches)
+        assert mb["input_ids"].dtype == mb["position_ids"].dtype == mb["cu_seqlens"].dtype == torch.int32
+        assert mb["labels"].dtype == torch.int64
+        cu = mb["cu_seqlens"].tolist()
+        assert cu == [0, *itertools.accumulate(s.length for s in group)]
+        assert mb["max_seqlen"] == max((s.length for s in group), default=0)
+        for j, sample in enumerate(group):
+            lo, hi = cu[j], cu[j + 1]
+            assert mb["input_ids"][lo:hi].tolist() == sample.tokens.tolist()
+            assert mb["position_ids"][lo:hi].tolist() == list(range(sample.length))
+            # Next token of the same sample; never the first token of the next sample.
+            assert mb["labels"][lo:hi].tolist() == [*sample.tokens[1:].tolist(), IGNORE_INDEX][: sample.length]
+
+
+@settings(deadline=None, max_examples=40)
+@given(seed=st.integers(0, 2**32 - 1), capacity=st.integers(1, 96))
+def test_padded_tensors_have_a_fixed_shape_and_a_block_causal_mask(seed: int, capacity: int) -> None:
+    batch = random_batch(np.random.default_rng(seed), 0, 0, 1, 2, capacity)
+    for packed, padded in zip(micro_batch_tensors(batch), micro_batch_tensors(batch, Layout.PADDED), strict=True):
+        n = packed["input_ids"].numel()
+        for key in ("input_ids", "labels", "position_ids", "segment_ids"):
+            assert padded[key].shape == (capacity,), key
+        assert torch.equal(padded["input_ids"][:n], packed["input_ids"])
+        assert torch.equal(padded["labels"][:n], packed["labels"])
+        assert (padded["labels"][n:] == IGNORE_INDEX).all()
+        segment = padded["segment_ids"].tolist()
+        expected = [[(i == j) if segment[i] < 0 else (segment[i] == segment[j] and j <= i) for j in range(capacity)]
+                    for i in range(capacity)]  # fmt: skip
+        assert padded["attention_mask"].tolist() == expected
+        assert torch.equal(block_causal_mask(padded["segment_ids"]), padded["attention_mask"])
+
+
+@pytest.mark.parametrize("tensor,context,pipeline,data", [(1, 1, 1, 4), (2, 1, 1, 3), (2, 2, 2, 2), (4, 1, 2, 1)])
+def test_peers_of_a_data_parallel_rank_share_it(tensor: int, context: int, pipeline: int, data: int) -> None:
+    world = tensor * context * pipeline * data
+    layout = ParallelLayout(world, tensor, context, pipeline)
+    assert layout.data_parallel == data
+    # Megatron's default order tp-cp-dp-pp: global = tp + T * (cp + C * (dp + D * pp)).
+    for tp, cp, dp, pp in itertools.product(range(tensor), range(context), range(data), range(pipeline)):
+        global_rank = tp + tensor * (cp + context * (dp + data * pp))
+        assert layout.data_parallel_rank(global_rank) == dp
+        env = {"RANK": str(global_rank), "WORLD_SIZE": str(world)}
+        assert rank_from_environment(env, tensor=tensor, context=context, pipeline=pipeline) == (dp, data)
+
+
+def test_bad_parallel_settings_are_refused() -> None:
+    with pytest.raises(MixflowError, match="not a multiple"):
+        ParallelLayout(6, tensor=4)
+    with pytest.raises(MixflowError, match=r"global rank must be an int in \[0, 4\)"):
+        ParallelLayout(4).data_parallel_rank(4)
+    with pytest.raises(MixflowError, match="not a rank and a world size"):
+        rank_from_environment({"RANK": "1"})
+    assert rank_from_environment({}) == (0, 1)
+
+
+def test_position_round_trips_and_refuses_bad_state() -> None:
+    position = SinkPosition("j.rank.0").after(12, 4, 0, 2)
+    assert position == SinkPosition("j.rank.0", 0, 12, 4, 1)
+    assert position.after(12, 4, 1, 2) == SinkPosition("j.rank.0", 0, 12, 5, 0)
+    assert SinkPosition.from_dict(position.to_dict()) == position
+    assert not position.is_due(4, 0) and position.is_due(4, 1) and position.is_due(5, 0)
+    with pytest.raises(MixflowError, match="'offset' must be a non-negative int or None"):
+        SinkPosition.from_dict({**position.to_dict(), "offset": -1})
+    with pytest.raises(MixflowError, match="version"):
+        SinkPosition.from_dict({"topic": "j.rank.0"})
+
+
+def test_the_prefetch_queue_holds_at_most_its_byte_limit() -> None:
+    import threading
+
+    queue = ByteBoundedQueue(100)
+    sizes = [random.Random(7).randint(1, 60) for _ in range(200)] + [500]  # the last is over the limit alone
+
+    def fill() -> None:
+        for i, size in enumerate(sizes):
+            queue.put(i, size)
+        queue.close()
+
+    writer = threading.Thread(target=fill)
+    writer.start()
+    got = []
+    with pytest.raises(Closed):
+        while True:
+            got.append(queue.get())
+    writer.join()
+    assert got == list(range(len(sizes)))
+    assert queue.peak_bytes <= 500 and max(sizes[:-1]) <= queue.peak_bytes
+
+
+# -- against the broker -----------------------------------------------------------------------------
+
+RANKS, MICRO_BATCHES, CAPACITY = 2, 3, 512
+
+
+def _steps(seed: int, steps: int) -> list[list[Batch]]:
+    rng = np.random.default_rng(seed)
+    return [[random_batch(rng, s, r, RANKS, MICRO_BATCHES, CAPACITY) for r in range(RANKS)] for s in range(steps)]
+
+
+def _fingerprint(micro_batch: dict) -> tuple:
+    """Everything a trainer gets from one micro-batch, as comparable values."""
+    tensors = tuple(micro_batch[k].numpy().tobytes() for k in ("input_ids", "labels", "position_ids", "cu_seqlens"))
+    return (micro_batch["step"], micro_batch["micro_batch"], tuple(micro_batch["sample_ids"]), *tensors)
+
+
+def _take(iterator: Iterator[dict], n: int) -> list[tuple]:
+    return [_fingerprint(mb) for mb in itertools.islice(iterator, n)]
+
+
+@pytest.fixture(scope="module")
+def written_job(kafka_bootstrap: str) -> tuple[str, list[list[Batch]]]:
+    """A finished job of 24 steps, every third step preceded by an aborted attempt."""
+    job = f"sink-{random.Random().getrandbits(32):08x}"
+    batches = _steps(11, 24)
+    write_steps(kafka_bootstrap, job, batches, aborted_every=3)
+    return job, batches
+
+
+@pytest.mark.kafka
+def test_every_micro_batch_arrives_once_in_order_and_the_iteration_ends(
+    kafka_bootstrap: str, written_job: tuple[str, list[list[Batch]]]
+) -> None:
+    job, batches = written_job
+    for rank in range(RANKS):
+        dataset = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=rank, wait_timeout_s=30)
+        got = [_fingerprint(mb) for mb in dataset]
+        expected = [_fingerprint(mb) for step in batches for mb in micro_batch_tensors(step[rank])]
+        assert got == expected
+        assert list(dataset) == []  # the end stays the end
+        assert dataset.state_dict()["step"] == len(batches)
+
+
+@pytest.mark.kafka
+def test_resuming_from_any_point_yields_exactly_what_followed_it(
+    kafka_bootstrap: str, written_job: tuple[str, list[list[Batch]]]
+) -> None:
+    job, _ = written_job
+
+    def dataset() -> KafkaBatchDataset:
+        return KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=1, wait_timeout_s=30,
+                                 prefetch_bytes=4096)  # fmt: skip
+
+    reference = [_fingerprint(mb) for mb in dataset()]
+    total = len(reference)
+    points = sorted({0, 1, MICRO_BATCHES, total - 1, total, *random.Random(5).sample(range(total), 6)})
+    for point in points:
+        first = dataset()
+        iterator = iter(first)
+        assert _take(iterator, point) == reference[:point]
+        state = first.state_dict()
+        iterator.close()  # the reader had read ahead; none of that may count as delivered
+        resumed = dataset()
+        resumed.load_state_dict(state)
+        assert [_fingerprint(mb) for mb in resumed] == reference[point:], f"resumed after {point} micro-batches"
+
+
+@pytest.mark.kafka
+def test_state_survives_torch_distributed_checkpoint(
+    kafka_bootstrap: str, written_job: tuple[str, list[list[Batch]]], tmp_path: Path
+) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    job, _ = written_job
+    first = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    iterator = iter(first)
+    _take(iterator, 7)
+    iterator.close()
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save({"sink": first}, checkpoint_id=tmp_path)
+    resumed = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.load({"sink": resumed}, checkpoint_id=tmp_path)
+    assert resumed.state_dict() == first.state_dict()
+    assert next(iter(resumed))["step"] == 7 // MICRO_BATCHES
+
+
+@pytest.mark.kafka
+def test_under_a_dataloader(kafka_bootstrap: str, written_job: tuple[str, list[list[Batch]]], tmp_path: Path) -> None:
+    job, batches = written_job
+    spec = write_sink_spec(tmp_path, job, kafka_bootstrap, RANKS, MICRO_BATCHES, CAPACITY)
+    dataset = KafkaBatchDataset(spec, rank=0, wait_timeout_s=30)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, pin_memory=torch.cuda.is_available())
+    expected = [_fingerprint(mb) for step in batches for mb in micro_batch_tensors(step[0])]
+    assert [_fingerprint(mb) for mb in loader] == expected
+    workers = torch.utils.data.DataLoader(KafkaBatchDataset(spec, rank=0), batch_size=None, num_workers=1)
+    with pytest.raises(MixflowError, match="num_workers=0"):
+        next(iter(workers))
+
+
+@pytest.mark.kafka
+def test_peers_of_one_data_parallel_rank_read_the_same_batches(
+    kafka_bootstrap: str, written_job: tuple[str, list[list[Batch]]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job, _ = written_job
+    spec = write_sink_spec(tmp_path, job, kafka_bootstrap, RANKS, MICRO_BATCHES, CAPACITY)
+    # World of 8: tensor 2 x pipeline 2 x data 2. Ranks 2, 3 (tp peers) and 6 (pipeline stage 1) are dp rank 1.
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    streams = []
+    for global_rank in (2, 3, 6):
+        monkeypatch.setenv("RANK", str(global_rank))
+        dataset = KafkaBatchDataset(spec, tensor_parallel=2, pipeline_parallel=2, wait_timeout_s=30)
+        assert dataset.topic == JobTopics(job).rank(1)
+        streams.append([_fingerprint(mb) for mb in dataset])
+    assert streams[0] == streams[1] == streams[2]
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(MixflowError, match=r"rank 2 is not below the job's step.ranks \(2\)"):
+        KafkaBatchDataset(spec, global_rank=4, world_size=6, tensor_parallel=2)
+
+
+@pytest.mark.kafka
+def test_waits_for_the_constructor_then_times_out_naming_the_step(kafka_bootstrap: str, unique_name: str) -> None:
+    batches = _steps(3, 6)
+    write_steps(kafka_bootstrap, unique_name, batches[:2], end=False)
+    dataset = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=20)
+    iterator = iter(dataset)
+    assert len(_take(iterator, 2 * MICRO_BATCHES)) == 2 * MICRO_BATCHES
+    # The sink has everything written so far; the next steps arrive while it waits for them.
+    write_steps(kafka_bootstrap, unique_name, batches[2:], end=True)
+    rest = [_fingerprint(mb) for mb in iterator]
+    assert rest == [_fingerprint(mb) for step in batches[2:] for mb in micro_batch_tensors(step[0])]
+
+    stalled = f"{unique_name}-stalled"
+    write_steps(kafka_bootstrap, stalled, batches[:1], end=False)
+    waiting = KafkaBatchDataset(job=stalled, bootstrap_servers=kafka_bootstrap, rank=1, wait_timeout_s=1.0,
+                                wait_log_interval_s=0.2)  # fmt: skip
+    iterator = iter(waiting)
+    _take(iterator, MICRO_BATCHES)
+    with pytest.raises(SinkTimeoutError, match=rf"waited \d+ s for step 1 on {stalled}\.rank\.1"):
+        next(iterator)
+
+
+@pytest.mark.kafka
+def test_a_corrupt_batch_names_topic_partition_and_offset(kafka_bootstrap: str, unique_name: str) -> None:
+    batches = _steps(4, 2)
+    write_steps(kafka_bootstrap, unique_name, batches[:1], end=False)
+    topic = JobTopics(unique_name).rank(0)
+    _, value, headers = encode_batch(batches[1][0])
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(topic, value[: len(value) // 2], key=b"1", headers=headers)  # truncated in half
+    producer.flush(30)
+    dataset = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    iterator = iter(dataset)
+    assert len(_take(iterator, MICRO_BATCHES)) == MICRO_BATCHES  # what came before is delivered
+    with pytest.raises(DecodeError, match=rf"topic={topic}, partition=0, offset=2\): not a readable Arrow"):
+        next(iterator)
+
+
+@pytest.mark.kafka
+def test_a_gap_in_the_steps_is_an_error_not_a_silent_skip(kafka_bootstrap: str, unique_name: str) -> None:
+    batches = _steps(5, 4)
+    write_steps(kafka_bootstrap, unique_name, [batches[0], batches[1], batches[3]], end=False)
+    dataset = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    with pytest.raises(DecodeError, match="step 3 follows step 1: steps are missing or repeated"):
+        list(dataset)
+    other = KafkaBatchDataset(job="another-job", bootstrap_servers=kafka_bootstrap, rank=0)
+    with pytest.raises(MixflowError, match=f"the sink state is for {unique_name}.rank.0"):
+        other.load_state_dict(dataset.state_dict())

@@ -1,0 +1,196 @@
+"""``KafkaBatchDataset``: one data-parallel rank's micro-batches, read from its rank topic."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from topics.errors import MixflowError
+from topics.names import JobTopics
+from trainer_sink.config import SinkSource
+from trainer_sink.device import to_device
+from trainer_sink.parallel import ParallelLayout, rank_from_environment
+from trainer_sink.position import SinkPosition
+from trainer_sink.reader import Delivery, EndOfData, RankTopicReader, ReadOptions
+from trainer_sink.tensors import Layout, MicroBatch
+
+log = logging.getLogger(__name__)
+
+
+class KafkaBatchDataset(IterableDataset):
+    """The micro-batches of one data-parallel rank, in order, as dicts of tensors (see
+    ``trainer_sink.tensors`` for the keys), from ``<job>.rank.<r>``.
+
+    Made from a job spec (``spec=``) or a job name and Kafka settings (``job=``, ``bootstrap_servers=``
+    or ``kafka_config=``). The rank: ``rank=`` as the data-parallel rank, or ``global_rank=`` with
+    ``world_size=`` and the tensor/context/pipeline-parallel sizes, or, with neither, ``RANK`` and
+    ``WORLD_SIZE`` from the environment (``torchrun``) and those sizes.
+
+    Iterating yields every micro-batch after the current position and ends at the job's end-of-data
+    record; iterating again continues where the last iteration stopped. ``state_dict()`` is the
+    position after the last micro-batch handed out and ``load_state_dict()`` resumes there, exactly
+    (the torchdata / ``torch.distributed.checkpoint`` Stateful convention).
+
+    A background thread reads and decodes ahead, up to ``prefetch_bytes``, pinning memory when CUDA is
+    present. With ``device`` a CUDA device, the next micro-batch is copied there on a side stream while
+    the current one trains. Use it without a DataLoader or under ``DataLoader(dataset,
+    batch_size=None, pin_memory=True)`` with ``num_workers=0``: worker processes would each read the
+    topic, and their positions would not reach ``state_dict()``.
+
+    When the constructor is behind, the reader waits, logging every ``wait_log_interval_s`` which step
+    it waits for, and raises ``SinkTimeoutError`` after ``wait_timeout_s``. A batch that does not decode
+    raises ``DecodeError`` naming topic, partition and offset.
+    """
+
+    def __init__(
+        self,
+        spec: str | os.PathLike[str] | None = None,
+        *,
+        job: str | None = None,
+        bootstrap_servers: str | None = None,
+        kafka_config: Mapping[str, Any] | None = None,
+        rank: int | None = None,
+        global_rank: int | None = None,
+        world_size: int | None = None,
+        tensor_parallel: int = 1,
+        context_parallel: int = 1,
+        pipeline_parallel: int = 1,
+        layout: Layout | str = Layout.PACKED,
+        pad_token_id: int = 0,
+        attention_mask: bool = True,
+        device: torch.device | str | None = None,
+        pin_memory: bool | None = None,
+        prefetch_bytes: int = 256 * 1024 * 1024,
+        wait_timeout_s: float = 600.0,
+        wait_log_interval_s: float = 30.0,
+    ) -> None:
+        super().__init__()
+        source = _source(spec, job, bootstrap_servers, kafka_config)
+        self.rank = _data_parallel_rank(rank, global_rank, world_size, tensor_parallel, context_parallel,
+                                        pipeline_parallel)  # fmt: skip
+        if source.ranks is not None and self.rank >= source.ranks:
+            msg = f"data-parallel rank {self.rank} is not below the job's step.ranks ({source.ranks})"
+            raise MixflowError(msg)
+        self.job = source.job
+        self.topic = JobTopics(source.job).rank(self.rank)
+        self.kafka_config = dict(source.kafka_config)
+        self.device = torch.device(device) if device is not None else None
+        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
+            msg = f"device {self.device} was asked for, but CUDA is not available"
+            raise MixflowError(msg)
+        if pin_memory is None:
+            pin_memory = torch.cuda.is_available()
+        self.options = ReadOptions(
+            layout=Layout(layout), pad_token_id=pad_token_id, attention_mask=attention_mask,
+            pin_memory=bool(pin_memory), prefetch_bytes=prefetch_bytes, wait_timeout_s=wait_timeout_s,
+            wait_log_interval_s=wait_log_interval_s,
+        )  # fmt: skip
+        self._position = SinkPosition(self.topic)
+        self._reader: RankTopicReader | None = None
+        self.peak_prefetch_bytes = 0
+
+    # -- Stateful ------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the stream stands: the next micro-batch to deliver and the offset to read from."""
+        return self._position.to_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Resume at a position ``state_dict()`` gave; the next iteration starts there."""
+        if self._reader is not None:
+            msg = "load_state_dict() while the dataset is being iterated; load it before iterating"
+            raise MixflowError(msg)
+        position = SinkPosition.from_dict(state_dict)
+        if position.topic != self.topic:
+            msg = f"the sink state is for {position.topic}, this dataset reads {self.topic}"
+            raise MixflowError(msg)
+        self._position = position
+
+    # -- iteration -----------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[MicroBatch]:
+        worker = get_worker_info()
+        if worker is not None:
+            msg = (
+                f"KafkaBatchDataset runs in DataLoader worker {worker.id} of {worker.num_workers}: use "
+                "num_workers=0 (the sink reads and decodes on a thread of its own)"
+            )
+            raise MixflowError(msg)
+        if self._reader is not None:
+            msg = "the dataset is already being iterated; one iterator at a time"
+            raise MixflowError(msg)
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[MicroBatch]:
+        self._reader = reader = RankTopicReader(self.kafka_config, self._position, self.rank, self.options).start()
+        try:
+            deliveries = self._deliveries(reader)
+            if self.device is not None and self.device.type == "cuda":
+                deliveries = to_device(deliveries, self.device)
+            for delivery in deliveries:
+                self._position = self._position.after(
+                    delivery.offset, delivery.step, delivery.micro_batch, delivery.micro_batches
+                )
+                yield delivery.tensors
+        finally:
+            self.peak_prefetch_bytes = max(self.peak_prefetch_bytes, reader.queue.peak_bytes)
+            reader.close()
+            self._reader = None
+
+    @staticmethod
+    def _deliveries(reader: RankTopicReader) -> Iterator[Delivery]:
+        while True:
+            item = reader.get()
+            if isinstance(item, EndOfData):
+                log.info("%s: end of data after %d steps", reader.position.topic, item.steps)
+                return
+            yield item
+
+
+def _source(
+    spec: str | os.PathLike[str] | None, job: str | None, bootstrap: str | None, config: Mapping[str, Any] | None
+) -> SinkSource:
+    if spec is not None:
+        if job is not None:
+            msg = "give either spec or job, not both"
+            raise MixflowError(msg)
+        source = SinkSource.from_spec(spec, bootstrap)
+        return SinkSource(source.job, {**source.kafka_config, **(config or {})}, source.ranks)
+    if job is None:
+        msg = "give a job spec (spec=) or a job name (job=) to read from"
+        raise MixflowError(msg)
+    JobTopics(job)  # validates the name
+    kafka = dict(config or {})
+    if bootstrap:
+        kafka["bootstrap.servers"] = bootstrap
+    if not kafka.get("bootstrap.servers"):
+        bootstrap_env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        if not bootstrap_env:
+            msg = "no Kafka bootstrap servers: give bootstrap_servers= or set KAFKA_BOOTSTRAP_SERVERS"
+            raise MixflowError(msg)
+        kafka["bootstrap.servers"] = bootstrap_env
+    return SinkSource(job, kafka)
+
+
+def _data_parallel_rank(
+    rank: int | None, global_rank: int | None, world_size: int | None, tensor: int, context: int, pipeline: int
+) -> int:
+    if rank is not None:
+        if global_rank is not None or world_size is not None:
+            msg = "give rank= (the data-parallel rank) or global_rank= with world_size=, not both"
+            raise MixflowError(msg)
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            msg = f"rank must be a non-negative int, not {rank!r}"
+            raise MixflowError(msg)
+        return rank
+    if global_rank is not None or world_size is not None:
+        if global_rank is None or world_size is None:
+            msg = "global_rank= and world_size= go together"
+            raise MixflowError(msg)
+        return ParallelLayout(world_size, tensor, context, pipeline).data_parallel_rank(global_rank)
+    return rank_from_environment(tensor=tensor, context=context, pipeline=pipeline)[0]

@@ -1,0 +1,216 @@
+"""The reading thread of one rank: its rank topic from a position, decoded into micro-batches.
+
+It holds one Kafka consumer with the partition assigned (no consumer group: every tensor-, pipeline-
+and context-parallel peer of a data-parallel rank reads the same topic with offsets of its own), reads
+with ``read_committed``, checks that steps follow each other, and hands micro-batches to the trainer
+through a queue bounded in bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from topics.batch_codec import decode_batch_message, end_of_data_steps
+from topics.errors import DecodeError, MixflowError
+from trainer_sink.buffer import ByteBoundedQueue, Closed
+from trainer_sink.position import SinkPosition
+from trainer_sink.tensors import Layout, MicroBatch, micro_batch_tensors, nbytes
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.2
+
+
+class SinkTimeoutError(MixflowError):
+    """No new step arrived within the sink's wait timeout."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One micro-batch and where it came from."""
+
+    tensors: MicroBatch
+    offset: int
+    step: int
+    micro_batch: int
+    micro_batches: int
+
+
+@dataclass(frozen=True)
+class EndOfData:
+    steps: int
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    layout: Layout = Layout.PACKED
+    pad_token_id: int = 0
+    attention_mask: bool = True
+    pin_memory: bool = False
+    prefetch_bytes: int = 256 * 1024 * 1024
+    wait_timeout_s: float = 600.0
+    wait_log_interval_s: float = 30.0
+
+
+class RankTopicReader:
+    """Reads ``position.topic`` from ``position`` on a background thread; ``get()`` hands over each
+    due micro-batch as a ``Delivery``, then one ``EndOfData`` if the job ends. An error on the
+    thread (a corrupt batch, a gap in the steps, a wait past the timeout) is raised by ``get()``."""
+
+    def __init__(self, kafka_config: Mapping[str, Any], position: SinkPosition, rank: int, options: ReadOptions):
+        self.position = position
+        self.rank = rank
+        self.options = options
+        self.queue = ByteBoundedQueue(options.prefetch_bytes)
+        self._config = {
+            **kafka_config,
+            "group.id": f"mixflow-sink-{uuid.uuid4().hex[:12]}",  # required, never joined or committed
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": False,
+            # librdkafka's own read-ahead: enough for a few batches, bounded so memory stays flat.
+            "queued.max.messages.kbytes": 32_768,
+            "fetch.max.bytes": 67_108_864,
+            "max.partition.fetch.bytes": 67_108_864,
+        }
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"mixflow-sink-{position.topic}", daemon=True)
+
+    def start(self) -> RankTopicReader:
+        self._thread.start()
+        return self
+
+    def get(self) -> Delivery | EndOfData:
+        item = self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self.queue.close()
+        self._thread.join(timeout=30)
+
+    # -- the thread ---------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            consumer = Consumer(self._config)
+        except KafkaException as exc:
+            self._hand_over(MixflowError(f"bad Kafka settings for the sink of {self.position.topic}: {exc}"))
+            return
+        try:
+            start = OFFSET_BEGINNING if self.position.offset is None else self.position.offset
+            consumer.assign([TopicPartition(self.position.topic, self.position.partition, start)])
+            self._read(consumer)
+        except Closed:
+            pass
+        except BaseException as exc:  # handed to the trainer's thread, raised by get()
+            self._hand_over(exc)
+        finally:
+            consumer.close()
+
+    def _hand_over(self, item: object) -> None:
+        with contextlib.suppress(Closed):
+            self.queue.put(item, 0)
+
+    def _read(self, consumer: Consumer) -> None:
+        last_step: int | None = None
+        waiting_since = last_log = time.monotonic()
+        while not self._stop.is_set():
+            message = consumer.poll(POLL_S)
+            if message is None or message.error() is not None:
+                if message is not None:
+                    self._check_error(message.error())
+                if time.monotonic() - last_log > self.options.wait_log_interval_s:
+                    log.info("%s", self._waiting(consumer, last_step, time.monotonic() - waiting_since))
+                    last_log = time.monotonic()
+                if time.monotonic() - waiting_since > self.options.wait_timeout_s:
+                    raise SinkTimeoutError(self._waiting(consumer, last_step, time.monotonic() - waiting_since))
+                continue
+            steps = self._end_of_data(message)
+            if steps is not None:
+                self._check_end(message, steps, last_step)
+                self.queue.put(EndOfData(steps), 0)
+                return
+            batch = decode_batch_message(message)
+            self._check_step(message, batch.step, batch.rank, last_step)
+            last_step = batch.step
+            for m, tensors in enumerate(micro_batch_tensors(
+                batch, self.options.layout, pad_token_id=self.options.pad_token_id,
+                attention_mask=self.options.attention_mask,
+            )):  # fmt: skip
+                if not self.position.is_due(batch.step, m):
+                    continue
+                if self.options.pin_memory:
+                    tensors = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
+                delivery = Delivery(tensors, message.offset(), batch.step, m, batch.micro_batches)
+                self.queue.put(delivery, nbytes(tensors))
+            waiting_since = last_log = time.monotonic()
+
+    def _check_error(self, error: KafkaError) -> None:
+        if error.fatal() or not (error.retriable() or error.code() == KafkaError._TRANSPORT):
+            msg = f"reading {self.position.topic}: {error}"
+            raise MixflowError(msg)
+        log.warning("reading %s: %s (retrying)", self.position.topic, error)
+
+    def _end_of_data(self, message: Message) -> int | None:
+        try:
+            return end_of_data_steps(message.headers())
+        except ValueError as exc:
+            raise DecodeError(str(exc), topic=message.topic(), partition=message.partition(),
+                              offset=message.offset()) from exc  # fmt: skip
+
+    def _first_step_allowed(self, step: int) -> bool:
+        """Whether a resumed reader's first message may hold ``step``: the step of the position, or the
+        one before it when that step was delivered whole (the position then points at its message)."""
+        due = self.position.step
+        return due is None or step == due or (step == due - 1 and self.position.micro_batch == 0)
+
+    def _check_step(self, message: Message, step: int, rank: int, last_step: int | None) -> None:
+        where = {"topic": message.topic(), "partition": message.partition(), "offset": message.offset()}
+        if rank != self.rank:
+            raise DecodeError(f"the batch is for rank {rank}, this reader is rank {self.rank}", **where)
+        if last_step is None and not self._first_step_allowed(step):
+            msg = (
+                f"resuming at step {self.position.step} micro-batch {self.position.micro_batch} from offset "
+                f"{self.position.offset}, but the message there holds step {step}: the checkpoint does not "
+                "belong to this topic, or its records were deleted"
+            )
+            raise DecodeError(msg, **where)
+        if last_step is not None and step != last_step + 1:
+            raise DecodeError(f"step {step} follows step {last_step}: steps are missing or repeated", **where)
+
+    def _check_end(self, message: Message, steps: int, last_step: int | None) -> None:
+        expected = last_step + 1 if last_step is not None else self.position.step
+        if expected is not None and steps != expected:
+            msg = f"the job ended after {steps} steps, but the next step due here is {expected}"
+            raise DecodeError(msg, topic=message.topic(), partition=message.partition(), offset=message.offset())
+
+    def _waiting(self, consumer: Consumer, last_step: int | None, seconds: float) -> str:
+        topic, partition = self.position.topic, self.position.partition
+        if last_step is not None:
+            due = f"step {last_step + 1}"
+        else:
+            due = "the first step" if self.position.step is None else f"step {self.position.step}"
+        try:
+            offset = consumer.position([TopicPartition(topic, partition)])[0].offset
+            high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=2.0)[1]
+            where = f"reading at offset {max(offset, 0)}, the log ends at offset {high}"
+            if high > offset >= 0:
+                where += " (what lies past the read position is not committed yet: a step is being written)"
+        except KafkaException as exc:
+            where = f"the broker does not answer: {exc.args[0]}"
+        written = "no step written yet" if last_step is None else f"the constructor has written up to step {last_step}"
+        return f"rank {self.rank} has waited {seconds:.0f} s for {due} on {topic} ({where}; {written})"

@@ -1,0 +1,123 @@
+"""One micro-batch as the dict of tensors a training step takes. Pure: no Kafka, no threads.
+
+Packed layout (the default), for varlen attention (``flash_attn_varlen_func``, ``varlen_attn``,
+Megatron's packed sequences): the micro-batch's samples concatenated, ``T`` tokens in all.
+
+| key | type | meaning |
+|---|---|---|
+| ``input_ids`` | int32 [T] | token ids; shares memory with the Kafka message (treat as read-only) |
+| ``labels`` | int64 [T] | the next token of the same sample; ``-100`` on each sample's last token |
+| ``position_ids`` | int32 [T] | restarting at 0 at every sample |
+| ``cu_seqlens`` | int32 [k + 1] | sample ``j`` is ``input_ids[cu_seqlens[j]:cu_seqlens[j + 1]]`` |
+| ``max_seqlen`` | int | the longest sample |
+| ``step``, ``micro_batch``, ``micro_batches``, ``rank`` | int | where this micro-batch belongs |
+| ``sample_ids`` | list[str] | the k sample ids, in order |
+
+Padded layout, for models without varlen attention: the same tensors padded to the micro-batch
+capacity ``C`` (a fixed shape, for CUDA graphs and ``torch.compile``), ``input_ids`` with
+``pad_token_id``, ``labels`` with ``-100``, ``position_ids`` with 0, plus ``segment_ids`` int32 [C]
+(the sample's index, ``-1`` on padding) and, unless disabled, ``attention_mask`` bool [C, C]: causal
+within each sample, nothing across samples or onto padding (``True`` = may attend, as
+``scaled_dot_product_attention`` reads it). The mask takes ``C * C`` bytes; build it on the device
+from ``segment_ids`` with ``block_causal_mask`` instead where that is too much.
+"""
+
+from __future__ import annotations
+
+import warnings
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import torch
+
+from topics.batch import Batch
+from topics.packing import IGNORE_INDEX, PackedMicroBatch, pack_micro_batches
+
+MicroBatch = dict[str, Any]
+
+
+class Layout(StrEnum):
+    PACKED = "packed"
+    PADDED = "padded"
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    with warnings.catch_warnings():
+        # Token ids are a view of the (immutable) message: sharing it is the point, writing to it is not.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
+def micro_batch_tensors(
+    batch: Batch,
+    layout: Layout = Layout.PACKED,
+    *,
+    pad_token_id: int = 0,
+    attention_mask: bool = True,
+) -> list[MicroBatch]:
+    """Every micro-batch of ``batch``, in order, empty ones included."""
+    out = []
+    for m, packed in enumerate(pack_micro_batches(batch)):
+        tensors = (
+            _packed(packed)
+            if layout is Layout.PACKED
+            else _padded(packed, batch.capacity, pad_token_id, attention_mask)
+        )
+        tensors.update(
+            max_seqlen=packed.max_seqlen,
+            step=batch.step,
+            micro_batch=m,
+            micro_batches=batch.micro_batches,
+            rank=batch.rank,
+            sample_ids=packed.sample_ids,
+        )
+        out.append(tensors)
+    return out
+
+
+def _packed(packed: PackedMicroBatch) -> MicroBatch:
+    return {
+        "input_ids": _tensor(packed.token_ids),
+        "labels": _tensor(packed.labels),
+        "position_ids": _tensor(packed.position_ids),
+        "cu_seqlens": _tensor(packed.cu_seqlens),
+    }
+
+
+def _padded(packed: PackedMicroBatch, capacity: int, pad_token_id: int, with_mask: bool) -> MicroBatch:
+    n = packed.token_ids.size
+    input_ids = np.full(capacity, pad_token_id, np.int32)
+    input_ids[:n] = packed.token_ids
+    labels = np.full(capacity, IGNORE_INDEX, np.int64)
+    labels[:n] = packed.labels
+    position_ids = np.zeros(capacity, np.int32)
+    position_ids[:n] = packed.position_ids
+    segment_ids = np.full(capacity, -1, np.int32)
+    segment_ids[:n] = np.repeat(np.arange(packed.cu_seqlens.size - 1, dtype=np.int32), np.diff(packed.cu_seqlens))
+    tensors = {
+        "input_ids": torch.from_numpy(input_ids),
+        "labels": torch.from_numpy(labels),
+        "position_ids": torch.from_numpy(position_ids),
+        "cu_seqlens": _tensor(packed.cu_seqlens),
+        "segment_ids": torch.from_numpy(segment_ids),
+    }
+    if with_mask:
+        tensors["attention_mask"] = block_causal_mask(tensors["segment_ids"])
+    return tensors
+
+
+def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """bool [C, C] from ``segment_ids`` [C]: query ``i`` may attend key ``j`` when both are in the same
+    sample and ``j <= i``. A padding query (segment -1) attends only itself, so softmax stays finite."""
+    same = segment_ids[:, None] == segment_ids[None, :]
+    causal = torch.ones(same.shape, dtype=torch.bool, device=segment_ids.device).tril_()
+    mask = same & causal & (segment_ids[None, :] >= 0)
+    padding = segment_ids < 0
+    mask[padding, padding] = True  # the diagonal of padding rows (a gather of equal index pairs)
+    return mask
+
+
+def nbytes(micro_batch: MicroBatch) -> int:
+    """The bytes its tensors hold."""
+    return sum(v.numel() * v.element_size() for v in micro_batch.values() if isinstance(v, torch.Tensor))
