@@ -1,4 +1,5 @@
-"""Run a whole job on this machine: every source's loaders and the constructor as processes, then report.
+"""Run a whole job on this machine: every source's loaders, the constructor and optionally a training
+command as processes, then report.
 
 The processes are the same ``mixflow load`` and ``mixflow construct`` a cluster deployment runs, so a
 local run exercises exactly the production path; only the process supervision here is local.
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shlex
 import subprocess
 import sys
 import time
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.progress import JobProgress
 from pipeline.spec import JobSpec, load_spec
 from topics.errors import MixflowError
 
@@ -57,20 +61,29 @@ def job_spec_file(spec_path: Path, job: str | None, folder: Path) -> tuple[JobSp
     return load_spec(path), path
 
 
-def run_local_job(spec_path: Path, bootstrap: str | None, folder: Path) -> list[RoleProcess]:
-    """Start every role of the job, wait for all of them, and return them; a role that fails stops
-    the others and raises a MixflowError holding the end of its log."""
+def run_local_job(
+    spec_path: Path,
+    bootstrap: str | None,
+    folder: Path,
+    trainer: list[str] | None = None,
+    progress: JobProgress | None = None,
+) -> list[RoleProcess]:
+    """Start every role of the job (and ``trainer``, a command, when given), wait for all of them, and
+    return them; a role that fails stops the others and raises a MixflowError holding the end of its log."""
     spec = load_spec(spec_path)
     folder.mkdir(parents=True, exist_ok=True)
     common = ["--spec", str(spec_path), *(["--bootstrap-servers", bootstrap] if bootstrap else [])]
+    mixflow = [sys.executable, "-m", "pipeline.cli"]
     roles = []
     for source in spec.sources:
         for i in range(source.loaders):
             load = ["load", *common, "--source", source.name, "--instance", str(i), "--until-drained"]
-            roles.append(_start(f"load-{source.name}-{i}", folder, load))
-    roles.append(_start("construct", folder, ["construct", *common]))
+            roles.append(_start(f"load-{source.name}-{i}", folder, [*mixflow, *load]))
+    roles.append(_start("construct", folder, [*mixflow, "construct", *common]))
+    if trainer:
+        roles.append(_start("train", folder, trainer, {"KAFKA_BOOTSTRAP_SERVERS": bootstrap} if bootstrap else None))
     try:
-        _wait(roles)
+        _wait(roles, progress)
     except BaseException:
         for role in roles:
             if role.process.poll() is None:
@@ -81,18 +94,32 @@ def run_local_job(spec_path: Path, bootstrap: str | None, folder: Path) -> list[
     return roles
 
 
-def _start(name: str, folder: Path, args: list[str]) -> RoleProcess:
+def trainer_command(template: str, spec_path: Path, out: Path) -> list[str]:
+    """A training command line from ``template``, with ``{python}``, ``{spec}`` and ``{out}`` filled in."""
+    fields = {"python": sys.executable, "spec": str(spec_path), "out": str(out)}
+    try:
+        return [word.format(**fields) for word in shlex.split(template)]
+    except (KeyError, IndexError, ValueError) as exc:
+        msg = f"bad --trainer command {template!r} ({exc}); it may use {{python}}, {{spec}} and {{out}}"
+        raise MixflowError(msg) from exc
+
+
+def _start(name: str, folder: Path, command: list[str], env: dict[str, str] | None = None) -> RoleProcess:
     log_file = folder / f"{name}.log"
     with log_file.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env} if env else None
+        )
     log.info("started %s (pid %d), log %s", name, process.pid, log_file)
     return RoleProcess(name, process, log_file)
 
 
-def _wait(roles: list[RoleProcess]) -> None:
+def _wait(roles: list[RoleProcess], progress: JobProgress | None) -> None:
     running = list(roles)
     restarts = 0
     while running:
+        if progress is not None:
+            progress.update([role.name for role in running])
         for role in list(running):
             code = role.process.poll()
             if code is None:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from pipeline.constructor import ConstructorState
+from pipeline.delivery import SourceCheck, TrainerCheck, TrainerSummary, check_sources, check_trainer
 from pipeline.kafka_clients import KafkaConfig
 from pipeline.mixing import Schedule
 from pipeline.scheduler import CostModel
-from pipeline.spec import JobSpec
+from pipeline.spec import JobSpec, OnExhausted
 from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.log_reader import read_to_end
@@ -37,15 +39,32 @@ class JobReport:
     steps_with_all_sources: int  # steps before the first source ran out
     sources: list[str]
     tokens_by_source: dict[str, int]
+    source_check: SourceCheck
+    stops_early: bool  # the policy ends the job with samples left in the sources
+    trainer_check: TrainerCheck | None = None
+    trainer: TrainerSummary | None = None
+
+    @property
+    def exactly_once(self) -> bool:
+        """No sample repeated or lost between the sources and the rank topics, nor on the way to the trainer."""
+        lost = self.source_check.missing and not self.stops_early
+        trainer_ok = self.trainer_check is None or not self.trainer_check.problems
+        return self.duplicates == 0 and not lost and not self.source_check.unknown and trainer_ok
 
     def lines(self) -> list[str]:
         if self.steps == 0:
             return ["no steps written yet"]
+        checks = [self.source_check.line(self.stops_early)]
+        if self.trainer_check is not None:
+            checks.append(self.trainer_check.line())
+        trainer = self.trainer.lines() if self.trainer is not None else []
         fill = self.tokens / (self.steps * self.capacity_tokens)
         shares = ", ".join(f"{s} {n / self.tokens:.1%}" for s, n in self.tokens_by_source.items())
         return [
             f"steps {self.steps}, samples {self.samples}, tokens {self.tokens} ({fill:.1%} of capacity)",
             f"each sample exactly once: {'yes' if self.duplicates == 0 else f'NO, {self.duplicates} repeated'}",
+            *checks,
+            *trainer,
             f"largest rank cost / mean, median over steps: {np.median(self.imbalance):.3f} balanced, "
             f"{np.median(self.naive_imbalance):.3f} with naive per-rank loading "
             f"(step-time speedup {np.median(self.naive_imbalance / self.imbalance):.2f}x)",
@@ -78,7 +97,11 @@ def first_exhausted_step(config: KafkaConfig, job: str) -> int:
     return step
 
 
-def job_report(config: KafkaConfig, spec: JobSpec, job: str | None = None, seed: int = 0) -> JobReport:
+def job_report(
+    config: KafkaConfig, spec: JobSpec, job: str | None = None, seed: int = 0, trainer_folder: Path | None = None
+) -> JobReport:
+    """The report on ``job`` (the spec's by default); with ``trainer_folder``, also what the trainer ranks
+    recorded there (``pipeline.delivery``)."""
     steps = read_steps(config, job or spec.job, spec.step.ranks)
     cost = CostModel(*spec.cost.alpha_beta())
     sources = spec.source_names
@@ -112,4 +135,8 @@ def job_report(config: KafkaConfig, spec: JobSpec, job: str | None = None, seed:
         steps_with_all_sources=full,
         sources=sources,
         tokens_by_source={s: int(per_source[:, i].sum()) for i, s in enumerate(sources)},
+        source_check=check_sources(config, job or spec.job, sources, seen),
+        stops_early=spec.on_exhausted is OnExhausted.STOP,
+        trainer_check=check_trainer(trainer_folder, steps) if trainer_folder is not None else None,
+        trainer=TrainerSummary.read(trainer_folder) if trainer_folder is not None else None,
     )

@@ -1,13 +1,15 @@
-"""`mixflow run --spec SPEC`: run a whole job here (loaders and constructor) and report on its batches."""
+"""`mixflow run --spec SPEC`: run a whole job here (loaders, constructor, optionally training) and report."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from pipeline.local_job import job_spec_file, run_local_job
+from pipeline.local_job import job_spec_file, run_local_job, trainer_command
+from pipeline.progress import JobProgress
 from pipeline.report import job_report
 from pipeline.stack.local_broker import default_state_dir
+from topics.admin import ensure_job_topics
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,6 +23,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--state-dir", type=Path, default=None,
         help="where the job's logs go, under jobs/<job>/ (default: $MIXFLOW_STATE_DIR or .mixflow)",
     )  # fmt: skip
+    parser.add_argument(
+        "--trainer", metavar="COMMAND",
+        help="a training command to run beside the pipeline, e.g. '{python} -m torch.distributed.run "
+        "--nproc_per_node 2 examples/train.py --spec {spec} --out {out}'; {spec} is the job's spec and {out} "
+        "the folder where its ranks write received-rank<r>.jsonl and trainer-rank<r>.json for the report",
+    )  # fmt: skip
     parser.set_defaults(run=run)
 
 
@@ -29,12 +37,19 @@ def run(args: argparse.Namespace) -> int:
     job_name = args.job or "spec"
     folder = state_dir / "jobs" / job_name
     spec, spec_path = job_spec_file(args.spec, args.job, folder)
+    config = spec.kafka.client_config(args.bootstrap_servers)
+    train_folder = folder / "train"
+    trainer = trainer_command(args.trainer, spec_path, train_folder) if args.trainer else None
     print(f"job {spec.job}: {len(spec.sources)} sources, {spec.step.ranks} ranks x {spec.step.micro_batches} "
           f"micro-batches x {spec.step.tokens_per_micro_batch} tokens; logs in {folder}")  # fmt: skip
-    roles = run_local_job(spec_path, args.bootstrap_servers, folder)
+    # Created up front (as every role would) so that the progress view can follow the state topic at once.
+    ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks)
+    watched = (train_folder, spec.step.ranks, spec.step.micro_batches) if trainer else None
+    with JobProgress(config, spec.job, watched) as progress:
+        roles = run_local_job(spec_path, args.bootstrap_servers, folder, trainer, progress)
     for role in roles:
         print(f"{role.name}: {role.summary()}")
-    report = job_report(spec.kafka.client_config(args.bootstrap_servers), spec)
+    report = job_report(config, spec, trainer_folder=train_folder if trainer else None)
     for line in report.lines():
         print(line)
-    return 0 if report.duplicates == 0 else 1
+    return 0 if report.exactly_once else 1

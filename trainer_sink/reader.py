@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +84,7 @@ class RankTopicReader:
             "fetch.max.bytes": 67_108_864,
             "max.partition.fetch.bytes": 67_108_864,
         }
+        self.last_step: int | None = None  # of the last batch read
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"mixflow-sink-{position.topic}", daemon=True)
 
@@ -126,19 +127,12 @@ class RankTopicReader:
             self.queue.put(item, 0)
 
     def _read(self, consumer: Consumer) -> None:
+        self._hand_over_all(self._messages(consumer))
+
+    def _hand_over_all(self, messages: Iterator[Message]) -> None:
+        """Decode each message, check its step, and queue its due micro-batches; stop at the end record."""
         last_step: int | None = None
-        waiting_since = last_log = time.monotonic()
-        while not self._stop.is_set():
-            message = consumer.poll(POLL_S)
-            if message is None or message.error() is not None:
-                if message is not None:
-                    self._check_error(message.error())
-                if time.monotonic() - last_log > self.options.wait_log_interval_s:
-                    log.info("%s", self._waiting(consumer, last_step, time.monotonic() - waiting_since))
-                    last_log = time.monotonic()
-                if time.monotonic() - waiting_since > self.options.wait_timeout_s:
-                    raise SinkTimeoutError(self._waiting(consumer, last_step, time.monotonic() - waiting_since))
-                continue
+        for message in messages:
             steps = self._end_of_data(message)
             if steps is not None:
                 self._check_end(message, steps, last_step)
@@ -146,7 +140,7 @@ class RankTopicReader:
                 return
             batch = decode_batch_message(message)
             self._check_step(message, batch.step, batch.rank, last_step)
-            last_step = batch.step
+            last_step = self.last_step = batch.step
             for m, tensors in enumerate(micro_batch_tensors(
                 batch, self.options.layout, pad_token_id=self.options.pad_token_id,
                 attention_mask=self.options.attention_mask,
@@ -155,9 +149,24 @@ class RankTopicReader:
                     continue
                 if self.options.pin_memory:
                     tensors = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
-                delivery = Delivery(tensors, message.offset(), batch.step, m, batch.micro_batches)
-                self.queue.put(delivery, nbytes(tensors))
-            waiting_since = last_log = time.monotonic()
+                self.queue.put(Delivery(tensors, message.offset(), batch.step, m, batch.micro_batches), nbytes(tensors))
+
+    def _messages(self, consumer: Consumer) -> Iterator[Message]:
+        """The topic's committed records, waiting (and logging) while there are none, up to the timeout."""
+        waiting_since = last_log = time.monotonic()
+        while not self._stop.is_set():
+            message = consumer.poll(POLL_S)
+            if message is not None and message.error() is None:
+                yield message
+                waiting_since = last_log = time.monotonic()  # includes the time the trainer took to take it
+                continue
+            if message is not None:
+                self._check_error(message.error())
+            if time.monotonic() - last_log > self.options.wait_log_interval_s:
+                log.info("%s", self._waiting(consumer, time.monotonic() - waiting_since))
+                last_log = time.monotonic()
+            if time.monotonic() - waiting_since > self.options.wait_timeout_s:
+                raise SinkTimeoutError(self._waiting(consumer, time.monotonic() - waiting_since))
 
     def _check_error(self, error: KafkaError) -> None:
         if error.fatal() or not (error.retriable() or error.code() == KafkaError._TRANSPORT):
@@ -198,8 +207,9 @@ class RankTopicReader:
             msg = f"the job ended after {steps} steps, but the next step due here is {expected}"
             raise DecodeError(msg, topic=message.topic(), partition=message.partition(), offset=message.offset())
 
-    def _waiting(self, consumer: Consumer, last_step: int | None, seconds: float) -> str:
+    def _waiting(self, consumer: Consumer, seconds: float) -> str:
         topic, partition = self.position.topic, self.position.partition
+        last_step = self.last_step
         if last_step is not None:
             due = f"step {last_step + 1}"
         else:
@@ -212,5 +222,8 @@ class RankTopicReader:
                 where += " (what lies past the read position is not committed yet: a step is being written)"
         except KafkaException as exc:
             where = f"the broker does not answer: {exc.args[0]}"
-        written = "no step written yet" if last_step is None else f"the constructor has written up to step {last_step}"
+        if last_step is not None:
+            written = f"the constructor has committed up to step {last_step}"
+        else:
+            written = "nothing committed past the start position yet"
         return f"rank {self.rank} has waited {seconds:.0f} s for {due} on {topic} ({where}; {written})"
