@@ -1,0 +1,245 @@
+"""GPU checks, one script for one short lease of a GPU machine.
+
+1. **The sink under a training step.** The example model (examples/gpt.py, sized for a GPU) trains on
+   one rank's micro-batches three ways, same micro-batches, same order:
+   - *sink*: the trainer sink's reading thread (decode, tensors, pinned memory, byte-bounded queue)
+     and its side-stream copy onto the GPU, one micro-batch ahead (``trainer_sink.device.to_device``);
+   - *raw*: the same micro-batches decoded beforehand into pinned memory, each copied with a plain
+     ``.to(device, non_blocking=True)`` just before its step;
+   - *resident*: already on the GPU (no data path at all).
+   Reported: median step time of each, and the sink's overhead over *resident* (target: under 2%).
+   The GPU machine has no Kafka broker (no Java there), so the sink's reader is fed the rank topic's
+   records as recorded here (``--record``) instead of from a consumer: everything after the consumer's
+   poll is the production code path.
+2. **Block timings for the cost model.** One transformer block (hidden 4096, 32 heads, bf16, varlen
+   causal attention, MLP 4x), forward and backward, over micro-batches of 64k tokens made of equal
+   samples of length L, for L from 256 to 64k: per-sample time t(L), and the fit
+   ``t(L) = alpha*L^2 + beta*L + c`` (the cost model the scheduler balances).
+
+Record on a machine with the broker, then run on the GPU machine:
+
+    .venv/bin/python benchmarks/gpu_bench.py --record --job JOB --rank 0 --out .gpu/rank0.pkl
+    python3 benchmarks/gpu_bench.py --messages .gpu/rank0.pkl --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def record(job: str, rank: int, bootstrap: str, out: Path) -> None:
+    from topics.log_reader import read_to_end
+    from topics.names import JobTopics
+
+    messages = read_to_end({"bootstrap.servers": bootstrap}, JobTopics(job).rank(rank))
+    rows = [(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers()) for m in messages]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(pickle.dumps(rows))
+    print(f"recorded {len(rows)} records of {JobTopics(job).rank(rank)} into {out} ({out.stat().st_size} bytes)")
+
+
+# -- 1. the sink under a training step --------------------------------------------------------------------
+
+
+def _replay_reader(rows: list[tuple], rank: int) -> Any:
+    from confluent_kafka import Message
+
+    from trainer_sink.position import SinkPosition
+    from trainer_sink.reader import RankTopicReader, ReadOptions
+
+    class ReplayReader(RankTopicReader):
+        def _run(self) -> None:
+            messages = (Message(topic=t, partition=p, offset=o, key=k, value=v, headers=h) for t, p, o, k, v, h in rows)
+            try:
+                self._hand_over_all(messages)
+            except BaseException as exc:
+                self._hand_over(exc)
+
+    return ReplayReader({"bootstrap.servers": "unused"}, SinkPosition(rows[0][0]), rank, ReadOptions(pin_memory=True))
+
+
+def sink_under_training(rows: list[tuple], rank: int, steps: int, repeats: int) -> dict[str, Any]:
+    import torch
+
+    from examples import gpt
+    from trainer_sink.dataset import KafkaBatchDataset
+    from trainer_sink.device import to_device
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    config = gpt.GPTConfig(vocab_size=8192, d_model=1024, n_layers=8, n_heads=16)
+    model = gpt.GPT(config).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    print(gpt.describe(model), flush=True)
+
+    def host_micro_batches() -> list[dict]:
+        reader = _replay_reader(rows, rank).start()
+        try:
+            return [d.tensors for d in KafkaBatchDataset._deliveries(reader)]
+        finally:
+            reader.close()
+
+    pinned = host_micro_batches()
+    micro_batches = pinned[0]["micro_batches"]
+    pinned = pinned[: steps * micro_batches]
+    resident = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in mb.items()} for mb in pinned]
+
+    def train(micro_batches_in: Any) -> list[float]:
+        """Seconds per step (wall, synchronised at step boundaries)."""
+        times, began = [], None
+        for i, mb in enumerate(micro_batches_in):
+            if i % micro_batches == 0:
+                torch.cuda.synchronize()
+                began = time.perf_counter()
+            gpt.loss(model, mb).backward()
+            if i % micro_batches == micro_batches - 1:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - began)
+            if i + 1 == steps * micro_batches:
+                break
+        return times
+
+    def sink_arm() -> Any:
+        reader = _replay_reader(rows, rank).start()
+        try:
+            yield from (d.tensors for d in to_device(KafkaBatchDataset._deliveries(reader), device))
+        finally:
+            reader.close()
+
+    def raw_arm() -> Any:
+        for mb in pinned:
+            yield {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in mb.items()}
+
+    arms = {"resident": lambda: iter(resident), "raw": raw_arm, "sink": sink_arm}
+    train(iter(resident))  # warm-up: kernels, allocator, autotuning
+    results: dict[str, list[float]] = {name: [] for name in arms}
+    for _ in range(repeats):
+        for name, make in arms.items():
+            results[name] += train(make())[2:]  # the first steps of each pass refill the caches
+    medians = {name: statistics.median(times) for name, times in results.items()}
+    tokens = sum(int(mb["input_ids"].numel()) for mb in pinned) / steps
+    out = {
+        "model": gpt.describe(model),
+        "micro_batches_per_step": micro_batches,
+        "tokens_per_step": tokens,
+        "steps_timed": {name: len(times) for name, times in results.items()},
+        "median_step_ms": {name: 1000 * m for name, m in medians.items()},
+        "sink_overhead_vs_resident": medians["sink"] / medians["resident"] - 1,
+        "raw_overhead_vs_resident": medians["raw"] / medians["resident"] - 1,
+        "sink_vs_raw": medians["sink"] / medians["raw"] - 1,
+    }
+    return out
+
+
+# -- 2. block timings -------------------------------------------------------------------------------------
+
+
+def block_timings(lengths: list[int], tokens: int, repeats: int) -> dict[str, Any]:
+    import numpy as np
+    import torch
+    from torch import nn
+
+    from examples.gpt import packed_causal_attention
+
+    device, hidden, heads = torch.device("cuda"), 4096, 32
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = nn.RMSNorm(hidden), nn.RMSNorm(hidden)
+            self.qkv, self.proj = nn.Linear(hidden, 3 * hidden, bias=False), nn.Linear(hidden, hidden, bias=False)
+            self.up, self.down = nn.Linear(hidden, 4 * hidden, bias=False), nn.Linear(4 * hidden, hidden, bias=False)
+
+        def forward(self, x: torch.Tensor, cu: torch.Tensor, max_len: int) -> torch.Tensor:
+            q, k, v = self.qkv(self.norm1(x)).view(-1, 3, heads, hidden // heads).unbind(1)
+            x = x + self.proj(packed_causal_attention(q, k, v, cu, max_len, "varlen").reshape(-1, hidden))
+            return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+    block = Block().to(device, torch.bfloat16)
+    rows = []
+    for length in lengths:
+        count = max(1, tokens // length)
+        cu = torch.arange(0, (count + 1) * length, length, dtype=torch.int32, device=device)
+        x = torch.randn(count * length, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(2):
+            block(x, cu, length).sum().backward()
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            block(x, cu, length).sum().backward()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        ms = statistics.median(times)
+        rows.append({"length": length, "samples": count, "ms": ms, "ms_per_sample": ms / count})
+        print(f"block L={length:6d} x {count:4d}: {ms:8.2f} ms, {ms / count:9.4f} ms a sample", flush=True)
+        del x
+    lengths_arr = np.array([r["length"] for r in rows], dtype=np.float64)
+    per_sample = np.array([r["ms_per_sample"] for r in rows])
+    # Least squares relative to each point's size, so short and long samples weigh alike.
+    design = np.stack([lengths_arr**2, lengths_arr, np.ones_like(lengths_arr)], axis=1) / per_sample[:, None]
+    (alpha, beta, constant), *_ = np.linalg.lstsq(design, np.ones_like(per_sample), rcond=None)
+    fitted = alpha * lengths_arr**2 + beta * lengths_arr + constant
+    return {
+        "hidden": hidden, "heads": heads, "tokens_per_micro_batch": tokens, "rows": rows,
+        "fit_ms": {"alpha": alpha, "beta": beta, "constant": constant, "beta_over_alpha": beta / alpha},
+        "fit_worst_relative_error": float(np.max(np.abs(fitted / per_sample - 1))),
+    }  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--record", action="store_true", help="record a rank topic (here, with a broker)")
+    parser.add_argument("--job")
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    parser.add_argument("--messages", type=Path, help="the recorded rank topic to replay")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--block-lengths", default="256,512,1024,2048,4096,8192,16384,32768,65536")
+    parser.add_argument("--block-tokens", type=int, default=65536)
+    parser.add_argument("--skip-block", action="store_true")
+    args = parser.parse_args()
+    if args.record:
+        record(args.job, args.rank, args.bootstrap_servers, args.out)
+        return 0
+    import torch
+
+    name = torch.cuda.get_device_name()
+    print(f"device: {name}, torch {torch.__version__}", flush=True)
+    rows = pickle.loads(args.messages.read_bytes())
+    result: dict[str, Any] = {"device": name, "torch": torch.__version__}
+    args.out.mkdir(parents=True, exist_ok=True)
+    parts = {"sink": lambda: sink_under_training(rows, args.rank, args.steps, args.repeats)}
+    if not args.skip_block:
+        lengths = [int(x) for x in args.block_lengths.split(",")]
+        parts["block"] = lambda: block_timings(lengths, args.block_tokens, repeats=5)
+    failed = False
+    for part, run in parts.items():
+        try:
+            result[part] = run()
+        except Exception:  # one part failing must not lose the other's numbers
+            failed = True
+            result[part] = {"error": traceback.format_exc()}
+        print(part, json.dumps(result[part], indent=1), flush=True)
+        (args.out / "gpu_bench.json").write_text(json.dumps(result, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
