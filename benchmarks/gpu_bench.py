@@ -73,7 +73,6 @@ def sink_under_training(rows: list[tuple], rank: int, steps: int, repeats: int) 
     import torch
 
     from examples import gpt
-    from trainer_sink.dataset import KafkaBatchDataset
     from trainer_sink.device import to_device
 
     device = torch.device("cuda")
@@ -86,7 +85,7 @@ def sink_under_training(rows: list[tuple], rank: int, steps: int, repeats: int) 
     def host_micro_batches() -> list[dict]:
         reader = _replay_reader(rows, rank).start()
         try:
-            return [d.tensors for d in KafkaBatchDataset._deliveries(reader)]
+            return [d.tensors for d in reader.deliveries()]
         finally:
             reader.close()
 
@@ -115,7 +114,7 @@ def sink_under_training(rows: list[tuple], rank: int, steps: int, repeats: int) 
     def sink_arm() -> Any:
         reader = _replay_reader(rows, rank).start()
         try:
-            yield from (d.tensors for d in to_device(KafkaBatchDataset._deliveries(reader), device))
+            yield from (d.tensors for d in to_device(reader.deliveries(), device))
         finally:
             reader.close()
 

@@ -3,6 +3,7 @@ and what the rank topics hold against what each trainer rank says it received.""
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 from collections import Counter
@@ -63,15 +64,22 @@ def check_sources(config: KafkaConfig, job: str, sources: list[str], delivered: 
 @dataclass(frozen=True)
 class TrainerCheck:
     ranks: int
-    micro_batches: int  # micro-batches the rank topics hold
-    received: int  # micro-batches the trainer ranks recorded
+    micro_batches: int  # micro-batches the trainer ranks were to train (those of the steps they ran)
+    received: int  # micro-batches the trainer ranks recorded, after resumes
+    steps_trained: int  # steps the trainer ran (all the rank topics hold, unless it stopped early)
+    steps_written: int
     problems: list[str]
 
     def line(self) -> str:
         if not self.problems:
+            scope = (
+                f"steps 0-{self.steps_trained - 1} of the {self.steps_written} written (it stopped there)"
+                if self.steps_trained < self.steps_written
+                else "every step"
+            )
             return (
-                f"the trainer received every micro-batch exactly as written: yes ({self.received} micro-batches "
-                f"on {self.ranks} ranks, sample ids and token bytes compared)"
+                f"the trainer received every micro-batch exactly as written: yes ({self.received} micro-batches on "
+                f"{self.ranks} ranks, {scope}; sample ids and token bytes compared)"
             )
         more = len(self.problems) - 3
         shown = "; ".join(self.problems[:3]) + (f"; and {more} more" if more > 0 else "")
@@ -79,14 +87,19 @@ class TrainerCheck:
 
 
 def check_trainer(folder: Path, steps: list[list[Batch]]) -> TrainerCheck:
-    """Compare each rank's received file in ``folder`` with that rank's micro-batches, in order."""
+    """Compare each rank's received file in ``folder`` with that rank's micro-batches, in order, up to
+    the step where the trainer says it stopped (``end_step`` in ``trainer-rank<r>.json``)."""
     ranks = len(steps[0]) if steps else 0
     problems: list[str] = []
     received = total = 0
+    trained = len(steps)
     for rank in range(ranks):
+        summary = folder / f"trainer-rank{rank}.json"
+        end = json.loads(summary.read_text()).get("end_step", len(steps)) if summary.exists() else len(steps)
+        trained = min(trained, end)
         expected = [
             (batch.step, m, packed.sample_ids, tokens_sha256(packed.token_ids))
-            for batch in (step[rank] for step in steps)
+            for batch in (step[rank] for step in steps[:end])
             for m, packed in enumerate(pack_micro_batches(batch))
         ]
         total += len(expected)
@@ -95,13 +108,24 @@ def check_trainer(folder: Path, steps: list[list[Batch]]) -> TrainerCheck:
             problems.append(f"rank {rank} recorded nothing ({path} is missing)")
             continue
         got = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        received += len(got)
-        got_tuples = [(g["step"], g["micro_batch"], g["sample_ids"], g["tokens_sha256"]) for g in got]
+        got_tuples = trained_sequence([(g["step"], g["micro_batch"], g["sample_ids"], g["tokens_sha256"]) for g in got])
+        received += len(got_tuples)
         if got_tuples != expected:
             first = next((i for i, (a, b) in enumerate(zip(got_tuples, expected, strict=False)) if a != b), None)
             where = f"first difference at micro-batch {first}" if first is not None else "lengths differ"
             problems.append(f"rank {rank}: {len(got_tuples)} micro-batches received, {len(expected)} written, {where}")
-    return TrainerCheck(ranks, total, received, problems)
+    return TrainerCheck(ranks, total, received, trained, len(steps), problems)
+
+
+def trained_sequence(lines: list[tuple]) -> list[tuple]:
+    """The micro-batches a trainer rank's model kept, from its received log: a line at or before the
+    previous line's (step, micro-batch) is a resume from a checkpoint and replaces what followed it."""
+    kept: list[tuple] = []
+    for line in lines:
+        if kept and line[:2] <= kept[-1][:2]:
+            del kept[bisect.bisect_left([k[:2] for k in kept], line[:2]) :]
+        kept.append(line)
+    return kept
 
 
 @dataclass(frozen=True)

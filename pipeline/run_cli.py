@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     with JobProgress(config, spec.job, watched) as progress:
         roles = run_local_job(spec_path, args.bootstrap_servers, folder, trainer, progress)
     for role in roles:
-        print(f"{role.name}: {role.summary()}")
+        if summary := role.summary():
+            print(f"{role.name}: {summary}")
     report = job_report(config, spec, trainer_folder=train_folder if trainer else None)
     for line in report.lines():
         print(line)

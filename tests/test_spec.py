@@ -53,7 +53,7 @@ def test_example_loads() -> None:
     assert topics.field is None and topics.glob == "**/*.txt"
     assert code.path == EXAMPLE.parent / "data" / "code"
     assert docstrings.tokenizer == EXAMPLE.parent / "data" / "tokenizer.json"  # job-level default
-    assert spec.step.tokens_per_step == 4 * 2 * 4096
+    assert spec.step.tokens_per_step == 2 * 2 * 1024
     assert spec.on_exhausted is OnExhausted.RENORMALIZE and spec.seed == 1234
     assert spec.cost.alpha_beta() == (4 * 1024 * 16 / 2, 24 * 1024**2 * 16)
 

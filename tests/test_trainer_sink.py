@@ -303,3 +303,19 @@ def test_a_gap_in_the_steps_is_an_error_not_a_silent_skip(kafka_bootstrap: str, 
     other = KafkaBatchDataset(job="another-job", bootstrap_servers=kafka_bootstrap, rank=0)
     with pytest.raises(MixflowError, match=f"the sink state is for {unique_name}.rank.0"):
         other.load_state_dict(dataset.state_dict())
+
+
+@pytest.mark.kafka
+def test_one_iterator_at_a_time(kafka_bootstrap: str, written_job: tuple[str, list[list[Batch]]]) -> None:
+    job, _ = written_job
+    dataset = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    first = iter(dataset)
+    with pytest.raises(MixflowError, match="already being iterated"):
+        iter(dataset)
+    with pytest.raises(MixflowError, match="while the dataset is being iterated"):
+        dataset.load_state_dict(dataset.state_dict())
+    head = _take(first, 2)
+    assert dataset.peak_prefetch_bytes > 0  # seen while the iteration runs
+    first.close()
+    assert _take(iter(dataset), 1)[0][:2] == (0, 2)  # the next pass goes on after the two handed out
+    assert head[1][:2] == (0, 1)

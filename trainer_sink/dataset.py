@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -16,10 +15,8 @@ from trainer_sink.config import SinkSource
 from trainer_sink.device import to_device
 from trainer_sink.parallel import ParallelLayout, rank_from_environment
 from trainer_sink.position import SinkPosition
-from trainer_sink.reader import Delivery, EndOfData, RankTopicReader, ReadOptions
+from trainer_sink.reader import RankTopicReader, ReadOptions
 from trainer_sink.tensors import Layout, MicroBatch
-
-log = logging.getLogger(__name__)
 
 
 class KafkaBatchDataset(IterableDataset):
@@ -65,7 +62,7 @@ class KafkaBatchDataset(IterableDataset):
         attention_mask: bool = True,
         device: torch.device | str | None = None,
         pin_memory: bool | None = None,
-        prefetch_bytes: int = 256 * 1024 * 1024,
+        prefetch_bytes: int = 64 * 1024 * 1024,
         wait_timeout_s: float = 600.0,
         wait_log_interval_s: float = 30.0,
     ) -> None:
@@ -92,7 +89,7 @@ class KafkaBatchDataset(IterableDataset):
         )  # fmt: skip
         self._position = SinkPosition(self.topic)
         self._reader: RankTopicReader | None = None
-        self.peak_prefetch_bytes = 0
+        self._past_peak_bytes = 0
 
     # -- Stateful ------------------------------------------------------------------------------------
 
@@ -122,34 +119,59 @@ class KafkaBatchDataset(IterableDataset):
             )
             raise MixflowError(msg)
         if self._reader is not None:
-            msg = "the dataset is already being iterated; one iterator at a time"
+            msg = "the dataset is already being iterated; one iterator at a time (close the other first)"
             raise MixflowError(msg)
-        return self._iterate()
+        self._reader = RankTopicReader(self.kafka_config, self._position, self.rank, self.options).start()
+        return _SinkIterator(self, self._reader)
 
-    def _iterate(self) -> Iterator[MicroBatch]:
-        self._reader = reader = RankTopicReader(self.kafka_config, self._position, self.rank, self.options).start()
-        try:
-            deliveries = self._deliveries(reader)
-            if self.device is not None and self.device.type == "cuda":
-                deliveries = to_device(deliveries, self.device)
-            for delivery in deliveries:
-                self._position = self._position.after(
-                    delivery.offset, delivery.step, delivery.micro_batch, delivery.micro_batches
-                )
-                yield delivery.tensors
-        finally:
-            self.peak_prefetch_bytes = max(self.peak_prefetch_bytes, reader.queue.peak_bytes)
-            reader.close()
+    @property
+    def peak_prefetch_bytes(self) -> int:
+        """The most bytes the prefetch buffer has held, over every iteration so far."""
+        live = self._reader.queue.peak_bytes if self._reader is not None else 0
+        return max(self._past_peak_bytes, live)
+
+    def _release(self, reader: RankTopicReader) -> None:
+        if self._reader is reader:
+            self._past_peak_bytes = max(self._past_peak_bytes, reader.queue.peak_bytes)
             self._reader = None
 
-    @staticmethod
-    def _deliveries(reader: RankTopicReader) -> Iterator[Delivery]:
-        while True:
-            item = reader.get()
-            if isinstance(item, EndOfData):
-                log.info("%s: end of data after %d steps", reader.position.topic, item.steps)
-                return
-            yield item
+
+class _SinkIterator(Iterator[MicroBatch]):
+    """One pass over the stream. It moves the dataset's position as it hands micro-batches out, and
+    stops the reader when it ends, is closed, or is dropped."""
+
+    def __init__(self, dataset: KafkaBatchDataset, reader: RankTopicReader) -> None:
+        self._dataset = dataset
+        self._reader = reader
+        deliveries = reader.deliveries()
+        if dataset.device is not None and dataset.device.type == "cuda":
+            deliveries = to_device(deliveries, dataset.device)
+        self._items = deliveries
+        self._closed = False
+
+    def __next__(self) -> MicroBatch:
+        if self._closed:
+            raise StopIteration
+        try:
+            delivery = next(self._items)
+        except BaseException:
+            self.close()
+            raise
+        dataset = self._dataset
+        dataset._position = dataset._position.after(
+            delivery.offset, delivery.step, delivery.micro_batch, delivery.micro_batches
+        )
+        return delivery.tensors
+
+    def close(self) -> None:
+        """Stop reading ahead; what was prefetched and not handed out is not delivered."""
+        if not self._closed:
+            self._closed = True
+            self._reader.close()
+            self._dataset._release(self._reader)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def _source(

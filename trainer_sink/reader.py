@@ -57,7 +57,7 @@ class ReadOptions:
     pad_token_id: int = 0
     attention_mask: bool = True
     pin_memory: bool = False
-    prefetch_bytes: int = 256 * 1024 * 1024
+    prefetch_bytes: int = 64 * 1024 * 1024
     wait_timeout_s: float = 600.0
     wait_log_interval_s: float = 30.0
 
@@ -97,6 +97,12 @@ class RankTopicReader:
         if isinstance(item, BaseException):
             raise item
         return item
+
+    def deliveries(self) -> Iterator[Delivery]:
+        """Every ``get()`` up to the end of data."""
+        while not isinstance(item := self.get(), EndOfData):
+            yield item
+        log.info("%s: end of data after %d steps", self.position.topic, item.steps)
 
     def close(self) -> None:
         self._stop.set()
