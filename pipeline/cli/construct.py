@@ -6,14 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
+from pipeline.cli.command import Command
 from pipeline.constructor import ConstructorOptions, DataConstructor
 from pipeline.spec import load_spec
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "construct", help="run the data constructor: mix, balance and write one batch per rank per step"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec")
     parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
     parser.add_argument("--max-steps", type=int, help="stop after writing this many steps (default: no limit)")
@@ -22,10 +20,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="write rank and state topics under this job name while reading the spec's job's sources",
     )
     parser.add_argument(
-        "--transaction-timeout-ms", type=int, default=60_000,
+        "--transaction-timeout-ms",
+        type=int,
+        default=60_000,
         help="how long an open transaction of a dead constructor blocks readers (default: %(default)s)",
-    )  # fmt: skip
-    parser.set_defaults(run=run)
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,3 +47,11 @@ def run(args: argparse.Namespace) -> int:
     }
     print(json.dumps(summary))
     return 0
+
+
+COMMAND = Command(
+    name="construct",
+    help="run the data constructor: mix, balance and write one batch per rank per step",
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from prometheus_client import start_http_server
 
+from pipeline.cli.command import Command
 from pipeline.loader import LoaderOptions, SourceLoader
 from pipeline.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
 from pipeline.spec import load_spec
@@ -16,42 +17,47 @@ from topics.admin import ensure_job_topics
 from topics.names import JobTopics
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "load", help="run one source loader: work units in, tokenized samples out, exactly once"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec")
     parser.add_argument("--source", required=True, help="the source this loader reads")
     parser.add_argument(
-        "--instance", type=int, default=0,
+        "--instance",
+        type=int,
+        default=0,
         help="this loader's number among the source's loaders; a restart with the same number takes "
         "over at once from a dead predecessor (default: %(default)s)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--until-drained", action="store_true",
+        "--until-drained",
+        action="store_true",
         help="exit once every work unit of the source is done (default: keep waiting for units)",
-    )  # fmt: skip
+    )
     parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     parser.add_argument(
-        "--transaction-timeout-ms", type=int, default=60_000,
+        "--transaction-timeout-ms",
+        type=int,
+        default=60_000,
         help="how long an open transaction of a dead loader blocks readers (default: %(default)s)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--unit-seconds", type=float, default=TARGET_UNIT_SECONDS,
+        "--unit-seconds",
+        type=float,
+        default=TARGET_UNIT_SECONDS,
         help="when this loader plans the source: seconds of work per unit (default: %(default)s)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--max-units", type=int, help="leave the group after this many units, e.g. to scale down (default: none)"
     )
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     if args.source not in spec.source_names:
-        print(f"mixflow load: error: no source {args.source!r} in {args.spec} "
-              f"(sources: {', '.join(spec.source_names)})", file=sys.stderr)  # fmt: skip
+        print(
+            f"mixflow load: error: no source {args.source!r} in {args.spec} (sources: {', '.join(spec.source_names)})",
+            file=sys.stderr,
+        )
         return 2
     config = spec.kafka.client_config(args.bootstrap_servers)
     runtime = SourceRuntime.from_spec(spec, args.source)
@@ -67,10 +73,24 @@ def run(args: argparse.Namespace) -> int:
     )
     stats = SourceLoader(config, JobTopics(spec.job), runtime, spec.seed, options).run()
     summary = {
-        "source": args.source, "instance": args.instance, "units": stats.units, "samples": stats.samples,
-        "tokens": stats.tokens, "dead_letters": stats.dead_letters, "aborted": stats.aborted,
-        "seconds": round(stats.seconds, 3), "busy_seconds": round(stats.busy_seconds, 3),
+        "source": args.source,
+        "instance": args.instance,
+        "units": stats.units,
+        "samples": stats.samples,
+        "tokens": stats.tokens,
+        "dead_letters": stats.dead_letters,
+        "aborted": stats.aborted,
+        "seconds": round(stats.seconds, 3),
+        "busy_seconds": round(stats.busy_seconds, 3),
         "tokens_per_second": round(stats.tokens_per_second()),
-    }  # fmt: skip
+    }
     print(json.dumps(summary))
     return 0
+
+
+COMMAND = Command(
+    name="load",
+    help="run one source loader: work units in, tokenized samples out, exactly once",
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pipeline.cli.command import Command
 from pipeline.local_job import job_spec_file, run_local_job, trainer_command
 from pipeline.progress import JobProgress
 from pipeline.report import job_report
@@ -12,24 +13,23 @@ from pipeline.stack.local_broker import default_state_dir
 from topics.admin import ensure_job_topics
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "run", help="run every role of a job on this machine until its sources are drained, then report"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec")
     parser.add_argument("--job", help="run under this job name instead of the spec's (a fresh set of topics)")
     parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
     parser.add_argument(
-        "--state-dir", type=Path, default=None,
+        "--state-dir",
+        type=Path,
+        default=None,
         help="where the job's logs go, under jobs/<job>/ (default: $MIXFLOW_STATE_DIR or .mixflow)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--trainer", metavar="COMMAND",
+        "--trainer",
+        metavar="COMMAND",
         help="a training command to run beside the pipeline, e.g. '{python} -m torch.distributed.run "
         "--nproc_per_node 2 examples/train.py --spec {spec} --out {out}'; {spec} is the job's spec and {out} "
         "the folder where its ranks write received-rank<r>.jsonl and trainer-rank<r>.json for the report",
-    )  # fmt: skip
-    parser.set_defaults(run=run)
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,8 +40,10 @@ def run(args: argparse.Namespace) -> int:
     config = spec.kafka.client_config(args.bootstrap_servers)
     train_folder = folder / "train"
     trainer = trainer_command(args.trainer, spec_path, train_folder) if args.trainer else None
-    print(f"job {spec.job}: {len(spec.sources)} sources, {spec.step.ranks} ranks x {spec.step.micro_batches} "
-          f"micro-batches x {spec.step.tokens_per_micro_batch} tokens; logs in {folder}")  # fmt: skip
+    print(
+        f"job {spec.job}: {len(spec.sources)} sources, {spec.step.ranks} ranks x {spec.step.micro_batches} "
+        f"micro-batches x {spec.step.tokens_per_micro_batch} tokens; logs in {folder}"
+    )
     # Created up front (as every role would) so that the progress view can follow the state topic at once.
     ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks)
     watched = (train_folder, spec.step.ranks, spec.step.micro_batches) if trainer else None
@@ -54,3 +56,11 @@ def run(args: argparse.Namespace) -> int:
     for line in report.lines():
         print(line)
     return 0 if report.exactly_once else 1
+
+
+COMMAND = Command(
+    name="run",
+    help="run every role of a job on this machine until its sources are drained, then report",
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -8,25 +8,24 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.cli.command import Command
 from pipeline.scheduler import DEFAULT_COST_MODEL, CostModel, plan_step, validate_plan
 from topics.errors import MixflowError
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "plan", help="plan one global step from a .npy file of int64 sample lengths (index 0 oldest)"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lengths", type=Path, required=True, help=".npy file of int64 sample lengths")
     parser.add_argument("--ranks", type=int, required=True, help="data-parallel ranks")
     parser.add_argument("--micro-batches", type=int, required=True, help="micro-batches per rank")
     parser.add_argument("--capacity", type=int, required=True, help="tokens per micro-batch")
     parser.add_argument(
-        "--alpha", type=float, default=DEFAULT_COST_MODEL.alpha,
+        "--alpha",
+        type=float,
+        default=DEFAULT_COST_MODEL.alpha,
         help="quadratic cost per sample, alpha*L^2 (default: hidden 4096, 32 layers, causal)",
-    )  # fmt: skip
+    )
     parser.add_argument("--beta", type=float, default=DEFAULT_COST_MODEL.beta, help="linear cost, beta*L")
     parser.add_argument("--out", type=Path, required=True, help="output .npz with int32 arrays rank, micro")
-    parser.set_defaults(run=_run)
 
 
 def _load_lengths(path: Path) -> np.ndarray:
@@ -45,7 +44,7 @@ def _load_lengths(path: Path) -> np.ndarray:
     return lengths
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     lengths = _load_lengths(args.lengths)
     try:
         cost_model = CostModel(alpha=args.alpha, beta=args.beta)
@@ -65,3 +64,11 @@ def _run(args: argparse.Namespace) -> int:
         print(line)
     print(f"plan_seconds={seconds:.6f}")
     return 0
+
+
+COMMAND = Command(
+    name="plan",
+    help="plan one global step from a .npy file of int64 sample lengths (index 0 oldest)",
+    add_arguments=add_arguments,
+    run=run,
+)

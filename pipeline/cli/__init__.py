@@ -1,11 +1,10 @@
-"""The `mixflow` command line: one sub-command per role or tool, each registered by its own module."""
+"""The `mixflow` command line: one module per top-level sub-command, each describing it as a `Command`."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import faulthandler
-import importlib
 import io
 import logging
 import os
@@ -13,17 +12,21 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from pipeline.cli import construct, load, plan, run, spec, stack
+from pipeline.cli.command import Command, add_commands
 from pipeline.kafka_clients import KafkaClientStuckError
 from topics.errors import MixflowError
 
-# Each module defines `register(subparsers)`, which adds its sub-command(s) and sets `run` on them.
-COMMAND_MODULES = (
-    "pipeline.stack.cli",
-    "pipeline.plan_cli",
-    "pipeline.load_cli",
-    "pipeline.spec_cli",
-    "pipeline.construct_cli",
-    "pipeline.run_cli",
+__all__ = ["COMMANDS", "Command", "build_parser", "main"]
+
+# In the order `mixflow --help` lists them.
+COMMANDS: tuple[Command, ...] = (
+    stack.COMMAND,
+    plan.COMMAND,
+    load.COMMAND,
+    spec.COMMAND,
+    construct.COMMAND,
+    run.COMMAND,
 )
 
 
@@ -32,9 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mixflow", description="Multi-source dataloader for large-model training on Apache Kafka."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module_name in COMMAND_MODULES:
-        importlib.import_module(module_name).register(subparsers)
+    add_commands(parser, COMMANDS, dest="command", metavar="COMMAND")
     return parser
 
 
@@ -62,7 +63,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

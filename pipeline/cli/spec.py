@@ -7,23 +7,15 @@ import json
 import sys
 from pathlib import Path
 
+from pipeline.cli.command import Command
 from pipeline.spec import JobSpec, SpecError, check_files, load_spec, spec_json_schema
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("spec", help="check a job spec, or print its JSON schema")
-    actions = parser.add_subparsers(dest="spec_command", required=True, metavar="ACTION")
-
-    check = actions.add_parser("check", help="validate a job spec and list every problem")
-    check.add_argument("spec", type=Path, help="the job's YAML spec")
-    check.add_argument(
+def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", type=Path, help="the job's YAML spec")
+    parser.add_argument(
         "--files", action="store_true", help="also check that source folders, their files and tokenizers exist"
     )
-    check.set_defaults(run=_check)
-
-    schema = actions.add_parser("schema", help="print the JSON schema of a job spec")
-    schema.add_argument("--out", type=Path, help="write it to this file instead")
-    schema.set_defaults(run=_schema)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -51,6 +43,10 @@ def summary(spec: JobSpec) -> str:
     )
 
 
+def _add_schema_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, help="write it to this file instead")
+
+
 def _schema(args: argparse.Namespace) -> int:
     text = json.dumps(spec_json_schema(), indent=2) + "\n"
     if args.out is None:
@@ -58,3 +54,24 @@ def _schema(args: argparse.Namespace) -> int:
     else:
         args.out.write_text(text, encoding="utf-8")
     return 0
+
+
+COMMAND = Command(
+    name="spec",
+    help="check a job spec, or print its JSON schema",
+    actions=(
+        Command(
+            name="check",
+            help="validate a job spec and list every problem",
+            add_arguments=_add_check_arguments,
+            run=_check,
+        ),
+        Command(
+            name="schema",
+            help="print the JSON schema of a job spec",
+            add_arguments=_add_schema_arguments,
+            run=_schema,
+        ),
+    ),
+    action_dest="spec_command",
+)
