@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import asdict, dataclass, fields
-from typing import Literal, get_args
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import TYPE_CHECKING, Literal, get_args, get_type_hints
 
 from topics.errors import DecodeError
+from topics.validation import describe_errors
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 UnitKind = Literal["file", "row_group", "rows"]
 UNIT_KINDS: tuple[str, ...] = get_args(UnitKind)
-_STR_FIELDS = frozenset({"source", "path", "kind"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +25,10 @@ class WorkUnit:
     group ``row_group``, whose rows are ``[start, stop)`` of the file) or ``rows`` (a row range of a
     file that can be split anywhere). ``byte_offset`` is where row ``start`` begins in the file, for
     readers that can seek to it. ``estimated_bytes`` is the content size the planner costed the unit at.
+
+    The JSON form (:meth:`to_json`) is an object of exactly these fields. :meth:`from_json` validates it
+    with a pydantic model made from them: strict types (an int is not a bool or a float), no unknown
+    fields, then the checks below.
     """
 
     source: str
@@ -62,29 +70,35 @@ class WorkUnit:
 
     @classmethod
     def from_json(cls, data: bytes) -> WorkUnit:
-        """Decode :meth:`to_json` output; ``DecodeError`` saying what is wrong otherwise."""
+        """Decode :meth:`to_json` output; ``DecodeError`` naming each wrong field otherwise."""
+        from pydantic import ValidationError
+
         try:
             raw = json.loads(data)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             msg = f"work unit is not JSON: {exc}"
             raise DecodeError(msg) from exc
-        if not isinstance(raw, dict):
-            msg = f"work unit must be a JSON object, got {type(raw).__name__}"
-            raise DecodeError(msg)
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - names)
-        if unknown:
-            msg = f"work unit has unknown fields {unknown}"
-            raise DecodeError(msg)
-        for name, value in raw.items():
-            expected = str if name in _STR_FIELDS else int
-            if name == "row_group" and value is None:
-                continue
-            if not isinstance(value, expected) or isinstance(value, bool):
-                msg = f"work unit field {name!r} must be {expected.__name__}, got {value!r}"
-                raise DecodeError(msg)
         try:
-            return cls(**raw)
-        except (TypeError, ValueError) as exc:
-            msg = f"work unit {raw!r} is not valid: {exc}"
+            document = _document_model().model_validate(raw)
+        except ValidationError as exc:
+            msg = f"work unit is not valid: {describe_errors(exc, cls)}"
             raise DecodeError(msg) from exc
+        try:
+            return cls(**dict(document))
+        except ValueError as exc:
+            msg = f"work unit is not valid: {exc}"
+            raise DecodeError(msg) from exc
+
+
+@functools.cache
+def _document_model() -> type[BaseModel]:
+    """The JSON form of a ``WorkUnit`` as a pydantic model with the dataclass's fields, types and defaults.
+
+    Made at the first decode rather than declared, so that planning and reading units need no pydantic
+    (and the dataclass stays the one place the fields are written down)."""
+    from pydantic import ConfigDict, create_model
+
+    hints = get_type_hints(WorkUnit)
+    definitions = {f.name: (hints[f.name], ... if f.default is MISSING else f.default) for f in fields(WorkUnit)}
+    config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    return create_model("WorkUnitDocument", __config__=config, **definitions)

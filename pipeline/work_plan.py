@@ -12,14 +12,17 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from confluent_kafka import Consumer, TopicPartition
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from connectors.work_units import WorkUnit
 from pipeline.kafka_clients import KafkaConfig, commit_or_abort, produce, transactional_producer
 from topics.errors import DecodeError, MixflowError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
+from topics.validation import describe_errors
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +31,14 @@ PLAN_KIND = "work-plan"
 
 @dataclass(frozen=True)
 class WorkPlan:
-    """``ends`` maps each work-topic partition to the offset after its last unit."""
+    """``ends`` maps each work-topic partition to the offset after its last unit.
+
+    The JSON form is ``{"kind": "work-plan", "source": ..., "units": ..., "ends": {"<partition>": <end>}}``.
+    :meth:`from_json` validates it against these fields with pydantic in lax mode, as the ``int()`` it
+    replaces (``"3"`` and ``3.0`` are 3, partition keys are strings); ``kind`` and other fields are ignored.
+    """
+
+    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="ignore")
 
     source: str
     units: int
@@ -36,18 +46,23 @@ class WorkPlan:
 
     def to_json(self) -> bytes:
         ends = {str(p): e for p, e in sorted(self.ends.items())}
-        return json.dumps(
-            {"kind": PLAN_KIND, "source": self.source, "units": self.units, "ends": ends}
-        ).encode()
+        return json.dumps({"kind": PLAN_KIND, "source": self.source, "units": self.units, "ends": ends}).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> WorkPlan:
         try:
             raw = json.loads(data)
-            return cls(raw["source"], int(raw["units"]), {int(p): int(e) for p, e in raw["ends"].items()})
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:  # TypeError: a value that is not bytes (None)
             msg = f"work-plan record is malformed: {exc}"
             raise DecodeError(msg) from exc
+        try:
+            return _PLAN.validate_python(raw)
+        except ValidationError as exc:
+            msg = f"work-plan record is malformed: {describe_errors(exc, cls)}"
+            raise DecodeError(msg) from exc
+
+
+_PLAN = TypeAdapter(WorkPlan)
 
 
 def plan_key(source: str) -> bytes:

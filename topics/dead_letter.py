@@ -4,12 +4,17 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from topics._headers import Headers, find_header
 from topics.errors import DecodeError
+from topics.validation import describe_errors
+
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter
 
 DEAD_LETTER_VERSION = 1
 """Bump on any change that a reader of the previous version would misread."""
@@ -36,6 +41,30 @@ class DeadLetter:
         return cls(source, location, str(exc) or type(exc).__qualname__, payload, error_type)
 
 
+@dataclass(frozen=True, slots=True)
+class DeadLetterDocument:
+    """The JSON value on ``<job>.dlq`` (FORMAT.md), field for field in the order it is written.
+
+    ``decode_dead_letter`` checks ``version`` first, then validates the rest against this with pydantic
+    (strings; the last two may be null or absent) and ignores fields it does not know."""
+
+    version: int
+    source: str
+    location: str
+    reason: str
+    error_type: str | None = None
+    payload: str | None = None
+    """The raw bytes in base64 (RFC 4648, with padding)."""
+
+
+@functools.cache
+def _document_validator() -> TypeAdapter[DeadLetterDocument]:
+    """Built at the first decode: the trainer sink imports ``topics`` and has no use for pydantic."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(DeadLetterDocument)
+
+
 def _source_bytes(source: str) -> bytes:
     # surrogatepass: a source name read from a file system may hold lone surrogates.
     return source.encode("utf-8", "surrogatepass")
@@ -50,28 +79,18 @@ def encode_dead_letter(letter: DeadLetter) -> tuple[bytes, bytes, list[tuple[str
     if letter.payload is not None and not isinstance(letter.payload, bytes | bytearray | memoryview):
         msg = f"dead letter payload must be bytes or None, not {type(letter.payload).__name__}"
         raise ValueError(msg)
-    document = {
-        "version": DEAD_LETTER_VERSION,
-        "source": letter.source,
-        "location": letter.location,
-        "reason": letter.reason,
-        "error_type": letter.error_type,
-        "payload": None if letter.payload is None else base64.b64encode(bytes(letter.payload)).decode(),
-    }
+    document = DeadLetterDocument(
+        version=DEAD_LETTER_VERSION,
+        source=letter.source,
+        location=letter.location,
+        reason=letter.reason,
+        error_type=letter.error_type,
+        payload=None if letter.payload is None else base64.b64encode(bytes(letter.payload)).decode(),
+    )
     # ensure_ascii: the value is plain ASCII, and strings with lone surrogates survive the round trip.
-    value = json.dumps(document, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    value = json.dumps(asdict(document), ensure_ascii=True, separators=(",", ":")).encode("ascii")
     source = _source_bytes(letter.source)
     return source, value, [(DLQ_VERSION_HEADER, b"1"), (DLQ_SOURCE_HEADER, source)]
-
-
-def _field(document: dict[str, Any], name: str, *, optional: bool = False) -> Any:
-    value = document.get(name)
-    if value is None and optional:
-        return None
-    if not isinstance(value, str):
-        msg = f"field {name!r} must be a string{' or null' if optional else ''}, not {value!r:.60}"
-        raise ValueError(msg)
-    return value
 
 
 def decode_dead_letter(
@@ -85,6 +104,7 @@ def decode_dead_letter(
     """Decode a record written by ``encode_dead_letter``; raise ``DecodeError`` saying where and why.
 
     Unknown fields are ignored, so later writers may add fields without a version bump."""
+    from pydantic import ValidationError
 
     def error(reason: str) -> DecodeError:
         return DecodeError(reason, topic=topic, partition=partition, offset=offset)
@@ -101,17 +121,17 @@ def decode_dead_letter(
     if type(version) is not int or version != DEAD_LETTER_VERSION:
         raise error(f"dead letter version is {version!r:.40}; this reader knows {DEAD_LETTER_VERSION}")
     try:
-        payload_text = _field(document, "payload", optional=True)
-        payload = None if payload_text is None else base64.b64decode(payload_text, validate=True)
-        letter = DeadLetter(
-            source=_field(document, "source"),
-            location=_field(document, "location"),
-            reason=_field(document, "reason"),
-            payload=payload,
-            error_type=_field(document, "error_type", optional=True),
-        )
-        header = find_header(headers, DLQ_SOURCE_HEADER)
+        fields = _document_validator().validate_python(document)
+    except ValidationError as exc:
+        raise error(f"bad dead letter: {describe_errors(exc, DeadLetterDocument)}") from exc
+    try:
+        payload = None if fields.payload is None else base64.b64decode(fields.payload, validate=True)
     except ValueError as exc:  # binascii.Error is a ValueError
+        raise error(f"bad dead letter: field 'payload' is not base64: {exc}") from exc
+    letter = DeadLetter(fields.source, fields.location, fields.reason, payload, fields.error_type)
+    try:
+        header = find_header(headers, DLQ_SOURCE_HEADER)
+    except ValueError as exc:
         raise error(f"bad dead letter: {exc}") from exc
     if header is not None and header != _source_bytes(letter.source):
         raise error(f"header {DLQ_SOURCE_HEADER} {header[:60]!r} differs from the value's source")

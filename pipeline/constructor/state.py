@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
 from pipeline.mixing import MixerState
+from pipeline.mixing.state import MixerStateDocument
 from topics.errors import DecodeError
+from topics.validation import describe_errors
 
 STATE_VERSION = 1
 
@@ -66,18 +71,43 @@ class ConstructorState:
         """The state ``to_bytes`` wrote; ``DecodeError`` naming what is wrong otherwise."""
         try:
             body = json.loads(data)
-            if not isinstance(body, dict) or body.get("v") != STATE_VERSION:
-                msg = f"constructor state version {body.get('v') if isinstance(body, dict) else None!r}"
-                raise DecodeError(msg)
-            mixer = MixerState.from_bytes(json.dumps(body["mixer"]).encode())
-            positions = {
-                str(s): SourcePosition(int(low), tuple(int(o) for o in used))
-                for s, (low, used) in body["sources"].items()
-            }
-            deferred = tuple(SampleRef(str(s), int(o)) for s, o in body["deferred"])
-            exhausted = tuple(str(s) for s in body["exhausted"])
-            finished = bool(body["finished"])
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:  # TypeError: a value that is not bytes (None)
             msg = f"not a constructor state record: {exc}"
             raise DecodeError(msg) from exc
-        return cls(mixer, positions, deferred, exhausted, finished)
+        version = body.get("v") if isinstance(body, dict) else None
+        if version != STATE_VERSION:  # a reader refuses versions it does not know before looking further
+            msg = f"constructor state version {version!r:.40}, expected {STATE_VERSION}"
+            raise DecodeError(msg)
+        try:
+            return ConstructorStateDocument.model_validate(body).state()
+        except ValidationError as exc:
+            msg = f"constructor state is not valid: {describe_errors(exc, ConstructorStateDocument)}"
+            raise DecodeError(msg) from exc
+
+
+class ConstructorStateDocument(BaseModel):
+    """The JSON form of a :class:`ConstructorState`, as ``to_bytes`` writes it::
+
+        {"v":1,"mixer":{<MixerStateDocument>},"sources":{"code":[<low>,[<used offset>,...]],...},
+         "deferred":[["code",<offset>],...],"exhausted":["code",...],"finished":false}
+
+    Offsets are validated in pydantic's lax mode, as the ``int()`` this replaces (``"7"`` and ``7.0`` are
+    7); ``finished`` must be a JSON boolean and the mixer state is strict. Unknown fields are ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    v: Literal[1]
+    mixer: MixerStateDocument
+    sources: dict[str, tuple[int, tuple[int, ...]]]
+    deferred: tuple[tuple[str, int], ...]
+    exhausted: tuple[str, ...]
+    finished: StrictBool
+
+    def state(self) -> ConstructorState:
+        return ConstructorState(
+            mixer=self.mixer.state(),
+            positions={s: SourcePosition(low, used) for s, (low, used) in self.sources.items()},
+            deferred=tuple(SampleRef(s, o) for s, o in self.deferred),
+            exhausted=self.exhausted,
+            finished=self.finished,
+        )
