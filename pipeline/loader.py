@@ -12,27 +12,17 @@ reaches ``read_committed`` readers exactly once. Units already fetched may share
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import FrameType
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter
 
 from connectors import Document, WorkUnit
-from pipeline.kafka_clients import (
-    KafkaClientStuckError,
-    KafkaConfig,
-    abort,
-    commit_or_abort,
-    produce,
-    read_committed_consumer,
-    send_offsets,
-    transactional_producer,
-)
+from pipeline.kafka_clients import KafkaConfig, produce, read_committed_consumer
+from pipeline.role_protocol import TransactionalRole, closing_unless_stuck
 from pipeline.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
 from pipeline.work_plan import WorkPlan, plan_is_done, publish_work_plan, read_work_plan
 from topics.dead_letter import DeadLetter, encode_dead_letter
@@ -83,20 +73,28 @@ class LoaderOptions:
     max_units: int | None = None
 
 
-class SourceLoader:
+class SourceLoader(TransactionalRole):
     """One loader process of one source. ``run()`` until SIGTERM/SIGINT, or until the source's work
     plan is done with ``until_drained``."""
 
-    def __init__(self, config: KafkaConfig, topics: JobTopics, runtime: SourceRuntime, seed: int,
-                 options: LoaderOptions = LoaderOptions()) -> None:  # fmt: skip
-        self.config = config
+    kind = "loader"
+    work_unit = "unit"
+
+    def __init__(
+        self,
+        config: KafkaConfig,
+        topics: JobTopics,
+        runtime: SourceRuntime,
+        seed: int,
+        options: LoaderOptions = LoaderOptions(),
+    ) -> None:
+        super().__init__(config, options.transaction_timeout_ms)
         self.topics = topics
         self.runtime = runtime
         self.source = runtime.spec.name
         self.seed = seed
         self.options = options
         self.stats = LoaderStats()
-        self._stopping = False
         self._revoked = False  # set when a rebalance takes partitions away during a transaction
 
     @property
@@ -107,11 +105,6 @@ class SourceLoader:
     def group_id(self) -> str:
         return f"{self.topics.job}.loaders.{self.source}"
 
-    def request_stop(self, signum: int | None = None, _frame: FrameType | None = None) -> None:
-        if not self._stopping:
-            log.info("loader %s: stopping after the current unit (signal %s)", self.transactional_id, signum)
-        self._stopping = True
-
     def ensure_plan(self) -> WorkPlan:
         """The source's work plan. Instance 0 publishes it when there is none yet; the other instances
         wait for it, so two planners never race."""
@@ -121,7 +114,7 @@ class SourceLoader:
             if self.options.instance == 0:
                 units = self.runtime.plan(self.seed, self.options.unit_seconds)
                 return publish_work_plan(self.config, self.topics, self.source, units, self._work_partitions())
-            if self._stopping or time.monotonic() > deadline:
+            if self.stopping or time.monotonic() > deadline:
                 msg = (
                     f"loader {self.transactional_id}: no work plan for {self.source} on {self.topics.control} "
                     f"after {self.options.plan_wait_s:.0f} s; loader instance 0 of the source publishes it"
@@ -133,12 +126,9 @@ class SourceLoader:
         return plan
 
     def run(self) -> LoaderStats:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self.request_stop)
+        self.stop_on_signals()
         plan = self.ensure_plan()
-        producer = transactional_producer(
-            self.config, self.transactional_id, transaction_timeout_ms=self.options.transaction_timeout_ms
-        )
+        producer = self.new_producer()
         consumer = read_committed_consumer(
             self.config,
             self.group_id,
@@ -153,28 +143,28 @@ class SourceLoader:
             },
         )
         began = time.monotonic()
-        stuck = False
         try:
-            consumer.subscribe([self.topics.work(self.source)], on_revoke=self._on_revoke, on_lost=self._on_revoke)
-            self._loop(consumer, producer, plan)
-        except KafkaClientStuckError:
-            stuck = True  # closing a stuck client would hang as well
-            raise
+            # Closing the consumer leaves the group, so the other loaders take the units at once.
+            with closing_unless_stuck(consumer.close, lambda: producer.flush(30)):
+                consumer.subscribe([self.topics.work(self.source)], on_revoke=self._on_revoke, on_lost=self._on_revoke)
+                self._loop(consumer, producer, plan)
         finally:
             self.stats.seconds = time.monotonic() - began
-            if not stuck:
-                consumer.close()  # leaves the group, so the others take the units at once
-                producer.flush(30)
         log.info(
             "loader %s: %d units, %d samples, %d tokens (%.0f tokens/s), %d dead letters, %d aborted",
-            self.transactional_id, self.stats.units, self.stats.samples, self.stats.tokens,
-            self.stats.tokens_per_second(), self.stats.dead_letters, self.stats.aborted,
-        )  # fmt: skip
+            self.transactional_id,
+            self.stats.units,
+            self.stats.samples,
+            self.stats.tokens,
+            self.stats.tokens_per_second(),
+            self.stats.dead_letters,
+            self.stats.aborted,
+        )
         return self.stats
 
     def _loop(self, consumer: Consumer, producer: Producer, plan: WorkPlan) -> None:
         work_topic = self.topics.work(self.source)
-        while not self._stopping:
+        while not self.stopping:
             message = consumer.poll(self.options.poll_timeout_s)
             if message is None:
                 if self.options.until_drained and plan_is_done(consumer, work_topic, plan):
@@ -196,56 +186,51 @@ class SourceLoader:
         log.warning("loader %s: consumer error (will retry): %s", self.transactional_id, error)
 
     def _transaction(self, consumer: Consumer, producer: Producer, first: Message) -> None:
-        began = time.monotonic()
-        try:
-            self._units_in_transaction(consumer, producer, first)
-        finally:
-            self.stats.busy_seconds += time.monotonic() - began
-
-    def _units_in_transaction(self, consumer: Consumer, producer: Producer, first: Message) -> None:
         """Publish ``first`` and, while the transaction is younger than ``unit_seconds``, the units that are
         already fetched after it, in one transaction: each unit is all in or all out, and small units
         (a short text file) do not pay a commit each. On abort every partition is rewound to its first
         unit of the transaction."""
         began = time.monotonic()
         done: list[tuple[Message, WorkUnit | None, tuple[int, int, int]]] = []
-        self._revoked = False
-        producer.begin_transaction()
         try:
-            message: Message | None = first
-            while message is not None:
-                unit, letters = _decode_unit(message, self.source)
-                counts = self._publish(producer, unit) if unit else self._publish_letters(producer, letters)
-                done.append((message, unit, counts))
-                message = self._next_ready(consumer, began, len(done))
-            if self._revoked:
-                # Another loader may already be redoing these units from the committed offsets.
-                msg = "partitions were revoked during the transaction"
-                raise KafkaException(KafkaError(KafkaError._STATE, msg, txn_requires_abort=True))
-            ends: dict[tuple[str, int], int] = {}
-            for m, _, _ in done:
-                ends[(m.topic(), m.partition())] = m.offset() + 1
-            offsets = [TopicPartition(topic, partition, end) for (topic, partition), end in ends.items()]
-            # Past the transaction timeout the broker aborts the transaction anyway.
-            send_offsets(producer, consumer, offsets, timeout_s=self.options.transaction_timeout_ms / 1000)
-        except KafkaException as exc:
-            error = exc.args[0]
-            if error.fatal() or not (error.txn_requires_abort() or error.retriable()):
-                raise
-            log.warning("loader %s: aborting units from %s: %s", self.transactional_id, _where(first), exc)
-            abort(producer)
+            committed = self.transaction(
+                producer,
+                consumer,
+                lambda: self._publish_units(consumer, producer, first, done, began),
+                f"units from {_where(first)}",
+            )
+        finally:
+            self.stats.busy_seconds += time.monotonic() - began
+        if not committed:
             self._rewind(consumer, done or [(first, None, (0, 0, 0))])
-            return
-        except KafkaClientStuckError:
-            raise
-        except BaseException:
-            abort(producer)
-            raise
-        if not commit_or_abort(producer):
-            self._rewind(consumer, done)
             return
         for _, unit, counts in done:
             self._count(unit, *counts)
+
+    def _publish_units(
+        self,
+        consumer: Consumer,
+        producer: Producer,
+        first: Message,
+        done: list[tuple[Message, WorkUnit | None, tuple[int, int, int]]],
+        began: float,
+    ) -> list[TopicPartition]:
+        """Produce ``first`` and the units ready after it (appended to ``done``); their offsets to commit."""
+        self._revoked = False
+        message: Message | None = first
+        while message is not None:
+            unit, letters = _decode_unit(message, self.source)
+            counts = self._publish(producer, unit) if unit else self._publish_letters(producer, letters)
+            done.append((message, unit, counts))
+            message = self._next_ready(consumer, began, len(done))
+        if self._revoked:
+            # Another loader may already be redoing these units from the committed offsets.
+            msg = "partitions were revoked during the transaction"
+            raise KafkaException(KafkaError(KafkaError._STATE, msg, txn_requires_abort=True))
+        ends: dict[tuple[str, int], int] = {}
+        for m, _, _ in done:
+            ends[(m.topic(), m.partition())] = m.offset() + 1
+        return [TopicPartition(topic, partition, end) for (topic, partition), end in ends.items()]
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if partitions:
@@ -253,7 +238,7 @@ class SourceLoader:
 
     def _next_ready(self, consumer: Consumer, began: float, units: int) -> Message | None:
         """The next unit if it is already fetched and the transaction may take one more; else None."""
-        if self._stopping or self._revoked or time.monotonic() - began >= self.options.unit_seconds:
+        if self.stopping or self._revoked or time.monotonic() - began >= self.options.unit_seconds:
             return None
         if self.options.max_units is not None and self.stats.units + units >= self.options.max_units:
             return None
@@ -321,9 +306,7 @@ class SourceLoader:
         return len(metadata.topics[work_topic].partitions)
 
 
-def _batches(
-    items: Iterator[Document | DeadLetter], size: int
-) -> Iterator[tuple[list[Document], list[DeadLetter]]]:
+def _batches(items: Iterator[Document | DeadLetter], size: int) -> Iterator[tuple[list[Document], list[DeadLetter]]]:
     documents: list[Document] = []
     letters: list[DeadLetter] = []
     for item in items:

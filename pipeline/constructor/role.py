@@ -11,28 +11,18 @@ would have written. Its ``transactional.id`` is stable per job, so a restart fen
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from dataclasses import dataclass, field
-from types import FrameType
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from pipeline.constructor.assemble import AssembledStep, assemble_step
 from pipeline.constructor.pool import SamplePool
-from pipeline.constructor.sources import SourceReader
+from pipeline.constructor.sources import SourceTopicFeed
 from pipeline.constructor.state import ConstructorState
-from pipeline.kafka_clients import (
-    KafkaClientStuckError,
-    KafkaConfig,
-    abort,
-    commit_or_abort,
-    produce,
-    read_committed_consumer,
-    send_offsets,
-    transactional_producer,
-)
+from pipeline.kafka_clients import KafkaConfig, produce, read_committed_consumer
 from pipeline.mixing import DrawStatus, Mixer, MixerState
+from pipeline.role_protocol import TransactionalRole, closing_unless_stuck
 from pipeline.scheduler import CostModel
 from pipeline.spec import JobSpec, OnExhausted
 from topics.admin import ensure_job_topics
@@ -82,38 +72,33 @@ class ConstructorStats:
         return sum(s.tokens for s in self.steps)
 
 
-class DataConstructor:
+class DataConstructor(TransactionalRole):
+    kind = "constructor"
+    work_unit = "step"
+
     def __init__(self, spec: JobSpec, config: KafkaConfig, options: ConstructorOptions = ConstructorOptions()) -> None:
+        super().__init__(config, options.transaction_timeout_ms)
         self.spec = spec
-        self.config = config
         self.options = options
         self.sources_topics = JobTopics(spec.job)
         self.out = JobTopics(options.output_job or spec.job)
         self.mixer = Mixer.from_spec(spec)
         self.cost_model = CostModel(*spec.cost.alpha_beta())
         self.stats = ConstructorStats()
-        self._stopping = False
 
     @property
     def transactional_id(self) -> str:
         return f"{self.out.job}.constructor"
 
-    def request_stop(self, signum: int | None = None, _frame: FrameType | None = None) -> None:
-        log.info("constructor %s: stopping after the current step (signal %s)", self.transactional_id, signum)
-        self._stopping = True
-
     def run(self) -> ConstructorStats:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self.request_stop)
+        self.stop_on_signals()
         ensure_job_topics(self.config, self.sources_topics.job, self.spec.source_names, self.spec.step.ranks)
         if self.out.job != self.sources_topics.job:
             ensure_job_topics(self.config, self.out.job, self.spec.source_names, self.spec.step.ranks)
-        producer = transactional_producer(
-            self.config, self.transactional_id, transaction_timeout_ms=self.options.transaction_timeout_ms
-        )
+        producer = self.new_producer()
         began = time.monotonic()
         try:
-            while not self._stopping and not self.stats.finished:
+            while not self.stopping and not self.stats.finished:
                 self._run_from_checkpoint(producer)
         finally:
             self.stats.seconds = time.monotonic() - began
@@ -135,29 +120,21 @@ class DataConstructor:
             f"{self.out.job}.constructor",
             **{"enable.partition.eof": True},  # tells when a source has been read to its end
         )
-        reader = SourceReader(consumer, self.config, self.sources_topics, pool, self.mixer.budget_tokens)
-        try:
-            self._steps(producer, consumer, reader, pool, state)
-        except KafkaClientStuckError:
-            raise  # closing a stuck client would hang as well
-        except BaseException:
-            reader.close()
-            consumer.close()
-            raise
-        reader.close()
-        consumer.close()
+        feed = SourceTopicFeed(consumer, self.config, self.sources_topics, pool, self.mixer.budget_tokens)
+        with closing_unless_stuck(feed.close, consumer.close):
+            self._steps(producer, consumer, feed, pool, state)
 
     def _steps(
-        self, producer: Producer, consumer: Consumer, reader: SourceReader, pool: SamplePool, state: ConstructorState
+        self, producer: Producer, consumer: Consumer, feed: SourceTopicFeed, pool: SamplePool, state: ConstructorState
     ) -> None:
         mixer_state, exhausted = state.mixer, set(state.exhausted)
         last_lag_log = time.monotonic()
-        while not self._stopping:
+        while not self.stopping:
             if self.options.max_steps is not None and len(self.stats.steps) >= self.options.max_steps:
                 self._stopping = True
                 return
             if waiting := pool.waiting_for_deferred():
-                reader.fill(waiting)
+                feed.fill(waiting)
                 continue
             draw = self.mixer.draw(mixer_state, pool.available_lengths(), pool.deferred_lengths(), exhausted)
             if draw.status is DrawStatus.OK:
@@ -165,37 +142,37 @@ class DataConstructor:
                 assembled = assemble_step(mixer_state.step, candidates, self.spec.step, self.cost_model)
                 pool.settle(assembled.delivered, assembled.deferred)
                 next_mixer = draw.settle(pool.deferred_lengths())
-                if not self._commit(producer, consumer, reader, pool, assembled, next_mixer, exhausted, False):
+                if not self._commit(producer, consumer, feed, pool, assembled, next_mixer, exhausted, False):
                     return
                 mixer_state = next_mixer
                 continue
             if draw.status is DrawStatus.WAITING:
-                newly = {s for s in draw.waiting_for if s not in exhausted and reader.is_exhausted(s)}
+                newly = {s for s in draw.waiting_for if s not in exhausted and feed.is_exhausted(s)}
                 if newly:
                     exhausted |= newly
                     log.info("sources ran out: %s", ", ".join(sorted(newly)))
                     if self.spec.on_exhausted is OnExhausted.NEXT_EPOCH and newly >= set(draw.waiting_for):
                         log.warning("sources %s finished every planned epoch; the job ends", sorted(newly))
-                        self._finish(producer, consumer, reader, pool, mixer_state, exhausted)
+                        self._finish(producer, consumer, feed, pool, mixer_state, exhausted)
                         return
                     continue
-                reader.fill(draw.waiting_for)
+                feed.fill(draw.waiting_for)
                 if time.monotonic() - last_lag_log > self.options.lag_log_interval_s:
                     for s in draw.waiting_for:
-                        log.info("step %d waits for source %s: %s", mixer_state.step, s, reader.lag(s))
+                        log.info("step %d waits for source %s: %s", mixer_state.step, s, feed.lag(s))
                     last_lag_log = time.monotonic()
                 continue
             # STOP: an exhausted source cannot fill its share (stop), or every source ran out.
-            self._finish(producer, consumer, reader, pool, mixer_state, exhausted)
+            self._finish(producer, consumer, feed, pool, mixer_state, exhausted)
             return
 
     def _finish(
-        self, producer: Producer, consumer: Consumer, reader: SourceReader, pool: SamplePool,
+        self, producer: Producer, consumer: Consumer, feed: SourceTopicFeed, pool: SamplePool,
         mixer_state: MixerState, exhausted: set[str],
     ) -> None:  # fmt: skip
         """End the job. Unless the policy is ``stop``, and once every source has run out, what is left
         goes out in final steps, so every sample of finite sources is delivered exactly once."""
-        all_out = set(exhausted) >= set(pool.sources) or all(reader.is_exhausted(s) for s in pool.sources)
+        all_out = set(exhausted) >= set(pool.sources) or all(feed.is_exhausted(s) for s in pool.sources)
         if self.spec.on_exhausted is not OnExhausted.STOP and all_out:
             while not pool.empty():
                 candidates = pool.take_everything()
@@ -205,24 +182,24 @@ class DataConstructor:
                     raise MixflowError(msg)
                 pool.settle(assembled.delivered, assembled.deferred)
                 next_mixer = MixerState(mixer_state.step + 1, mixer_state.credit, mixer_state.long_credit)
-                if not self._commit(producer, consumer, reader, pool, assembled, next_mixer, exhausted, False):
+                if not self._commit(producer, consumer, feed, pool, assembled, next_mixer, exhausted, False):
                     return
                 mixer_state = next_mixer
-        if self._commit(producer, consumer, reader, pool, None, mixer_state, exhausted, True):
+        if self._commit(producer, consumer, feed, pool, None, mixer_state, exhausted, True):
             self.stats.finished = True
             log.info("job %s finished after step %d", self.out.job, mixer_state.step - 1)
 
     # -- the transaction of one step --------------------------------------------------------------
 
     def _commit(
-        self, producer: Producer, consumer: Consumer, reader: SourceReader, pool: SamplePool,
+        self, producer: Producer, consumer: Consumer, feed: SourceTopicFeed, pool: SamplePool,
         assembled: AssembledStep | None, mixer: MixerState, exhausted: set[str], finished: bool,
     ) -> bool:  # fmt: skip
         """Write one step (or, with ``assembled`` None, only the final state). False when aborted."""
         state = ConstructorState(mixer, pool.positions(), pool.deferred_refs(), tuple(sorted(exhausted)), finished)
         state_bytes = state.to_bytes()
-        producer.begin_transaction()
-        try:
+
+        def produce_step() -> list[TopicPartition]:
             if assembled is not None:
                 for batch in assembled.batches:
                     key, value, headers = encode_batch(batch)
@@ -232,22 +209,16 @@ class DataConstructor:
                 key, value, headers = encode_end_of_data(mixer.step)
                 for rank in range(self.spec.step.ranks):
                     produce(producer, self.out.rank(rank), value, key=key, headers=headers)
-            for letter in reader.dead_letters:
+            for letter in feed.dead_letters:
                 key, value, headers = encode_dead_letter(letter)
                 produce(producer, self.out.dlq, value, key=key, headers=headers)
             produce(producer, self.out.state, state_bytes, key=batch_key(max(mixer.step - 1, 0)))
-            offsets = [TopicPartition(self.sources_topics.src(s), 0, p.low) for s, p in state.positions.items()]
-            # Past the transaction timeout the broker aborts the transaction anyway.
-            send_offsets(producer, consumer, offsets, timeout_s=self.options.transaction_timeout_ms / 1000)
-        except KafkaClientStuckError:
-            raise
-        except BaseException:
-            abort(producer)
-            raise
-        if not commit_or_abort(producer):
+            return [TopicPartition(self.sources_topics.src(s), 0, p.low) for s, p in state.positions.items()]
+
+        if not self.transaction(producer, consumer, produce_step, f"step {mixer.step - 1}"):
             log.warning("step %d was aborted; resuming from the last committed step", mixer.step - 1)
             return False
-        reader.dead_letters.clear()
+        feed.dead_letters.clear()
         if assembled is not None:
             self._record(assembled, len(state_bytes))
         return True
@@ -275,4 +246,3 @@ class DataConstructor:
             return ConstructorState.from_bytes(last.value())
         except DecodeError as exc:
             raise exc.at(last.topic(), last.partition(), last.offset()) from exc
-

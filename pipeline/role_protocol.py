@@ -1,0 +1,114 @@
+"""The one transactional shape every role shares: stop on a signal after the current piece of work, and
+turn each piece of work into one Kafka transaction (begin, produce, send the consumed offsets, commit)
+or abort it so that the role redoes it.
+
+A role subclasses ``TransactionalRole``, gives its ``transactional_id``, and hands ``transaction()`` a
+function that produces its records and returns the offsets they consumed. Everything about aborting,
+fencing and a stuck client lives here; the roles keep only their own work.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from pipeline.kafka_clients import (
+    KafkaClientStuckError,
+    KafkaConfig,
+    abort,
+    commit_or_abort,
+    send_offsets,
+    transactional_producer,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TransactionalRole:
+    """A role that writes exactly once: its records and the offsets of what it consumed commit together.
+
+    ``kind`` and ``work_unit`` name the role and its piece of work in logs ("loader", "unit")."""
+
+    kind = "role"
+    work_unit = "piece of work"
+
+    def __init__(self, config: KafkaConfig, transaction_timeout_ms: int) -> None:
+        self.config = config
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self._stopping = False
+
+    @property
+    def transactional_id(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def request_stop(self, signum: int | None = None, _frame: FrameType | None = None) -> None:
+        """Finish the current piece of work, then stop (SIGTERM and SIGINT call this)."""
+        if not self._stopping:
+            log.info("%s %s: stopping after the current %s (signal %s)", self.kind, self.transactional_id,
+                     self.work_unit, signum)  # fmt: skip
+        self._stopping = True
+
+    def stop_on_signals(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.request_stop)
+
+    def new_producer(self) -> Producer:
+        """The role's transactional producer; initialising it fences any earlier process of the role."""
+        return transactional_producer(
+            self.config, self.transactional_id, transaction_timeout_ms=self.transaction_timeout_ms
+        )
+
+    def transaction(
+        self, producer: Producer, consumer: Consumer, work: Callable[[], list[TopicPartition]], what: str
+    ) -> bool:
+        """One transaction: ``work()`` produces with ``producer`` and returns the offsets it consumed
+        through ``consumer``'s group, which commit with it. True when committed; False when aborted on
+        an error that allows it (a retriable or abortable Kafka error, a commit that had to abort): the
+        caller rewinds and redoes ``what``. Any other error aborts and propagates; a fatal one (this
+        producer was fenced) and a stuck client propagate without touching the producer."""
+        producer.begin_transaction()
+        try:
+            offsets = work()
+            # Past the transaction timeout the broker aborts the transaction anyway.
+            send_offsets(producer, consumer, offsets, timeout_s=self.transaction_timeout_ms / 1000)
+        except KafkaClientStuckError:
+            raise
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.fatal():
+                raise
+            if not (error.txn_requires_abort() or error.retriable()):
+                abort(producer)
+                raise
+            log.warning("%s %s: aborting %s: %s", self.kind, self.transactional_id, what, exc)
+            abort(producer)
+            return False
+        except BaseException:
+            abort(producer)
+            raise
+        return commit_or_abort(producer)
+
+
+@contextmanager
+def closing_unless_stuck(*close: Callable[[], object]) -> Iterator[None]:
+    """Run the ``close`` calls when the block ends, unless it ends with a stuck Kafka client: closing
+    that would hang as well, and the process must exit for a new one to fence it."""
+    try:
+        yield
+    except KafkaClientStuckError:
+        raise
+    except BaseException:
+        for call in close:
+            call()
+        raise
+    for call in close:
+        call()
