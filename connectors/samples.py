@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 
 from connectors.readers.base import Document, location
-from connectors.sample_ids import parse_sample_id, with_suffixes
+from connectors.sample_ids import with_suffixes
 from connectors.tokenizer import TextTokenizer
 from topics.dead_letter import DeadLetter
 from topics.sample import Sample
@@ -76,14 +76,12 @@ class SampleBuilder:
         split = lengths > self.max_length
         samples = []
         for d, k, lo, hi in zip(doc.tolist(), chunk.tolist(), start.tolist(), stop.tolist(), strict=True):
-            document_id = documents[d].document_id
-            source = document_id.partition("/")[0]
-            sample_id = with_suffixes(document_id, chunk=k if split[d] else None, epoch=epoch)
-            samples.append(Sample(sample_id=sample_id, source=source, tokens=flat[lo:hi]))
-        empty = [documents[i].document_id for i in np.flatnonzero(lengths == 0).tolist()]
-        return Built(samples, [_no_tokens(document_id) for document_id in empty])
+            document = documents[d]
+            sample_id = with_suffixes(document.document_id, chunk=k if split[d] else None, epoch=epoch)
+            samples.append(Sample(sample_id=sample_id, source=document.source, tokens=flat[lo:hi]))
+        empty = [documents[i] for i in np.flatnonzero(lengths == 0).tolist()]
+        return Built(samples, [_no_tokens(document) for document in empty])
 
 
-def _no_tokens(document_id: str) -> DeadLetter:
-    parts = parse_sample_id(document_id)
-    return DeadLetter(parts.source, location(parts.path, row=parts.row), "document has no tokens")
+def _no_tokens(document: Document) -> DeadLetter:
+    return DeadLetter(document.source, location(document.path, row=document.row), "document has no tokens")

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from pipeline.cli import main
-from pipeline.spec import OnExhausted, Reader, SpecError, load_spec, spec_json_schema
+from pipeline.spec import OnExhausted, ReaderKind, SpecError, load_spec, spec_json_schema
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "example.yaml"
 
@@ -49,7 +49,7 @@ def test_example_loads() -> None:
     assert spec.job == "example"
     assert spec.source_names == ["code", "docstrings", "topics"]
     code, docstrings, topics = spec.sources
-    assert code.reader is Reader.PARQUET and code.glob == "**/*.parquet"
+    assert code.reader is ReaderKind.PARQUET and code.glob == "**/*.parquet"
     assert topics.field is None and topics.glob == "**/*.txt"
     assert code.path == EXAMPLE.parent / "data" / "code"
     assert docstrings.tokenizer == EXAMPLE.parent / "data" / "tokenizer.json"  # job-level default

@@ -35,7 +35,7 @@ def tokenizer(tokenizer_path: Path) -> TextTokenizer:
 
 
 def doc(row: int, text: str) -> Document:
-    return Document(document_id("src", "dir/f.jsonl", row), text=text)
+    return Document("src", "dir/f.jsonl", row, text=text)
 
 
 def test_encode_batch_matches_the_tokenizer(tokenizer: TextTokenizer, tokenizer_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_later_epochs_get_a_suffix(tokenizer: TextTokenizer) -> None:
 def test_pre_tokenized_documents_bypass_the_tokenizer() -> None:
     tokens = np.arange(10, dtype=np.int32)
     builder = SampleBuilder(None, max_length=100, eod_id=99)
-    samples, _ = builder.build([Document("src/a.parquet/0", tokens=tokens)])
+    samples, _ = builder.build([Document("src", "a.parquet", 0, tokens=tokens)])
     assert samples[0].tokens.tolist() == [*range(10), 99]
     with pytest.raises(ValueError, match="needs a tokenizer"):
         builder.build([doc(0, "text")])

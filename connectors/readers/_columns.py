@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow as pa
 
 from connectors.readers.base import INT32_LIMIT, Document, Reader, location
-from connectors.sample_ids import document_id
 from topics.dead_letter import DeadLetter
 
 
@@ -73,5 +72,4 @@ def _token_chunk(reader: Reader, path: str, first_row: int, chunk: pa.Array) -> 
         elif bad[offset]:
             yield reader.dead_letter(location(path, row=row), "token ids outside [0, 2**31)")
         else:
-            doc_id = document_id(reader.source, path, row)
-            yield Document(doc_id, tokens=tokens[offsets[offset] : offsets[offset + 1]])
+            yield Document(reader.source, path, row, tokens=tokens[offsets[offset] : offsets[offset + 1]])

@@ -26,13 +26,19 @@ class SourceNotFoundError(MixflowError, FileNotFoundError):
 
 @dataclass(frozen=True, slots=True)
 class Document:
-    """One document read from a source: either ``text`` or pre-tokenized ``tokens`` (int32).
+    """One document read from a source: row ``row`` of file ``path`` (relative to the source root), with
+    either ``text`` or pre-tokenized ``tokens`` (int32)."""
 
-    ``document_id`` is ``<source>/<path>/<row>``, without the chunk and epoch suffixes."""
-
-    document_id: str
+    source: str
+    path: str
+    row: int
     text: str | None = None
     tokens: np.ndarray | None = None
+
+    @property
+    def document_id(self) -> str:
+        """``<source>/<path>/<row>``: the sample id without the chunk and epoch suffixes."""
+        return document_id(self.source, self.path, self.row)
 
     def __post_init__(self) -> None:
         if (self.text is None) == (self.tokens is None):
@@ -153,18 +159,17 @@ class Reader(ABC):
 
     def document(self, path: str, row: int, value: object) -> Document | DeadLetter:
         """Check one record's field value against ``content`` and wrap it."""
-        doc_id = document_id(self.source, path, row)
         where = location(path, row=row)
         if value is None:
             return self.dead_letter(where, f"field {self.field!r} is missing or null")
         if self.content == "text":
             if not isinstance(value, str):
                 return self.dead_letter(where, f"field {self.field!r} is {type(value).__name__}, not a string")
-            return Document(doc_id, text=value)
+            return Document(self.source, path, row, text=value)
         tokens = token_array(value)
         if isinstance(tokens, str):
             return self.dead_letter(where, f"field {self.field!r} {tokens}")
-        return Document(doc_id, tokens=tokens)
+        return Document(self.source, path, row, tokens=tokens)
 
 
 def token_array(value: object) -> np.ndarray | str:

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 import numpy as np
 
 from connectors.readers.base import Document, FileLayout, Reader, location
-from connectors.sample_ids import document_id
 from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
 
@@ -39,4 +38,4 @@ class TextReader(Reader):
         except UnicodeDecodeError as exc:
             yield self.dead_letter(where, f"not UTF-8: byte {exc.start} ({data[exc.start : exc.start + 1]!r})")
             return
-        yield Document(document_id(self.source, unit.path, 0), text=text)
+        yield Document(self.source, unit.path, 0, text=text)

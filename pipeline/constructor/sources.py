@@ -1,4 +1,4 @@
-"""Reading the source topics for the constructor: fill the pool, detect when a source has run out."""
+"""The constructor's feed of the source topics: fill the pool, detect when a source has run out."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 BUFFER_STEPS = 4
 
 
-class SourceReader:
+class SourceTopicFeed:
     """Assigns every source topic's partition at the pool's low watermarks and routes records into it."""
 
     def __init__(

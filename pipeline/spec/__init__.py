@@ -16,7 +16,7 @@ from pipeline.spec.sections import (
     OnExhausted,
     StepSpec,
 )
-from pipeline.spec.sources import DEFAULT_GLOBS, Reader, SourceSpec
+from pipeline.spec.sources import DEFAULT_GLOBS, ReaderKind, SourceSpec
 
 __all__ = [
     "BOOTSTRAP_ENV",
@@ -29,7 +29,7 @@ __all__ = [
     "MixturePoint",
     "MixtureSpec",
     "OnExhausted",
-    "Reader",
+    "ReaderKind",
     "SourceSpec",
     "SpecError",
     "SpecProblem",

@@ -13,7 +13,7 @@ from pipeline.spec._problems import Problems
 from pipeline.spec.names import SourceName
 
 
-class Reader(StrEnum):
+class ReaderKind(StrEnum):
     """File formats a source loader can read."""
 
     JSONL = "jsonl"
@@ -22,15 +22,15 @@ class Reader(StrEnum):
     TEXT = "text"
 
 
-DEFAULT_GLOBS: dict[Reader, str] = {
-    Reader.JSONL: "**/*.jsonl",
-    Reader.PARQUET: "**/*.parquet",
-    Reader.ARROW: "**/*.arrow",
-    Reader.TEXT: "**/*.txt",
+DEFAULT_GLOBS: dict[ReaderKind, str] = {
+    ReaderKind.JSONL: "**/*.jsonl",
+    ReaderKind.PARQUET: "**/*.parquet",
+    ReaderKind.ARROW: "**/*.arrow",
+    ReaderKind.TEXT: "**/*.txt",
 }
 DEFAULT_FIELD = "text"
 # Readers of records with named columns or keys; the text reader has none.
-COLUMNAR_READERS = frozenset({Reader.JSONL, Reader.PARQUET, Reader.ARROW})
+COLUMNAR_READERS = frozenset({ReaderKind.JSONL, ReaderKind.PARQUET, ReaderKind.ARROW})
 
 
 class SourceSpec(BaseModel):
@@ -41,7 +41,7 @@ class SourceSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: SourceName
-    reader: Reader = Field(description="File format: " + ", ".join(r.value for r in Reader))
+    reader: ReaderKind = Field(description="File format: " + ", ".join(r.value for r in ReaderKind))
     path: Path = Field(description="Root folder of the source's files; relative to the spec's folder.")
     glob: str | None = Field(
         None,
