@@ -89,7 +89,11 @@ def run_local_job(
             if role.process.poll() is None:
                 role.process.terminate()
         for role in roles:
-            role.process.wait(timeout=60)
+            try:
+                role.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # a role that does not stop must not hide the error
+                role.process.kill()
+                role.process.wait()
         raise
     return roles
 

@@ -79,10 +79,11 @@ class RankTopicReader:
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
             "enable.partition.eof": False,
-            # librdkafka's own read-ahead: enough for a few batches, bounded so memory stays flat.
+            # librdkafka's own read-ahead: enough for a few batches, bounded so memory stays flat. A fetch
+            # may overshoot it (the broker returns at least one whole batch, however large); the reader
+            # then backs off for this long before fetching again (1 s by default: a stall per fetch).
             "queued.max.messages.kbytes": 32_768,
-            "fetch.max.bytes": 67_108_864,
-            "max.partition.fetch.bytes": 67_108_864,
+            "fetch.queue.backoff.ms": 10,
         }
         self.last_step: int | None = None  # of the last batch read
         self._stop = threading.Event()

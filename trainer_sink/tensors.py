@@ -42,11 +42,13 @@ class Layout(StrEnum):
     PADDED = "padded"
 
 
+# Token ids are a view of the (immutable) message: sharing it is the point, writing to it is not. The
+# filter covers only this module's calls; catch_warnings() per call would not be thread-safe.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=__name__)
+
+
 def _tensor(array: np.ndarray) -> torch.Tensor:
-    with warnings.catch_warnings():
-        # Token ids are a view of the (immutable) message: sharing it is the point, writing to it is not.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array)
+    return torch.from_numpy(array)
 
 
 def micro_batch_tensors(
