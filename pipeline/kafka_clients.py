@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from topics.errors import MixflowError
+from topics.retry import KAFKA_RETRY
 
 log = logging.getLogger(__name__)
 
@@ -81,20 +82,8 @@ def produce(producer: Producer, topic: str, value: bytes, **kwargs: Any) -> None
 
 
 def retry_retriable(call: Callable[[], T], what: str, timeout_s: float = 60.0) -> T:
-    """``call()``, retried with backoff while it fails with a retriable Kafka error (a broker that went
-    away, a coordinator that moved), for up to ``timeout_s``. Other errors propagate at once."""
-    deadline = time.monotonic() + timeout_s
-    backoff = 0.1
-    while True:
-        try:
-            return call()
-        except KafkaException as exc:
-            error: KafkaError = exc.args[0]
-            if not error.retriable() or time.monotonic() + backoff > deadline:
-                raise
-            log.warning("%s failed, retrying in %.1f s: %s", what, backoff, error)
-            time.sleep(backoff)  # backing off from a broker that is not answering
-            backoff = min(backoff * 2, 5.0)
+    """``call()`` under the roles' retry policy (``topics.retry``), with a deadline of ``timeout_s``."""
+    return replace(KAFKA_RETRY, deadline_s=timeout_s).call(call, what)
 
 
 class KafkaClientStuckError(MixflowError):

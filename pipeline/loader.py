@@ -28,6 +28,7 @@ from pipeline.work_plan import WorkPlan, plan_is_done, publish_work_plan, read_w
 from topics.dead_letter import DeadLetter, encode_dead_letter
 from topics.errors import DecodeError, MixflowError
 from topics.names import JobTopics
+from topics.retry import KAFKA_RETRY
 from topics.sample_codec import encode_sample
 
 log = logging.getLogger(__name__)
@@ -302,7 +303,8 @@ class SourceLoader(TransactionalRole):
 
     def _work_partitions(self) -> int:
         work_topic = self.topics.work(self.source)
-        metadata = AdminClient(dict(self.config)).list_topics(work_topic, timeout=30)
+        admin = AdminClient(dict(self.config))
+        metadata = KAFKA_RETRY.call(lambda: admin.list_topics(work_topic, timeout=30), f"describing {work_topic}")
         return len(metadata.topics[work_topic].partitions)
 
 

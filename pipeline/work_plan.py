@@ -22,6 +22,7 @@ from pipeline.kafka_clients import KafkaConfig, commit_or_abort, produce, transa
 from topics.errors import DecodeError, MixflowError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
+from topics.retry import KAFKA_RETRY
 from topics.validation import describe_errors
 
 log = logging.getLogger(__name__)
@@ -122,5 +123,7 @@ def publish_work_plan(
 def plan_is_done(consumer: Consumer, work_topic: str, plan: WorkPlan, timeout_s: float = 10.0) -> bool:
     """True when the group of ``consumer`` has committed every unit of the plan."""
     wanted = [TopicPartition(work_topic, p) for p in sorted(plan.ends)]
-    committed = consumer.committed(wanted, timeout=timeout_s)
+    committed = KAFKA_RETRY.call(
+        lambda: consumer.committed(wanted, timeout=timeout_s), f"reading the committed offsets of {work_topic}"
+    )
     return all(tp.offset >= plan.ends[tp.partition] for tp in committed)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from topics.retry import KAFKA_RETRY
 
 Isolation = Literal["read_committed", "read_uncommitted"]
 # Answers for a topic created a moment ago, before its partition leaders are known everywhere.
@@ -49,8 +52,7 @@ def read_to_end(
         records: list[Message] = []
         while True:
             positions = {
-                tp.partition: tp.offset
-                for tp in consumer.position([TopicPartition(topic, p) for p in partitions])
+                tp.partition: tp.offset for tp in consumer.position([TopicPartition(topic, p) for p in partitions])
             }
             if all(ends[p] == start[p] or positions[p] >= ends[p] for p in partitions):
                 break
@@ -70,15 +72,13 @@ def read_to_end(
 
 def _end_offset(consumer: Consumer, partition: TopicPartition, deadline: float) -> int:
     """The high watermark, waiting out the moments after a topic's creation when its leader is unknown."""
-    while True:
-        try:
-            return consumer.get_watermark_offsets(partition, timeout=max(0.1, deadline - time.monotonic()))[1]
-        except KafkaException as exc:
-            error = exc.args[0]
-            settling = error.retriable() or error.code() in _SETTLING_ERRORS
-            if not settling or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)  # the leader is elected within milliseconds; nothing to wait on but time
+    policy = replace(
+        KAFKA_RETRY, deadline_s=max(0.1, deadline - time.monotonic()), backoff_s=0.05, also=_SETTLING_ERRORS
+    )
+    return policy.call(
+        lambda: consumer.get_watermark_offsets(partition, timeout=max(0.1, deadline - time.monotonic()))[1],
+        f"reading the end of {partition.topic}[{partition.partition}]",
+    )
 
 
 def _partitions(consumer: Consumer, topic: str, deadline: float) -> list[int]:

@@ -14,6 +14,7 @@ from pipeline.work_plan import WorkPlan, plan_is_done, read_work_plan
 from topics.dead_letter import DeadLetter
 from topics.errors import DecodeError
 from topics.names import JobTopics, parse_topic
+from topics.retry import KAFKA_RETRY
 from topics.sample_codec import decode_sample_message
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,10 @@ class SourceTopicFeed:
         """True when the source's loaders have committed every unit and everything is read."""
         if source not in self.eof_at or not self._loaders_done(source):
             return False
-        _, end = self.consumer.get_watermark_offsets(TopicPartition(self.topics.src(source), 0), timeout=10)
+        partition = TopicPartition(self.topics.src(source), 0)
+        _, end = KAFKA_RETRY.call(
+            lambda: self.consumer.get_watermark_offsets(partition, timeout=10), f"reading the end of {partition.topic}"
+        )
         return self.eof_at.get(source, -1) >= end
 
     def _loaders_done(self, source: str) -> bool:
