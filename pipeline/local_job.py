@@ -25,10 +25,11 @@ from topics.errors import MixflowError
 
 log = logging.getLogger(__name__)
 
-# A role exits with this code when its Kafka client is stuck (KafkaClientStuckError): a new process
-# fences the old one's transactions and takes over, so the supervisor restarts it.
-STUCK_EXIT_CODE = 3
+# A role that dies (a stuck Kafka client exits with 3, a crash with anything else) is started again: the
+# new process fences the old one's transactions and resumes from the committed offsets. Each role gets
+# MAX_RESTARTS, spaced by a backoff that doubles from RESTART_BACKOFF_S.
 MAX_RESTARTS = 3
+RESTART_BACKOFF_S = 1.0
 
 
 @dataclass
@@ -36,6 +37,9 @@ class RoleProcess:
     name: str
     process: subprocess.Popen
     log_file: Path
+    env: dict[str, str] | None = None
+    restarts: int = 0
+    restart_at: float | None = None  # when a dead role is due to start again
 
     def summary(self) -> dict:
         lines = self.log_file.read_text(errors="replace").strip().splitlines()
@@ -115,29 +119,45 @@ def _start(name: str, folder: Path, command: list[str], env: dict[str, str] | No
             command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env} if env else None
         )
     log.info("started %s (pid %d), log %s", name, process.pid, log_file)
-    return RoleProcess(name, process, log_file)
+    return RoleProcess(name, process, log_file, env)
 
 
 def _wait(roles: list[RoleProcess], progress: JobProgress | None) -> None:
     running = list(roles)
-    restarts = 0
     while running:
         if progress is not None:
             progress.update([role.name for role in running])
         for role in list(running):
+            if role.restart_at is not None:
+                if time.monotonic() >= role.restart_at:
+                    _restart(role)
+                continue
             code = role.process.poll()
             if code is None:
                 continue
-            if code == STUCK_EXIT_CODE and restarts < MAX_RESTARTS:
-                restarts += 1
-                log.warning("%s exited with a stuck Kafka client; restarting it (%d/%d)", role.name, restarts,
-                            MAX_RESTARTS)  # fmt: skip
-                with role.log_file.open("ab") as out:
-                    role.process = subprocess.Popen(role.process.args, stdout=out, stderr=subprocess.STDOUT)
+            if code != 0 and role.restarts < MAX_RESTARTS:
+                role.restarts += 1
+                delay = RESTART_BACKOFF_S * 2 ** (role.restarts - 1)
+                log.warning(
+                    "%s exited with %d; starting it again in %.0f s (restart %d of %d); the end of its log:\n%s",
+                    role.name, code, delay, role.restarts, MAX_RESTARTS, role.tail(5),
+                )  # fmt: skip
+                role.restart_at = time.monotonic() + delay
                 continue
             running.remove(role)
             if code != 0:
-                msg = f"{role.name} exited with {code}; the end of {role.log_file}:\n{role.tail()}"
+                msg = (
+                    f"{role.name} exited with {code} after {role.restarts} restarts; "
+                    f"the end of {role.log_file}:\n{role.tail()}"
+                )
                 raise MixflowError(msg)
             log.info("%s finished: %s", role.name, role.summary())
         time.sleep(0.2)  # supervising child processes: nothing to wait on but their exit
+
+
+def _restart(role: RoleProcess) -> None:
+    role.restart_at = None
+    with role.log_file.open("ab") as out:
+        env = {**os.environ, **role.env} if role.env else None
+        role.process = subprocess.Popen(role.process.args, stdout=out, stderr=subprocess.STDOUT, env=env)
+    log.info("restarted %s (pid %d)", role.name, role.process.pid)

@@ -20,4 +20,4 @@ fi
 # 2 cores; the pipeline delivers every step, and the report checks both.
 .venv/bin/mixflow run --spec examples/example.yaml --job "example-$(date +%Y%m%d-%H%M%S)" \
   --trainer "{python} -m torch.distributed.run --standalone --nproc_per_node 2 examples/train.py \
-    --spec {spec} --out {out} --steps ${MIXFLOW_EXAMPLE_STEPS:-250} --checkpoint-every 50 --threads 1"
+    --spec {spec} --out {out} --steps ${MIXFLOW_EXAMPLE_STEPS:-250} --checkpoint-every 50 --resume --threads 1"

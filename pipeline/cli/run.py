@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     for role in roles:
         if summary := role.summary():
             print(f"{role.name}: {summary}")
+    restarted = [f"{role.name} {role.restarts}" for role in roles if role.restarts]
+    print(f"roles restarted after dying: {', '.join(restarted) if restarted else 'none'}")
     report = job_report(config, spec, trainer_folder=train_folder if trainer else None)
     for line in report.lines():
         print(line)
