@@ -19,14 +19,15 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from pipeline.constructor.assemble import AssembledStep, assemble_step
 from pipeline.constructor.pool import SamplePool
 from pipeline.constructor.sources import SourceTopicFeed
-from pipeline.constructor.state import ConstructorState
+from pipeline.constructor.spec_change import StepShape, carry_over, check_step_shape
+from pipeline.constructor.state import ConstructorState, SourcePosition
 from pipeline.kafka_clients import KafkaConfig, produce, read_committed_consumer
 from pipeline.mixing import DrawStatus, Mixer, MixerState
 from pipeline.role_protocol import TransactionalRole, closing_unless_stuck
 from pipeline.scheduler import CostModel
 from pipeline.spec import JobSpec, OnExhausted
-from topics.admin import ensure_job_topics
-from topics.batch_codec import batch_key, encode_batch, encode_end_of_data
+from topics.admin import ensure_job_topics, topic_exists
+from topics.batch_codec import batch_key, decode_batch_message, encode_batch, encode_end_of_data, end_of_data_steps
 from topics.dead_letter import encode_dead_letter
 from topics.errors import DecodeError, MixflowError
 from topics.log_reader import read_to_end
@@ -85,6 +86,7 @@ class DataConstructor(TransactionalRole):
         self.mixer = Mixer.from_spec(spec)
         self.cost_model = CostModel(*spec.cost.alpha_beta())
         self.stats = ConstructorStats()
+        self._dormant: dict[str, SourcePosition] = {}  # sources the spec no longer mixes, kept where they were
 
     @property
     def transactional_id(self) -> str:
@@ -92,6 +94,9 @@ class DataConstructor(TransactionalRole):
 
     def run(self) -> ConstructorStats:
         self.stop_on_signals()
+        shape = self.spec.step
+        check_step_shape(self._written_shape(), StepShape(shape.ranks, shape.micro_batches,
+                         shape.tokens_per_micro_batch), self.out.job)  # fmt: skip
         ensure_job_topics(self.config, self.sources_topics.job, self.spec.source_names, self.spec.step.ranks)
         if self.out.job != self.sources_topics.job:
             ensure_job_topics(self.config, self.out.job, self.spec.source_names, self.spec.step.ranks)
@@ -108,7 +113,12 @@ class DataConstructor(TransactionalRole):
     # -- one attempt: from the last committed state until done, stopped or aborted ----------------
 
     def _run_from_checkpoint(self, producer: Producer) -> None:
-        state = self._last_state()
+        carried = carry_over(self._last_state(), self.spec.source_names)
+        if carried.added or carried.removed:
+            log.info("constructor %s: from step %d the spec adds sources %s and removes %s (kept at their "
+                     "positions)", self.transactional_id, carried.state.step, list(carried.added),
+                     list(carried.removed))  # fmt: skip
+        state, self._dormant = carried.state, carried.dormant
         if state.finished:
             log.info("job %s finished at step %d already", self.out.job, state.step)
             self.stats.finished = True
@@ -196,7 +206,8 @@ class DataConstructor(TransactionalRole):
         assembled: AssembledStep | None, mixer: MixerState, exhausted: set[str], finished: bool,
     ) -> bool:  # fmt: skip
         """Write one step (or, with ``assembled`` None, only the final state). False when aborted."""
-        state = ConstructorState(mixer, pool.positions(), pool.deferred_refs(), tuple(sorted(exhausted)), finished)
+        positions = {**pool.positions(), **self._dormant}
+        state = ConstructorState(mixer, positions, pool.deferred_refs(), tuple(sorted(exhausted)), finished)
         state_bytes = state.to_bytes()
 
         def produce_step() -> list[TopicPartition]:
@@ -236,6 +247,17 @@ class DataConstructor(TransactionalRole):
         self.stats.steps.append(record)
         log.debug("step %d: %d tokens, %d samples, %d deferred", record.step, record.tokens, record.samples,
                   record.deferred)  # fmt: skip
+
+    def _written_shape(self) -> StepShape | None:
+        """The step shape of the last batch written to rank 0, if any."""
+        topic = self.out.rank(0)
+        if not topic_exists(self.config, topic):
+            return None
+        records = [r for r in read_to_end(self.config, topic, tail=8) if end_of_data_steps(r.headers()) is None]
+        if not records:
+            return None
+        last = decode_batch_message(records[-1])
+        return StepShape(last.ranks, last.micro_batches, last.capacity)
 
     def _last_state(self) -> ConstructorState:
         records = read_to_end(self.config, self.out.state, tail=STATE_TAIL)
