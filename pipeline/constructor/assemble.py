@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.constructor.pool import Candidate
-from pipeline.scheduler import CostModel, StepPlan, pack_rank, plan_step
+from pipeline.scheduler import CostModel, StepPlan, plan_step, rank_order
 from pipeline.spec import StepSpec
 from topics.batch import Batch
 
@@ -37,17 +37,17 @@ def assemble_step(
     plan = plan_step(lengths, ranks, micro_batches, capacity, cost_model)
     batches = []
     for rank in range(ranks):
-        packing = pack_rank(plan, lengths, rank)
-        chosen = [candidates[i] for i in packing.indices.tolist()]
+        indices, micro_batch = rank_order(plan, rank)
+        chosen = [candidates[i] for i in indices.tolist()]
         offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
-        np.cumsum(lengths[packing.indices], out=offsets[1:])
+        np.cumsum(lengths[indices], out=offsets[1:])
         tokens = np.concatenate([np.zeros(0, np.int32), *(c.sample.tokens for c in chosen)]).astype(np.int32)
         batches.append(
             Batch.from_arrays(
                 step=step, rank=rank, ranks=ranks, micro_batches=micro_batches, capacity=capacity,
                 sample_ids=[c.sample.sample_id for c in chosen],
                 sources=[c.sample.source for c in chosen],
-                micro_batch=packing.micro_batch, offsets=offsets, tokens=tokens,
+                micro_batch=micro_batch, offsets=offsets, tokens=tokens,
             )
         )  # fmt: skip
     placed = plan.placed_mask

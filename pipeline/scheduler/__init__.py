@@ -4,8 +4,8 @@ A pure library of numba kernels over arrays; it imports no Kafka client.
 """
 
 from pipeline.scheduler.cost import DEFAULT_COST_MODEL, CostModel
-from pipeline.scheduler.packing import RankPacking, pack_rank
 from pipeline.scheduler.plan import DEFAULT_TOLERANCE, PlanSummary, StepPlan, plan_step
+from pipeline.scheduler.rank_order import rank_order
 from pipeline.scheduler.validation import validate_plan
 
 __all__ = [
@@ -13,9 +13,8 @@ __all__ = [
     "DEFAULT_TOLERANCE",
     "CostModel",
     "PlanSummary",
-    "RankPacking",
     "StepPlan",
-    "pack_rank",
     "plan_step",
+    "rank_order",
     "validate_plan",
 ]
