@@ -28,6 +28,8 @@ from confluent_kafka import TopicPartition
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from _table import add_markdown_flag, print_table  # noqa: E402
+
 from pipeline.constructor import ConstructorOptions, DataConstructor  # noqa: E402
 from pipeline.kafka_clients import (  # noqa: E402
     commit_or_abort,
@@ -49,7 +51,8 @@ def load_sources(spec_path: Path, bootstrap: str, folder: Path) -> None:
     for source in spec.sources:
         for i in range(source.loaders):
             command = [sys.executable, "-m", "pipeline.cli", "load", "--spec", str(spec_path), "--source",
-                       source.name, "--instance", str(i), "--until-drained", "--bootstrap-servers", bootstrap]
+                       source.name, "--instance", str(i), "--until-drained",
+                       "--bootstrap-servers", bootstrap]  # fmt: skip
             log = (folder / f"load-{source.name}-{i}.log").open("wb")
             processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, cwd=REPO))
     for process in processes:
@@ -105,6 +108,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
     parser.add_argument("--spec", type=Path, default=REPO / "examples" / "example.yaml")
+    add_markdown_flag(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     subprocess.run([sys.executable, str(REPO / "examples" / "build_example_data.py")], check=True,
@@ -128,14 +132,14 @@ def main() -> int:
             raw_seconds, raw_bytes = run_raw(spec, config, len(stats.steps))
             rows.append((seconds, stats, raw_seconds, raw_bytes))
             print(f"repeat {repeat}: constructor {seconds:.2f} s, raw {raw_seconds:.2f} s", flush=True)
-        report_table(spec, config, rows, outputs[-1])
+        report_table(spec, config, rows, outputs[-1], args.markdown)
     finally:
         for name in [job, *outputs]:
             delete_job_topics(config, name)
     return 0
 
 
-def report_table(spec: JobSpec, config: dict, rows: list, output_job: str) -> None:
+def report_table(spec: JobSpec, config: dict, rows: list, output_job: str, markdown: bool = False) -> None:
     seconds = statistics.median(r[0] for r in rows)
     raw_seconds = statistics.median(r[2] for r in rows)
     stats = rows[-1][1]
@@ -154,22 +158,25 @@ def report_table(spec: JobSpec, config: dict, rows: list, output_job: str) -> No
     weights = Schedule.from_spec(spec.mixture, sources).weights_array(np.arange(full))
     share = per_step[:full] / per_step[:full].sum(axis=1, keepdims=True)
     step_error = np.abs(share - weights)  # (full, S)
-    print()
-    print("| metric | value | baseline | ratio |")
-    print("|---|---|---|---|")
-    print(f"| throughput, tokens/s (median of {len(rows)}) | {tokens / seconds:,.0f} | "
-          f"{tokens / raw_seconds:,.0f} (raw consume+produce, same bytes) | {raw_seconds / seconds:.2f} |")
-    print(f"| steps/s | {steps / seconds:.1f} | {steps / raw_seconds:.1f} | |")
-    print(f"| largest rank cost / mean, median over steps | {np.median(report.imbalance):.3f} | "
-          f"{np.median(report.naive_imbalance):.3f} (naive per-rank loading) | "
-          f"{np.median(report.naive_imbalance / report.imbalance):.2f}x step-time speedup |")
-    print(f"| same, worst step | {report.imbalance.max():.3f} | {report.naive_imbalance.max():.3f} | |")
-    print(f"| state record bytes per step (median / max) | {np.median(sizes):.0f} / {sizes.max()} | | |")
-    print(f"| steps, tokens, fill of capacity | {steps}, {tokens:,}, "
-          f"{tokens / (steps * spec.step.tokens_per_step):.1%} | | |")
+    table = [
+        [f"throughput, tokens/s (median of {len(rows)})", f"{tokens / seconds:,.0f}",
+         f"{tokens / raw_seconds:,.0f} (raw consume+produce, same bytes)", f"{raw_seconds / seconds:.2f}"],
+        ["steps/s", f"{steps / seconds:.1f}", f"{steps / raw_seconds:.1f}", ""],
+        ["largest rank cost / mean, median over steps", f"{np.median(report.imbalance):.3f}",
+         f"{np.median(report.naive_imbalance):.3f} (naive per-rank loading)",
+         f"{np.median(report.naive_imbalance / report.imbalance):.2f}x step-time speedup"],
+        ["same, worst step", f"{report.imbalance.max():.3f}", f"{report.naive_imbalance.max():.3f}", ""],
+        ["state record bytes per step (median / max)", f"{np.median(sizes):.0f} / {sizes.max()}", "", ""],
+        ["steps, tokens, fill of capacity",
+         f"{steps}, {tokens:,}, {tokens / (steps * spec.step.tokens_per_step):.1%}", "", ""],
+    ]  # fmt: skip
     for i, s in enumerate(sources):
-        print(f"| share of {s}: per-step error median / max, cumulative drift (tokens) over {full} steps | "
-              f"{np.median(step_error[:, i]):.3f} / {step_error[:, i].max():.3f}, {report.share_error[i]:.0f} | | |")
+        table.append([
+            f"share of {s}: per-step error median / max, cumulative drift (tokens) over {full} steps",
+            f"{np.median(step_error[:, i]):.3f} / {step_error[:, i].max():.3f}, {report.share_error[i]:.0f}", "", "",
+        ])  # fmt: skip
+    print()
+    print_table(["metric", "value", "baseline", "ratio"], table, markdown=markdown)
 
 
 if __name__ == "__main__":

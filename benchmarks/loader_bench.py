@@ -1,29 +1,45 @@
 """Source loader benchmark: loader throughput (tokens/s) next to tokenization alone on the same files.
 
     .venv/bin/python benchmarks/loader_bench.py [--quick] [--repeats 3] [--bootstrap-servers HOST:PORT]
-        [--procs 1 2 4] [--unit-seconds 0.5] [--epochs 1] [--profile]
+        [--procs 1 2 4] [--unit-seconds 0.5] [--epochs 1] [--profile] [--markdown]
 
-Baselines, in this process, for each source of examples/example.yaml (same plan, same seed):
+Baselines, for each source of examples/example.yaml (same seed), each pass in a fresh process set up as a
+loader instance 0 is (one ``SourceRuntime`` that plans the source, then does its units):
 - "tokenize": read every work unit of the source's plan with the reader and build its samples with the
-  builder (``SourceRuntime``); only that is timed;
+  builder, in the loader's batches of ``DOCUMENTS_PER_BATCH`` documents; only that is timed;
 - "tok+encode": the same plus ``topics.sample_codec.encode_sample`` of every sample.
+The baseline does the loader's work under the loader's conditions: in one long-lived process every new
+tokenizer is slower than the one before (memory growing pass after pass), while every loader is a fresh
+process with one tokenizer.
 
 Loader runs: for each source and each N in --procs, a fresh job, N ``mixflow load --until-drained``
 processes (instances 0..N-1) started together; wall time from the first start to the last exit (so
 process start-up, topic checks, planning with its cost measurement and the consumer-group join are in
-it), the tokens committed (sum of the processes' JSON summaries) and the loader's own ``seconds`` (time
-inside ``run()`` after planning, slowest instance).
+it), the tokens committed (sum of the processes' JSON summaries), the loader's own ``seconds`` (time
+inside ``run()`` after planning, slowest instance) and ``busy_seconds`` (time inside transactions, summed
+over the N instances).
+
+Every time (wall and CPU seconds, of the baselines and the loaders) is the fastest of the --repeats: other
+work on a shared machine only ever slows a run down, and by whole-seconds bursts, so the fastest run is the
+least disturbed one (a ratio of medians taken at different moments could read above 1).
 
 Ratios (loader tokens/s over a baseline tokens/s):
 - plain: over the single-process tokenize rate, whatever N;
 - fair: over min(N x tokenize rate, cores x tokenize rate per CPU-second). The tokenizer's batch
   encoding already runs on several threads, so one process may use more than one core; the ceiling for
   N processes is N single-process rates, but never more than the machine's cores can tokenize;
+- busy: tokens per second inside transactions, per loader (tokens / busy seconds summed over the N
+  instances), over the single-process tokenize rate: what a loader's own work (read, tokenize, encode,
+  produce, commit) costs next to tokenizing alone. At most 1 but for noise (a loader does that work and
+  more); with N loaders sharing the cores it also holds their contention. (Tokens over the busiest
+  instance's seconds would assume the N instances were busy at the same moments; they are not, so that
+  ratio could read above 1.)
 - per-CPU-s: tokens per CPU-second of the loaders (all N, start-up included) over tokens per CPU-second
   of the tokenize baseline: how much of the CPU the loader spends on tokenizing, independent of how
   many cores there are or of what else runs on them.
 
 ``--profile`` runs one loader per source in this process under cProfile and prints where its time goes.
+Tables are rich tables on a terminal and Markdown otherwise (or with ``--markdown``).
 The benchmark's topics are deleted at the end. Nothing is asserted: a benchmark prints numbers.
 """
 
@@ -32,6 +48,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import importlib
+import inspect
 import json
 import os
 import pstats
@@ -47,9 +65,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from _table import add_markdown_flag, print_table
 
-from connectors import Document
-from pipeline.loader import LoaderOptions, SourceLoader
+from pipeline.loader import DOCUMENTS_PER_BATCH, LoaderOptions, SourceLoader, _batches
 from pipeline.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
 from pipeline.spec import JobSpec, load_spec
 from topics.admin import delete_job_topics, ensure_job_topics
@@ -109,9 +127,9 @@ class Baseline:
     tokens: int
     samples: int
     units: int
-    tokenize_s: float  # median wall seconds: read + build
-    tokenize_cpu_s: float  # median CPU seconds of this process (all threads) for read + build
-    encode_s: float  # median wall seconds: read + build + encode_sample
+    tokenize_s: float  # fastest wall seconds: read + build
+    tokenize_cpu_s: float  # fewest CPU seconds of the baseline's process (all threads) for read + build
+    encode_s: float  # fastest wall seconds: read + build + encode_sample
     encode_share: float  # median share of encode_sample in that pass
 
     @property
@@ -138,47 +156,68 @@ class BaselinePass:
     encode_share: float  # of the read+tokenize+encode pass, the part spent in encode_sample
 
 
-def baseline_pass(spec: JobSpec, source: str, unit_seconds: float) -> BaselinePass:
-    """One pass of each baseline over the source's plan, each with a fresh runtime (so a fresh tokenizer
-    with an empty word cache, as in a new loader process)."""
-    units = SourceRuntime.from_spec(spec, source).plan(spec.seed, unit_seconds)
-    timings: dict[bool, tuple[float, float]] = {}
+def timed_pass(spec_path: Path, source: str, unit_seconds: float, encode: bool) -> dict[str, float]:
+    """One baseline pass, run in a fresh process (``--baseline-pass``) set up as loader instance 0 is: one
+    runtime, which plans the source (measuring its cost on a sample of the data), then reads every unit and
+    tokenizes it in the loader's batches of documents, with ``encode`` encoding every sample too. Only the
+    reading, tokenizing (and encoding) is timed."""
+    spec = load_spec(spec_path)
+    runtime = SourceRuntime.from_spec(spec, source)
+    units = runtime.plan(spec.seed, unit_seconds)
     tokens = samples = 0
     encoding = 0.0  # seconds inside encode_sample alone
-    for with_encode in (False, True):
-        runtime = SourceRuntime.from_spec(spec, source)
-        tokens = samples = 0
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        for unit in units:
-            documents = [d for d in runtime.reader.read(unit) if isinstance(d, Document)]
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for unit in units:
+        for documents, _ in _batches(runtime.reader.read(unit), DOCUMENTS_PER_BATCH):
+            if not documents:
+                continue
             built = runtime.builder.build(documents, epoch=unit.epoch)
-            if with_encode:
+            if encode:
                 began = time.perf_counter()
                 for sample in built.samples:
                     encode_sample(sample)
                 encoding += time.perf_counter() - began
             tokens += sum(sample.length for sample in built.samples)
             samples += len(built.samples)
-        timings[with_encode] = (time.perf_counter() - wall0, time.process_time() - cpu0)
-    encode_s = timings[True][0]
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return {"tokens": tokens, "samples": samples, "units": len(units), "wall_s": wall, "cpu_s": cpu,
+            "encode_s": encoding}  # fmt: skip
+
+
+def baseline_pass(spec_path: Path, source: str, unit_seconds: float) -> BaselinePass:
+    """One pass of each baseline over the source, each in a fresh process, as every loader is. (In one
+    long-lived process each new tokenizer tokenizes slower than the one before, its memory growing pass
+    after pass: a baseline measured in this process after a few passes was slower than the loaders.)"""
+
+    def child(encode: bool) -> dict[str, float]:
+        command = [sys.executable, str(Path(__file__).resolve()), "--baseline-pass", str(spec_path), source,
+                   "--unit-seconds", str(unit_seconds), *(["--encode"] if encode else [])]  # fmt: skip
+        result = subprocess.run(
+            command, capture_output=True, text=True, cwd=REPO, timeout=LOADER_TIMEOUT_S, check=False
+        )
+        lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+        if result.returncode != 0 or not lines:
+            msg = f"baseline pass of {source} exited {result.returncode}; its log ends with:\n{result.stderr[-2000:]}"
+            raise RuntimeError(msg)
+        return json.loads(lines[-1])
+
+    plain, encoded = child(encode=False), child(encode=True)
     return BaselinePass(
-        tokens, samples, len(units), timings[False][0], timings[False][1], encode_s, encoding / encode_s
-    )
+        int(plain["tokens"]), int(plain["samples"]), int(plain["units"]), plain["wall_s"], plain["cpu_s"],
+        encoded["wall_s"], encoded["encode_s"] / encoded["wall_s"],
+    )  # fmt: skip
 
 
-def median_baseline(passes: list[BaselinePass]) -> Baseline:
-    def med(get: Callable[[BaselinePass], float]) -> float:
-        return statistics.median(get(p) for p in passes)
-
+def fastest_baseline(passes: list[BaselinePass]) -> Baseline:
     last = passes[-1]
     return Baseline(
         last.tokens,
         last.samples,
         last.units,
-        med(lambda p: p.tokenize_s),
-        med(lambda p: p.tokenize_cpu_s),
-        med(lambda p: p.encode_s),
-        med(lambda p: p.encode_share),
+        min(p.tokenize_s for p in passes),
+        min(p.tokenize_cpu_s for p in passes),
+        min(p.encode_s for p in passes),
+        statistics.median(p.encode_share for p in passes),
     )
 
 
@@ -193,7 +232,7 @@ class LoaderRun:
     aborted: int
     run_s: float  # slowest instance's `seconds` (inside run(), after planning)
     cpu_s: float  # user + system CPU seconds of all N processes
-    busy_s: float  # the busiest instance's seconds inside transactions (read, tokenize, encode, produce, commit)
+    busy_s: float  # seconds inside transactions (read, tokenize, encode, produce, commit), summed over the N
 
 
 @dataclass
@@ -202,8 +241,8 @@ class Row:
     procs: int
     runs: list[LoaderRun] = field(default_factory=list)
 
-    def median(self, get: Callable[[LoaderRun], float]) -> float:
-        return statistics.median(get(run) for run in self.runs)
+    def fastest(self, get: Callable[[LoaderRun], float]) -> float:
+        return min(get(run) for run in self.runs)
 
 
 def _children_cpu() -> float:
@@ -248,55 +287,91 @@ def run_loaders(spec_path: Path, source: str, procs: int, bootstrap: str, unit_s
         aborted=sum(s["aborted"] for s in summaries),
         run_s=max(s["seconds"] for s in summaries),
         cpu_s=cpu,
-        busy_s=max(s["busy_seconds"] for s in summaries),
+        busy_s=sum(s["busy_seconds"] for s in summaries),
     )
 
 
 # ------------------------------------------------------------------------------------------------- profiling
 
 
-def _profile_entries(stats: pstats.Stats, name: str, file_suffix: str = "", caller: str = "") -> tuple[int, float]:
-    """(calls, cumulative seconds) of functions named ``name`` (in files ending ``file_suffix``); with
-    ``caller``, only the calls made from a function of that name."""
-    calls, seconds = 0, 0.0
-    for (file, _line, func), (_cc, nc, _tt, ct, callers) in stats.stats.items():  # type: ignore[attr-defined]
-        if func != name or not file.endswith(file_suffix):
+# (label, function, caller): the function's calls, or with a caller only those made from it. Functions are
+# named by where they are defined ("module.Class.method"; a C method as "confluent_kafka.Consumer.poll") and
+# looked up before profiling, so a row naming a function that no longer exists stops the profile with its
+# name instead of printing zeros.
+LOADER = "pipeline.loader.SourceLoader"
+PROFILE_PARTS: list[tuple[str, str, str]] = [
+    ("plan: ensure_plan (total)", f"{LOADER}.ensure_plan", ""),
+    ("  plan: measure_cost_per_byte", "connectors.cost.measure_cost_per_byte", ""),
+    ("  plan: publish_work_plan", "pipeline.work_plan.publish_work_plan", ""),
+    ("producer: new_producer (init_transactions)", f"{LOADER}.new_producer", ""),
+    ("consumer.poll in _loop (join, fetch, idle)", "confluent_kafka.Consumer.poll", f"{LOADER}._loop"),
+    ("plan_is_done (committed offsets)", "pipeline.work_plan.plan_is_done", f"{LOADER}._loop"),
+    ("transactions: _transaction (total, = busy)", f"{LOADER}._transaction", ""),
+    ("  begin_transaction", "confluent_kafka.Producer.begin_transaction", f"{LOADER}.transaction"),
+    ("  units: _publish (total)", f"{LOADER}._publish", ""),
+    ("    read (reader.read, batching)", "pipeline.loader._batches", f"{LOADER}._publish"),
+    ("    tokenize (SampleBuilder.build)", "connectors.samples.SampleBuilder.build", f"{LOADER}._publish"),
+    ("    encode_sample", "topics.sample_codec.encode_sample", f"{LOADER}._publish"),
+    ("    produce()", "pipeline.kafka_clients.produce", f"{LOADER}._publish"),
+    ("  next unit ready (_next_ready)", f"{LOADER}._next_ready", ""),
+    ("  send_offsets", "pipeline.kafka_clients.send_offsets", f"{LOADER}.transaction"),
+    ("  commit_or_abort (commit)", "pipeline.kafka_clients.commit_or_abort", f"{LOADER}.transaction"),
+    ("close: consumer.close, producer.flush", "pipeline.role_protocol.closing_unless_stuck", ""),
+]  # fmt: skip
+
+
+def _resolve(dotted: str) -> object:
+    """The function or method ``dotted`` names: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            target: object = importlib.import_module(".".join(parts[:split]))
+        except ModuleNotFoundError:
             continue
-        if not caller:
-            calls, seconds = calls + nc, seconds + ct
-            continue
-        for (_cfile, _cline, cfunc), value in callers.items():
-            if cfunc == caller:
-                calls, seconds = calls + value[1], seconds + value[3]
-    return calls, seconds
+        for name in parts[split:]:
+            target = getattr(target, name)
+        return target
+    raise ModuleNotFoundError(dotted)
 
 
-def _method(name: str, cls: str) -> str:
-    return f"<method '{name}' of 'cimpl.{cls}' objects>"
+def _profile_key(dotted: str) -> tuple[str, int, str]:
+    """cProfile's key of the function ``dotted`` names: (file, first line, name), or for a method of a C
+    extension type ("~", 0, its repr)."""
+    target = inspect.unwrap(_resolve(dotted))  # a @contextmanager's own function, not its wrapper
+    code = getattr(target, "__code__", None)
+    if code is None:
+        return ("~", 0, repr(target))
+    return (code.co_filename, code.co_firstlineno, code.co_name)
 
 
-PROFILE_PARTS: list[tuple[str, str, str, str]] = [
-    # (label, function name, file suffix, caller)
-    ("plan: ensure_plan (total)", "ensure_plan", "loader.py", ""),
-    ("  plan: measure_cost_per_byte", "measure_cost_per_byte", "cost.py", ""),
-    ("  plan: publish_work_plan", "publish_work_plan", "work_plan.py", ""),
-    ("producer init (init_transactions)", _method("init_transactions", "Producer"), "", "transactional_producer"),
-    ("consumer.poll (join, fetch, idle)", _method("poll", "Consumer"), "", "_loop"),
-    ("plan_is_done (committed offsets)", "plan_is_done", "work_plan.py", "_loop"),
-    ("unit: _process (total)", "_process", "loader.py", ""),
-    ("  read (reader.read)", "_batches", "loader.py", "_publish"),
-    ("  tokenize (builder.build)", "build", "samples.py", "_publish"),
-    ("  encode_sample", "encode_sample", "sample_codec.py", "_publish"),
-    ("  produce()", "produce", "kafka_clients.py", "_publish"),
-    ("  begin_transaction", _method("begin_transaction", "Producer"), "", "_process"),
-    ("  send_offsets_to_transaction", _method("send_offsets_to_transaction", "Producer"), "", "_process"),
-    ("  commit_transaction", _method("commit_transaction", "Producer"), "", "commit_or_abort"),
-    ("close consumer + flush", _method("close", "Consumer"), "", "run"),
-]
+def profile_keys() -> list[tuple[str, tuple[str, int, str], tuple[str, int, str] | None]]:
+    """PROFILE_PARTS with their functions looked up; names every row whose function does not exist."""
+    keys, stale = [], []
+    for label, name, caller in PROFILE_PARTS:
+        try:
+            keys.append((label, _profile_key(name), _profile_key(caller) if caller else None))
+        except (AttributeError, ModuleNotFoundError) as exc:
+            stale.append(f"{label.strip()!r} names {name}{f' called from {caller}' if caller else ''}: {exc}")
+    if stale:
+        raise SystemExit("PROFILE_PARTS names functions that do not exist; update them:\n  " + "\n  ".join(stale))
+    return keys
 
 
-def profile_loader(spec: JobSpec, source: str, bootstrap: str, unit_seconds: float) -> None:
+def _calls_and_seconds(stats: pstats.Stats, key: tuple, caller: tuple | None) -> tuple[int, float]:
+    """(calls, cumulative seconds) of the function ``key``; with ``caller``, only its calls from there."""
+    entry = stats.stats.get(key)  # type: ignore[attr-defined]
+    if entry is None:
+        return 0, 0.0
+    _cc, calls, _tt, cumulative, callers = entry
+    if caller is None:
+        return calls, cumulative
+    from_caller = callers.get(caller)  # (calls, primitive calls, own seconds, cumulative seconds)
+    return (from_caller[0], from_caller[3]) if from_caller else (0, 0.0)
+
+
+def profile_loader(spec: JobSpec, source: str, bootstrap: str, unit_seconds: float, markdown: bool) -> None:
     """One loader of ``source`` in this process under cProfile; prints where its time goes."""
+    keys = profile_keys()
     config = spec.kafka.client_config(bootstrap)
     ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks)
     runtime = SourceRuntime.from_spec(spec, source)
@@ -309,18 +384,20 @@ def profile_loader(spec: JobSpec, source: str, bootstrap: str, unit_seconds: flo
     profiler.disable()
     total = time.perf_counter() - began
     ps = pstats.Stats(profiler)
-    print(f"\nprofile: one loader of {source!r}: {stats.units} units, {stats.samples} samples, {stats.tokens} tokens; "
-          f"{total:.2f} s from run() called to return (cProfile on; its overhead inflates per-call costs)")  # fmt: skip
-    print(f"  {'part':<38} {'calls':>7} {'seconds':>8} {'share':>6} {'per call':>10}")
-    for label, name, suffix, caller in PROFILE_PARTS:
-        calls, seconds = _profile_entries(ps, name, suffix, caller)
-        per_call = f"{seconds / calls * 1e3:8.3f}ms" if calls else "-"
-        print(f"  {label:<38} {calls:>7} {seconds:>8.3f} {seconds / total:>6.1%} {per_call:>10}")
+    rows = []
+    for label, key, caller in keys:
+        calls, seconds = _calls_and_seconds(ps, key, caller)
+        per_call = f"{seconds / calls * 1e3:.3f} ms" if calls else "-"
+        rows.append([label, calls, f"{seconds:.3f}", f"{seconds / total:.1%}", per_call])
+    title = (f"profile: one loader of {source!r}: {stats.units} units, {stats.samples} samples, {stats.tokens} tokens; "
+             f"{total:.2f} s from run() called to return, {stats.busy_seconds:.2f} s in transactions (cProfile on; "
+             f"its overhead inflates per-call costs; 0 calls: not called in this run)")  # fmt: skip
+    print_table(["part", "calls", "seconds", "share", "per call"], rows, title=title, markdown=markdown)
 
 
 def startup_seconds(repeats: int) -> float:
     """Median wall seconds for a fresh interpreter to import the loader's modules (no Kafka)."""
-    code = "import pipeline.cli, pipeline.load_cli, pipeline.loader"
+    code = "import pipeline.cli, pipeline.cli.load, pipeline.loader"
     walls = []
     for _ in range(repeats):
         began = time.perf_counter()
@@ -336,49 +413,53 @@ def fair_rate(base: Baseline, procs: int, cores: int) -> float:
     return min(procs * base.rate, cores * base.rate_per_cpu_s)
 
 
-def print_tables(baselines: dict[str, Baseline], rows: list[Row], cores: int) -> None:
-    print("\nBaselines (in process, median):")
-    head = (f"{'source':<11} {'units':>5} {'samples':>7} {'tokens':>9} {'tokenize tok/s':>15} {'cores used':>10} "
-            f"{'tok/CPU-s':>10} {'tok+encode tok/s':>17} {'encode share':>12}")  # fmt: skip
-    print(head)
-    print("-" * len(head))
-    for source, b in baselines.items():
-        share = b.encode_share
-        print(f"{source:<11} {b.units:>5} {b.samples:>7} {b.tokens:>9} {b.rate:>15,.0f} "
-              f"{b.tokenize_cpu_s / b.tokenize_s:>10.2f} {b.rate_per_cpu_s:>10,.0f} {b.encode_rate:>17,.0f} "
-              f"{share:>12.1%}")  # fmt: skip
-    print(f"\nLoader runs (median of {len(rows[0].runs) if rows else 0}; wall = start of the first process to exit "
-          f"of the last; run() = slowest instance's own `seconds`):")  # fmt: skip
-    head = (
-        f"{'source':<11} {'N':>2} {'wall s':>7} {'run() s':>7} {'tokens':>9} {'tok/s wall':>11} "
-        f"{'tok/s run()':>11} {'plain':>6} {'fair':>6} {'fair run()':>10} {'busy s':>6} {'fair busy':>9} "
-        f"{'CPU s':>6} {'per-CPU-s':>9}"
-    )
-    print(head)
-    print("-" * len(head))
+def print_tables(baselines: dict[str, Baseline], rows: list[Row], cores: int, repeats: int, markdown: bool) -> None:
+    print_table(
+        ["source", "units", "samples", "tokens", "tokenize tok/s", "cores used", "tok/CPU-s", "tok+encode tok/s",
+         "encode share"],
+        [[source, b.units, b.samples, f"{b.tokens:,}", f"{b.rate:,.0f}", f"{b.tokenize_cpu_s / b.tokenize_s:.2f}",
+          f"{b.rate_per_cpu_s:,.0f}", f"{b.encode_rate:,.0f}", f"{b.encode_share:.1%}"]
+         for source, b in baselines.items()],
+        title=f"Baselines (a fresh process per pass, the loader's batches of documents; fastest of {repeats}):",
+        markdown=markdown,
+    )  # fmt: skip
+    table, notes = [], []
     for row in rows:
         b = baselines[row.source]
-        wall, run_s = row.median(lambda r: r.wall_s), row.median(lambda r: r.run_s)
-        tokens = int(row.median(lambda r: r.tokens))
-        cpu = row.median(lambda r: r.cpu_s)
-        busy = row.median(lambda r: r.busy_s)
-        rate, run_rate, busy_rate = tokens / wall, tokens / run_s, tokens / busy
+        wall, run_s = row.fastest(lambda r: r.wall_s), row.fastest(lambda r: r.run_s)
+        tokens = int(statistics.median(r.tokens for r in row.runs))
+        cpu = row.fastest(lambda r: r.cpu_s)
+        busy = row.fastest(lambda r: r.busy_s)
+        rate, run_rate = tokens / wall, tokens / run_s
         fair = fair_rate(b, row.procs, cores)
-        note = "" if tokens == b.tokens else f"  (baseline has {b.tokens} tokens)"
-        aborted = sum(r.aborted for r in row.runs)
-        note += f"  ({aborted} aborted units)" if aborted else ""
-        print(f"{row.source:<11} {row.procs:>2} {wall:>7.2f} {run_s:>7.2f} {tokens:>9} {rate:>11,.0f} "
-              f"{run_rate:>11,.0f} {rate / b.rate:>6.2f} {rate / fair:>6.2f} {run_rate / fair:>10.2f} "
-              f"{busy:>6.2f} {busy_rate / fair:>9.2f} {cpu:>6.2f} "
-              f"{(tokens / cpu) / b.rate_per_cpu_s:>9.2f}{note}")  # fmt: skip
+        table.append([
+            row.source, row.procs, f"{wall:.2f}", f"{run_s:.2f}", f"{busy:.2f}", f"{rate:,.0f}",
+            f"{rate / b.rate:.2f}", f"{rate / fair:.2f}", f"{run_rate / fair:.2f}", f"{tokens / busy / b.rate:.2f}",
+            f"{cpu:.2f}", f"{(tokens / cpu) / b.rate_per_cpu_s:.2f}",
+        ])  # fmt: skip
+        if tokens != b.tokens:
+            notes.append(f"{row.source} N={row.procs}: {tokens} tokens committed, the baseline has {b.tokens}")
+        if aborted := sum(r.aborted for r in row.runs):
+            notes.append(f"{row.source} N={row.procs}: {aborted} aborted units")
+    print_table(
+        ["source", "N", "wall s", "run() s", "busy s", "tok/s wall", "plain", "fair", "fair run()", "busy", "CPU s",
+         "per-CPU-s"],
+        table,
+        title=f"Loader runs (fastest of {repeats}):",
+        markdown=markdown,
+    )  # fmt: skip
+    for note in notes:
+        print(f"note: {note}")
     print(
-        f"\nplain = tok/s wall / single-process tokenize tok/s.  fair = tok/s / min(N x tokenize tok/s, "
-        f"{cores} cores x tokenize tok/CPU-s): one process's tokenizer already runs on several threads, so N "
-        f"processes cannot beat what {cores} cores tokenize.  fair run() = the same with run()'s seconds "
-        f"(no start-up, no planning).  fair busy = the same with the busiest instance's seconds inside "
-        f"transactions (reading, tokenizing, encoding, producing, committing: no start-up, planning or group "
-        f"join).  per-CPU-s = (tokens / loader CPU-s, all N processes, start-up "
-        f"included) / baseline tok/CPU-s.  Target: >= 0.8."
+        f"\nwall = start of the first process to exit of the last.  run() = the slowest instance's own seconds "
+        f"(no start-up, no planning).  busy s = seconds inside transactions (reading, tokenizing, encoding, "
+        f"producing, committing), summed over the N instances.  plain = tok/s wall / single-process tokenize "
+        f"tok/s.  fair = tok/s / min(N x tokenize tok/s, {cores} cores x tokenize tok/CPU-s): one process's "
+        f"tokenizer already runs on several threads, so N processes cannot beat what {cores} cores tokenize.  "
+        f"fair run() = the same with run()'s seconds.  busy = (tokens / busy s) / tokenize tok/s: a loader's "
+        f"rate while it works, next to tokenizing alone (at most 1 but for noise; lower with N loaders sharing "
+        f"the cores).  per-CPU-s = (tokens / loader CPU-s, all N processes, start-up included) / baseline "
+        f"tok/CPU-s.  Target: >= 0.8."
     )
 
 
@@ -388,7 +469,7 @@ def print_tables(baselines: dict[str, Baseline], rows: list[Row], cores: int) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bootstrap-servers", default=DEFAULT_BOOTSTRAP, help="default: %(default)s")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; medians (default: 3)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; the fastest counts (default: 3)")
     parser.add_argument("--quick", action="store_true", help=f"1 repeat, data built with --limit {QUICK_LIMIT}")
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4], help="loader processes per source")
     parser.add_argument("--sources", nargs="+", default=None, help="default: every source of the example")
@@ -398,7 +479,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="also profile one in-process loader per source")
     parser.add_argument("--no-runs", action="store_true", help="skip the loader-process runs (with --profile)")
     parser.add_argument("--keep-logs", type=Path, help="write the loaders' logs here (default: a temporary folder)")
+    add_markdown_flag(parser)
+    parser.add_argument("--baseline-pass", nargs=2, metavar=("SPEC", "SOURCE"), help=argparse.SUPPRESS)
+    parser.add_argument("--encode", action="store_true", help=argparse.SUPPRESS)  # with --baseline-pass
     args = parser.parse_args(argv)
+    if args.baseline_pass:  # one baseline pass, in the fresh process baseline_pass() started
+        spec_path, source = args.baseline_pass
+        print(json.dumps(timed_pass(Path(spec_path), source, args.unit_seconds, args.encode)))
+        return 0
     repeats = 1 if args.quick else args.repeats
     cores = len(os.sched_getaffinity(0))
     jobs: list[str] = []
@@ -407,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         logs = args.keep_logs or scratch
         logs.mkdir(parents=True, exist_ok=True)
         data = example_data(args.quick, scratch)
-        base_spec = load_spec(write_job_spec(scratch, new_job("base"), args.bootstrap_servers, data, args.epochs))
+        base_spec_path = write_job_spec(scratch, new_job("base"), args.bootstrap_servers, data, args.epochs)
+        base_spec = load_spec(base_spec_path)
         sources = args.sources or list(base_spec.source_names)
         print(f"machine: {cores} cores, load average {os.getloadavg()[0]:.2f}; broker {args.bootstrap_servers}; "
               f"data {data}; epochs {args.epochs}; --unit-seconds {args.unit_seconds}; repeats {repeats}")  # fmt: skip
@@ -420,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             # load from whatever else shares the machine.
             for repeat in range(repeats):
                 for source in sources:
-                    passes[source].append(baseline_pass(base_spec, source, args.unit_seconds))
+                    passes[source].append(baseline_pass(base_spec_path, source, args.unit_seconds))
                     print(f"  repeat {repeat + 1} {source} baseline: {passes[source][-1]}", flush=True)
                     for procs in [] if args.no_runs else args.procs:
                         job = new_job(f"{source}-n{procs}")
@@ -430,15 +519,15 @@ def main(argv: list[str] | None = None) -> int:
                         rows[(source, procs)].runs.append(run)
                         print(f"  repeat {repeat + 1} {source} N={procs}: {run}", flush=True)
                     loads.append(os.getloadavg()[0])
-            baselines = {s: median_baseline(p) for s, p in passes.items()}
+            baselines = {s: fastest_baseline(p) for s, p in passes.items()}
             print(f"\n1-minute load average during the runs: min {min(loads):.2f}, max {max(loads):.2f}")
-            print_tables(baselines, [row for row in rows.values() if row.runs], cores)
+            print_tables(baselines, [row for row in rows.values() if row.runs], cores, repeats, args.markdown)
             if args.profile:
                 for source in sources:
                     job = new_job(f"prof-{source}")
                     jobs.append(job)
                     spec = load_spec(write_job_spec(scratch, job, args.bootstrap_servers, data, args.epochs))
-                    profile_loader(spec, source, args.bootstrap_servers, args.unit_seconds)
+                    profile_loader(spec, source, args.bootstrap_servers, args.unit_seconds, args.markdown)
         finally:
             deleted = 0
             for job in jobs:

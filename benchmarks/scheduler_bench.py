@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from _table import add_markdown_flag, print_table
 
 from pipeline.scheduler import DEFAULT_COST_MODEL, plan_step, validate_plan
 
@@ -171,26 +172,18 @@ def run_scenario(dist: Distribution, ranks: int, repeats: int, rng: np.random.Ge
     }
 
 
-def print_table(rows: list[dict]) -> None:
-    headers = list(rows[0])
-    widths = [max(len(h), *(len(str(row[h])) for row in rows)) for h in headers]
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in rows:
-        print("| " + " | ".join(str(row[h]).ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small scales only (64 and 512 ranks)")
     parser.add_argument("--seed", type=int, default=0)
+    add_markdown_flag(parser)
     args = parser.parse_args()
     scales = (64, 512) if args.quick else (64, 512, 4096)
     repeats = 3 if args.quick else 5
     rng = np.random.default_rng(args.seed)
     plan_step(np.arange(1, 100, dtype=np.int64), 4, 2, 1000)  # compile (or load) the kernels first
     rows = [run_scenario(dist, ranks, repeats, rng) for dist in DISTRIBUTIONS for ranks in scales]
-    print_table(rows)
+    print_table(list(rows[0]), [list(row.values()) for row in rows], markdown=args.markdown)
     print(
         "Ratios are largest rank cost / lower bound max(placed cost / R, largest placed cost)."
         " * greedy and KK ignore token capacity and place the whole candidate prefix."

@@ -40,6 +40,15 @@ def _docker_engine_answers() -> bool:
     return True
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test whose fixture closure holds ``kafka_bootstrap`` (asked for directly or through another
+    fixture) with ``kafka``, so that ``-m "not kafka"`` runs the rest without a broker and ``-m kafka`` this."""
+    for item in items:
+        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """The bootstrap address of a real Kafka broker for this test session."""

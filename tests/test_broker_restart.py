@@ -32,6 +32,7 @@ def private_broker(tmp_path: Path):
         broker.down()
 
 
+@pytest.mark.kafka  # starts a broker of its own (not the session's), so not part of the pure suite
 def test_a_loader_survives_a_broker_restart(
     private_broker: tuple[LocalBroker, str], tmp_path: Path, unique_name: str
 ) -> None:

@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -22,6 +24,7 @@ from pipeline.work_plan import publish_work_plan
 from tests.kafka_support import TopicGrowth
 from tests.loader_support import REPO, SOURCES, build_example_data, committed_sample_ids, load_sources, write_spec
 from topics.admin import ensure_job_topics
+from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.dead_letter import decode_dead_letter_message
 from topics.log_reader import read_to_end
@@ -63,26 +66,59 @@ def _run(spec: Path, output_job: str, *extra: str) -> dict:
     return json.loads(out.decode().strip().splitlines()[-1])
 
 
-def _steps(bootstrap: str, job: str) -> list[list[tuple[list[str], bytes, list[int]]]]:
-    """Per step, per rank: (sample ids, token bytes, sample lengths) as the rank topics hold them."""
+class RankRecord(NamedTuple):
+    """One record of a rank topic, as the broker holds it."""
+
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...]
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a constructor wrote to a job's rank topics."""
+
+    records: list[list[RankRecord]]  # per rank, every record in offset order, the end-of-data record included
+    steps: list[list[Batch]]  # per step, per rank: the decoded batch
+
+    def sample_ids(self) -> list[str]:
+        return [i for step in self.steps for batch in step for i in batch.sample_ids]
+
+
+def _written(bootstrap: str, job: str) -> Written:
+    """The rank topics of ``job``: their records as bytes, and per step and rank the decoded batch."""
     topics = JobTopics(job)
-    per_rank = []
+    records, per_rank = [], []
     for r in range(RANKS):
-        records = read_to_end({"bootstrap.servers": bootstrap}, topics.rank(r))
-        ends = [i for i, m in enumerate(records) if end_of_data_steps(m.headers()) is not None]
+        messages = read_to_end({"bootstrap.servers": bootstrap}, topics.rank(r))
+        records.append([RankRecord(m.key(), m.value(), tuple(m.headers() or ())) for m in messages])
+        ends = [i for i, m in enumerate(messages) if end_of_data_steps(m.headers()) is not None]
         # A finished job closes each rank topic with one end-of-data record, after its last step.
-        assert ends in ([], [len(records) - 1]), f"end-of-data records at {ends} of {len(records)}"
+        assert ends in ([], [len(messages) - 1]), f"end-of-data records at {ends} of {len(messages)}"
         if ends:
-            assert end_of_data_steps(records[-1].headers()) == len(records) - 1
-            records = records[:-1]
-        per_rank.append([decode_batch_message(m) for m in records])
+            assert end_of_data_steps(messages[-1].headers()) == len(messages) - 1
+            messages = messages[:-1]
+        per_rank.append([decode_batch_message(m) for m in messages])
     assert len({len(batches) for batches in per_rank}) == 1, "ranks hold different numbers of steps"
     for batches in per_rank:
         assert [b.step for b in batches] == list(range(len(batches))), "steps missing, repeated or out of order"
-    return [
-        [(list(b.sample_ids), np.asarray(b.tokens).tobytes(), [int(n) for n in b.lengths]) for b in step_batches]
-        for step_batches in zip(*per_rank, strict=True)
-    ]
+    return Written(records, [list(step) for step in zip(*per_rank, strict=True)])
+
+
+def _assert_identical(got: Written, expected: Written) -> None:
+    """Byte for byte: every record of every rank topic has the same key, value and headers. Sample ids
+    are compared first, step by step, so that a different draw fails naming its step and rank."""
+    for k, (got_step, expected_step) in enumerate(zip(got.steps, expected.steps, strict=False)):
+        for r, (g, e) in enumerate(zip(got_step, expected_step, strict=True)):
+            assert g.sample_ids == e.sample_ids, f"step {k} rank {r}: other samples"
+    assert len(got.steps) == len(expected.steps), f"{len(got.steps)} steps written, {len(expected.steps)} expected"
+    for r, (got_rank, expected_rank) in enumerate(zip(got.records, expected.records, strict=True)):
+        assert len(got_rank) == len(expected_rank), f"rank {r}: {len(got_rank)} records, {len(expected_rank)} expected"
+        for i, (g, e) in enumerate(zip(got_rank, expected_rank, strict=True)):
+            assert g.key == e.key, f"rank {r} record {i}: key {g.key!r}, expected {e.key!r}"
+            assert g.headers == e.headers, f"rank {r} record {i}: headers {g.headers}, expected {e.headers}"
+            assert g.value == e.value, f"rank {r} record {i}: the value bytes differ ({len(g.value)} vs {len(e.value)})"
+    assert got.records == expected.records
 
 
 def test_two_constructors_over_the_same_sources_write_identical_batches(
@@ -92,9 +128,9 @@ def test_two_constructors_over_the_same_sources_write_identical_batches(
     first = _run(spec, f"{unique_name}-a")
     second = _run(spec, f"{unique_name}-b")
     assert first["finished"] and second["finished"]
-    a, b = _steps(kafka_bootstrap, f"{unique_name}-a"), _steps(kafka_bootstrap, f"{unique_name}-b")
-    assert len(a) == first["steps"] > 10
-    assert a == b
+    a, b = _written(kafka_bootstrap, f"{unique_name}-a"), _written(kafka_bootstrap, f"{unique_name}-b")
+    assert len(a.steps) == first["steps"] > 10
+    _assert_identical(a, b)
 
 
 def test_every_sample_is_delivered_exactly_once_while_the_constructor_is_killed(
@@ -128,9 +164,10 @@ def test_every_sample_is_delivered_exactly_once_while_the_constructor_is_killed(
         growth.close()
     assert kills >= 1, "the constructor finished before the first kill"
 
-    got, expected = _steps(kafka_bootstrap, killed), _steps(kafka_bootstrap, reference)
-    assert got == expected, "the killed and restarted constructor wrote other batches than an uninterrupted one"
-    delivered = Counter(i for step in got for ids, _, _ in step for i in ids)
+    # The killed and restarted constructor must have written what an uninterrupted one wrote.
+    got, expected = _written(kafka_bootstrap, killed), _written(kafka_bootstrap, reference)
+    _assert_identical(got, expected)
+    delivered = Counter(got.sample_ids())
     assert max(delivered.values()) == 1, [i for i, n in delivered.items() if n > 1][:5]
     job = loaded_job[0]
     every = {i for s in SOURCES for i in committed_sample_ids(kafka_bootstrap, JobTopics(job), s)}
@@ -147,12 +184,12 @@ def test_token_shares_follow_the_curriculum(
     spec_path = _spec(tmp_path, kafka_bootstrap, loaded_job, mixture=schedule, on_exhausted="stop")
     summary = _run(spec_path, unique_name)
     spec = load_spec(spec_path)
-    steps = _steps(kafka_bootstrap, unique_name)
+    steps = _written(kafka_bootstrap, unique_name).steps
     assert len(steps) == summary["steps"] >= 10
     tokens = np.zeros((len(steps), len(SOURCES)))
     for k, step in enumerate(steps):
-        for ids, _, lengths in step:
-            for sample_id, length in zip(ids, lengths, strict=True):
+        for batch in step:
+            for sample_id, length in zip(batch.sample_ids, batch.lengths.tolist(), strict=True):
                 tokens[k, SOURCES.index(sample_id.split("/")[0])] += length
     weights = Schedule.from_spec(spec.mixture, list(SOURCES)).weights_array(np.arange(len(steps)))
     want = np.cumsum(weights * tokens.sum(axis=1, keepdims=True), axis=0)
@@ -172,7 +209,7 @@ def test_a_source_that_runs_out(
     spec = _spec(tmp_path, kafka_bootstrap, loaded_job, mixture=mixture, on_exhausted=policy)
     summary = _run(spec, unique_name)
     assert summary["finished"]
-    delivered = Counter(i for step in _steps(kafka_bootstrap, unique_name) for ids, _, _ in step for i in ids)
+    delivered = Counter(_written(kafka_bootstrap, unique_name).sample_ids())
     assert max(delivered.values()) == 1
     job = loaded_job[0]
     every = {i for s in SOURCES for i in committed_sample_ids(kafka_bootstrap, JobTopics(job), s)}
@@ -220,7 +257,7 @@ def test_an_undecodable_source_record_goes_to_the_dead_letter_topic(
 
     summary = _run(spec_path, unique_name)
     assert summary["finished"]
-    delivered = [i for step in _steps(kafka_bootstrap, unique_name) for ids, _, _ in step for i in ids]
+    delivered = _written(kafka_bootstrap, unique_name).sample_ids()
     assert sorted(delivered) == sorted(sent)
     letters = [decode_dead_letter_message(m) for m in read_to_end(config, topics.dlq)]
     assert len(letters) == 1
@@ -241,9 +278,10 @@ def test_resuming_step_by_step_with_long_context_matches_an_uninterrupted_run(
             break
     else:
         pytest.fail("the resumed constructor never finished")
-    got, expected = _steps(kafka_bootstrap, resumed), _steps(kafka_bootstrap, reference)
-    assert len(got) == summary["steps"]
-    assert got == expected
-    long_tokens = [sum(n for _, _, lengths in step for n in lengths if n >= 256) for step in got[:10]]
-    all_tokens = [sum(n for _, _, lengths in step for n in lengths) for step in got[:10]]
+    got, expected = _written(kafka_bootstrap, resumed), _written(kafka_bootstrap, reference)
+    assert len(got.steps) == summary["steps"]
+    _assert_identical(got, expected)
+    lengths = [np.concatenate([batch.lengths for batch in step]) for step in got.steps[:10]]
+    long_tokens = [int(step[step >= 256].sum()) for step in lengths]
+    all_tokens = [int(step.sum()) for step in lengths]
     assert sum(long_tokens) >= 0.25 * sum(all_tokens), "the long-context share was not drawn"

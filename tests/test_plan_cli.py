@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pipeline.cli import main
-from pipeline.scheduler import StepPlan, validate_plan
+from pipeline.scheduler import CostModel, StepPlan, plan_step, validate_plan
 
 
 def _args(lengths: Path, out: Path, *extra: str) -> list[str]:
@@ -24,9 +25,32 @@ def test_plan_writes_assignment_and_summary(tmp_path: Path, capsys: pytest.Captu
         rank, micro = saved["rank"], saved["micro"]
     assert rank.dtype == np.int32 and micro.dtype == np.int32 and rank.shape == lengths.shape
     validate_plan(StepPlan(rank, micro, ranks=4, micro_batches=2, capacity=4096), lengths)
+    # The file holds the scheduler's plan for the arguments given (ranks, micro-batches, capacity, alpha, beta).
+    expected = plan_step(lengths, 4, 2, 4096, CostModel(alpha=1.0, beta=100.0))
+    np.testing.assert_array_equal(rank, expected.rank)
+    np.testing.assert_array_equal(micro, expected.micro)
+
+    # The summary printed describes the plan in the file, recomputed here from it with numpy alone: about
+    # 39k tokens for 32k of capacity, so some samples wait, and costs are exact integers in float64.
+    placed = rank >= 0
+    assert 0 < placed.sum() < lengths.size
+    costs = lengths.astype(np.float64) ** 2 + 100 * lengths
+    micro_costs = np.zeros((4, 2))
+    np.add.at(micro_costs, (rank[placed], micro[placed]), costs[placed])
+    rank_costs = micro_costs.sum(axis=1)
+    busy = rank_costs > 0
+    micro_imbalance = (micro_costs[busy].max(axis=1) / (rank_costs[busy] / 2)).max()
+    lower_bound = max(costs[placed].sum() / 4, costs[placed].max())
+    tokens = int(lengths[placed].sum())
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].startswith("samples=40 ")
-    assert lines[-1].startswith("plan_seconds=") and float(lines[-1].split("=")[1]) >= 0
+    assert lines[:-1] == [
+        f"samples=40 placed={placed.sum()} deferred={(~placed).sum()}",
+        f"tokens placed={tokens} / capacity=32768 ({tokens / 32768:.2%})",
+        f"max rank cost={rank_costs.max():.6g} / lower bound={lower_bound:.6g}"
+        f" (ratio {rank_costs.max() / lower_bound:.4f})",
+        f"micro-batch imbalance={micro_imbalance:.4f}",
+    ]
+    assert re.fullmatch(r"plan_seconds=\d+\.\d{6}", lines[-1]), lines[-1]
 
 
 @pytest.mark.parametrize(

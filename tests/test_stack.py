@@ -29,6 +29,7 @@ def _mixflow(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*MIXFLOW, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.kafka  # starts a broker of its own (not the session's), so not part of the pure suite
 def test_up_is_idempotent_and_down_stops_the_broker(tmp_path: Path) -> None:
     state = tmp_path / "state"
     port = _two_free_ports()
@@ -48,9 +49,7 @@ def test_up_is_idempotent_and_down_stops_the_broker(tmp_path: Path) -> None:
     finally:
         down = _mixflow("stack", "down", "--state-dir", str(state))
     assert down.returncode == 0 and "stopped" in down.stdout
-    assert (
-        not Path(f"/proc/{pid}").exists() or b"kafka.Kafka" not in Path(f"/proc/{pid}/cmdline").read_bytes()
-    )
+    assert not Path(f"/proc/{pid}").exists() or b"kafka.Kafka" not in Path(f"/proc/{pid}/cmdline").read_bytes()
     assert _mixflow("stack", "status", "--state-dir", str(state)).returncode == 1
     assert "no broker of ours" in _mixflow("stack", "down", "--state-dir", str(state)).stdout
 

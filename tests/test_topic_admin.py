@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -130,12 +129,14 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+# The call must give up by itself when its timeout passes: a hang fails here, at pytest-timeout's limit,
+# instead of blocking the suite for the default 300 s.
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("call", [ensure_job_topics, delete_job_topics])
-def test_unreachable_broker_fails_within_the_timeout(call) -> None:
+def test_unreachable_broker_raises_naming_servers_and_timeout(call) -> None:
     port = _closed_port()
     arguments = ("job", ["web"], 1) if call is ensure_job_topics else ("job",)
-    started = time.monotonic()
-    with pytest.raises(MixflowError, match=f"127.0.0.1:{port}"):
+    with pytest.raises(MixflowError) as error:
         call(f"127.0.0.1:{port}", *arguments, timeout_s=1.5)
-    # Bounded, not a hang: the call gives up about when its timeout says (generous slack for slow CI).
-    assert time.monotonic() - started < 1.5 + 10
+    assert f"on Kafka at 127.0.0.1:{port}: " in str(error.value)
+    assert "no answer within 1.5 s" in str(error.value)
