@@ -50,9 +50,21 @@ def load_sources(spec_path: Path, bootstrap: str, folder: Path) -> None:
     processes = []
     for source in spec.sources:
         for i in range(source.loaders):
-            command = [sys.executable, "-m", "pipeline.cli", "load", "--spec", str(spec_path), "--source",
-                       source.name, "--instance", str(i), "--until-drained",
-                       "--bootstrap-servers", bootstrap]  # fmt: skip
+            command = [
+                sys.executable,
+                "-m",
+                "pipeline.cli",
+                "load",
+                "--spec",
+                str(spec_path),
+                "--source",
+                source.name,
+                "--instance",
+                str(i),
+                "--until-drained",
+                "--bootstrap-servers",
+                bootstrap,
+            ]
             log = (folder / f"load-{source.name}-{i}.log").open("wb")
             processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, cwd=REPO))
     for process in processes:
@@ -111,8 +123,9 @@ def main() -> int:
     add_markdown_flag(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    subprocess.run([sys.executable, str(REPO / "examples" / "build_example_data.py")], check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(REPO / "examples" / "build_example_data.py")], check=True, stdout=subprocess.DEVNULL
+    )
 
     job = f"cbench-{uuid.uuid4().hex[:6]}"
     folder = Path(tempfile.mkdtemp(prefix="cbench-"))
@@ -159,22 +172,37 @@ def report_table(spec: JobSpec, config: dict, rows: list, output_job: str, markd
     share = per_step[:full] / per_step[:full].sum(axis=1, keepdims=True)
     step_error = np.abs(share - weights)  # (full, S)
     table = [
-        [f"throughput, tokens/s (median of {len(rows)})", f"{tokens / seconds:,.0f}",
-         f"{tokens / raw_seconds:,.0f} (raw consume+produce, same bytes)", f"{raw_seconds / seconds:.2f}"],
+        [
+            f"throughput, tokens/s (median of {len(rows)})",
+            f"{tokens / seconds:,.0f}",
+            f"{tokens / raw_seconds:,.0f} (raw consume+produce, same bytes)",
+            f"{raw_seconds / seconds:.2f}",
+        ],
         ["steps/s", f"{steps / seconds:.1f}", f"{steps / raw_seconds:.1f}", ""],
-        ["largest rank cost / mean, median over steps", f"{np.median(report.imbalance):.3f}",
-         f"{np.median(report.naive_imbalance):.3f} (naive per-rank loading)",
-         f"{np.median(report.naive_imbalance / report.imbalance):.2f}x step-time speedup"],
+        [
+            "largest rank cost / mean, median over steps",
+            f"{np.median(report.imbalance):.3f}",
+            f"{np.median(report.naive_imbalance):.3f} (naive per-rank loading)",
+            f"{np.median(report.naive_imbalance / report.imbalance):.2f}x step-time speedup",
+        ],
         ["same, worst step", f"{report.imbalance.max():.3f}", f"{report.naive_imbalance.max():.3f}", ""],
         ["state record bytes per step (median / max)", f"{np.median(sizes):.0f} / {sizes.max()}", "", ""],
-        ["steps, tokens, fill of capacity",
-         f"{steps}, {tokens:,}, {tokens / (steps * spec.step.tokens_per_step):.1%}", "", ""],
-    ]  # fmt: skip
+        [
+            "steps, tokens, fill of capacity",
+            f"{steps}, {tokens:,}, {tokens / (steps * spec.step.tokens_per_step):.1%}",
+            "",
+            "",
+        ],
+    ]
     for i, s in enumerate(sources):
-        table.append([
-            f"share of {s}: per-step error median / max, cumulative drift (tokens) over {full} steps",
-            f"{np.median(step_error[:, i]):.3f} / {step_error[:, i].max():.3f}, {report.share_error[i]:.0f}", "", "",
-        ])  # fmt: skip
+        table.append(
+            [
+                f"share of {s}: per-step error median / max, cumulative drift (tokens) over {full} steps",
+                f"{np.median(step_error[:, i]):.3f} / {step_error[:, i].max():.3f}, {report.share_error[i]:.0f}",
+                "",
+                "",
+            ]
+        )
     print()
     print_table(["metric", "value", "baseline", "ratio"], table, markdown=markdown)
 

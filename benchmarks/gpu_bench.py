@@ -194,10 +194,13 @@ def block_timings(lengths: list[int], tokens: int, repeats: int) -> dict[str, An
     (alpha, beta, constant), *_ = np.linalg.lstsq(design, np.ones_like(per_sample), rcond=None)
     fitted = alpha * lengths_arr**2 + beta * lengths_arr + constant
     return {
-        "hidden": hidden, "heads": heads, "tokens_per_micro_batch": tokens, "rows": rows,
+        "hidden": hidden,
+        "heads": heads,
+        "tokens_per_micro_batch": tokens,
+        "rows": rows,
         "fit_ms": {"alpha": alpha, "beta": beta, "constant": constant, "beta_over_alpha": beta / alpha},
         "fit_worst_relative_error": float(np.max(np.abs(fitted / per_sample - 1))),
-    }  # fmt: skip
+    }
 
 
 def main() -> int:

@@ -180,8 +180,14 @@ def timed_pass(spec_path: Path, source: str, unit_seconds: float, encode: bool) 
             tokens += sum(sample.length for sample in built.samples)
             samples += len(built.samples)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    return {"tokens": tokens, "samples": samples, "units": len(units), "wall_s": wall, "cpu_s": cpu,
-            "encode_s": encoding}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "samples": samples,
+        "units": len(units),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "encode_s": encoding,
+    }
 
 
 def baseline_pass(spec_path: Path, source: str, unit_seconds: float) -> BaselinePass:
@@ -190,8 +196,16 @@ def baseline_pass(spec_path: Path, source: str, unit_seconds: float) -> Baseline
     after pass: a baseline measured in this process after a few passes was slower than the loaders.)"""
 
     def child(encode: bool) -> dict[str, float]:
-        command = [sys.executable, str(Path(__file__).resolve()), "--baseline-pass", str(spec_path), source,
-                   "--unit-seconds", str(unit_seconds), *(["--encode"] if encode else [])]  # fmt: skip
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--baseline-pass",
+            str(spec_path),
+            source,
+            "--unit-seconds",
+            str(unit_seconds),
+            *(["--encode"] if encode else []),
+        ]
         result = subprocess.run(
             command, capture_output=True, text=True, cwd=REPO, timeout=LOADER_TIMEOUT_S, check=False
         )
@@ -203,9 +217,14 @@ def baseline_pass(spec_path: Path, source: str, unit_seconds: float) -> Baseline
 
     plain, encoded = child(encode=False), child(encode=True)
     return BaselinePass(
-        int(plain["tokens"]), int(plain["samples"]), int(plain["units"]), plain["wall_s"], plain["cpu_s"],
-        encoded["wall_s"], encoded["encode_s"] / encoded["wall_s"],
-    )  # fmt: skip
+        int(plain["tokens"]),
+        int(plain["samples"]),
+        int(plain["units"]),
+        plain["wall_s"],
+        plain["cpu_s"],
+        encoded["wall_s"],
+        encoded["encode_s"] / encoded["wall_s"],
+    )
 
 
 def fastest_baseline(passes: list[BaselinePass]) -> Baseline:
@@ -251,8 +270,21 @@ def _children_cpu() -> float:
 
 
 def run_loaders(spec_path: Path, source: str, procs: int, bootstrap: str, unit_seconds: float, logs: Path) -> LoaderRun:
-    command = [sys.executable, "-m", "pipeline.cli", "load", "--spec", str(spec_path), "--source", source,
-               "--until-drained", "--bootstrap-servers", bootstrap, "--unit-seconds", str(unit_seconds)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "load",
+        "--spec",
+        str(spec_path),
+        "--source",
+        source,
+        "--until-drained",
+        "--bootstrap-servers",
+        bootstrap,
+        "--unit-seconds",
+        str(unit_seconds),
+    ]
     outputs = [logs / f"{spec_path.stem}-{source}-{k}.out" for k in range(procs)]
     cpu0 = _children_cpu()
     began = time.perf_counter()
@@ -317,7 +349,7 @@ PROFILE_PARTS: list[tuple[str, str, str]] = [
     ("  send_offsets", "pipeline.kafka_clients.send_offsets", f"{LOADER}.transaction"),
     ("  commit_or_abort (commit)", "pipeline.kafka_clients.commit_or_abort", f"{LOADER}.transaction"),
     ("close: consumer.close, producer.flush", "pipeline.role_protocol.closing_unless_stuck", ""),
-]  # fmt: skip
+]
 
 
 def _resolve(dotted: str) -> object:
@@ -375,8 +407,9 @@ def profile_loader(spec: JobSpec, source: str, bootstrap: str, unit_seconds: flo
     config = spec.kafka.client_config(bootstrap)
     ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks)
     runtime = SourceRuntime.from_spec(spec, source)
-    loader = SourceLoader(config, JobTopics(spec.job), runtime, spec.seed,
-                          LoaderOptions(until_drained=True, unit_seconds=unit_seconds))  # fmt: skip
+    loader = SourceLoader(
+        config, JobTopics(spec.job), runtime, spec.seed, LoaderOptions(until_drained=True, unit_seconds=unit_seconds)
+    )
     profiler = cProfile.Profile()
     began = time.perf_counter()
     profiler.enable()
@@ -389,9 +422,11 @@ def profile_loader(spec: JobSpec, source: str, bootstrap: str, unit_seconds: flo
         calls, seconds = _calls_and_seconds(ps, key, caller)
         per_call = f"{seconds / calls * 1e3:.3f} ms" if calls else "-"
         rows.append([label, calls, f"{seconds:.3f}", f"{seconds / total:.1%}", per_call])
-    title = (f"profile: one loader of {source!r}: {stats.units} units, {stats.samples} samples, {stats.tokens} tokens; "
-             f"{total:.2f} s from run() called to return, {stats.busy_seconds:.2f} s in transactions (cProfile on; "
-             f"its overhead inflates per-call costs; 0 calls: not called in this run)")  # fmt: skip
+    title = (
+        f"profile: one loader of {source!r}: {stats.units} units, {stats.samples} samples, {stats.tokens} tokens; "
+        f"{total:.2f} s from run() called to return, {stats.busy_seconds:.2f} s in transactions (cProfile on; "
+        f"its overhead inflates per-call costs; 0 calls: not called in this run)"
+    )
     print_table(["part", "calls", "seconds", "share", "per call"], rows, title=title, markdown=markdown)
 
 
@@ -415,14 +450,34 @@ def fair_rate(base: Baseline, procs: int, cores: int) -> float:
 
 def print_tables(baselines: dict[str, Baseline], rows: list[Row], cores: int, repeats: int, markdown: bool) -> None:
     print_table(
-        ["source", "units", "samples", "tokens", "tokenize tok/s", "cores used", "tok/CPU-s", "tok+encode tok/s",
-         "encode share"],
-        [[source, b.units, b.samples, f"{b.tokens:,}", f"{b.rate:,.0f}", f"{b.tokenize_cpu_s / b.tokenize_s:.2f}",
-          f"{b.rate_per_cpu_s:,.0f}", f"{b.encode_rate:,.0f}", f"{b.encode_share:.1%}"]
-         for source, b in baselines.items()],
+        [
+            "source",
+            "units",
+            "samples",
+            "tokens",
+            "tokenize tok/s",
+            "cores used",
+            "tok/CPU-s",
+            "tok+encode tok/s",
+            "encode share",
+        ],
+        [
+            [
+                source,
+                b.units,
+                b.samples,
+                f"{b.tokens:,}",
+                f"{b.rate:,.0f}",
+                f"{b.tokenize_cpu_s / b.tokenize_s:.2f}",
+                f"{b.rate_per_cpu_s:,.0f}",
+                f"{b.encode_rate:,.0f}",
+                f"{b.encode_share:.1%}",
+            ]
+            for source, b in baselines.items()
+        ],
         title=f"Baselines (a fresh process per pass, the loader's batches of documents; fastest of {repeats}):",
         markdown=markdown,
-    )  # fmt: skip
+    )
     table, notes = [], []
     for row in rows:
         b = baselines[row.source]
@@ -432,22 +487,45 @@ def print_tables(baselines: dict[str, Baseline], rows: list[Row], cores: int, re
         busy = row.fastest(lambda r: r.busy_s)
         rate, run_rate = tokens / wall, tokens / run_s
         fair = fair_rate(b, row.procs, cores)
-        table.append([
-            row.source, row.procs, f"{wall:.2f}", f"{run_s:.2f}", f"{busy:.2f}", f"{rate:,.0f}",
-            f"{rate / b.rate:.2f}", f"{rate / fair:.2f}", f"{run_rate / fair:.2f}", f"{tokens / busy / b.rate:.2f}",
-            f"{cpu:.2f}", f"{(tokens / cpu) / b.rate_per_cpu_s:.2f}",
-        ])  # fmt: skip
+        table.append(
+            [
+                row.source,
+                row.procs,
+                f"{wall:.2f}",
+                f"{run_s:.2f}",
+                f"{busy:.2f}",
+                f"{rate:,.0f}",
+                f"{rate / b.rate:.2f}",
+                f"{rate / fair:.2f}",
+                f"{run_rate / fair:.2f}",
+                f"{tokens / busy / b.rate:.2f}",
+                f"{cpu:.2f}",
+                f"{(tokens / cpu) / b.rate_per_cpu_s:.2f}",
+            ]
+        )
         if tokens != b.tokens:
             notes.append(f"{row.source} N={row.procs}: {tokens} tokens committed, the baseline has {b.tokens}")
         if aborted := sum(r.aborted for r in row.runs):
             notes.append(f"{row.source} N={row.procs}: {aborted} aborted units")
     print_table(
-        ["source", "N", "wall s", "run() s", "busy s", "tok/s wall", "plain", "fair", "fair run()", "busy", "CPU s",
-         "per-CPU-s"],
+        [
+            "source",
+            "N",
+            "wall s",
+            "run() s",
+            "busy s",
+            "tok/s wall",
+            "plain",
+            "fair",
+            "fair run()",
+            "busy",
+            "CPU s",
+            "per-CPU-s",
+        ],
         table,
         title=f"Loader runs (fastest of {repeats}):",
         markdown=markdown,
-    )  # fmt: skip
+    )
     for note in notes:
         print(f"note: {note}")
     print(
@@ -473,8 +551,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"1 repeat, data built with --limit {QUICK_LIMIT}")
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4], help="loader processes per source")
     parser.add_argument("--sources", nargs="+", default=None, help="default: every source of the example")
-    parser.add_argument("--unit-seconds", type=float, default=TARGET_UNIT_SECONDS,
-                        help="the loaders' --unit-seconds (work per unit); default: %(default)s")  # fmt: skip
+    parser.add_argument(
+        "--unit-seconds",
+        type=float,
+        default=TARGET_UNIT_SECONDS,
+        help="the loaders' --unit-seconds (work per unit); default: %(default)s",
+    )
     parser.add_argument("--epochs", type=int, default=1, help="passes over each source's files (more data)")
     parser.add_argument("--profile", action="store_true", help="also profile one in-process loader per source")
     parser.add_argument("--no-runs", action="store_true", help="skip the loader-process runs (with --profile)")
@@ -498,8 +580,10 @@ def main(argv: list[str] | None = None) -> int:
         base_spec_path = write_job_spec(scratch, new_job("base"), args.bootstrap_servers, data, args.epochs)
         base_spec = load_spec(base_spec_path)
         sources = args.sources or list(base_spec.source_names)
-        print(f"machine: {cores} cores, load average {os.getloadavg()[0]:.2f}; broker {args.bootstrap_servers}; "
-              f"data {data}; epochs {args.epochs}; --unit-seconds {args.unit_seconds}; repeats {repeats}")  # fmt: skip
+        print(
+            f"machine: {cores} cores, load average {os.getloadavg()[0]:.2f}; broker {args.bootstrap_servers}; "
+            f"data {data}; epochs {args.epochs}; --unit-seconds {args.unit_seconds}; repeats {repeats}"
+        )
         print(f"python start-up + imports of a loader process: {startup_seconds(repeats):.2f} s", flush=True)
         passes: dict[str, list[BaselinePass]] = {s: [] for s in sources}
         rows = {(s, n): Row(s, n) for s in sources for n in args.procs}

@@ -162,9 +162,14 @@ def verify_imports(side: Side) -> None:
     """Print where the side's interpreter imports the project's packages from; refuse another tree."""
     code = "import importlib, json; print(json.dumps({p: importlib.import_module(p).__file__ for p in %r}))"
     result = subprocess.run(
-        [sys.executable, "-c", code % (PACKAGES,)], cwd=side.tree, env=side.env(),
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [sys.executable, "-c", code % (PACKAGES,)],
+        cwd=side.tree,
+        env=side.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     if result.returncode != 0:
         msg = f"{side.label}: importing {', '.join(PACKAGES)} failed:\n{result.stderr[-2000:]}"
         raise CheckError(msg)
@@ -289,8 +294,18 @@ def loader_roles(spec: dict[str, Any], spec_file: Path, bootstrap: str) -> list[
     roles = []
     for source in spec["sources"]:
         for instance in range(int(source.get("loaders", 1))):
-            args = ["load", "--spec", str(spec_file), "--source", source["name"], "--instance", str(instance),
-                    "--until-drained", "--bootstrap-servers", bootstrap]  # fmt: skip
+            args = [
+                "load",
+                "--spec",
+                str(spec_file),
+                "--source",
+                source["name"],
+                "--instance",
+                str(instance),
+                "--until-drained",
+                "--bootstrap-servers",
+                bootstrap,
+            ]
             roles.append((f"load-{source['name']}-{instance}", args))
     return roles
 
@@ -332,8 +347,11 @@ def _describe_sample_difference(only_a: Counter, only_b: Counter, job_a: str, jo
     if first in by_id_a and first in by_id_b:
         a, b = by_id_a[first], by_id_b[first]
         fields = [name for name, x, y in zip(("id", "tokens", "length", "metadata"), a, b, strict=True) if x != y]
-        detail = "; ".join(f"{n}: {_short(x, 80)} vs {_short(y, 80)}" for n, x, y in
-                           zip(("id", "tokens", "length", "metadata"), a, b, strict=True) if n in fields)  # fmt: skip
+        detail = "; ".join(
+            f"{n}: {_short(x, 80)} vs {_short(y, 80)}"
+            for n, x, y in zip(("id", "tokens", "length", "metadata"), a, b, strict=True)
+            if n in fields
+        )
         return f"sample {first} differs in {', '.join(fields)} ({detail})"
     where, more = (job_a, only_a[by_id_a[first]]) if first in by_id_a else (job_b, only_b[by_id_b[first]])
     return f"{where} holds sample {first} {more} time(s) more than the other topic"
@@ -353,14 +371,18 @@ def compare_sources(config: dict[str, Any], sources: Sequence[str], job_a: str, 
         if samples_a != samples_b:
             only_a, only_b = samples_a - samples_b, samples_b - samples_a
             what = _describe_sample_difference(only_a, only_b, topic_a, topic_b)
-            part.differs(f"{source}: {what} ({counts}; {sum(only_a.values())} only in {topic_a}, "
-                         f"{sum(only_b.values())} only in {topic_b})")  # fmt: skip
+            part.differs(
+                f"{source}: {what} ({counts}; {sum(only_a.values())} only in {topic_a}, "
+                f"{sum(only_b.values())} only in {topic_b})"
+            )
             continue
         raw_a, raw_b = Counter(_raw(m) for m in records_a), Counter(_raw(m) for m in records_b)
         if raw_a != raw_b:
             key = min((raw_a - raw_b) or (raw_b - raw_a), key=lambda r: r[0] or b"")
-            part.differs(f"{source}: the same samples are encoded differently, e.g. record key {key[0]!r} "
-                         f"(headers {key[2]!r}) ({counts})")  # fmt: skip
+            part.differs(
+                f"{source}: the same samples are encoded differently, e.g. record key {key[0]!r} "
+                f"(headers {key[2]!r}) ({counts})"
+            )
             continue
         tokens = sum(t[2] for t in samples_a.elements())
         same_order = [_raw(m) for m in records_a] == [_raw(m) for m in records_b]
@@ -377,8 +399,10 @@ def compare_dead_letters(config: dict[str, Any], job_a: str, job_b: str, part: P
         only_a, only_b = raw_a - raw_b, raw_b - raw_a
         where, left = (topic_a, only_a) if only_a else (topic_b, only_b)
         record = min(left, key=lambda r: (r[0] or b"", r[1] or b""))
-        part.differs(f"dead letters: {_short(record[1], 300)} is only in {where} "
-                     f"({sum(raw_a.values())} vs {sum(raw_b.values())} dead letters)")  # fmt: skip
+        part.differs(
+            f"dead letters: {_short(record[1], 300)} is only in {where} "
+            f"({sum(raw_a.values())} vs {sum(raw_b.values())} dead letters)"
+        )
         return
     part.lines.append(f"identical: dead letters: {sum(raw_a.values())}")
 
@@ -460,8 +484,10 @@ def compare_exactly(config: dict[str, Any], topic_a: str, topic_b: str, part: Pa
         return records_a
     if len(records_a) != len(records_b):
         extra = records_a[len(records_b)] if len(records_a) > len(records_b) else records_b[len(records_a)]
-        part.differs(f"{topic_a} holds {len(records_a)} messages, {topic_b} {len(records_b)}; the first extra one "
-                     f"is at {extra.topic()}@{extra.offset()}, key {extra.key()!r}")  # fmt: skip
+        part.differs(
+            f"{topic_a} holds {len(records_a)} messages, {topic_b} {len(records_b)}; the first extra one "
+            f"is at {extra.topic()}@{extra.offset()}, key {extra.key()!r}"
+        )
         return records_a
     part.lines.append(f"identical: {kind} {topic_a} = {topic_b}: {len(records_a)} messages")
     return records_a
@@ -549,8 +575,13 @@ def run_check(args: argparse.Namespace) -> CheckResult:
     began = time.monotonic()
     try:
         result.base_commit = add_worktree(args.base, worktree)
-        base = Side("base", f"REV {args.base} ({result.base_commit[:12]})", worktree, args.base_cli_module,
-                    folder / "numba-base")  # fmt: skip
+        base = Side(
+            "base",
+            f"REV {args.base} ({result.base_commit[:12]})",
+            worktree,
+            args.base_cli_module,
+            folder / "numba-base",
+        )
         work = Side("work", f"working tree {REPO}", REPO, args.cli_module, folder / "numba-work")
         for side in (base, work):
             verify_imports(side)
@@ -560,29 +591,49 @@ def run_check(args: argparse.Namespace) -> CheckResult:
         result.timings["data"] = time.monotonic() - t
         spec_a = spec_copy(spec, spec_path, job_a, data, bootstrap, folder / "spec-a.yaml")
         spec_b = spec_copy(spec, spec_path, job_b, data, bootstrap, folder / "spec-b.yaml")
-        print(f"jobs: loaders {job_a} (base) and {job_b} (work); constructors {out_a} (base) and {out_b} (work), "
-              f"both over {job_a}'s sources; data {data}; logs {logs}", flush=True)  # fmt: skip
+        print(
+            f"jobs: loaders {job_a} (base) and {job_b} (work); constructors {out_a} (base) and {out_b} (work), "
+            f"both over {job_a}'s sources; data {data}; logs {logs}",
+            flush=True,
+        )
 
         loader_runs = run_phase(
-            result, "loaders",
+            result,
+            "loaders",
             [(base, *role) for role in loader_roles(spec, spec_a, bootstrap)]
             + [(work, *role) for role in loader_roles(spec, spec_b, bootstrap)],
-            args, logs,
-        )  # fmt: skip
+            args,
+            logs,
+        )
         constructor_runs = run_phase(
-            result, "constructor",
-            [(side, "construct", ["construct", "--spec", str(spec_a), "--output-job", out, "--bootstrap-servers",
-                                  bootstrap]) for side, out in ((base, out_a), (work, out_b))],
-            args, logs,
-        )  # fmt: skip
+            result,
+            "constructor",
+            [
+                (
+                    side,
+                    "construct",
+                    ["construct", "--spec", str(spec_a), "--output-job", out, "--bootstrap-servers", bootstrap],
+                )
+                for side, out in ((base, out_a), (work, out_b))
+            ],
+            args,
+            logs,
+        )
         constructors = {f"{name} constructor over {job_a}": roles[0] for name, roles in constructor_runs.items()}
         if args.end_to_end:
             own = run_phase(
-                result, "constructor over job B",
-                [(work, "construct-own", ["construct", "--spec", str(spec_b), "--output-job", out_bb,
-                                          "--bootstrap-servers", bootstrap])],
-                args, logs,
-            )  # fmt: skip
+                result,
+                "constructor over job B",
+                [
+                    (
+                        work,
+                        "construct-own",
+                        ["construct", "--spec", str(spec_b), "--output-job", out_bb, "--bootstrap-servers", bootstrap],
+                    )
+                ],
+                args,
+                logs,
+            )
             constructors[f"work constructor over {job_b}"] = own["work"][0]
         for name, role in constructors.items():
             summary = role.summary()
@@ -595,12 +646,17 @@ def run_check(args: argparse.Namespace) -> CheckResult:
         loaders = Part("loaders")
         compare_sources(config, sources, job_a, job_b, loaders)
         units_a, units_b = work_units(config, job_a), work_units(config, job_b)
-        loaders.lines.append(f"note: work units planned per source: {job_a} {units_a}, {job_b} {units_b}"
-                             + ("" if units_a == units_b else " (units are sized by a timed measurement)"))  # fmt: skip
+        loaders.lines.append(
+            f"note: work units planned per source: {job_a} {units_a}, {job_b} {units_b}"
+            + ("" if units_a == units_b else " (units are sized by a timed measurement)")
+        )
         for name, roles in loader_runs.items():
             summaries = [r.summary() for r in roles]
-            busy = ", ".join(f"{s.get('source')}/{s.get('instance')}: {s.get('units')} units "
-                             f"{s.get('samples')} samples {s.get('seconds')} s" for s in summaries)  # fmt: skip
+            busy = ", ".join(
+                f"{s.get('source')}/{s.get('instance')}: {s.get('units')} units "
+                f"{s.get('samples')} samples {s.get('seconds')} s"
+                for s in summaries
+            )
             loaders.lines.append(f"note: {name} loaders: {busy}")
         constructor = Part("constructor")
         for rank in range(ranks):
@@ -652,25 +708,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="HEAD", help="the revision to check against (default: %(default)s)")
     parser.add_argument("--spec", type=Path, default=DEFAULT_SPEC, help="the job spec (default: examples/example.yaml)")
-    parser.add_argument("--limit", type=int, help="build a small example data set of this many modules "
-                        "(default: the full examples/data, built if missing)")  # fmt: skip
     parser.add_argument(
-        "--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+        "--limit",
+        type=int,
+        help="build a small example data set of this many modules (default: the full examples/data, built if missing)",
+    )
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
         help="the broker (default: $KAFKA_BOOTSTRAP_SERVERS or %(default)s)",
-    )  # fmt: skip
+    )
     parser.add_argument("--cli-module", default="pipeline.cli", help="the working tree's CLI (default: %(default)s)")
     parser.add_argument("--base-cli-module", default="pipeline.cli", help="REV's CLI module (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per phase (default: %(default)s)")
     parser.add_argument(
-        "--parallel", action="store_true",
+        "--parallel",
+        action="store_true",
         help="run the two sides' loaders (and then constructors) at the same time: quicker, but each side's "
         "timing then includes the other's load",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--end-to-end", action="store_true",
+        "--end-to-end",
+        action="store_true",
         help="also run the working tree's constructor over its own loaders' topics (job B) and report, outside "
         "the verdict, whether its rank topics equal REV's over job A (they need not: loader order is not fixed)",
-    )  # fmt: skip
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, specs) and the topics")
     return parser.parse_args(argv)
 

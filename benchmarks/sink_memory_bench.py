@@ -238,8 +238,9 @@ def split_example_data(data: Path, out: Path, n: int) -> list[SourceDir]:
         root = out / name
         root.mkdir(parents=True)
         if reader == "parquet":
-            pq.write_table(pa.table({"text": pa.array(raw[i], pa.string())}), root / "part-00000.parquet",
-                           row_group_size=64)  # fmt: skip
+            pq.write_table(
+                pa.table({"text": pa.array(raw[i], pa.string())}), root / "part-00000.parquet", row_group_size=64
+            )
         elif reader == "jsonl":
             (root / "part-00000.jsonl").write_bytes(b"".join(line + b"\n" for line in raw[i]))
         else:
@@ -275,8 +276,18 @@ def write_spec(path: Path, job: str, bootstrap: str, tokenizer: Path, sources: l
 def run_pipeline(spec: Path, job: str, bootstrap: str, state_dir: Path) -> tuple[float, list[str]]:
     mixflow = Path(sys.executable).with_name("mixflow")
     head = [str(mixflow)] if mixflow.exists() else [sys.executable, "-m", "pipeline.cli"]
-    command = [*head, "run", "--spec", str(spec), "--job", job, "--bootstrap-servers", bootstrap,
-               "--state-dir", str(state_dir)]  # fmt: skip
+    command = [
+        *head,
+        "run",
+        "--spec",
+        str(spec),
+        "--job",
+        job,
+        "--bootstrap-servers",
+        bootstrap,
+        "--state-dir",
+        str(state_dir),
+    ]
     began = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1200)
     if done.returncode != 0:
@@ -411,9 +422,16 @@ class PerRankBlendedDataset:
 
 
 def _packed(
-    ids: list[str], arrays: list[Any], step: int, micro_batch: int, m: dict[str, Any], worker: int,
-    buffer_bytes: int, torch: Any, np: Any,
-) -> dict[str, Any]:  # fmt: skip
+    ids: list[str],
+    arrays: list[Any],
+    step: int,
+    micro_batch: int,
+    m: dict[str, Any],
+    worker: int,
+    buffer_bytes: int,
+    torch: Any,
+    np: Any,
+) -> dict[str, Any]:
     """The same tensors as the sink's packed layout (``trainer_sink.tensors``)."""
     lengths = np.array([a.size for a in arrays], dtype=np.int64)
     cu = np.concatenate([[0], np.cumsum(lengths)])
@@ -423,12 +441,19 @@ def _packed(
     labels[cu[1:] - 1] = -100
     positions = (np.arange(tokens.size) - np.repeat(cu[:-1], lengths)).astype(np.int32)
     return {
-        "input_ids": torch.from_numpy(tokens), "labels": torch.from_numpy(labels),
-        "position_ids": torch.from_numpy(positions), "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
-        "max_seqlen": int(lengths.max()), "step": step, "micro_batch": micro_batch,
-        "micro_batches": m["micro_batches"], "rank": m["rank"], "sample_ids": ids,
-        "worker": worker, "buffer_bytes": buffer_bytes,
-    }  # fmt: skip
+        "input_ids": torch.from_numpy(tokens),
+        "labels": torch.from_numpy(labels),
+        "position_ids": torch.from_numpy(positions),
+        "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
+        "max_seqlen": int(lengths.max()),
+        "step": step,
+        "micro_batch": micro_batch,
+        "micro_batches": m["micro_batches"],
+        "rank": m["rank"],
+        "sample_ids": ids,
+        "worker": worker,
+        "buffer_bytes": buffer_bytes,
+    }
 
 
 def child_baseline(args: argparse.Namespace) -> dict[str, Any]:
@@ -494,10 +519,18 @@ def prepare(n: int, args: argparse.Namespace, work: Path, data: Path) -> Config:
     write_spec(spec, job, args.bootstrap_servers, data / "tokenizer.json", sources)
     body = {
         "sources": [{"name": s.name, "reader": s.reader, "root": str(s.root), "weight": s.weight} for s in sources],
-        "tokenizer": str(data / "tokenizer.json"), "rank": 0, "ranks": RANKS, "micro_batches": MICRO_BATCHES,
-        "capacity": CAPACITY, "max_length": MAX_LENGTH, "eod": EOD, "buffer": args.shuffle_buffer,
-        "workers": WORKERS, "seed": 1234, "micro_batches_to_read": args.baseline_micro_batches,
-    }  # fmt: skip
+        "tokenizer": str(data / "tokenizer.json"),
+        "rank": 0,
+        "ranks": RANKS,
+        "micro_batches": MICRO_BATCHES,
+        "capacity": CAPACITY,
+        "max_length": MAX_LENGTH,
+        "eod": EOD,
+        "buffer": args.shuffle_buffer,
+        "workers": WORKERS,
+        "seed": 1234,
+        "micro_batches_to_read": args.baseline_micro_batches,
+    }
     manifest, unbuffered = folder / "baseline.json", folder / "baseline-unbuffered.json"
     manifest.write_text(json.dumps(body))
     unbuffered.write_text(json.dumps({**body, "buffer": 1}))
@@ -530,8 +563,11 @@ def run_repeat(config: Config, repeat: int, args: argparse.Namespace) -> None:
         extra = ""
         if name != "torch":
             extra = f", {measured.result['micro_batches']} micro-batches in {measured.result['seconds']:.1f} s"
-        print(f"  {config.n} sources, repeat {repeat}, {name}: peak PSS {measured.peak.pss_kb / KIB:.0f} MiB "
-              f"over {measured.peak.processes} processes{extra}", flush=True)  # fmt: skip
+        print(
+            f"  {config.n} sources, repeat {repeat}, {name}: peak PSS {measured.peak.pss_kb / KIB:.0f} MiB "
+            f"over {measured.peak.processes} processes{extra}",
+            flush=True,
+        )
 
 
 def main() -> int:
@@ -556,8 +592,11 @@ def main() -> int:
     if args.quick:
         args.sources, args.repeats, args.baseline_micro_batches = "1,8", 1, 100
 
-    subprocess.run([sys.executable, str(REPO / "examples" / "build_example_data.py"), "--out",
-                    str(REPO / "examples" / "data")], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(REPO / "examples" / "build_example_data.py"), "--out", str(REPO / "examples" / "data")],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     data = REPO / "examples" / "data"
     work = Path(tempfile.mkdtemp(prefix="sinkmem-"))
     configs = []
@@ -591,35 +630,73 @@ def print_tables(configs: list[Config], args: argparse.Namespace) -> None:
         return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"
 
     print()
-    print(f"Peak PSS summed over the process tree, MiB; median of {args.repeats} runs, sampled every "
-          f"{args.interval_s} s. baseline per process: PSS of each process at the baseline's peak (main "
-          "first). RSS sum counts pages shared by the forked workers once per process.")  # fmt: skip
-    header = ("sources", "mixflow PSS", "baseline PSS", "ratio [min-max]", "torch-only PSS", "baseline, 1-sample "
-              "buffers PSS", "mixflow RSS sum", "baseline RSS sum", "baseline per process")  # fmt: skip
+    print(
+        f"Peak PSS summed over the process tree, MiB; median of {args.repeats} runs, sampled every "
+        f"{args.interval_s} s. baseline per process: PSS of each process at the baseline's peak (main "
+        "first). RSS sum counts pages shared by the forked workers once per process."
+    )
+    header = (
+        "sources",
+        "mixflow PSS",
+        "baseline PSS",
+        "ratio [min-max]",
+        "torch-only PSS",
+        "baseline, 1-sample buffers PSS",
+        "mixflow RSS sum",
+        "baseline RSS sum",
+        "baseline per process",
+    )
     lines = [header]
     for c in configs:
-        lines.append((
-            str(c.n), _mib(med(c.sink, "pss_kb")), _mib(med(c.baseline, "pss_kb")), ratios(c, "pss_kb"),
-            _mib(med(c.torch, "pss_kb")), _mib(med(c.unbuffered, "pss_kb")), _mib(med(c.sink, "rss_kb")),
-            _mib(med(c.baseline, "rss_kb")), "+".join(_mib(kb) for kb in c.baseline[-1].peak.per_process_kb),
-        ))  # fmt: skip
+        lines.append(
+            (
+                str(c.n),
+                _mib(med(c.sink, "pss_kb")),
+                _mib(med(c.baseline, "pss_kb")),
+                ratios(c, "pss_kb"),
+                _mib(med(c.torch, "pss_kb")),
+                _mib(med(c.unbuffered, "pss_kb")),
+                _mib(med(c.sink, "rss_kb")),
+                _mib(med(c.baseline, "rss_kb")),
+                "+".join(_mib(kb) for kb in c.baseline[-1].peak.per_process_kb),
+            )
+        )
     _print(lines)
 
     print()
-    print("The same runs, anonymous PSS only (anonymous + shared-memory pages: what the tree allocated itself, "
-          "which other processes on the machine do not move); 'over torch' subtracts the torch-only process. "
-          "MiB, medians.")  # fmt: skip
-    header = ("sources", "mixflow anon", "baseline anon", "ratio [min-max]", "torch-only anon", "mixflow over torch",
-              "baseline over torch", "ratio over torch", "baseline, 1-sample buffers anon")  # fmt: skip
+    print(
+        "The same runs, anonymous PSS only (anonymous + shared-memory pages: what the tree allocated itself, "
+        "which other processes on the machine do not move); 'over torch' subtracts the torch-only process. "
+        "MiB, medians."
+    )
+    header = (
+        "sources",
+        "mixflow anon",
+        "baseline anon",
+        "ratio [min-max]",
+        "torch-only anon",
+        "mixflow over torch",
+        "baseline over torch",
+        "ratio over torch",
+        "baseline, 1-sample buffers anon",
+    )
     lines = [header]
     for c in configs:
         torch_anon = med(c.torch, "anon_kb")
         sink_over, base_over = med(c.sink, "anon_kb") - torch_anon, med(c.baseline, "anon_kb") - torch_anon
-        lines.append((
-            str(c.n), _mib(med(c.sink, "anon_kb")), _mib(med(c.baseline, "anon_kb")), ratios(c, "anon_kb"),
-            _mib(torch_anon), _mib(sink_over), _mib(base_over), f"{base_over / max(sink_over, 1):.1f}x",
-            _mib(med(c.unbuffered, "anon_kb")),
-        ))  # fmt: skip
+        lines.append(
+            (
+                str(c.n),
+                _mib(med(c.sink, "anon_kb")),
+                _mib(med(c.baseline, "anon_kb")),
+                ratios(c, "anon_kb"),
+                _mib(torch_anon),
+                _mib(sink_over),
+                _mib(base_over),
+                f"{base_over / max(sink_over, 1):.1f}x",
+                _mib(med(c.unbuffered, "anon_kb")),
+            )
+        )
     _print(lines)
 
     print()
@@ -627,20 +704,34 @@ def print_tables(configs: list[Config], args: argparse.Namespace) -> None:
         "What each arm read: the pipeline fill (mixflow run, once per N), the sink's peak_prefetch_bytes, the "
         "baseline's shuffle buffers (token bytes summed over its workers); seconds: medians, for orientation"
     )
-    header = ("sources", "pipeline s", "mixflow micro-batches", "mixflow tokens", "mixflow s", "peak_prefetch_bytes",
-              "baseline micro-batches", "baseline s (to first)", "baseline buffers MiB")  # fmt: skip
+    header = (
+        "sources",
+        "pipeline s",
+        "mixflow micro-batches",
+        "mixflow tokens",
+        "mixflow s",
+        "peak_prefetch_bytes",
+        "baseline micro-batches",
+        "baseline s (to first)",
+        "baseline buffers MiB",
+    )
     lines = [header]
     for c in configs:
         s, b = c.sink[-1].result, c.baseline[-1].result
-        lines.append((
-            str(c.n), f"{c.pipeline_s:.0f}", str(s["micro_batches"]), f"{s['tokens']:,}",
-            f"{statistics.median(r.result['seconds'] for r in c.sink):.1f}",
-            f"{max(r.result['peak_prefetch_bytes'] for r in c.sink):,} of {s['prefetch_bytes']:,}",
-            str(b["micro_batches"]),
-            f"{statistics.median(r.result['seconds'] for r in c.baseline):.1f} "
-            f"({statistics.median(r.result['first_s'] for r in c.baseline):.1f})",
-            f"{b['buffer_bytes'] / KIB / KIB:,.0f} ({b['workers_seen']} workers)",
-        ))  # fmt: skip
+        lines.append(
+            (
+                str(c.n),
+                f"{c.pipeline_s:.0f}",
+                str(s["micro_batches"]),
+                f"{s['tokens']:,}",
+                f"{statistics.median(r.result['seconds'] for r in c.sink):.1f}",
+                f"{max(r.result['peak_prefetch_bytes'] for r in c.sink):,} of {s['prefetch_bytes']:,}",
+                str(b["micro_batches"]),
+                f"{statistics.median(r.result['seconds'] for r in c.baseline):.1f} "
+                f"({statistics.median(r.result['first_s'] for r in c.baseline):.1f})",
+                f"{b['buffer_bytes'] / KIB / KIB:,.0f} ({b['workers_seen']} workers)",
+            )
+        )
     _print(lines)
 
     if configs:
@@ -651,12 +742,16 @@ def print_tables(configs: list[Config], args: argparse.Namespace) -> None:
         for key, what in (("pss_kb", "PSS"), ("anon_kb", "anonymous PSS")):
             ratio = med(last.baseline, key) / med(last.sink, key)
             values = [med(c.sink, key) / KIB for c in configs]
-            print(f"{what}: target >= 13.5x less for mixflow at {last.n} sources: "
-                  f"{'met' if ratio >= 13.5 else 'not met'} ({ratio:.2f}x); mixflow from {min(values):,.0f} to "
-                  f"{max(values):,.0f} MiB over {', '.join(str(c.n) for c in configs)} sources "
-                  f"(spread {max(values) - min(values):,.0f} MiB)")  # fmt: skip
-        print(f"anonymous PSS over the torch-only process at {last.n} sources: {over:.1f}x less for mixflow "
-              f"({'at least' if over >= 13.5 else 'below'} 13.5x)")  # fmt: skip
+            print(
+                f"{what}: target >= 13.5x less for mixflow at {last.n} sources: "
+                f"{'met' if ratio >= 13.5 else 'not met'} ({ratio:.2f}x); mixflow from {min(values):,.0f} to "
+                f"{max(values):,.0f} MiB over {', '.join(str(c.n) for c in configs)} sources "
+                f"(spread {max(values) - min(values):,.0f} MiB)"
+            )
+        print(
+            f"anonymous PSS over the torch-only process at {last.n} sources: {over:.1f}x less for mixflow "
+            f"({'at least' if over >= 13.5 else 'below'} 13.5x)"
+        )
 
 
 def _print(lines: list[tuple[str, ...]]) -> None:

@@ -138,9 +138,17 @@ def random_batch(rng: np.random.Generator, step: int, size: Size) -> Batch:
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
     tokens = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.int32)
     return Batch.from_arrays(
-        step=step, rank=0, ranks=1, micro_batches=size.micro_batches, capacity=size.capacity,
-        sample_ids=ids, sources=sources, micro_batch=micro, offsets=offsets, tokens=tokens,
-    )  # fmt: skip
+        step=step,
+        rank=0,
+        ranks=1,
+        micro_batches=size.micro_batches,
+        capacity=size.capacity,
+        sample_ids=ids,
+        sources=sources,
+        micro_batch=micro,
+        offsets=offsets,
+        tokens=tokens,
+    )
 
 
 def fill(bootstrap: str, size: Size, steps: int, seed: int) -> Filled:
@@ -148,10 +156,16 @@ def fill(bootstrap: str, size: Size, steps: int, seed: int) -> Filled:
     job = f"sinkbench-{uuid.uuid4().hex[:6]}-{size.label}"
     ensure_job_topics(bootstrap, job, SOURCES[:1], 1)
     topic = JobTopics(job).rank(0)
-    producer = Producer({
-        "bootstrap.servers": bootstrap, "transactional.id": f"{job}-fill", "linger.ms": 5,
-        "compression.type": "lz4", "message.max.bytes": 67_108_864, "queue.buffering.max.kbytes": 524_288,
-    })  # fmt: skip
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": f"{job}-fill",
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "message.max.bytes": 67_108_864,
+            "queue.buffering.max.kbytes": 524_288,
+        }
+    )
     producer.init_transactions(30)
     rng = np.random.default_rng(seed)
     began = time.perf_counter()
@@ -187,8 +201,15 @@ def run_sink(bootstrap: str, filled: Filled, kafka_config: dict[str, Any] | None
     end = time.perf_counter()
     first = end if first is None else first
     # The sink's messages: every batch plus the end-of-data record.
-    return Run(end - began, first - began, filled.steps + 1, filled.value_bytes, micro_batches, tensor_bytes,
-               dataset.peak_prefetch_bytes)  # fmt: skip
+    return Run(
+        end - began,
+        first - began,
+        filled.steps + 1,
+        filled.value_bytes,
+        micro_batches,
+        tensor_bytes,
+        dataset.peak_prefetch_bytes,
+    )
 
 
 def run_raw(bootstrap: str, filled: Filled, settings: dict[str, Any]) -> Run:
@@ -246,8 +267,11 @@ def main() -> int:
             steps = max(32, args.tokens // size.tokens)
             filled = fill(bootstrap, size, steps, seed=i)
             jobs.append(filled.job)
-            print(f"{size.label}: {steps} steps, {filled.value_bytes / 1e6:.1f} MB of values, "
-                  f"filled in {filled.seconds:.1f} s", flush=True)  # fmt: skip
+            print(
+                f"{size.label}: {steps} steps, {filled.value_bytes / 1e6:.1f} MB of values, "
+                f"filled in {filled.seconds:.1f} s",
+                flush=True,
+            )
             ARMS["raw"](bootstrap, filled)  # warm-up: the broker's page cache, the client's first connection
             runs: dict[str, list[Run]] = {name: [] for name in ARMS}
             names = list(ARMS)
@@ -260,8 +284,10 @@ def main() -> int:
                     runs[name].append(ARMS[name](bootstrap, filled))
                 for name in SINK_ARMS:
                     if runs[name][-1].micro_batches != steps * size.micro_batches:
-                        raise SystemExit(f"{name} gave {runs[name][-1].micro_batches} micro-batches, expected "
-                                         f"{steps * size.micro_batches}")  # fmt: skip
+                        raise SystemExit(
+                            f"{name} gave {runs[name][-1].micro_batches} micro-batches, expected "
+                            f"{steps * size.micro_batches}"
+                        )
                 print(f"  repeat {repeat}: " + ", ".join(f"{n} {runs[n][-1].seconds:.3f} s" for n in names), flush=True)
             rows.append((size, filled, runs))
     finally:
@@ -282,28 +308,53 @@ def print_tables(rows: list[tuple[Size, Filled, dict[str, list[Run]]]], repeats:
         "message (raw) or micro-batch (sink); total: to the last; after-first: total - first. mb/s: micro-batches "
         "per second (raw: messages x micro-batches per message); MB/s: message values or the sink's tensors."
     )
-    header = ("size", "arm", "first s", "total s", "mb/s total", "values MB/s total", "values MB/s after-first",
-              "tensors MB/s total", "peak prefetch MB")  # fmt: skip
+    header = (
+        "size",
+        "arm",
+        "first s",
+        "total s",
+        "mb/s total",
+        "values MB/s total",
+        "values MB/s after-first",
+        "tensors MB/s total",
+        "peak prefetch MB",
+    )
     lines = [header]
     for size, filled, runs in rows:
         for name, arm in runs.items():
             total, first = _med(r.seconds for r in arm), _med(r.first_s for r in arm)
             after = _med(r.seconds - r.first_s for r in arm)
             sink = name in SINK_ARMS
-            lines.append((
-                size.label, name, f"{first:.3f}", f"{total:.3f}",
-                f"{filled.steps * size.micro_batches / total:,.0f}", f"{filled.value_bytes / total / 1e6:,.0f}",
-                f"{filled.value_bytes / max(after, 1e-9) / 1e6:,.0f}",
-                f"{arm[0].tensor_bytes / total / 1e6:,.0f}" if sink else "",
-                f"{max(r.peak_prefetch_bytes for r in arm) / 1e6:.1f}" if sink else "",
-            ))  # fmt: skip
+            lines.append(
+                (
+                    size.label,
+                    name,
+                    f"{first:.3f}",
+                    f"{total:.3f}",
+                    f"{filled.steps * size.micro_batches / total:,.0f}",
+                    f"{filled.value_bytes / total / 1e6:,.0f}",
+                    f"{filled.value_bytes / max(after, 1e-9) / 1e6:,.0f}",
+                    f"{arm[0].tensor_bytes / total / 1e6:,.0f}" if sink else "",
+                    f"{max(r.peak_prefetch_bytes for r in arm) / 1e6:.1f}" if sink else "",
+                )
+            )
     _print(lines)
 
     print()
-    print("Ratios sink/raw = raw seconds / sink seconds, per repeat (the arms of a repeat ran back to back), "
-          "median [min-max]; total and after the first message.")  # fmt: skip
-    header = ("size", "steps", "MB values", "sink / raw (sink's settings)", "after-first", "sink / raw (librdkafka "
-              "defaults)", "after-first", "sink with backoff 10 ms / raw (defaults)")  # fmt: skip
+    print(
+        "Ratios sink/raw = raw seconds / sink seconds, per repeat (the arms of a repeat ran back to back), "
+        "median [min-max]; total and after the first message."
+    )
+    header = (
+        "size",
+        "steps",
+        "MB values",
+        "sink / raw (sink's settings)",
+        "after-first",
+        "sink / raw (librdkafka defaults)",
+        "after-first",
+        "sink with backoff 10 ms / raw (defaults)",
+    )
     lines = [header]
     verdicts = []
     for size, filled, runs in rows:
@@ -318,9 +369,11 @@ def print_tables(rows: list[tuple[Size, Filled, dict[str, list[Run]]]], repeats:
     _print(lines)
     print()
     for label, raw, total, after in verdicts:
-        print(f"target sink/raw >= 0.8 at {label}, against {raw}: total {total:.2f} "
-              f"({'met' if total >= 0.8 else 'not met'}), after the first message {after:.2f} "
-              f"({'met' if after >= 0.8 else 'not met'})")  # fmt: skip
+        print(
+            f"target sink/raw >= 0.8 at {label}, against {raw}: total {total:.2f} "
+            f"({'met' if total >= 0.8 else 'not met'}), after the first message {after:.2f} "
+            f"({'met' if after >= 0.8 else 'not met'})"
+        )
 
 
 def _ratios(raws: list[Run], sinks: list[Run], seconds: Callable[[Run], float]) -> list[float]:

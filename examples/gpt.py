@@ -62,25 +62,42 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``--vocab-size``, ``--d-model``, ... flags of ``GPTConfig``; the defaults are tiny (CPU)."""
     group = parser.add_argument_group("model")
     defaults = GPTConfig()
-    group.add_argument("--vocab-size", type=int, default=defaults.vocab_size,
-                       help="token ids must be below this (the tokenizer's vocabulary size or more)")  # fmt: skip
+    group.add_argument(
+        "--vocab-size",
+        type=int,
+        default=defaults.vocab_size,
+        help="token ids must be below this (the tokenizer's vocabulary size or more)",
+    )
     group.add_argument("--d-model", type=int, default=defaults.d_model)
     group.add_argument("--layers", type=int, default=defaults.n_layers)
     group.add_argument("--heads", type=int, default=defaults.n_heads)
     group.add_argument("--mlp-ratio", type=int, default=defaults.mlp_ratio)
     group.add_argument("--positions", choices=("rope", "learned"), default=defaults.positions)
-    group.add_argument("--max-positions", type=int, default=defaults.max_positions,
-                       help="learned positions only: the longest sample the model takes")  # fmt: skip
-    group.add_argument("--attention", choices=("auto", "varlen", "sdpa"), default=defaults.attention,
-                       help="auto: varlen_attn on CUDA, padded scaled_dot_product_attention elsewhere")  # fmt: skip
+    group.add_argument(
+        "--max-positions",
+        type=int,
+        default=defaults.max_positions,
+        help="learned positions only: the longest sample the model takes",
+    )
+    group.add_argument(
+        "--attention",
+        choices=("auto", "varlen", "sdpa"),
+        default=defaults.attention,
+        help="auto: varlen_attn on CUDA, padded scaled_dot_product_attention elsewhere",
+    )
 
 
 def config_from_arguments(args: argparse.Namespace) -> GPTConfig:
     return GPTConfig(
-        vocab_size=args.vocab_size, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-        mlp_ratio=args.mlp_ratio, positions=args.positions, max_positions=args.max_positions,
+        vocab_size=args.vocab_size,
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        mlp_ratio=args.mlp_ratio,
+        positions=args.positions,
+        max_positions=args.max_positions,
         attention=args.attention,
-    )  # fmt: skip
+    )
 
 
 # -- attention over packed samples ----------------------------------------------------------------------
@@ -131,8 +148,9 @@ def _length_buckets(cu_seqlens: torch.Tensor) -> list[tuple[np.ndarray, np.ndarr
         members = np.flatnonzero(keys == key)
         n, width = members.size, int(lengths[members].max())
         member_lengths = lengths[members]
-        within = np.arange(int(member_lengths.sum())) - np.repeat(np.cumsum(member_lengths) - member_lengths,
-                                                                  member_lengths)  # fmt: skip
+        within = np.arange(int(member_lengths.sum())) - np.repeat(
+            np.cumsum(member_lengths) - member_lengths, member_lengths
+        )
         tokens = np.repeat(starts[members], member_lengths) + within
         rows = np.repeat(np.arange(n) * width, member_lengths) + within
         buckets.append((tokens, rows, n, width))
@@ -146,8 +164,9 @@ def _padded_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         tokens = torch.from_numpy(tokens_np).to(q.device)
         rows = torch.from_numpy(rows_np).to(q.device)
 
-        def padded(x: torch.Tensor, tokens: torch.Tensor = tokens, rows: torch.Tensor = rows, n: int = n,
-                   width: int = width) -> torch.Tensor:  # fmt: skip
+        def padded(
+            x: torch.Tensor, tokens: torch.Tensor = tokens, rows: torch.Tensor = rows, n: int = n, width: int = width
+        ) -> torch.Tensor:
             buffer = x.new_zeros(n * width, heads, head_dim).index_copy(0, rows, x.index_select(0, tokens))
             return buffer.view(n, width, heads, head_dim).transpose(1, 2)  # [n, heads, L, head_dim]
 
@@ -200,9 +219,12 @@ class Block(nn.Module):
         self.mlp_out = nn.Linear(config.mlp_ratio * d, d, bias=False)
 
     def forward(
-        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None, cu_seqlens: torch.Tensor,
+        self,
+        x: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None,
+        cu_seqlens: torch.Tensor,
         max_seqlen: int,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         total, d = x.shape
         q, k, v = self.qkv(self.attn_norm(x)).view(total, 3, self.heads, d // self.heads).unbind(1)
         if rotary is not None:

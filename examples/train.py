@@ -221,9 +221,14 @@ def checkpoint_root(out: Path) -> Path:
 
 
 def save_checkpoint(
-    out: Path, step: int, group: Group, model: nn.Module, optimizer: torch.optim.Optimizer,
-    dataset: KafkaBatchDataset, config: gpt.GPTConfig,
-) -> None:  # fmt: skip
+    out: Path,
+    step: int,
+    group: Group,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dataset: KafkaBatchDataset,
+    config: gpt.GPTConfig,
+) -> None:
     """Checkpoint ``step`` (the steps trained so far): every rank writes its part, then rank 0 points
     latest.json at it and drops older checkpoints."""
     root = checkpoint_root(out)
@@ -233,9 +238,12 @@ def save_checkpoint(
     atomic_write_json(folder / f"sink-rank{group.rank}.json", sink)
     if group.rank == 0:
         state = {
-            "step": step, "world_size": group.world, "config": asdict(config),
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-        }  # fmt: skip
+            "step": step,
+            "world_size": group.world,
+            "config": asdict(config),
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+        }
         atomic_write(folder / "model.pt", lambda file: torch.save(state, file))
     group.barrier()  # every rank's part is in place before latest.json names the folder
     if group.rank == 0:
@@ -315,9 +323,13 @@ def memory_bytes() -> tuple[int, int]:
 
 
 def restore(
-    args: argparse.Namespace, group: Group, config: gpt.GPTConfig, model: nn.Module,
-    optimizer: torch.optim.Optimizer, dataset: KafkaBatchDataset,
-) -> int:  # fmt: skip
+    args: argparse.Namespace,
+    group: Group,
+    config: gpt.GPTConfig,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dataset: KafkaBatchDataset,
+) -> int:
     """With ``--resume``, load the latest checkpoint into the model, optimizer and sink; the step to
     train next (0 when there is nothing to resume)."""
     if not args.resume:
@@ -354,12 +366,19 @@ def train(args: argparse.Namespace, group: Group) -> dict[str, Any]:
         msg = f"the job has {source.ranks} data-parallel ranks, fewer than this run's {group.world} processes"
         raise SystemExit(msg)
     if source.ranks is not None and source.ranks != group.world and group.rank == 0:
-        log.warning("the job has %d data-parallel ranks, this run %d: it reads ranks 0..%d only",
-                    source.ranks, group.world, group.world - 1)  # fmt: skip
+        log.warning(
+            "the job has %d data-parallel ranks, this run %d: it reads ranks 0..%d only",
+            source.ranks,
+            group.world,
+            group.world - 1,
+        )
     dataset = KafkaBatchDataset(
-        job=job, kafka_config=source.kafka_config, global_rank=group.rank, world_size=group.world,
+        job=job,
+        kafka_config=source.kafka_config,
+        global_rank=group.rank,
+        world_size=group.world,
         wait_timeout_s=args.wait_timeout_s,
-    )  # fmt: skip
+    )
 
     args.out.mkdir(parents=True, exist_ok=True)
     step = restore(args, group, config, model, optimizer, dataset)
@@ -427,8 +446,13 @@ def train(args: argparse.Namespace, group: Group) -> dict[str, Any]:
             now = time.monotonic()
             if group.rank == 0 and (now - last_log >= args.log_every_s or totals["steps"] == 1):
                 rate = (global_tokens - logged_tokens) / max(now - last_log, 1e-9)
-                log.info("step %d loss %.4f lr %.2e tokens/s %.0f (all ranks)", step - 1, loss_value,
-                         learning_rate(args, step - 1), rate)  # fmt: skip
+                log.info(
+                    "step %d loss %.4f lr %.2e tokens/s %.0f (all ranks)",
+                    step - 1,
+                    loss_value,
+                    learning_rate(args, step - 1),
+                    rate,
+                )
                 last_log, logged_tokens = now, global_tokens
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 save_checkpoint(args.out, step, group, model, optimizer, dataset, config)
@@ -441,8 +465,14 @@ def train(args: argparse.Namespace, group: Group) -> dict[str, Any]:
         save_checkpoint(args.out, step, group, model, optimizer, dataset, config)
     if group.rank == 0:
         shown = (_fmt(losses[0]), _fmt(losses[-1])) if losses else ("-", "-")
-        log.info("done: steps %d..%d, %d tokens on all ranks in %.1f s, loss %s -> %s", first_step, step - 1,
-                 global_tokens, seconds, *shown)  # fmt: skip
+        log.info(
+            "done: steps %d..%d, %d tokens on all ranks in %.1f s, loss %s -> %s",
+            first_step,
+            step - 1,
+            global_tokens,
+            seconds,
+            *shown,
+        )
     rss, pss = memory_bytes()
     return {
         "rank": group.rank,

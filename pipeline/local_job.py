@@ -140,8 +140,13 @@ def _wait(roles: list[RoleProcess], progress: JobProgress | None) -> None:
                 delay = RESTART_BACKOFF_S * 2 ** (role.restarts - 1)
                 log.warning(
                     "%s exited with %d; starting it again in %.0f s (restart %d of %d); the end of its log:\n%s",
-                    role.name, code, delay, role.restarts, MAX_RESTARTS, role.tail(5),
-                )  # fmt: skip
+                    role.name,
+                    code,
+                    delay,
+                    role.restarts,
+                    MAX_RESTARTS,
+                    role.tail(5),
+                )
                 role.restart_at = time.monotonic() + delay
                 continue
             running.remove(role)

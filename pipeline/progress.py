@@ -21,8 +21,14 @@ class _StepsWritten:
     """The constructor's committed steps, from the keys of ``<job>.state`` (read_committed)."""
 
     def __init__(self, config: KafkaConfig, job: str) -> None:
-        self.consumer = Consumer({**config, "group.id": f"mixflow-progress-{uuid.uuid4().hex[:12]}",
-                                  "enable.auto.commit": False, "isolation.level": "read_committed"})  # fmt: skip
+        self.consumer = Consumer(
+            {
+                **config,
+                "group.id": f"mixflow-progress-{uuid.uuid4().hex[:12]}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+        )
         self.consumer.assign([TopicPartition(JobTopics(job).state, 0, OFFSET_BEGINNING)])
         self.steps = 0
 
@@ -66,9 +72,13 @@ class JobProgress:
 
     def __init__(self, config: KafkaConfig, job: str, trainer: tuple[Path, int, int] | None) -> None:
         self.progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.completed:>6.0f} steps"),
-            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=Console(stderr=True),
-        )  # fmt: skip
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TextColumn("{task.completed:>6.0f} steps"),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        )
         self.written = _StepsWritten(config, job)
         self.trained = _StepsTrained(*trainer) if trainer is not None else None
         self.write_task = self.progress.add_task("constructor: written", total=None, rate="")

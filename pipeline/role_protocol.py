@@ -53,8 +53,13 @@ class TransactionalRole:
     def request_stop(self, signum: int | None = None, _frame: FrameType | None = None) -> None:
         """Finish the current piece of work, then stop (SIGTERM and SIGINT call this)."""
         if not self._stopping:
-            log.info("%s %s: stopping after the current %s (signal %s)", self.kind, self.transactional_id,
-                     self.work_unit, signum)  # fmt: skip
+            log.info(
+                "%s %s: stopping after the current %s (signal %s)",
+                self.kind,
+                self.transactional_id,
+                self.work_unit,
+                signum,
+            )
         self._stopping = True
 
     def stop_on_signals(self) -> None:

@@ -104,9 +104,13 @@ def publish_work_plan(
     producer.begin_transaction()
     for index, unit in enumerate(units):
         produce(
-            producer, work_topic, unit.to_json(), key=unit.unit_id.encode(),
-            partition=index % partitions, on_delivery=delivered,
-        )  # fmt: skip
+            producer,
+            work_topic,
+            unit.to_json(),
+            key=unit.unit_id.encode(),
+            partition=index % partitions,
+            on_delivery=delivered,
+        )
     if producer.flush(60) or failures:
         producer.abort_transaction(60)
         msg = f"publishing the work units of {source} to {work_topic} failed: {failures[:3] or 'timed out'}"

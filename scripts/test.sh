@@ -17,4 +17,5 @@ fi
 echo "test: Kafka at $KAFKA_BOOTSTRAP_SERVERS"
 
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/python -m pytest -p no:cacheprovider "$@"

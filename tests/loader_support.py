@@ -24,8 +24,16 @@ SOURCES = ("code", "docstrings", "topics")
 
 
 def build_example_data(out: Path, limit: int) -> Path:
-    command = [sys.executable, str(REPO / "examples" / "build_example_data.py"), "--out", str(out),
-               "--limit", str(limit), "--vocab-size", "1024"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(REPO / "examples" / "build_example_data.py"),
+        "--out",
+        str(out),
+        "--limit",
+        str(limit),
+        "--vocab-size",
+        "1024",
+    ]
     subprocess.run(command, check=True, capture_output=True, timeout=300)
     return out
 
@@ -56,9 +64,21 @@ def write_spec(folder: Path, job: str, bootstrap: str, data: Path, *, epochs: in
 def start_loader(spec: Path, source: str, instance: int, log_dir: Path, *extra: str) -> subprocess.Popen:
     log = (log_dir / f"loader-{source}-{instance}.log").open("ab")
     command = [
-        sys.executable, "-m", "pipeline.cli", "load", "--spec", str(spec), "--source", source,
-        "--instance", str(instance), "--until-drained", "--transaction-timeout-ms", "10000", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "load",
+        "--spec",
+        str(spec),
+        "--source",
+        source,
+        "--instance",
+        str(instance),
+        "--until-drained",
+        "--transaction-timeout-ms",
+        "10000",
+        *extra,
+    ]
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
 
 

@@ -32,9 +32,17 @@ def random_batch(
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
     tokens = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.int32)
     return Batch.from_arrays(
-        step=step, rank=rank, ranks=ranks, micro_batches=micro_batches, capacity=capacity,
-        sample_ids=ids, sources=sources, micro_batch=micro, offsets=offsets, tokens=tokens,
-    )  # fmt: skip
+        step=step,
+        rank=rank,
+        ranks=ranks,
+        micro_batches=micro_batches,
+        capacity=capacity,
+        sample_ids=ids,
+        sources=sources,
+        micro_batch=micro,
+        offsets=offsets,
+        tokens=tokens,
+    )
 
 
 def write_steps(

@@ -173,9 +173,17 @@ def test_foreign_arrow_streams_are_refused() -> None:
 def test_encode_refuses_broken_invariants() -> None:
     def build(**changes) -> Batch:
         arguments = dict(
-            step=1, rank=0, ranks=1, micro_batches=2, capacity=4, sample_ids=["a", "b"], sources=["s", "s"],
-            micro_batch=[0, 1], offsets=[0, 2, 5], tokens=np.arange(5, dtype=np.int32),
-        )  # fmt: skip
+            step=1,
+            rank=0,
+            ranks=1,
+            micro_batches=2,
+            capacity=4,
+            sample_ids=["a", "b"],
+            sources=["s", "s"],
+            micro_batch=[0, 1],
+            offsets=[0, 2, 5],
+            tokens=np.arange(5, dtype=np.int32),
+        )
         return Batch.from_arrays(**{**arguments, **changes})
 
     assert build().num_samples == 2

@@ -344,8 +344,11 @@ def test_compose_file_is_valid_for_docker_compose() -> None:
         pytest.skip("neither `docker compose` nor `docker-compose` is installed")
     result = subprocess.run(
         [*command, "--file", str(COMPOSE_FILE), "--profile", "example", "config", "--quiet"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, f"{COMPOSE_FILE.name} is not a valid compose file:\n{result.stderr.strip()}"
 
 

@@ -53,8 +53,19 @@ def _spec(tmp_path: Path, bootstrap: str, loaded: tuple[str, Path], **overrides:
 
 
 def _construct(spec: Path, output_job: str, *extra: str, log: Path | None = None) -> subprocess.Popen:
-    command = [sys.executable, "-m", "pipeline.cli", "construct", "--spec", str(spec), "--output-job", output_job,
-               "--transaction-timeout-ms", "10000", *extra]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "construct",
+        "--spec",
+        str(spec),
+        "--output-job",
+        output_job,
+        "--transaction-timeout-ms",
+        "10000",
+        *extra,
+    ]
     out = log.open("ab") if log else subprocess.PIPE
     return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT if log else subprocess.PIPE, cwd=REPO)
 
@@ -177,10 +188,13 @@ def test_every_sample_is_delivered_exactly_once_while_the_constructor_is_killed(
 def test_token_shares_follow_the_curriculum(
     kafka_bootstrap: str, loaded_job: tuple[str, Path], tmp_path: Path, unique_name: str
 ) -> None:
-    schedule = {"interpolation": "linear", "schedule": [
-        {"step": 0, "weights": {"code": 0.2, "docstrings": 0.6, "topics": 0.2}},
-        {"step": 20, "weights": {"code": 0.6, "docstrings": 0.2, "topics": 0.2}},
-    ]}  # fmt: skip
+    schedule = {
+        "interpolation": "linear",
+        "schedule": [
+            {"step": 0, "weights": {"code": 0.2, "docstrings": 0.6, "topics": 0.2}},
+            {"step": 20, "weights": {"code": 0.6, "docstrings": 0.2, "topics": 0.2}},
+        ],
+    }
     spec_path = _spec(tmp_path, kafka_bootstrap, loaded_job, mixture=schedule, on_exhausted="stop")
     summary = _run(spec_path, unique_name)
     spec = load_spec(spec_path)
@@ -228,8 +242,14 @@ def test_a_bad_spec_is_refused_naming_the_field(tmp_path: Path, loaded_job: tupl
     bad["step"]["ranks"] = 0
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
-    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "construct", "--spec", str(path)],
-                            capture_output=True, text=True, timeout=60, check=False, cwd=REPO)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "construct", "--spec", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
     assert result.returncode == 2
     assert "step.ranks" in result.stderr
 

@@ -27,8 +27,14 @@ def _write(folder: Path, rank: int, lines: list[dict]) -> None:
 def test_a_resume_replaces_what_followed_the_checkpoint() -> None:
     keys = [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (1, 0), (1, 1), (2, 0), (2, 1), (0, 0), (0, 1)]
     assert trained_sequence([(*k, "x") for k in keys]) == [(0, 0, "x"), (0, 1, "x")]
-    assert [k[:2] for k in trained_sequence([(*k, "x") for k in keys[:9]])] == [(0, 0), (0, 1), (1, 0), (1, 1),
-                                                                                 (2, 0), (2, 1)]  # fmt: skip
+    assert [k[:2] for k in trained_sequence([(*k, "x") for k in keys[:9]])] == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+        (2, 0),
+        (2, 1),
+    ]
 
 
 def test_trainer_check_compares_ids_and_token_bytes(tmp_path: Path) -> None:
@@ -42,7 +48,8 @@ def test_trainer_check_compares_ids_and_token_bytes(tmp_path: Path) -> None:
     tampered = [dict(line) for line in rank1]
     tampered[7]["tokens_sha256"] = tokens_sha256(np.array([1, 2, 3], np.int32))
     _write(tmp_path, 1, tampered)
-    assert check_trainer(tmp_path, steps).problems == ["rank 1: 10 micro-batches received, 10 written, first "
-                                                       "difference at micro-batch 7"]  # fmt: skip
+    assert check_trainer(tmp_path, steps).problems == [
+        "rank 1: 10 micro-batches received, 10 written, first difference at micro-batch 7"
+    ]
     _write(tmp_path, 1, rank1[:-1])  # the trainer stopped one micro-batch short
     assert "9 micro-batches received, 10 written" in check_trainer(tmp_path, steps).problems[0]

@@ -13,9 +13,7 @@ def _transactional_producer(bootstrap: str, transactional_id: str) -> Producer:
     return producer
 
 
-def test_aborted_records_are_invisible_and_committed_ones_visible_once(
-    kafka_bootstrap: str, unique_name: str
-) -> None:
+def test_aborted_records_are_invisible_and_committed_ones_visible_once(kafka_bootstrap: str, unique_name: str) -> None:
     topic = f"{unique_name}.eos"
     create_topic(kafka_bootstrap, topic)
     producer = _transactional_producer(kafka_bootstrap, f"{unique_name}-producer")

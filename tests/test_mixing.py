@@ -142,8 +142,9 @@ def test_waiting_for_short_sources() -> None:
     assert draw.status is DrawStatus.WAITING and draw.waiting_for == ("b", "c")
     assert draw.state == state and draw.take == {}
     # next_epoch: an exhausted source is waited for too (its loaders start another pass)
-    draw = draw_step(state, {"a": 1, "b": 1, "c": 1}, 3000, available, exhausted={"b", "c"},
-                     on_exhausted=OnExhausted.NEXT_EPOCH)
+    draw = draw_step(
+        state, {"a": 1, "b": 1, "c": 1}, 3000, available, exhausted={"b", "c"}, on_exhausted=OnExhausted.NEXT_EPOCH
+    )
     assert draw.waiting_for == ("b", "c")
 
 
@@ -155,20 +156,38 @@ def test_stop_policy() -> None:
 
 def test_renormalize_policy() -> None:
     available = {"a": np.full(100, 100), "b": np.full(3, 100), "c": np.full(100, 100)}
-    draw = draw_step(MixerState.initial(SOURCES), {"a": 2, "b": 1, "c": 1}, 4000, available, exhausted={"b"},
-                     on_exhausted=OnExhausted.RENORMALIZE)
+    draw = draw_step(
+        MixerState.initial(SOURCES),
+        {"a": 2, "b": 1, "c": 1},
+        4000,
+        available,
+        exhausted={"b"},
+        on_exhausted=OnExhausted.RENORMALIZE,
+    )
     assert draw.status is DrawStatus.OK and draw.exhausted == ("b",)
     assert draw.tokens == {"a": 2500, "b": 300, "c": 1300}  # 4000 - 300 split 2:1, whole samples
     assert draw.weights == pytest.approx({"a": 2 / 3, "b": 0.0, "c": 1 / 3})
     assert draw.state.credit["b"] == 0.0
     assert sum(draw.state.credit.values()) == pytest.approx(0.0, abs=1e-6)
     # once empty, b is left out every step and the others share the whole budget
-    empty = draw_step(draw.state, {"a": 2, "b": 1, "c": 1}, 4000, available | {"b": np.zeros(0, dtype=int)},
-                      exhausted={"b"}, on_exhausted=OnExhausted.RENORMALIZE)
+    empty = draw_step(
+        draw.state,
+        {"a": 2, "b": 1, "c": 1},
+        4000,
+        available | {"b": np.zeros(0, dtype=int)},
+        exhausted={"b"},
+        on_exhausted=OnExhausted.RENORMALIZE,
+    )
     assert empty.tokens["b"] == 0 and empty.tokens["a"] + empty.tokens["c"] >= 4000
     everything_gone = {s: np.zeros(0, dtype=int) for s in SOURCES}
-    done = draw_step(MixerState(), {"a": 1, "b": 1, "c": 1}, 4000, everything_gone, exhausted=set(SOURCES),
-                     on_exhausted=OnExhausted.RENORMALIZE)
+    done = draw_step(
+        MixerState(),
+        {"a": 1, "b": 1, "c": 1},
+        4000,
+        everything_gone,
+        exhausted=set(SOURCES),
+        on_exhausted=OnExhausted.RENORMALIZE,
+    )
     assert done.status is DrawStatus.STOP
 
 

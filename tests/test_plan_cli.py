@@ -13,8 +13,20 @@ from pipeline.scheduler import CostModel, StepPlan, plan_step, validate_plan
 
 
 def _args(lengths: Path, out: Path, *extra: str) -> list[str]:
-    return ["plan", "--lengths", str(lengths), "--ranks", "4", "--micro-batches", "2", "--capacity", "4096",
-            "--out", str(out), *extra]  # fmt: skip
+    return [
+        "plan",
+        "--lengths",
+        str(lengths),
+        "--ranks",
+        "4",
+        "--micro-batches",
+        "2",
+        "--capacity",
+        "4096",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def test_plan_writes_assignment_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

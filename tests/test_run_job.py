@@ -26,9 +26,19 @@ TRAINER = (
 
 def _run(spec: Path, job: str, state: Path) -> subprocess.Popen:
     command = [
-        sys.executable, "-m", "pipeline.cli", "run", "--spec", str(spec), "--job", job, "--state-dir", str(state),
-        "--trainer", TRAINER,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "run",
+        "--spec",
+        str(spec),
+        "--job",
+        job,
+        "--state-dir",
+        str(state),
+        "--trainer",
+        TRAINER,
+    ]
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -37,8 +47,14 @@ def test_run_with_a_trainer_reports_exactly_once_end_to_end(
     kafka_bootstrap: str, unique_name: str, tmp_path: Path
 ) -> None:
     data = build_example_data(tmp_path / "data", limit=12)
-    spec = write_spec(tmp_path, unique_name, kafka_bootstrap, data, on_exhausted="renormalize",
-                      step={"ranks": 2, "micro_batches": 2, "tokens_per_micro_batch": 512})  # fmt: skip
+    spec = write_spec(
+        tmp_path,
+        unique_name,
+        kafka_bootstrap,
+        data,
+        on_exhausted="renormalize",
+        step={"ranks": 2, "micro_batches": 2, "tokens_per_micro_batch": 512},
+    )
     run = _run(spec, unique_name, tmp_path / "state")
     # The supervisor names each role's pid as it starts it; the constructor is killed once it has written
     # a few steps, and must be started again and finish the job with nothing lost or repeated.

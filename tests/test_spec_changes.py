@@ -46,8 +46,19 @@ def _variant(base: Path, folder: Path, name: str, weights: dict[str, float], **o
 
 
 def _construct(spec: Path, out: str, *extra: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "pipeline.cli", "construct", "--spec", str(spec), "--output-job", out,
-               "--transaction-timeout-ms", "10000", *extra]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "construct",
+        "--spec",
+        str(spec),
+        "--output-job",
+        out,
+        "--transaction-timeout-ms",
+        "10000",
+        *extra,
+    ]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
 
 
@@ -102,8 +113,13 @@ def test_a_changed_step_shape_is_refused_naming_the_field(
 ) -> None:
     _, _, base = loaded
     _ok(_construct(base, unique_name, "--max-steps", "2"))
-    wider = _variant(base, tmp_path, "wider", {"code": 1, "docstrings": 1, "topics": 1},
-                     step={"ranks": 4, "micro_batches": 2, "tokens_per_micro_batch": 1024})  # fmt: skip
+    wider = _variant(
+        base,
+        tmp_path,
+        "wider",
+        {"code": 1, "docstrings": 1, "topics": 1},
+        step={"ranks": 4, "micro_batches": 2, "tokens_per_micro_batch": 1024},
+    )
     done = _construct(wider, unique_name, "--max-steps", "2")
     assert done.returncode == 2, done.stderr[-2000:]
     assert "step.ranks is 4 in the spec but 2 in the steps written" in done.stderr

@@ -34,8 +34,14 @@ def job(kafka_bootstrap: str, unique_name: str) -> Iterator[str]:
 def test_layout_without_a_broker() -> None:
     layout = {spec.name: spec for spec in job_layout("j", ["web"], 2, work_partitions=3)}
     assert {name: spec.partitions for name, spec in layout.items()} == {
-        "j.src.web": 1, "j.work.web": 3, "j.rank.0": 1, "j.rank.1": 1, "j.state": 1, "j.control": 1, "j.dlq": 1,
-    }  # fmt: skip
+        "j.src.web": 1,
+        "j.work.web": 3,
+        "j.rank.0": 1,
+        "j.rank.1": 1,
+        "j.state": 1,
+        "j.control": 1,
+        "j.dlq": 1,
+    }
     for spec in layout.values():
         assert spec.config["retention.ms"] == spec.config["retention.bytes"] == "-1"
         assert spec.config["cleanup.policy"] == "delete"

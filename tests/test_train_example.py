@@ -84,11 +84,17 @@ def _batches(rng: np.random.Generator) -> list[list[Batch]]:
                     seen += 1
             lengths = [len(p) for p in pieces]
             batch = Batch.from_arrays(
-                step=step, rank=rank, ranks=RANKS, micro_batches=MICRO_BATCHES, capacity=CAPACITY,
-                sample_ids=ids, sources=["docs"] * len(ids), micro_batch=micro,
+                step=step,
+                rank=rank,
+                ranks=RANKS,
+                micro_batches=MICRO_BATCHES,
+                capacity=CAPACITY,
+                sample_ids=ids,
+                sources=["docs"] * len(ids),
+                micro_batch=micro,
                 offsets=np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]),
                 tokens=np.concatenate(pieces) if pieces else np.zeros(0, np.int32),
-            )  # fmt: skip
+            )
             step_batches.append(batch)
         out.append(step_batches)
     return out
@@ -156,10 +162,25 @@ def _environment() -> dict[str, str]:
 
 def _train_command(job: Job, out: Path, *extra: str) -> list[str]:
     return [
-        str(TRAIN), "--spec", str(job.spec), "--out", str(out), "--bootstrap-servers", job.bootstrap,
-        "--device", "cpu", "--checkpoint-every", str(CHECKPOINT_EVERY), "--threads", "1", "--wait-timeout-s", "60",
-        "--log-every-s", "1", *extra,
-    ]  # fmt: skip
+        str(TRAIN),
+        "--spec",
+        str(job.spec),
+        "--out",
+        str(out),
+        "--bootstrap-servers",
+        job.bootstrap,
+        "--device",
+        "cpu",
+        "--checkpoint-every",
+        str(CHECKPOINT_EVERY),
+        "--threads",
+        "1",
+        "--wait-timeout-s",
+        "60",
+        "--log-every-s",
+        "1",
+        *extra,
+    ]
 
 
 def _start(job: Job, out: Path, *extra: str) -> subprocess.Popen:
@@ -273,8 +294,15 @@ def test_a_killed_run_resumes_with_exactly_the_micro_batches_of_an_uninterrupted
 def test_two_ranks_under_torchrun_each_see_their_topic(job: Job, tmp_path: Path) -> None:
     out = tmp_path / "ddp"
     out.mkdir()
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS),
-               *_train_command(job, out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(RANKS),
+        *_train_command(job, out),
+    ]
     with open(out / "train.log", "wb") as log:
         process = _popen(command, log)
     _finish(process, out)

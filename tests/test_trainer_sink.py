@@ -72,8 +72,10 @@ def test_padded_tensors_have_a_fixed_shape_and_a_block_causal_mask(seed: int, ca
         assert torch.equal(padded["labels"][:n], packed["labels"])
         assert (padded["labels"][n:] == IGNORE_INDEX).all()
         segment = padded["segment_ids"].tolist()
-        expected = [[(i == j) if segment[i] < 0 else (segment[i] == segment[j] and j <= i) for j in range(capacity)]
-                    for i in range(capacity)]  # fmt: skip
+        expected = [
+            [(i == j) if segment[i] < 0 else (segment[i] == segment[j] and j <= i) for j in range(capacity)]
+            for i in range(capacity)
+        ]
         assert padded["attention_mask"].tolist() == expected
         assert torch.equal(block_causal_mask(padded["segment_ids"]), padded["attention_mask"])
 
@@ -185,8 +187,9 @@ def test_resuming_from_any_point_yields_exactly_what_followed_it(
     job, _ = written_job
 
     def dataset() -> KafkaBatchDataset:
-        return KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=1, wait_timeout_s=30,
-                                 prefetch_bytes=4096)  # fmt: skip
+        return KafkaBatchDataset(
+            job=job, bootstrap_servers=kafka_bootstrap, rank=1, wait_timeout_s=30, prefetch_bytes=4096
+        )
 
     reference = [_fingerprint(mb) for mb in dataset()]
     total = len(reference)
@@ -269,8 +272,9 @@ def test_waits_for_the_constructor_then_times_out_naming_the_step(kafka_bootstra
 
     stalled = f"{unique_name}-stalled"
     write_steps(kafka_bootstrap, stalled, batches[:1], end=False)
-    waiting = KafkaBatchDataset(job=stalled, bootstrap_servers=kafka_bootstrap, rank=1, wait_timeout_s=1.0,
-                                wait_log_interval_s=0.2)  # fmt: skip
+    waiting = KafkaBatchDataset(
+        job=stalled, bootstrap_servers=kafka_bootstrap, rank=1, wait_timeout_s=1.0, wait_log_interval_s=0.2
+    )
     iterator = iter(waiting)
     _take(iterator, MICRO_BATCHES)
     with pytest.raises(SinkTimeoutError, match=rf"waited \d+ s for step 1 on {stalled}\.rank\.1"):

@@ -39,8 +39,10 @@ class DecodeError(MixflowError):
             for name, value in (("topic", self.topic), ("partition", self.partition), ("offset", self.offset))
             if value is not None
         ]
-        return f"cannot decode record ({', '.join(where)}): {self.reason}" if where else (
-            f"cannot decode record: {self.reason}"
+        return (
+            f"cannot decode record ({', '.join(where)}): {self.reason}"
+            if where
+            else (f"cannot decode record: {self.reason}")
         )
 
     def at(self, topic: str, partition: int, offset: int) -> "DecodeError":

@@ -68,8 +68,9 @@ class KafkaBatchDataset(IterableDataset):
     ) -> None:
         super().__init__()
         source = _source(spec, job, bootstrap_servers, kafka_config)
-        self.rank = _data_parallel_rank(rank, global_rank, world_size, tensor_parallel, context_parallel,
-                                        pipeline_parallel)  # fmt: skip
+        self.rank = _data_parallel_rank(
+            rank, global_rank, world_size, tensor_parallel, context_parallel, pipeline_parallel
+        )
         if source.ranks is not None and self.rank >= source.ranks:
             msg = f"data-parallel rank {self.rank} is not below the job's step.ranks ({source.ranks})"
             raise MixflowError(msg)
@@ -83,10 +84,14 @@ class KafkaBatchDataset(IterableDataset):
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
         self.options = ReadOptions(
-            layout=Layout(layout), pad_token_id=pad_token_id, attention_mask=attention_mask,
-            pin_memory=bool(pin_memory), prefetch_bytes=prefetch_bytes, wait_timeout_s=wait_timeout_s,
+            layout=Layout(layout),
+            pad_token_id=pad_token_id,
+            attention_mask=attention_mask,
+            pin_memory=bool(pin_memory),
+            prefetch_bytes=prefetch_bytes,
+            wait_timeout_s=wait_timeout_s,
             wait_log_interval_s=wait_log_interval_s,
-        )  # fmt: skip
+        )
         self._position = SinkPosition(self.topic)
         self._reader: RankTopicReader | None = None
         self._past_peak_bytes = 0

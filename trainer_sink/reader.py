@@ -148,10 +148,14 @@ class RankTopicReader:
             batch = decode_batch_message(message)
             self._check_step(message, batch.step, batch.rank, last_step)
             last_step = self.last_step = batch.step
-            for m, tensors in enumerate(micro_batch_tensors(
-                batch, self.options.layout, pad_token_id=self.options.pad_token_id,
-                attention_mask=self.options.attention_mask,
-            )):  # fmt: skip
+            for m, tensors in enumerate(
+                micro_batch_tensors(
+                    batch,
+                    self.options.layout,
+                    pad_token_id=self.options.pad_token_id,
+                    attention_mask=self.options.attention_mask,
+                )
+            ):
                 if not self.position.is_due(batch.step, m):
                     continue
                 if self.options.pin_memory:
@@ -185,8 +189,9 @@ class RankTopicReader:
         try:
             return end_of_data_steps(message.headers())
         except ValueError as exc:
-            raise DecodeError(str(exc), topic=message.topic(), partition=message.partition(),
-                              offset=message.offset()) from exc  # fmt: skip
+            raise DecodeError(
+                str(exc), topic=message.topic(), partition=message.partition(), offset=message.offset()
+            ) from exc
 
     def _first_step_allowed(self, step: int) -> bool:
         """Whether a resumed reader's first message may hold ``step``: the step of the position, or the

@@ -27,9 +27,7 @@ class AssembledStep:
         return int(self.lengths[self.plan.placed_mask].sum())
 
 
-def assemble_step(
-    step: int, candidates: Sequence[Candidate], shape: StepSpec, cost_model: CostModel
-) -> AssembledStep:
+def assemble_step(step: int, candidates: Sequence[Candidate], shape: StepSpec, cost_model: CostModel) -> AssembledStep:
     """Plan ``candidates`` (priority order, oldest first) over the step's ranks and micro-batches and
     build each rank's batch, micro-batch by micro-batch. Unplaced candidates come back as deferred."""
     lengths = np.fromiter((c.sample.length for c in candidates), dtype=np.int64, count=len(candidates))
@@ -44,12 +42,18 @@ def assemble_step(
         tokens = np.concatenate([np.zeros(0, np.int32), *(c.sample.tokens for c in chosen)]).astype(np.int32)
         batches.append(
             Batch.from_arrays(
-                step=step, rank=rank, ranks=ranks, micro_batches=micro_batches, capacity=capacity,
+                step=step,
+                rank=rank,
+                ranks=ranks,
+                micro_batches=micro_batches,
+                capacity=capacity,
                 sample_ids=[c.sample.sample_id for c in chosen],
                 sources=[c.sample.source for c in chosen],
-                micro_batch=micro_batch, offsets=offsets, tokens=tokens,
+                micro_batch=micro_batch,
+                offsets=offsets,
+                tokens=tokens,
             )
-        )  # fmt: skip
+        )
     placed = plan.placed_mask
     delivered = [c for c, p in zip(candidates, placed.tolist(), strict=True) if p]
     deferred = [c for c, p in zip(candidates, placed.tolist(), strict=True) if not p]

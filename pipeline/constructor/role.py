@@ -95,8 +95,11 @@ class DataConstructor(TransactionalRole):
     def run(self) -> ConstructorStats:
         self.stop_on_signals()
         shape = self.spec.step
-        check_step_shape(self._written_shape(), StepShape(shape.ranks, shape.micro_batches,
-                         shape.tokens_per_micro_batch), self.out.job)  # fmt: skip
+        check_step_shape(
+            self._written_shape(),
+            StepShape(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch),
+            self.out.job,
+        )
         ensure_job_topics(self.config, self.sources_topics.job, self.spec.source_names, self.spec.step.ranks)
         if self.out.job != self.sources_topics.job:
             ensure_job_topics(self.config, self.out.job, self.spec.source_names, self.spec.step.ranks)
@@ -115,9 +118,13 @@ class DataConstructor(TransactionalRole):
     def _run_from_checkpoint(self, producer: Producer) -> None:
         carried = carry_over(self._last_state(), self.spec.source_names)
         if carried.added or carried.removed:
-            log.info("constructor %s: from step %d the spec adds sources %s and removes %s (kept at their "
-                     "positions)", self.transactional_id, carried.state.step, list(carried.added),
-                     list(carried.removed))  # fmt: skip
+            log.info(
+                "constructor %s: from step %d the spec adds sources %s and removes %s (kept at their positions)",
+                self.transactional_id,
+                carried.state.step,
+                list(carried.added),
+                list(carried.removed),
+            )
         state, self._dormant = carried.state, carried.dormant
         if state.finished:
             log.info("job %s finished at step %d already", self.out.job, state.step)
@@ -177,9 +184,14 @@ class DataConstructor(TransactionalRole):
             return
 
     def _finish(
-        self, producer: Producer, consumer: Consumer, feed: SourceTopicFeed, pool: SamplePool,
-        mixer_state: MixerState, exhausted: set[str],
-    ) -> None:  # fmt: skip
+        self,
+        producer: Producer,
+        consumer: Consumer,
+        feed: SourceTopicFeed,
+        pool: SamplePool,
+        mixer_state: MixerState,
+        exhausted: set[str],
+    ) -> None:
         """End the job. Unless the policy is ``stop``, and once every source has run out, what is left
         goes out in final steps, so every sample of finite sources is delivered exactly once."""
         all_out = set(exhausted) >= set(pool.sources) or all(feed.is_exhausted(s) for s in pool.sources)
@@ -202,9 +214,16 @@ class DataConstructor(TransactionalRole):
     # -- the transaction of one step --------------------------------------------------------------
 
     def _commit(
-        self, producer: Producer, consumer: Consumer, feed: SourceTopicFeed, pool: SamplePool,
-        assembled: AssembledStep | None, mixer: MixerState, exhausted: set[str], finished: bool,
-    ) -> bool:  # fmt: skip
+        self,
+        producer: Producer,
+        consumer: Consumer,
+        feed: SourceTopicFeed,
+        pool: SamplePool,
+        assembled: AssembledStep | None,
+        mixer: MixerState,
+        exhausted: set[str],
+        finished: bool,
+    ) -> bool:
         """Write one step (or, with ``assembled`` None, only the final state). False when aborted."""
         positions = {**pool.positions(), **self._dormant}
         state = ConstructorState(mixer, positions, pool.deferred_refs(), tuple(sorted(exhausted)), finished)
@@ -240,13 +259,19 @@ class DataConstructor(TransactionalRole):
         for c in assembled.delivered:
             by_source[c.ref.source] = by_source.get(c.ref.source, 0) + c.sample.length
         record = StepRecord(
-            step=assembled.step, tokens=assembled.tokens, samples=len(assembled.delivered),
-            deferred=len(assembled.deferred), state_bytes=state_bytes, max_rank_cost=float(costs.max()),
-            mean_rank_cost=float(costs.mean()), tokens_by_source=by_source,
-        )  # fmt: skip
+            step=assembled.step,
+            tokens=assembled.tokens,
+            samples=len(assembled.delivered),
+            deferred=len(assembled.deferred),
+            state_bytes=state_bytes,
+            max_rank_cost=float(costs.max()),
+            mean_rank_cost=float(costs.mean()),
+            tokens_by_source=by_source,
+        )
         self.stats.steps.append(record)
-        log.debug("step %d: %d tokens, %d samples, %d deferred", record.step, record.tokens, record.samples,
-                  record.deferred)  # fmt: skip
+        log.debug(
+            "step %d: %d tokens, %d samples, %d deferred", record.step, record.tokens, record.samples, record.deferred
+        )
 
     def _written_shape(self) -> StepShape | None:
         """The step shape of the last batch written to rank 0, if any."""

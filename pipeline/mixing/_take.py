@@ -43,9 +43,7 @@ def take_all(available: np.ndarray, min_length: int) -> Take:
     return Take(np.arange(len(available)), int(available.sum()), int(available[long].sum()))
 
 
-def take(
-    available: np.ndarray, need: float, need_long: float, min_length: int, long_is_final: bool
-) -> Take | None:
+def take(available: np.ndarray, need: float, need_long: float, min_length: int, long_is_final: bool) -> Take | None:
     """Take from ``available`` (lengths in FIFO order) at least ``need`` tokens, of which at least
     ``need_long`` from samples of ``min_length`` or more. None when the FIFO holds too few samples;
     if ``long_is_final`` (no more samples will come), a long quota that cannot be met takes every long

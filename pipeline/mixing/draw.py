@@ -116,9 +116,7 @@ def _settle_credit(
     return out
 
 
-def _lengths_by_source(
-    given: Mapping[str, ArrayLike], sources: Collection[str], what: str
-) -> dict[str, np.ndarray]:
+def _lengths_by_source(given: Mapping[str, ArrayLike], sources: Collection[str], what: str) -> dict[str, np.ndarray]:
     unknown = sorted(set(given) - set(sources))
     if unknown:
         msg = f"{what} names sources that are not mixed: {unknown}"
@@ -166,8 +164,9 @@ def draw_step(
         msg = f"exhausted names sources that are not mixed: {unknown}"
         raise ValueError(msg)
     final = set(exhausted) if on_exhausted is not OnExhausted.NEXT_EPOCH else set()
-    planner = _Planner(state, dict(zip(sources, w / w.sum(), strict=True)), budget_tokens, avail, before,
-                       final, long_context)
+    planner = _Planner(
+        state, dict(zip(sources, w / w.sum(), strict=True)), budget_tokens, avail, before, final, long_context
+    )
     return planner.run(on_exhausted)
 
 
@@ -219,8 +218,7 @@ class _Planner:
                 return self._result(DrawStatus.WAITING, waiting_for=tuple(waiting))
             for s in self.out:
                 takes[s] = self.given_up.get(s) or Take(EMPTY, 0, 0)
-            return self._result(DrawStatus.OK, exhausted=tuple(self.given_up), takes=takes, eff=eff,
-                                targets=targets)
+            return self._result(DrawStatus.OK, exhausted=tuple(self.given_up), takes=takes, eff=eff, targets=targets)
 
     def _effective_weights(self, in_play: list[str]) -> dict[str, float]:
         total = sum(self.weights[s] for s in in_play)
@@ -267,7 +265,10 @@ class _Planner:
         positions = {s: takes[s].positions for s in order}
         lengths = {s: np.concatenate([self.before[s], self.avail[s][positions[s]]]) for s in order}
         return Draw(
-            step, status, waiting_for, exhausted,
+            step,
+            status,
+            waiting_for,
+            exhausted,
             take=positions,
             lengths=lengths,
             long={s: v >= self.min_length for s, v in lengths.items()},

@@ -164,9 +164,20 @@ def deal(
     ring_tokens = tokens.reshape(n_ranks, n_micro)[ring_rank].ravel()
     ring_micro_cost = micro_cost.reshape(n_ranks, n_micro)[ring_rank].ravel()
     left = _deal_in_ring_order(
-        first, end, lengths, at, np.int64(shift), ring_rank, ring_cost, ring_tokens, ring_micro_cost, capacity,
-        level, alpha, beta,
-    )  # fmt: skip
+        first,
+        end,
+        lengths,
+        at,
+        np.int64(shift),
+        ring_rank,
+        ring_cost,
+        ring_tokens,
+        ring_micro_cost,
+        capacity,
+        level,
+        alpha,
+        beta,
+    )
     for position in range(n_ranks):
         r = ring_rank[position]
         rank_cost[r] = ring_cost[position]

@@ -222,21 +222,50 @@ def plan_kernel(
     micro_cost = np.zeros(n_ranks * n_micro, np.float64)
     if split > 0:
         place_longest_first(
-            np.arange(split), sorted_length, alpha, beta, at, shift, rank_cost, tokens, micro_cost, capacity,
+            np.arange(split),
+            sorted_length,
+            alpha,
+            beta,
+            at,
+            shift,
+            rank_cost,
+            tokens,
+            micro_cost,
+            capacity,
             np.inf,
-        )  # fmt: skip
+        )
     free = np.empty(n_ranks, np.int64)
     for r in range(n_ranks):
         free[r] = n_micro * capacity - tokens[r * n_micro : (r + 1) * n_micro].sum()
     level, capped = water_level(rank_cost, free, small_cost, small_tokens, largest_cost, tolerance / 2)
     left = deal(
-        split, main, sorted_length, at, shift, rank_cost, tokens, micro_cost, capacity, level, alpha, beta,
-    )  # fmt: skip
+        split,
+        main,
+        sorted_length,
+        at,
+        shift,
+        rank_cost,
+        tokens,
+        micro_cost,
+        capacity,
+        level,
+        alpha,
+        beta,
+    )
     if left.shape[0] > 0:
         place_longest_first(
-            left, sorted_length, alpha, beta, at, shift, rank_cost, tokens, micro_cost, capacity,
+            left,
+            sorted_length,
+            alpha,
+            beta,
+            at,
+            shift,
+            rank_cost,
+            tokens,
+            micro_cost,
+            capacity,
             level if capped else np.inf,
-        )  # fmt: skip
+        )
 
     rank = np.empty(n, np.int32)
     micro = np.empty(n, np.int32)
@@ -246,7 +275,7 @@ def plan_kernel(
     if start.shape[0] > 0:
         deferred, all_cost = _unsort_counted(
             lengths, main, longest, start, at, shift, rank, micro, total_cost, alpha, beta
-        )  # fmt: skip
+        )
     else:
         deferred, all_cost = _unsort(lengths, main, position, at, shift, rank, micro, total_cost, alpha, beta)
     # The top-up may lift a rank up to a quarter of the tolerance above the lower bound it would leave if
@@ -270,7 +299,16 @@ def plan_kernel(
         target = (1.0 + REFINE_SHARE * tolerance) * max(mean_cost, placed_largest)
         if rank_cost.max() > target:
             move_from_costliest(
-                lengths, costs, limit, rank, micro, rank_cost, tokens, micro_cost, capacity, target,
+                lengths,
+                costs,
+                limit,
+                rank,
+                micro,
+                rank_cost,
+                tokens,
+                micro_cost,
+                capacity,
+                target,
                 4 * n_ranks + 64,
-            )  # fmt: skip
+            )
     return rank, micro

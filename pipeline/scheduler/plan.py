@@ -150,7 +150,13 @@ def plan_step(
     packed = (ranks - 1) << (micro_batches - 1).bit_length() <= 2**31 - 1
     scratch = np.empty(lengths.size, np.int32 if packed else np.int64)
     rank, micro = plan_kernel(
-        lengths, ranks, micro_batches, capacity, float(cost_model.alpha), float(cost_model.beta), float(tolerance),
+        lengths,
+        ranks,
+        micro_batches,
+        capacity,
+        float(cost_model.alpha),
+        float(cost_model.beta),
+        float(tolerance),
         scratch,
-    )  # fmt: skip
+    )
     return StepPlan(rank=rank, micro=micro, ranks=ranks, micro_batches=micro_batches, capacity=capacity)

@@ -21,9 +21,7 @@ class JobSpec(BaseModel):
 
     job: JobName
     kafka: KafkaSpec = Field(default_factory=KafkaSpec)
-    tokenizer: Path | None = Field(
-        None, description="Default tokenizer.json of every source that is not pretokenized."
-    )
+    tokenizer: Path | None = Field(None, description="Default tokenizer.json of every source that is not pretokenized.")
     sources: list[SourceSpec] = Field(min_length=1)
     mixture: MixtureSpec
     step: StepSpec
@@ -55,20 +53,27 @@ class JobSpec(BaseModel):
         capacity = self.step.tokens_per_micro_batch
         for i, source in enumerate(self.sources):
             if source.name in first:
-                problems.add(("sources", i, "name"), f"duplicate source name (also sources[{first[source.name]}])",
-                             source.name)
+                problems.add(
+                    ("sources", i, "name"), f"duplicate source name (also sources[{first[source.name]}])", source.name
+                )
             first.setdefault(source.name, i)
             if source.tokenizer is None and not source.pretokenized:
                 if self.tokenizer is None:
-                    problems.add(("sources", i, "tokenizer"),
-                                 "required unless pretokenized, and there is no job-level tokenizer", NO_VALUE)
+                    problems.add(
+                        ("sources", i, "tokenizer"),
+                        "required unless pretokenized, and there is no job-level tokenizer",
+                        NO_VALUE,
+                    )
                 else:
                     source.tokenizer = self.tokenizer
             if source.max_sample_length is None:
                 source.max_sample_length = capacity
             elif source.max_sample_length > capacity:
-                problems.add(("sources", i, "max_sample_length"),
-                             f"must be at most step.tokens_per_micro_batch ({capacity})", source.max_sample_length)
+                problems.add(
+                    ("sources", i, "max_sample_length"),
+                    f"must be at most step.tokens_per_micro_batch ({capacity})",
+                    source.max_sample_length,
+                )
 
     def _check_mixture(self, problems: Problems) -> None:
         names = [s.name for s in self.sources]
@@ -76,30 +81,39 @@ class JobSpec(BaseModel):
         for loc, weights in self.mixture.located_weights():
             for name, share in weights.items():
                 if name not in names:
-                    problems.add(("mixture", *loc, name), f"not a source of this job (sources: {', '.join(names)})",
-                                 name)
+                    problems.add(
+                        ("mixture", *loc, name), f"not a source of this job (sources: {', '.join(names)})", name
+                    )
                 elif share > 0:
                     weighted.add(name)
         for i, name in enumerate(names):
             if name not in weighted:
-                problems.add(("sources", i, "name"),
-                             "has no weight above 0 anywhere in mixture, so it would never be read; "
-                             "give it a weight or remove it", name)
+                problems.add(
+                    ("sources", i, "name"),
+                    "has no weight above 0 anywhere in mixture, so it would never be read; "
+                    "give it a weight or remove it",
+                    name,
+                )
 
     def _check_long_context(self, problems: Problems, long: LongContextSpec) -> None:
         capable = self.long_sources()
         if not capable:
             longest = max(s.max_sample_length or 0 for s in self.sources)
-            problems.add(("long_context", "min_length"),
-                         f"no source can have a sample this long (longest max_sample_length: {longest})",
-                         long.min_length)
+            problems.add(
+                ("long_context", "min_length"),
+                f"no source can have a sample this long (longest max_sample_length: {longest})",
+                long.min_length,
+            )
             return
         for (loc, _), (_, shares) in zip(self.mixture.located_weights(), self.mixture.points(), strict=True):
             held = sum(shares.get(name, 0.0) for name in capable)
             if held < long.token_share:
-                problems.add(("mixture", *loc),
-                             f"the sources that can have long samples ({', '.join(capable)}) hold {held:.3g} of "
-                             f"the tokens here, less than long_context.token_share ({long.token_share})", shares)
+                problems.add(
+                    ("mixture", *loc),
+                    f"the sources that can have long samples ({', '.join(capable)}) hold {held:.3g} of "
+                    f"the tokens here, less than long_context.token_share ({long.token_share})",
+                    shares,
+                )
 
     def long_sources(self) -> list[str]:
         """Sources whose samples can reach ``long_context.min_length`` (all of them without it)."""

@@ -108,8 +108,9 @@ def check_files(spec: JobSpec, file: str | Path = "") -> list[SpecProblem]:
         if not source.path.is_dir():
             problems.append(SpecProblem(f"sources[{i}].path", "no such folder", str(source.path), str(file)))
         elif source.glob and next(source.path.glob(source.glob), None) is None:
-            problems.append(SpecProblem(f"sources[{i}].glob", f"matches no file under {source.path}", source.glob,
-                                            str(file)))
+            problems.append(
+                SpecProblem(f"sources[{i}].glob", f"matches no file under {source.path}", source.glob, str(file))
+            )
         if source.tokenizer is not None and not source.tokenizer.is_file():
             problems.append(SpecProblem(f"sources[{i}].tokenizer", "no such file", str(source.tokenizer), str(file)))
     return problems

@@ -64,8 +64,9 @@ class MixtureSpec(BaseModel):
                 problems.add(loc, "the shares must sum to more than 0", weights)
         if self.schedule:
             if self.schedule[0].step != 0:
-                problems.add(("schedule", 0, "step"), "the first schedule point must be at step 0",
-                             self.schedule[0].step)
+                problems.add(
+                    ("schedule", 0, "step"), "the first schedule point must be at step 0", self.schedule[0].step
+                )
             for i in range(1, len(self.schedule)):
                 if self.schedule[i].step <= self.schedule[i - 1].step:
                     problems.add(

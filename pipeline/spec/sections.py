@@ -35,14 +35,13 @@ class KafkaSpec(BaseModel):
     def _check(self) -> KafkaSpec:
         problems = Problems("KafkaSpec")
         if "bootstrap.servers" in self.config:
-            problems.add(("config", "bootstrap.servers"), "set kafka.bootstrap_servers instead",
-                         self.config["bootstrap.servers"])
+            problems.add(
+                ("config", "bootstrap.servers"), "set kafka.bootstrap_servers instead", self.config["bootstrap.servers"]
+            )
         problems.raise_if_any()
         return self
 
-    def resolved_bootstrap_servers(
-        self, override: str | None = None, environ: Mapping[str, str] | None = None
-    ) -> str:
+    def resolved_bootstrap_servers(self, override: str | None = None, environ: Mapping[str, str] | None = None) -> str:
         """The bootstrap servers to use: ``override`` (the CLI's --bootstrap-servers) if given, else
         ``$KAFKA_BOOTSTRAP_SERVERS`` if set and not empty, else the spec's."""
         env = os.environ if environ is None else environ
@@ -98,8 +97,11 @@ class CostSpec(BaseModel):
         direct = [k for k in _DIRECT if getattr(self, k) is not None]
         model = [k for k in _MODEL if getattr(self, k) is not None]
         if direct and model:
-            problems.add((), "give either alpha/beta or hidden_size/num_layers/causal, not both",
-                         {k: getattr(self, k) for k in direct + model})
+            problems.add(
+                (),
+                "give either alpha/beta or hidden_size/num_layers/causal, not both",
+                {k: getattr(self, k) for k in direct + model},
+            )
         elif not direct and not model:
             problems.add((), "give alpha and beta, or hidden_size and num_layers")
         else:

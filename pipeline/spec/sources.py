@@ -86,9 +86,7 @@ class SourceSpec(BaseModel):
             if self.field is not None:
                 problems.add(("field",), f"the {self.reader.value} reader has no fields; remove it", self.field)
             if self.pretokenized:
-                problems.add(
-                    ("pretokenized",), f"the {self.reader.value} reader reads text, not token ids", True
-                )
+                problems.add(("pretokenized",), f"the {self.reader.value} reader reads text, not token ids", True)
         problems.raise_if_any()
         self.glob = self.glob or DEFAULT_GLOBS[self.reader]
         return self

@@ -53,9 +53,15 @@ def resolve_broker_jars(cache_dir: Path | None = None) -> Path:
         pom.write_text(text)
         out = Path(tmp) / "libs"
         command = [
-            mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
-            f"-DoutputDirectory={out}", "-DincludeScope=runtime",
-        ]  # fmt: skip
+            mvn,
+            "-B",
+            "-q",
+            "-f",
+            str(pom),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={out}",
+            "-DincludeScope=runtime",
+        ]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0 or not any(out.glob("kafka_2.13-*.jar")):
             tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-20:])

@@ -181,18 +181,25 @@ class LocalBroker:
 
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         command = [
-            java, *JVM_OPTIONS,
+            java,
+            *JVM_OPTIONS,
             f"-Dlog4j2.configurationFile={self.config_dir / 'log4j2.yaml'}",
             f"-Dkafka.logs.dir={self.log_file.parent}",
-            "-cp", f"{libs}/*",
-            "kafka.Kafka", str(self.config_dir / "server.properties"),
-        ]  # fmt: skip
+            "-cp",
+            f"{libs}/*",
+            "kafka.Kafka",
+            str(self.config_dir / "server.properties"),
+        ]
         with self.stdout_file.open("ab") as out:
             # A new session keeps the broker alive when the shell that ran `mixflow stack up` exits.
             process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.state_dir,
-            )  # fmt: skip
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.state_dir,
+            )
         bootstrap = f"{self.host}:{self.port}"
         self.pid_file.write_text(f"{process.pid}\n")
         self.info_file.write_text(json.dumps({"bootstrap": bootstrap, "pid": process.pid}) + "\n")
@@ -236,11 +243,18 @@ class LocalBroker:
 
     def _format_storage(self, java: str, libs: Path) -> None:
         command = [
-            java, "-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={self.config_dir / 'log4j2.yaml'}",
-            "kafka.tools.StorageTool", "format", "--ignore-formatted",
-            "--cluster-id", uuid.uuid4().hex[:22],
-            "--config", str(self.config_dir / "server.properties"),
-        ]  # fmt: skip
+            java,
+            "-cp",
+            f"{libs}/*",
+            f"-Dlog4j2.configurationFile={self.config_dir / 'log4j2.yaml'}",
+            "kafka.tools.StorageTool",
+            "format",
+            "--ignore-formatted",
+            "--cluster-id",
+            uuid.uuid4().hex[:22],
+            "--config",
+            str(self.config_dir / "server.properties"),
+        ]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             msg = f"formatting the broker storage in {self.data_dir} failed: {result.stderr.strip()[-500:]}"
