@@ -125,3 +125,23 @@ def expected_sample_ids(spec: JobSpec, bootstrap: str, source: str) -> Counter[s
 def load_sources(spec: Path, log_dir: Path, timeout_s: float = 240) -> None:
     """Run one loader per source until every source is drained."""
     wait_all([start_loader(spec, source, 0, log_dir) for source in SOURCES], timeout_s, log_dir)
+
+
+def start_constructor(spec: Path, output_job: str, *extra: str, log: Path | None = None) -> subprocess.Popen:
+    """A ``mixflow construct`` process writing ``spec``'s steps under ``output_job``; its output to ``log``
+    or to pipes."""
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "construct",
+        "--spec",
+        str(spec),
+        "--output-job",
+        output_job,
+        "--transaction-timeout-ms",
+        "10000",
+        *extra,
+    ]
+    out = log.open("ab") if log else subprocess.PIPE
+    return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT if log else subprocess.PIPE, cwd=REPO)

@@ -22,7 +22,15 @@ from pipeline.mixing import Schedule
 from pipeline.spec import load_spec
 from pipeline.work_plan import publish_work_plan
 from tests.kafka_support import TopicGrowth
-from tests.loader_support import REPO, SOURCES, build_example_data, committed_sample_ids, load_sources, write_spec
+from tests.loader_support import (
+    REPO,
+    SOURCES,
+    build_example_data,
+    committed_sample_ids,
+    load_sources,
+    start_constructor,
+    write_spec,
+)
 from topics.admin import ensure_job_topics
 from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
@@ -52,26 +60,8 @@ def _spec(tmp_path: Path, bootstrap: str, loaded: tuple[str, Path], **overrides:
     return write_spec(tmp_path, job, bootstrap, data, **{"on_exhausted": "renormalize", **overrides})
 
 
-def _construct(spec: Path, output_job: str, *extra: str, log: Path | None = None) -> subprocess.Popen:
-    command = [
-        sys.executable,
-        "-m",
-        "pipeline.cli",
-        "construct",
-        "--spec",
-        str(spec),
-        "--output-job",
-        output_job,
-        "--transaction-timeout-ms",
-        "10000",
-        *extra,
-    ]
-    out = log.open("ab") if log else subprocess.PIPE
-    return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT if log else subprocess.PIPE, cwd=REPO)
-
-
 def _run(spec: Path, output_job: str, *extra: str) -> dict:
-    process = _construct(spec, output_job, *extra)
+    process = start_constructor(spec, output_job, *extra)
     out, err = process.communicate(timeout=240)
     assert process.returncode == 0, err.decode()[-3000:]
     return json.loads(out.decode().strip().splitlines()[-1])
@@ -157,7 +147,7 @@ def test_every_sample_is_delivered_exactly_once_while_the_constructor_is_killed(
     log = tmp_path / "constructor.log"
     growth = TopicGrowth(kafka_bootstrap, [JobTopics(killed).state])
     kills = 0
-    process = _construct(spec, killed, log=log)
+    process = start_constructor(spec, killed, log=log)
     try:
         while kills < KILLS and process.poll() is None:
             # Kill once the state topic has grown by a random number of records: mid-step, at a random moment.
@@ -167,7 +157,7 @@ def test_every_sample_is_delivered_exactly_once_while_the_constructor_is_killed(
             process.send_signal(signal.SIGKILL)
             process.wait(timeout=30)
             kills += 1
-            process = _construct(spec, killed, log=log)
+            process = start_constructor(spec, killed, log=log)
         assert process.wait(timeout=240) == 0, log.read_text()[-3000:]
     finally:
         if process.poll() is None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import yaml
 from pipeline.constructor.spec_change import carry_over
 from pipeline.constructor.state import ConstructorState, SampleRef, SourcePosition
 from pipeline.mixing import MixerState
-from tests.loader_support import REPO, build_example_data, committed_sample_ids, load_sources, write_spec
+from tests.loader_support import build_example_data, committed_sample_ids, load_sources, start_constructor, write_spec
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
@@ -46,20 +45,9 @@ def _variant(base: Path, folder: Path, name: str, weights: dict[str, float], **o
 
 
 def _construct(spec: Path, out: str, *extra: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "pipeline.cli",
-        "construct",
-        "--spec",
-        str(spec),
-        "--output-job",
-        out,
-        "--transaction-timeout-ms",
-        "10000",
-        *extra,
-    ]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
+    process = start_constructor(spec, out, *extra)
+    stdout, stderr = process.communicate(timeout=240)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout.decode(), stderr.decode())
 
 
 def _ok(done: subprocess.CompletedProcess) -> None:

@@ -20,12 +20,11 @@ from typing import BinaryIO
 import numpy as np
 import pytest
 import yaml
-from confluent_kafka import Producer
 
 from tests.kafka_support import read_to_end
-from topics.admin import ensure_job_topics
+from tests.sink_support import write_steps
 from topics.batch import Batch
-from topics.batch_codec import decode_batch_message, encode_batch, encode_end_of_data
+from topics.batch_codec import decode_batch_message
 from topics.names import JobTopics
 
 pytestmark = pytest.mark.kafka
@@ -100,25 +99,6 @@ def _batches(rng: np.random.Generator) -> list[list[Batch]]:
     return out
 
 
-def _write(bootstrap: str, job: str, batches: list[list[Batch]]) -> None:
-    """One transaction per step, as the constructor writes, then the end-of-data record on each rank."""
-    ensure_job_topics(bootstrap, job, ["docs"], RANKS)
-    topics = JobTopics(job)
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{job}-writer"})
-    producer.init_transactions(30)
-    for step_batches in batches:
-        producer.begin_transaction()
-        for batch in step_batches:
-            key, value, headers = encode_batch(batch)
-            producer.produce(topics.rank(batch.rank), value, key=key, headers=headers)
-        producer.commit_transaction(30)
-    producer.begin_transaction()
-    key, value, headers = encode_end_of_data(len(batches))
-    for rank in range(RANKS):
-        producer.produce(topics.rank(rank), value, key=key, headers=headers)
-    producer.commit_transaction(30)
-
-
 def _topic_records(bootstrap: str, topic: str) -> list[Record]:
     """The micro-batches on a rank topic, decoded with the codec (not the sink), in order."""
     records = []
@@ -138,7 +118,7 @@ def _topic_records(bootstrap: str, topic: str) -> list[Record]:
 @pytest.fixture(scope="module")
 def job(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Job:
     name = f"t{uuid.uuid4().hex[:8]}-train-example"
-    _write(kafka_bootstrap, name, _batches(np.random.default_rng(7)))
+    write_steps(kafka_bootstrap, name, _batches(np.random.default_rng(7)))
     spec = tmp_path_factory.mktemp("spec") / "job.yaml"
     body = {
         "job": name,
