@@ -24,7 +24,14 @@ from connectors import Document, WorkUnit
 from pipeline.kafka_clients import KafkaConfig, produce, read_committed_consumer
 from pipeline.role_protocol import TransactionalRole, closing_unless_stuck
 from pipeline.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
-from pipeline.work_plan import WorkPlan, plan_is_done, publish_work_plan, read_work_plan
+from pipeline.work_plan import (
+    WorkPlan,
+    extend_work_plan,
+    plan_is_done,
+    publish_work_plan,
+    read_work_plan,
+    requested_epoch,
+)
 from topics.dead_letter import DeadLetter, encode_dead_letter
 from topics.errors import DecodeError, MixflowError
 from topics.names import JobTopics
@@ -72,6 +79,9 @@ class LoaderOptions:
     unit_seconds: float = TARGET_UNIT_SECONDS
     # Leave the group after this many units (to recycle or scale down a loader); None: no limit.
     max_units: int | None = None
+    # The job's policy is next_epoch: stay when the plan is done (until_drained does not end the loader),
+    # and instance 0 plans the epochs the constructor asks for.
+    next_epoch: bool = False
 
 
 class SourceLoader(TransactionalRole):
@@ -168,6 +178,10 @@ class SourceLoader(TransactionalRole):
         while not self.stopping:
             message = consumer.poll(self.options.poll_timeout_s)
             if message is None:
+                if self.options.next_epoch:
+                    if self.options.instance == 0:
+                        plan = self._plan_requested_epochs(plan)
+                    continue
                 if self.options.until_drained and plan_is_done(consumer, work_topic, plan):
                     log.info("loader %s: every unit of %s is done", self.transactional_id, self.source)
                     return
@@ -179,6 +193,22 @@ class SourceLoader(TransactionalRole):
             if self.options.max_units is not None and self.stats.units >= self.options.max_units:
                 log.info("loader %s: did its %d units; leaving", self.transactional_id, self.stats.units)
                 return
+
+    def _plan_requested_epochs(self, plan: WorkPlan) -> WorkPlan:
+        """Plan and publish the epochs the constructor asked for that are not planned yet."""
+        wanted = requested_epoch(self.config, self.topics, self.source)
+        if wanted is None or wanted < plan.epochs_planned(self.runtime.spec.epochs):
+            return plan
+        log.info("loader %s: planning %s up to epoch %d, as asked", self.transactional_id, self.source, wanted)
+        return extend_work_plan(
+            self.config,
+            self.topics,
+            self.source,
+            self.runtime.spec.epochs,
+            wanted,
+            lambda epoch: self.runtime.plan(self.seed, self.options.unit_seconds, epochs=[epoch]),
+            self._work_partitions(),
+        )
 
     def _on_consumer_error(self, error: KafkaError) -> None:
         if error.fatal():

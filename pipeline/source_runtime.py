@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from connectors import Reader, SampleBuilder, TextTokenizer, WorkUnit, make_reader, measure_cost_per_byte
@@ -37,12 +38,15 @@ class SourceRuntime:
         builder = SampleBuilder(tokenizer, max_length=max_length, eod_id=spec.eod_token_id)
         return cls(spec, reader, builder)
 
-    def plan(self, seed: int, target_unit_seconds: float = TARGET_UNIT_SECONDS) -> list[WorkUnit]:
-        """Every unit of every epoch, epoch by epoch, each epoch in its own seeded order."""
+    def plan(
+        self, seed: int, target_unit_seconds: float = TARGET_UNIT_SECONDS, epochs: Iterable[int] | None = None
+    ) -> list[WorkUnit]:
+        """Every unit of ``epochs`` (by default the spec's, ``range(epochs)``), epoch by epoch, each epoch
+        in its own order seeded by ``seed`` and the epoch."""
         layouts = self.reader.layouts()
         # A quarter MiB, timed twice, sizes units well enough; planning is paid once per job.
         cost = measure_cost_per_byte(self.reader, self.builder, sample_bytes=1 << 18, repeats=2, layouts=layouts)
         units: list[WorkUnit] = []
-        for epoch in range(self.spec.epochs):
+        for epoch in range(self.spec.epochs) if epochs is None else epochs:
             units += plan_units(self.reader, cost, target_unit_seconds, epoch=epoch, seed=seed, layouts=layouts)
         return units

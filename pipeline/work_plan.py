@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from connectors.work_units import WorkUnit
@@ -34,7 +34,9 @@ PLAN_KIND = "work-plan"
 class WorkPlan:
     """``ends`` maps each work-topic partition to the offset after its last unit.
 
-    The JSON form is ``{"kind": "work-plan", "source": ..., "units": ..., "ends": {"<partition>": <end>}}``.
+    The JSON form is ``{"kind": "work-plan", "source": ..., "units": ..., "ends": {"<partition>": <end>}}``,
+    plus ``"epochs": <n>`` once the plan was extended by epochs planned on demand (``next_epoch``; without
+    it, the plan holds the spec's ``epochs``). A source's latest plan record is the one that holds.
     :meth:`from_json` validates it against these fields with pydantic in lax mode, as the ``int()`` it
     replaces (``"3"`` and ``3.0`` are 3, partition keys are strings); ``kind`` and other fields are ignored.
     """
@@ -44,10 +46,17 @@ class WorkPlan:
     source: str
     units: int
     ends: dict[int, int]
+    epochs: int | None = None
 
     def to_json(self) -> bytes:
         ends = {str(p): e for p, e in sorted(self.ends.items())}
-        return json.dumps({"kind": PLAN_KIND, "source": self.source, "units": self.units, "ends": ends}).encode()
+        body: dict[str, object] = {"kind": PLAN_KIND, "source": self.source, "units": self.units, "ends": ends}
+        if self.epochs is not None:
+            body["epochs"] = self.epochs
+        return json.dumps(body).encode()
+
+    def epochs_planned(self, spec_epochs: int) -> int:
+        return spec_epochs if self.epochs is None else self.epochs
 
     @classmethod
     def from_json(cls, data: bytes) -> WorkPlan:
@@ -71,15 +80,16 @@ def plan_key(source: str) -> bytes:
 
 
 def read_work_plan(config: KafkaConfig, topics: JobTopics, source: str) -> WorkPlan | None:
-    """The committed work plan of ``source``, or None when it has not been planned yet."""
+    """The committed work plan of ``source`` (its latest plan record), or None when it is not planned yet."""
     key = plan_key(source)
+    plan = None
     for message in read_to_end(config, topics.control):
         if message.key() == key:
             try:
-                return WorkPlan.from_json(message.value())
+                plan = WorkPlan.from_json(message.value())
             except DecodeError as exc:
                 raise exc.at(message.topic(), message.partition(), message.offset()) from exc
-    return None
+    return plan
 
 
 def publish_work_plan(
@@ -91,8 +101,43 @@ def publish_work_plan(
     if (existing := read_work_plan(config, topics, source)) is not None:
         log.info("source %s was planned already: %d units", source, existing.units)
         return existing
+    plan = _publish(producer, topics, source, units, partitions, WorkPlan(source, 0, {}))
+    log.info("published %d work units of %s to %s", len(units), source, topics.work(source))
+    return plan
+
+
+def extend_work_plan(
+    config: KafkaConfig,
+    topics: JobTopics,
+    source: str,
+    spec_epochs: int,
+    through_epoch: int,
+    plan_epoch: Callable[[int], Sequence[WorkUnit]],
+    partitions: int,
+) -> WorkPlan:
+    """Plan the epochs of ``source`` up to ``through_epoch`` that are not planned yet (``plan_epoch(e)``
+    gives epoch ``e``'s units) and publish them with the extended plan, in one transaction of the
+    source's planner: of two planners, one publishes and the other finds it done."""
+    producer = transactional_producer(config, f"{topics.job}.planner.{source}")
+    plan = read_work_plan(config, topics, source)
+    if plan is None:
+        msg = f"source {source} has no work plan to extend on {topics.control}"
+        raise MixflowError(msg)
+    planned = plan.epochs_planned(spec_epochs)
+    if through_epoch < planned:
+        return plan
+    units = [unit for epoch in range(planned, through_epoch + 1) for unit in plan_epoch(epoch)]
+    extended = _publish(producer, topics, source, units, partitions, replace(plan, epochs=through_epoch + 1))
+    log.info("published epochs %d-%d of %s: %d work units", planned, through_epoch, source, len(units))
+    return extended
+
+
+def _publish(
+    producer: Producer, topics: JobTopics, source: str, units: Sequence[WorkUnit], partitions: int, base: WorkPlan
+) -> WorkPlan:
+    """``units`` and the plan ``base`` extended by them, in one transaction."""
     work_topic = topics.work(source)
-    ends: dict[int, int] = {}
+    ends: dict[int, int] = dict(base.ends)
     failures: list[str] = []
 
     def delivered(err, message) -> None:
@@ -108,20 +153,51 @@ def publish_work_plan(
             work_topic,
             unit.to_json(),
             key=unit.unit_id.encode(),
-            partition=index % partitions,
+            partition=(base.units + index) % partitions,
             on_delivery=delivered,
         )
     if producer.flush(60) or failures:
         producer.abort_transaction(60)
         msg = f"publishing the work units of {source} to {work_topic} failed: {failures[:3] or 'timed out'}"
         raise MixflowError(msg)
-    plan = WorkPlan(source, len(units), ends)
+    plan = replace(base, units=base.units + len(units), ends=ends)
     produce(producer, topics.control, plan.to_json(), key=plan_key(source))
     if not commit_or_abort(producer):
         msg = f"the work plan of {source} was aborted (another planner took over); start again"
         raise MixflowError(msg)
-    log.info("published %d work units of %s to %s", len(units), source, work_topic)
     return plan
+
+
+REQUEST_KIND = "epoch-request"
+
+
+def request_epoch(config: KafkaConfig, topics: JobTopics, source: str, epoch: int) -> None:
+    """Ask the loaders of ``source`` to plan its epochs up to ``epoch`` (the constructor does, under
+    ``on_exhausted: next_epoch``). Asking again is harmless: planners skip epochs planned already."""
+    producer = Producer({**config, "enable.idempotence": True})
+    body = {"kind": REQUEST_KIND, "source": source, "epoch": epoch}
+    produce(producer, topics.control, json.dumps(body).encode(), key=f"{REQUEST_KIND}/{source}".encode())
+    if producer.flush(60):
+        msg = f"asking for epoch {epoch} of {source} on {topics.control} timed out"
+        raise MixflowError(msg)
+
+
+def requested_epoch(config: KafkaConfig, topics: JobTopics, source: str) -> int | None:
+    """The latest epoch of ``source`` asked for, or None."""
+    key = f"{REQUEST_KIND}/{source}".encode()
+    wanted = None
+    for message in read_to_end(config, topics.control):
+        if message.key() == key:
+            try:
+                epoch = json.loads(message.value())["epoch"]
+            except (ValueError, TypeError, KeyError) as exc:
+                msg = f"not an epoch request: {exc}"
+                raise DecodeError(
+                    msg, topic=message.topic(), partition=message.partition(), offset=message.offset()
+                ) from exc
+            if isinstance(epoch, int) and not isinstance(epoch, bool):
+                wanted = epoch if wanted is None else max(wanted, epoch)
+    return wanted
 
 
 def plan_is_done(consumer: Consumer, work_topic: str, plan: WorkPlan, timeout_s: float = 10.0) -> bool:

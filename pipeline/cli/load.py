@@ -12,7 +12,7 @@ from prometheus_client import start_http_server
 from pipeline.cli.command import Command
 from pipeline.loader import LoaderOptions, SourceLoader
 from pipeline.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
-from pipeline.spec import load_spec
+from pipeline.spec import OnExhausted, load_spec
 from topics.admin import ensure_job_topics
 from topics.names import JobTopics
 
@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         transaction_timeout_ms=args.transaction_timeout_ms,
         unit_seconds=args.unit_seconds,
         max_units=args.max_units,
+        # Under next_epoch the job streams on: the loaders stay to plan and load the epochs asked for.
+        next_epoch=spec.on_exhausted is OnExhausted.NEXT_EPOCH,
     )
     stats = SourceLoader(config, JobTopics(spec.job), runtime, spec.seed, options).run()
     summary = {

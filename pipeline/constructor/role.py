@@ -164,14 +164,14 @@ class DataConstructor(TransactionalRole):
                 mixer_state = next_mixer
                 continue
             if draw.status is DrawStatus.WAITING:
-                newly = {s for s in draw.waiting_for if s not in exhausted and feed.is_exhausted(s)}
-                if newly:
+                if self.spec.on_exhausted is OnExhausted.NEXT_EPOCH:
+                    # A source that ran out starts another pass: its loaders plan the next epoch.
+                    for s in draw.waiting_for:
+                        if feed.is_exhausted(s):
+                            feed.ask_for_next_epoch(s, self.spec.source(s).epochs)
+                elif newly := {s for s in draw.waiting_for if s not in exhausted and feed.is_exhausted(s)}:
                     exhausted |= newly
                     log.info("sources ran out: %s", ", ".join(sorted(newly)))
-                    if self.spec.on_exhausted is OnExhausted.NEXT_EPOCH and newly >= set(draw.waiting_for):
-                        log.warning("sources %s finished every planned epoch; the job ends", sorted(newly))
-                        self._finish(producer, consumer, feed, pool, mixer_state, exhausted)
-                        return
                     continue
                 feed.fill(draw.waiting_for)
                 if time.monotonic() - last_lag_log > self.options.lag_log_interval_s:

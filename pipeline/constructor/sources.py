@@ -10,7 +10,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from pipeline.constructor.pool import SamplePool
 from pipeline.kafka_clients import KafkaConfig
-from pipeline.work_plan import WorkPlan, plan_is_done, read_work_plan
+from pipeline.work_plan import WorkPlan, plan_is_done, read_work_plan, request_epoch
 from topics.dead_letter import DeadLetter
 from topics.errors import DecodeError
 from topics.names import JobTopics, parse_topic
@@ -39,6 +39,7 @@ class SourceTopicFeed:
         self.dead_letters: list[DeadLetter] = []
         self._paused: set[str] = set()
         self._plans: dict[str, WorkPlan] = {}
+        self._asked: dict[str, int] = {}  # the epoch last asked for, per source
         self._loader_groups: dict[str, Consumer] = {}
         positions = pool.positions()
         consumer.assign([TopicPartition(topics.src(s), 0, positions[s].low) for s in pool.sources])
@@ -96,6 +97,16 @@ class SourceTopicFeed:
             lambda: self.consumer.get_watermark_offsets(partition, timeout=10), f"reading the end of {partition.topic}"
         )
         return self.eof_at.get(source, -1) >= end
+
+    def ask_for_next_epoch(self, source: str, spec_epochs: int) -> None:
+        """Ask the loaders of an exhausted ``source`` to plan its next epoch (once per epoch), and forget
+        its plan so that the extended one is read when they publish it."""
+        epoch = self._plans[source].epochs_planned(spec_epochs)
+        if self._asked.get(source) != epoch:
+            log.info("source %s finished epoch %d; asking its loaders for epoch %d", source, epoch - 1, epoch)
+            request_epoch(self.config, self.topics, source, epoch)
+            self._asked[source] = epoch
+        del self._plans[source]
 
     def _loaders_done(self, source: str) -> bool:
         plan = self._plans.get(source) or read_work_plan(self.config, self.topics, source)
