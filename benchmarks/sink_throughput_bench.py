@@ -9,7 +9,7 @@ directly with a transactional producer, one transaction per step as the construc
 (``Batch.from_arrays`` + ``encode_batch``, then ``encode_end_of_data``), with random samples (lengths
 log-normal around 512 tokens, packed until the next one does not fit, ids like the loaders write).
 
-Then, per repeat, four arms back to back, in an order that changes every repeat:
+Then, per repeat, three arms back to back, in an order that changes every repeat:
 
 - **sink**: a fresh ``KafkaBatchDataset(job=..., rank=0)`` iterated to the end-of-data record, touching
   every micro-batch (its tensors' bytes are summed); the clock runs from ``iter()`` to the end.
@@ -18,9 +18,6 @@ Then, per repeat, four arms back to back, in an order that changes every repeat:
   has as many messages as the sink read (batches + the end record), touching each value (``len(value)``).
   Against it the ratio isolates what the sink does with a message after ``poll()``.
 - **raw, librdkafka defaults**: the same loop with a plain read_committed consumer.
-- **sink, fetch.queue.backoff.ms=10**: the sink with that one setting added through ``kafka_config``
-  (librdkafka stops fetching for ``fetch.queue.backoff.ms``, 1 s by default, whenever its queue is over
-  ``queued.max.messages.kbytes``; the sink bounds the queue at 32 MB but lets one fetch bring 64 MB).
 
 The ratio is raw seconds / sink seconds for the same messages (equal to the ratio of micro-batches/s),
 per repeat, over the whole read and after the first message (which excludes the consumer's start, about
@@ -53,24 +50,14 @@ from topics.batch import Batch  # noqa: E402
 from topics.batch_codec import encode_batch, encode_end_of_data  # noqa: E402
 from topics.names import JobTopics  # noqa: E402
 from trainer_sink import KafkaBatchDataset  # noqa: E402
+from trainer_sink.reader import CONSUMER_SETTINGS  # noqa: E402
 from trainer_sink.tensors import nbytes  # noqa: E402
 
-# The librdkafka settings trainer_sink.reader.RankTopicReader gives its consumer, so that the raw arm
-# differs from the sink only in what happens to each message after poll().
-SINK_CONSUMER_SETTINGS = {
-    "enable.auto.commit": False,
-    "enable.auto.offset.store": False,
-    "isolation.level": "read_committed",
-    "enable.partition.eof": False,
-    "queued.max.messages.kbytes": 32_768,
-    "fetch.max.bytes": 67_108_864,
-    "max.partition.fetch.bytes": 67_108_864,
-}
+# The raw arm uses the sink's own librdkafka settings, so that it differs from the sink only in what
+# happens to each message after poll().
+SINK_CONSUMER_SETTINGS = CONSUMER_SETTINGS
 # A plain read_committed consumer, everything else left to librdkafka.
 DEFAULT_SETTINGS = {"enable.auto.commit": False, "isolation.level": "read_committed"}
-# Passed to the sink through kafka_config: librdkafka pauses fetching for fetch.queue.backoff.ms (1000 ms by
-# default) when its queue is over queued.max.messages.kbytes, which one 64 MB fetch can overshoot.
-QUICK_BACKOFF = {"fetch.queue.backoff.ms": 10}
 SOURCES = [f"src{i}" for i in range(8)]
 
 
@@ -243,9 +230,8 @@ ARMS: dict[str, Callable[[str, Filled], Run]] = {
     "sink": lambda bootstrap, filled: run_sink(bootstrap, filled),
     "raw": lambda bootstrap, filled: run_raw(bootstrap, filled, SINK_CONSUMER_SETTINGS),
     "raw, librdkafka defaults": lambda bootstrap, filled: run_raw(bootstrap, filled, DEFAULT_SETTINGS),
-    "sink, fetch.queue.backoff.ms=10": lambda bootstrap, filled: run_sink(bootstrap, filled, QUICK_BACKOFF),
 }
-SINK_ARMS = ("sink", "sink, fetch.queue.backoff.ms=10")
+SINK_ARMS = ("sink",)
 
 
 def main() -> int:
@@ -353,7 +339,6 @@ def print_tables(rows: list[tuple[Size, Filled, dict[str, list[Run]]]], repeats:
         "after-first",
         "sink / raw (librdkafka defaults)",
         "after-first",
-        "sink with backoff 10 ms / raw (defaults)",
     )
     lines = [header]
     verdicts = []
@@ -364,8 +349,7 @@ def print_tables(rows: list[tuple[Size, Filled, dict[str, list[Run]]]], repeats:
             after = _ratios(runs[raw], runs[sink], lambda r: r.seconds - r.first_s)
             cells += [_span(total), _span(after)]
             verdicts.append((size.label, raw, _med(total), _med(after)))
-        fixed = _ratios(runs["raw, librdkafka defaults"], runs["sink, fetch.queue.backoff.ms=10"], lambda r: r.seconds)
-        lines.append((size.label, str(filled.steps), f"{filled.value_bytes / 1e6:.1f}", *cells, _span(fixed)))
+        lines.append((size.label, str(filled.steps), f"{filled.value_bytes / 1e6:.1f}", *cells))
     _print(lines)
     print()
     for label, raw, total, after in verdicts:

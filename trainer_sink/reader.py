@@ -30,6 +30,19 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.2
 
+CONSUMER_SETTINGS = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "isolation.level": "read_committed",
+    "enable.partition.eof": False,
+    # librdkafka's own read-ahead: enough for a few batches, bounded so memory stays flat. A fetch may
+    # overshoot it (the broker returns at least one whole batch, however large); the reader then backs off
+    # for this long before fetching again (1 s by default: a stall per fetch).
+    "queued.max.messages.kbytes": 32_768,
+    "fetch.queue.backoff.ms": 10,
+}
+"""The librdkafka settings of every sink consumer (after the caller's own, which they override)."""
+
 
 class SinkTimeoutError(MixflowError):
     """No new step arrived within the sink's wait timeout."""
@@ -75,15 +88,7 @@ class RankTopicReader:
         self._config = {
             **kafka_config,
             "group.id": f"mixflow-sink-{uuid.uuid4().hex[:12]}",  # required, never joined or committed
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": False,
-            # librdkafka's own read-ahead: enough for a few batches, bounded so memory stays flat. A fetch
-            # may overshoot it (the broker returns at least one whole batch, however large); the reader
-            # then backs off for this long before fetching again (1 s by default: a stall per fetch).
-            "queued.max.messages.kbytes": 32_768,
-            "fetch.queue.backoff.ms": 10,
+            **CONSUMER_SETTINGS,
         }
         self.last_step: int | None = None  # of the last batch read
         self._stop = threading.Event()
