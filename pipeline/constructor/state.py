@@ -13,12 +13,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBool
 
 from pipeline.mixing import MixerState
 from pipeline.mixing.state import MixerStateDocument
-from topics.errors import DecodeError
-from topics.validation import describe_errors
+from topics.validation import decode_versioned_json
 
 STATE_VERSION = 1
 
@@ -69,20 +68,9 @@ class ConstructorState:
     @classmethod
     def from_bytes(cls, data: bytes) -> ConstructorState:
         """The state ``to_bytes`` wrote; ``DecodeError`` naming what is wrong otherwise."""
-        try:
-            body = json.loads(data)
-        except (ValueError, TypeError, RecursionError) as exc:  # TypeError: a value that is not bytes (None)
-            msg = f"not a constructor state record: {exc}"
-            raise DecodeError(msg) from exc
-        version = body.get("v") if isinstance(body, dict) else None
-        if version != STATE_VERSION:  # a reader refuses versions it does not know before looking further
-            msg = f"constructor state version {version!r:.40}, expected {STATE_VERSION}"
-            raise DecodeError(msg)
-        try:
-            return ConstructorStateDocument.model_validate(body).state()
-        except ValidationError as exc:
-            msg = f"constructor state is not valid: {describe_errors(exc, ConstructorStateDocument)}"
-            raise DecodeError(msg) from exc
+        return decode_versioned_json(
+            data, what="constructor state", version=STATE_VERSION, document=ConstructorStateDocument
+        ).state()
 
 
 class ConstructorStateDocument(BaseModel):

@@ -7,10 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, FiniteFloat, NonNegativeInt, ValidationError
+from pydantic import BaseModel, ConfigDict, FiniteFloat, NonNegativeInt
 
-from topics.errors import DecodeError
-from topics.validation import describe_errors
+from topics.validation import decode_versioned_json
 
 STATE_VERSION = 1
 
@@ -38,20 +37,9 @@ class MixerState:
     @classmethod
     def from_bytes(cls, data: bytes) -> MixerState:
         """The state ``to_bytes`` wrote; ``DecodeError`` naming what is wrong otherwise."""
-        try:
-            body = json.loads(data)
-        except (ValueError, TypeError, RecursionError) as exc:  # TypeError: a value that is not bytes (None)
-            msg = f"not a mixer state record: {exc}"
-            raise DecodeError(msg) from exc
-        version = body.get("v") if isinstance(body, dict) else None
-        if version != STATE_VERSION:  # a reader refuses versions it does not know before looking further
-            msg = f"mixer state version {version!r:.40}, expected {STATE_VERSION}"
-            raise DecodeError(msg)
-        try:
-            return MixerStateDocument.model_validate(body).state()
-        except ValidationError as exc:
-            msg = f"mixer state is not valid: {describe_errors(exc, MixerStateDocument)}"
-            raise DecodeError(msg) from exc
+        return decode_versioned_json(
+            data, what="mixer state", version=STATE_VERSION, document=MixerStateDocument
+        ).state()
 
 
 class MixerStateDocument(BaseModel):
