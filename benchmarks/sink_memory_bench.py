@@ -64,6 +64,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from _table import print_table  # noqa: E402  (benchmarks/ is on the path of a script run from it)
+
 # Kinds of the example data, the reader each is written for, and the field holding the text.
 KINDS = ("code", "docstrings", "topics")
 FORMATS = {"code": "parquet", "docstrings": "jsonl", "topics": "text"}
@@ -661,7 +663,7 @@ def print_tables(configs: list[Config], args: argparse.Namespace) -> None:
                 "+".join(_mib(kb) for kb in c.baseline[-1].peak.per_process_kb),
             )
         )
-    _print(lines)
+    print_table(lines[0], lines[1:])
 
     print()
     print(
@@ -697,7 +699,7 @@ def print_tables(configs: list[Config], args: argparse.Namespace) -> None:
                 _mib(med(c.unbuffered, "anon_kb")),
             )
         )
-    _print(lines)
+    print_table(lines[0], lines[1:])
 
     print()
     print(
@@ -732,7 +734,7 @@ def print_tables(configs: list[Config], args: argparse.Namespace) -> None:
                 f"{b['buffer_bytes'] / KIB / KIB:,.0f} ({b['workers_seen']} workers)",
             )
         )
-    _print(lines)
+    print_table(lines[0], lines[1:])
 
     if configs:
         last = configs[-1]
@@ -752,14 +754,6 @@ def print_tables(configs: list[Config], args: argparse.Namespace) -> None:
             f"anonymous PSS over the torch-only process at {last.n} sources: {over:.1f}x less for mixflow "
             f"({'at least' if over >= 13.5 else 'below'} 13.5x)"
         )
-
-
-def _print(lines: list[tuple[str, ...]]) -> None:
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    for k, line in enumerate(lines):
-        print("| " + " | ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) + " |")
-        if k == 0:
-            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from _table import print_table  # noqa: E402  (benchmarks/ is on the path of a script run from it)
+
 from topics.admin import delete_job_topics, ensure_job_topics  # noqa: E402
 from topics.batch import Batch  # noqa: E402
 from topics.batch_codec import encode_batch, encode_end_of_data  # noqa: E402
@@ -324,7 +326,7 @@ def print_tables(rows: list[tuple[Size, Filled, dict[str, list[Run]]]], repeats:
                     f"{max(r.peak_prefetch_bytes for r in arm) / 1e6:.1f}" if sink else "",
                 )
             )
-    _print(lines)
+    print_table(lines[0], lines[1:])
 
     print()
     print(
@@ -350,7 +352,7 @@ def print_tables(rows: list[tuple[Size, Filled, dict[str, list[Run]]]], repeats:
             cells += [_span(total), _span(after)]
             verdicts.append((size.label, raw, _med(total), _med(after)))
         lines.append((size.label, str(filled.steps), f"{filled.value_bytes / 1e6:.1f}", *cells))
-    _print(lines)
+    print_table(lines[0], lines[1:])
     print()
     for label, raw, total, after in verdicts:
         print(
@@ -366,14 +368,6 @@ def _ratios(raws: list[Run], sinks: list[Run], seconds: Callable[[Run], float]) 
 
 def _span(values: list[float]) -> str:
     return f"{_med(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
-
-
-def _print(lines: list[tuple[str, ...]]) -> None:
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    for k, line in enumerate(lines):
-        print("| " + " | ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) + " |")
-        if k == 0:
-            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
 
 
 if __name__ == "__main__":
