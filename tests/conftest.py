@@ -76,3 +76,17 @@ def unique_name(request: pytest.FixtureRequest) -> str:
     """A job name no other test (or earlier run against the same broker) uses: ``t<8 hex>-<test>``."""
     test = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40].strip("-")
     return f"t{uuid.uuid4().hex[:8]}-{test}"
+
+
+@pytest.fixture
+def private_broker(tmp_path: Path) -> Iterator[tuple[LocalBroker, str]]:
+    """A broker of the test's own on free ports, beside the session's (for tests that stop and start it):
+    ``(broker, bootstrap address)``."""
+    from tests.test_stack import _two_free_ports
+
+    broker = LocalBroker(tmp_path / "broker", port=_two_free_ports())
+    bootstrap = broker.up()
+    try:
+        yield broker, bootstrap
+    finally:
+        broker.down()

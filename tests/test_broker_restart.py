@@ -18,18 +18,7 @@ from tests.loader_support import (
     wait_all,
     write_spec,
 )
-from tests.test_stack import _two_free_ports
 from topics.names import JobTopics
-
-
-@pytest.fixture
-def private_broker(tmp_path: Path):
-    broker = LocalBroker(tmp_path / "broker", port=_two_free_ports())
-    bootstrap = broker.up()
-    try:
-        yield broker, bootstrap
-    finally:
-        broker.down()
 
 
 @pytest.mark.kafka  # starts a broker of its own (not the session's), so not part of the pure suite
