@@ -86,6 +86,19 @@ def retry_retriable(call: Callable[[], T], what: str, timeout_s: float = 60.0) -
     return replace(KAFKA_RETRY, deadline_s=timeout_s).call(call, what)
 
 
+class ProducerFencedError(MixflowError):
+    """Another process initialised the same ``transactional.id``: this one must not write again."""
+
+
+_FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
+
+
+def raise_if_fenced(error: KafkaError, transactional_id: str) -> None:
+    if error.fatal() and error.code() in _FENCED:
+        msg = f"{transactional_id}: fenced by a newer process with the same transactional.id ({error.str()})"
+        raise ProducerFencedError(msg)
+
+
 class KafkaClientStuckError(MixflowError):
     """A client call that does not return. The role must exit so that its supervisor starts a new
     process; the new one fences this one's transactional.id and nothing is lost or repeated."""
@@ -140,6 +153,7 @@ def commit_or_abort(producer: Producer, timeout_s: float = 60.0) -> bool:
             log.warning("transaction aborted: %s", error)
             abort(producer, timeout_s)
             return False
+        raise_if_fenced(error, "this producer")
         msg = f"transaction cannot commit: {error} (fatal={error.fatal()})"
         raise MixflowError(msg) from exc
 

@@ -22,6 +22,7 @@ from pipeline.kafka_clients import (
     KafkaConfig,
     abort,
     commit_or_abort,
+    raise_if_fenced,
     send_offsets,
     transactional_producer,
 )
@@ -73,22 +74,29 @@ class TransactionalRole:
         )
 
     def transaction(
-        self, producer: Producer, consumer: Consumer, work: Callable[[], list[TopicPartition]], what: str
+        self, producer: Producer, consumer: Consumer | None, work: Callable[[], list[TopicPartition]], what: str
     ) -> bool:
         """One transaction: ``work()`` produces with ``producer`` and returns the offsets it consumed
         through ``consumer``'s group, which commit with it. True when committed; False when aborted on
         an error that allows it (a retriable or abortable Kafka error, a commit that had to abort): the
-        caller rewinds and redoes ``what``. Any other error aborts and propagates; a fatal one (this
-        producer was fenced) and a stuck client propagate without touching the producer."""
-        producer.begin_transaction()
+        caller rewinds and redoes ``what``. Any other error aborts and propagates; a fatal one and a stuck
+        client propagate without touching the producer (``ProducerFencedError`` when a newer process of
+        the role fenced this one). ``consumer`` may be None when ``work`` consumes nothing."""
+        try:
+            producer.begin_transaction()
+        except KafkaException as exc:
+            raise_if_fenced(exc.args[0], self.transactional_id)
+            raise
         try:
             offsets = work()
-            # Past the transaction timeout the broker aborts the transaction anyway.
-            send_offsets(producer, consumer, offsets, timeout_s=self.transaction_timeout_ms / 1000)
+            if consumer is not None and offsets:
+                # Past the transaction timeout the broker aborts the transaction anyway.
+                send_offsets(producer, consumer, offsets, timeout_s=self.transaction_timeout_ms / 1000)
         except KafkaClientStuckError:
             raise
         except KafkaException as exc:
             error = exc.args[0]
+            raise_if_fenced(error, self.transactional_id)
             if error.fatal():
                 raise
             if not (error.txn_requires_abort() or error.retriable()):

@@ -11,6 +11,7 @@ from pipeline.constructor.pool import Candidate
 from pipeline.scheduler import CostModel, StepPlan, plan_step, rank_order
 from pipeline.spec import StepSpec
 from topics.batch import Batch
+from topics.sample import Sample
 
 
 @dataclass(frozen=True)
@@ -31,30 +32,36 @@ def assemble_step(step: int, candidates: Sequence[Candidate], shape: StepSpec, c
     """Plan ``candidates`` (priority order, oldest first) over the step's ranks and micro-batches and
     build each rank's batch, micro-batch by micro-batch. Unplaced candidates come back as deferred."""
     lengths = np.fromiter((c.sample.length for c in candidates), dtype=np.int64, count=len(candidates))
-    ranks, micro_batches, capacity = shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch
-    plan = plan_step(lengths, ranks, micro_batches, capacity, cost_model)
+    plan = plan_step(lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, cost_model)
+    batches = build_batches(step, plan, [c.sample for c in candidates], lengths)
+    placed = plan.placed_mask
+    delivered = [c for c, p in zip(candidates, placed.tolist(), strict=True) if p]
+    deferred = [c for c, p in zip(candidates, placed.tolist(), strict=True) if not p]
+    return AssembledStep(step, batches, delivered, deferred, plan, lengths)
+
+
+def build_batches(step: int, plan: StepPlan, samples: Sequence[Sample], lengths: np.ndarray) -> list[Batch]:
+    """One batch per rank of ``plan`` (its shape and capacity) holding the ``samples`` it places there,
+    micro-batch by micro-batch in ``rank_order``; ``lengths`` are the samples' token counts."""
     batches = []
-    for rank in range(ranks):
+    for rank in range(plan.ranks):
         indices, micro_batch = rank_order(plan, rank)
-        chosen = [candidates[i] for i in indices.tolist()]
+        chosen = [samples[i] for i in indices.tolist()]
         offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
         np.cumsum(lengths[indices], out=offsets[1:])
-        tokens = np.concatenate([np.zeros(0, np.int32), *(c.sample.tokens for c in chosen)]).astype(np.int32)
+        tokens = np.concatenate([np.zeros(0, np.int32), *(s.tokens for s in chosen)]).astype(np.int32)
         batches.append(
             Batch.from_arrays(
                 step=step,
                 rank=rank,
-                ranks=ranks,
-                micro_batches=micro_batches,
-                capacity=capacity,
-                sample_ids=[c.sample.sample_id for c in chosen],
-                sources=[c.sample.source for c in chosen],
+                ranks=plan.ranks,
+                micro_batches=plan.micro_batches,
+                capacity=plan.capacity,
+                sample_ids=[s.sample_id for s in chosen],
+                sources=[s.source for s in chosen],
                 micro_batch=micro_batch,
                 offsets=offsets,
                 tokens=tokens,
             )
         )
-    placed = plan.placed_mask
-    delivered = [c for c, p in zip(candidates, placed.tolist(), strict=True) if p]
-    deferred = [c for c, p in zip(candidates, placed.tolist(), strict=True) if not p]
-    return AssembledStep(step, batches, delivered, deferred, plan, lengths)
+    return batches

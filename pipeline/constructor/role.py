@@ -6,25 +6,34 @@ state record (``<job>.state``) and the source offsets (``send_offsets_to_transac
 record is the checkpoint: a restarted constructor reads the last committed one, re-reads each source
 from its low watermark and continues with the next step, writing exactly what an uninterrupted run
 would have written. Its ``transactional.id`` is stable per job, so a restart fences a zombie.
+
+Several instances of a job's constructor may run: one is active, the others are shadows that wait,
+ready, for the lease (``lease.py``) and take over from the last committed step when the active one
+dies. Mixture changes published on ``<job>.control`` are read before each step (``pipeline.control``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from pipeline.constructor.assemble import AssembledStep, assemble_step
+from pipeline.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS, ConstructorLease
 from pipeline.constructor.pool import SamplePool
 from pipeline.constructor.sources import SourceTopicFeed
 from pipeline.constructor.spec_change import StepShape, carry_over, check_step_shape
-from pipeline.constructor.state import ConstructorState, SourcePosition
-from pipeline.kafka_clients import KafkaConfig, produce, read_committed_consumer
-from pipeline.mixing import DrawStatus, Mixer, MixerState
+from pipeline.constructor.state import MAX_REFUSED, ConstructorState, SourcePosition
+from pipeline.control import ControlReader
+from pipeline.kafka_clients import KafkaConfig, ProducerFencedError, produce, read_committed_consumer
+from pipeline.mixing import DrawStatus, Mixer, MixerState, MixtureChange, refusal
 from pipeline.role_protocol import TransactionalRole, closing_unless_stuck
-from pipeline.scheduler import CostModel
+from pipeline.scheduler import CostModel, plan_step
 from pipeline.spec import JobSpec, OnExhausted
 from topics.admin import ensure_job_topics, topic_exists
 from topics.batch_codec import batch_key, decode_batch_message, encode_batch, encode_end_of_data, end_of_data_steps
@@ -48,6 +57,12 @@ class ConstructorOptions:
     max_steps: int | None = None
     transaction_timeout_ms: int = 60_000
     lag_log_interval_s: float = 10.0
+    # The state to start from when the output job has no state yet (replay from a step of another job).
+    start_state: ConstructorState | None = None
+    # Mixture changes to apply instead of reading the control topic (a replay applies the original's).
+    replay_changes: tuple[MixtureChange, ...] | None = None
+    lease_session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS
+    instance: str = ""
 
 
 @dataclass
@@ -67,6 +82,8 @@ class ConstructorStats:
     steps: list[StepRecord] = field(default_factory=list)
     seconds: float = 0.0
     finished: bool = False
+    takeovers: int = 0  # times this instance became the active one
+    fenced: int = 0  # times a newer instance fenced it
 
     @property
     def tokens(self) -> int:
@@ -87,12 +104,21 @@ class DataConstructor(TransactionalRole):
         self.cost_model = CostModel(*spec.cost.alpha_beta())
         self.stats = ConstructorStats()
         self._dormant: dict[str, SourcePosition] = {}  # sources the spec no longer mixes, kept where they were
+        self.instance = options.instance or f"{socket.gethostname()}-{os.getpid()}"
+        self._lease: ConstructorLease | None = None
+        self._control: ControlReader | None = None
+        # The control part of the state record being built: accepted changes, next offset, refused ids.
+        self._changes: tuple[MixtureChange, ...] = ()
+        self._control_offset = 0
+        self._refused: tuple[str, ...] = ()
 
     @property
     def transactional_id(self) -> str:
         return f"{self.out.job}.constructor"
 
     def run(self) -> ConstructorStats:
+        """Construct until the job is finished, ``max_steps`` are written or a signal stops it: as the
+        active instance while this one holds the lease, as a shadow while another does."""
         self.stop_on_signals()
         shape = self.spec.step
         check_step_shape(
@@ -103,15 +129,58 @@ class DataConstructor(TransactionalRole):
         ensure_job_topics(self.config, self.sources_topics.job, self.spec.source_names, self.spec.step.ranks)
         if self.out.job != self.sources_topics.job:
             ensure_job_topics(self.config, self.out.job, self.spec.source_names, self.spec.step.ranks)
-        producer = self.new_producer()
+        self._warm_up()
         began = time.monotonic()
+        self._lease = ConstructorLease(self.config, self.out, self.instance, self.options.lease_session_timeout_ms)
         try:
             while not self.stopping and not self.stats.finished:
-                self._run_from_checkpoint(producer)
+                if not self._wait_as_shadow():
+                    break
+                self.stats.takeovers += 1
+                self._run_while_active()
         finally:
             self.stats.seconds = time.monotonic() - began
-            producer.flush(30)
+            self._lease.close()
         return self.stats
+
+    def _warm_up(self) -> None:
+        """Load the scheduler's compiled kernels now, not in the first step after a takeover."""
+        shape = self.spec.step
+        lengths = np.ones(2, dtype=np.int64)
+        plan_step(lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, self.cost_model)
+
+    def _wait_as_shadow(self) -> bool:
+        """Follow the job as a shadow until this instance holds the lease (True), or until the job is
+        finished or a signal stops it (False)."""
+        assert self._lease is not None
+        if self._lease.wait_for_first_assignment(timeout_s=10.0):
+            return True
+        log.info("constructor %s of %s: shadow, waiting for the lease", self.instance, self.out.job)
+        last_look = 0.0
+        while not self.stopping:
+            if self._lease.poll(0.2):
+                return True
+            if time.monotonic() - last_look > 2.0:
+                last_look = time.monotonic()
+                state = self._last_state()
+                if state.finished:
+                    log.info("job %s finished at step %d (followed as a shadow)", self.out.job, state.step)
+                    self.stats.finished = True
+                    return False
+                log.debug("shadow %s: the active constructor is at step %d", self.instance, state.step)
+        return False
+
+    def _run_while_active(self) -> None:
+        assert self._lease is not None
+        producer = self.new_producer()  # fences the instance that was active before
+        try:
+            while not self.stopping and not self.stats.finished and self._lease.held:
+                self._run_from_checkpoint(producer)
+        except ProducerFencedError as exc:
+            self.stats.fenced += 1
+            log.warning("constructor %s: %s; following as a shadow again", self.instance, exc)
+            return
+        producer.flush(30)
 
     # -- one attempt: from the last committed state until done, stopped or aborted ----------------
 
@@ -126,6 +195,9 @@ class DataConstructor(TransactionalRole):
                 list(carried.removed),
             )
         state, self._dormant = carried.state, carried.dormant
+        self._changes, self._control_offset, self._refused = state.changes, state.control_offset, state.refused
+        if self.options.replay_changes is not None:
+            self._changes = tuple(self.options.replay_changes)
         if state.finished:
             log.info("job %s finished at step %d already", self.out.job, state.step)
             self.stats.finished = True
@@ -138,7 +210,12 @@ class DataConstructor(TransactionalRole):
             **{"enable.partition.eof": True},  # tells when a source has been read to its end
         )
         feed = SourceTopicFeed(consumer, self.config, self.sources_topics, pool, self.mixer.budget_tokens)
-        with closing_unless_stuck(feed.close, consumer.close):
+        closes = [feed.close, consumer.close]
+        self._control = None
+        if self.options.replay_changes is None:
+            self._control = ControlReader(self.config, self.out, self._control_offset)
+            closes.append(self._control.close)
+        with closing_unless_stuck(*closes):
             self._steps(producer, consumer, feed, pool, state)
 
     def _steps(
@@ -146,14 +223,17 @@ class DataConstructor(TransactionalRole):
     ) -> None:
         mixer_state, exhausted = state.mixer, set(state.exhausted)
         last_lag_log = time.monotonic()
-        while not self.stopping:
+        assert self._lease is not None
+        while not self.stopping and self._lease.poll():
             if self.options.max_steps is not None and len(self.stats.steps) >= self.options.max_steps:
                 self._stopping = True
                 return
             if waiting := pool.waiting_for_deferred():
                 feed.fill(waiting)
                 continue
-            draw = self.mixer.draw(mixer_state, pool.available_lengths(), pool.deferred_lengths(), exhausted)
+            self._read_control(mixer_state.step)
+            mixer = self.mixer.with_changes(self._changes)
+            draw = mixer.draw(mixer_state, pool.available_lengths(), pool.deferred_lengths(), exhausted)
             if draw.status is DrawStatus.OK:
                 candidates = pool.take(draw.take)
                 assembled = assemble_step(mixer_state.step, candidates, self.spec.step, self.cost_model)
@@ -211,6 +291,24 @@ class DataConstructor(TransactionalRole):
             self.stats.finished = True
             log.info("job %s finished after step %d", self.out.job, mixer_state.step - 1)
 
+    def _read_control(self, next_step: int) -> None:
+        """Accept or refuse the mixture changes published since the last look; what is decided goes
+        into the state record of the next step committed."""
+        if self._control is None:
+            return
+        for record in self._control.read_available():
+            if record.problem is not None:
+                log.warning("ignoring a broken control record: %s", record.problem)
+            elif record.change is not None:
+                change = record.change
+                if reason := refusal(change, next_step, self.spec.source_names):
+                    log.warning("refusing mixture change %s from step %d: %s", change.id, change.from_step, reason)
+                    self._refused = (*self._refused, change.id)[-MAX_REFUSED:]
+                else:
+                    log.info("mixture change %s: from step %d, shares %s", change.id, change.from_step, change.shares)
+                    self._changes = (*self._changes, change)
+        self._control_offset = self._control.next_offset
+
     # -- the transaction of one step --------------------------------------------------------------
 
     def _commit(
@@ -226,7 +324,16 @@ class DataConstructor(TransactionalRole):
     ) -> bool:
         """Write one step (or, with ``assembled`` None, only the final state). False when aborted."""
         positions = {**pool.positions(), **self._dormant}
-        state = ConstructorState(mixer, positions, pool.deferred_refs(), tuple(sorted(exhausted)), finished)
+        state = ConstructorState(
+            mixer,
+            positions,
+            pool.deferred_refs(),
+            tuple(sorted(exhausted)),
+            finished,
+            self._changes,
+            self._control_offset,
+            self._refused,
+        )
         state_bytes = state.to_bytes()
 
         def produce_step() -> list[TopicPartition]:
@@ -287,7 +394,7 @@ class DataConstructor(TransactionalRole):
     def _last_state(self) -> ConstructorState:
         records = read_to_end(self.config, self.out.state, tail=STATE_TAIL)
         if not records:
-            return ConstructorState.initial(self.mixer.initial_state())
+            return self.options.start_state or ConstructorState.initial(self.mixer.initial_state())
         last = records[-1]
         try:
             return ConstructorState.from_bytes(last.value())

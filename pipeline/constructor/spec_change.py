@@ -10,7 +10,7 @@ curriculum come from the spec as it is now; the mixer's credits carry over for t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipeline.constructor.state import ConstructorState, SourcePosition
 from pipeline.mixing import MixerState
@@ -36,12 +36,12 @@ def carry_over(state: ConstructorState, sources: Sequence[str]) -> CarriedState:
     added = tuple(s for s in sources if s not in known)
     removed = tuple(s for s in known if s not in sources)
     mixer = MixerState(state.mixer.step, {s: state.mixer.credit.get(s, 0.0) for s in sources}, state.mixer.long_credit)
-    carried = ConstructorState(
+    carried = replace(
+        state,
         mixer=mixer,
         positions={s: known.get(s, SourcePosition()) for s in sources},
         deferred=tuple(ref for ref in state.deferred if ref.source in sources),
         exhausted=tuple(s for s in state.exhausted if s in sources),
-        finished=state.finished,
     )
     return CarriedState(carried, {s: known[s] for s in removed}, added, removed)
 

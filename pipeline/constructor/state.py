@@ -13,13 +13,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, StrictBool
+from pydantic import BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, StrictBool
 
-from pipeline.mixing import MixerState
+from pipeline.mixing import MixerState, MixtureChange
 from pipeline.mixing.state import MixerStateDocument
 from topics.validation import decode_versioned_json
 
 STATE_VERSION = 1
+MAX_REFUSED = 16
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,12 @@ class ConstructorState:
     deferred: tuple[SampleRef, ...] = ()
     exhausted: tuple[str, ...] = ()
     finished: bool = False
+    changes: tuple[MixtureChange, ...] = ()
+    """Mixture changes accepted so far (some may apply from later steps), in the order accepted."""
+    control_offset: int = 0
+    """The next offset of ``<job>.control`` to read for mixture changes."""
+    refused: tuple[str, ...] = ()
+    """Ids of the latest mixture changes refused (at most ``MAX_REFUSED``), for ``set-mixture`` to report."""
 
     @property
     def step(self) -> int:
@@ -55,14 +62,19 @@ class ConstructorState:
         return cls(mixer=mixer, positions={s: SourcePosition() for s in mixer.credit})
 
     def to_bytes(self) -> bytes:
-        body = {
+        body: dict[str, object] = {
             "v": STATE_VERSION,
             "mixer": json.loads(self.mixer.to_bytes()),
             "sources": {s: [p.low, list(p.used)] for s, p in self.positions.items()},
             "deferred": [[r.source, r.offset] for r in self.deferred],
             "exhausted": list(self.exhausted),
             "finished": self.finished,
+            "control": self.control_offset,
         }
+        if self.changes:
+            body["changes"] = [c.to_dict() for c in self.changes]
+        if self.refused:
+            body["refused"] = list(self.refused)
         return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
     @classmethod
@@ -77,7 +89,10 @@ class ConstructorStateDocument(BaseModel):
     """The JSON form of a :class:`ConstructorState`, as ``to_bytes`` writes it::
 
         {"v":1,"mixer":{<MixerStateDocument>},"sources":{"code":[<low>,[<used offset>,...]],...},
-         "deferred":[["code",<offset>],...],"exhausted":["code",...],"finished":false}
+         "deferred":[["code",<offset>],...],"exhausted":["code",...],"finished":false,"control":<offset>,
+         "changes":[{"id":"...","from_step":<step>,"shares":{"code":<share>,...}},...],"refused":["<id>",...]}
+
+    ``control``, ``changes`` and ``refused`` may be missing (records written before they existed).
 
     Offsets are validated in pydantic's lax mode, as the ``int()`` this replaces (``"7"`` and ``7.0`` are
     7); ``finished`` must be a JSON boolean and the mixer state is strict. Unknown fields are ignored."""
@@ -90,6 +105,9 @@ class ConstructorStateDocument(BaseModel):
     deferred: tuple[tuple[str, int], ...]
     exhausted: tuple[str, ...]
     finished: StrictBool
+    control: NonNegativeInt = 0
+    changes: tuple[MixtureChangeDocument, ...] = ()
+    refused: tuple[str, ...] = ()
 
     def state(self) -> ConstructorState:
         return ConstructorState(
@@ -98,4 +116,18 @@ class ConstructorStateDocument(BaseModel):
             deferred=tuple(SampleRef(s, o) for s, o in self.deferred),
             exhausted=self.exhausted,
             finished=self.finished,
+            changes=tuple(c.change() for c in self.changes),
+            control_offset=self.control,
+            refused=self.refused,
         )
+
+
+class MixtureChangeDocument(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: str
+    from_step: NonNegativeInt
+    shares: dict[str, NonNegativeFloat]
+
+    def change(self) -> MixtureChange:
+        return MixtureChange(self.id, self.from_step, self.shares)

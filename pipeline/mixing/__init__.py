@@ -6,6 +6,7 @@ scheduler, and stores ``draw.settle(deferred)`` — a ``MixerState`` of a few hu
 in its per-step state record.
 """
 
+from pipeline.mixing.changes import MixtureChange, MixtureTimeline, refusal
 from pipeline.mixing.draw import Draw, DrawStatus, LongContext, draw_step
 from pipeline.mixing.mixer import DEFAULT_OVERDRAW, Mixer, step_budget, step_rng
 from pipeline.mixing.schedule import Schedule, schedule_weights
@@ -18,8 +19,11 @@ __all__ = [
     "LongContext",
     "Mixer",
     "MixerState",
+    "MixtureChange",
+    "MixtureTimeline",
     "Schedule",
     "draw_step",
+    "refusal",
     "schedule_weights",
     "step_budget",
     "step_rng",

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from pipeline.mixing.changes import MixtureChange, MixtureTimeline
 from pipeline.mixing.draw import Draw, LongContext, draw_step
 from pipeline.mixing.schedule import Schedule
 from pipeline.mixing.state import MixerState
@@ -43,6 +44,7 @@ class Mixer:
     budget_tokens: int
     on_exhausted: OnExhausted = OnExhausted.STOP
     long_context: LongContext | None = None
+    changes: tuple[MixtureChange, ...] = ()
 
     @classmethod
     def from_spec(cls, spec: JobSpec, overdraw: float = DEFAULT_OVERDRAW) -> Mixer:
@@ -57,6 +59,15 @@ class Mixer:
             long,
         )
 
+    def with_changes(self, changes: Sequence[MixtureChange]) -> Mixer:
+        """This mixer with the accepted mixture ``changes`` overriding its schedule from their steps on."""
+        return replace(self, changes=tuple(changes))
+
+    def weights_at(self, step: int) -> dict[str, float]:
+        if not self.changes:
+            return self.schedule.weights_at(step)
+        return MixtureTimeline(self.schedule, self.changes).weights_at(step)
+
     def initial_state(self) -> MixerState:
         return MixerState.initial(self.schedule.sources)
 
@@ -70,7 +81,7 @@ class Mixer:
         """Draw step ``state.step`` with the schedule's weights at that step."""
         return draw_step(
             state,
-            self.schedule.weights_at(state.step),
+            self.weights_at(state.step),
             self.budget_tokens,
             available,
             deferred,

@@ -1,0 +1,115 @@
+"""Which of a job's constructor instances is the active one: Kafka group membership decides.
+
+Every ``mixflow construct`` of a job joins the consumer group ``<job>.constructor.lease`` on the
+job's one-partition control topic; the member the group assigns that partition is active, the others
+are shadows. When the active process dies its session lapses, the group rebalances and a shadow gets
+the partition. The lease only elects; safety comes from the transactional id all instances share:
+the new active one's ``init_transactions`` fences the old one, so an old active that comes back (a
+paused process, a partitioned host) can never commit a step again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from pipeline.kafka_clients import KafkaConfig
+from topics.errors import MixflowError
+from topics.names import JobTopics
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SESSION_TIMEOUT_MS = 1500
+"""How long a dead active instance holds the lease. Brokers refuse sessions shorter than their
+``group.min.session.timeout.ms`` (6000 by default; the local stack allows 1000): the lease then falls
+back to ``FALLBACK_SESSION_TIMEOUT_MS``."""
+FALLBACK_SESSION_TIMEOUT_MS = 6000
+
+
+class ConstructorLease:
+    def __init__(
+        self,
+        config: KafkaConfig,
+        topics: JobTopics,
+        instance: str,
+        session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+    ) -> None:
+        self.config = config
+        self.topic = topics.control
+        self.group = f"{topics.job}.constructor.lease"
+        self.instance = instance
+        self.session_timeout_ms = session_timeout_ms
+        self._held = False
+        self._assignments = 0
+        self.consumer = self._join()
+
+    def _join(self) -> Consumer:
+        consumer = Consumer(
+            {
+                **self.config,
+                "group.id": self.group,
+                "client.id": self.instance,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "latest",
+                "session.timeout.ms": self.session_timeout_ms,
+                "heartbeat.interval.ms": max(100, self.session_timeout_ms // 5),
+                # The active member keeps the partition when another instance joins.
+                "partition.assignment.strategy": "cooperative-sticky",
+                "fetch.wait.max.ms": 100,
+            }
+        )
+        consumer.subscribe([self.topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked)
+        return consumer
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def poll(self, timeout_s: float = 0.0) -> bool:
+        """Keep the membership alive (call at least every few seconds); True while the lease is held."""
+        message = self.consumer.poll(timeout_s)
+        if message is not None and message.error():
+            error = message.error()
+            too_short = error.code() == KafkaError.INVALID_SESSION_TIMEOUT
+            if too_short and self.session_timeout_ms < FALLBACK_SESSION_TIMEOUT_MS:
+                log.warning(
+                    "the broker refuses a %d ms lease session (group.min.session.timeout.ms is higher); using %d ms, "
+                    "so a shadow takes over that much later",
+                    self.session_timeout_ms,
+                    FALLBACK_SESSION_TIMEOUT_MS,
+                )
+                self.consumer.close()
+                self.session_timeout_ms = FALLBACK_SESSION_TIMEOUT_MS
+                self.consumer = self._join()
+            elif error.fatal():
+                msg = f"constructor lease {self.group}: {error}"
+                raise MixflowError(msg)
+            else:
+                log.debug("constructor lease %s: %s", self.group, error)
+        return self._held
+
+    def wait_for_first_assignment(self, timeout_s: float) -> bool:
+        """Poll until the group has given this member its first assignment (maybe none) or ``timeout_s``
+        passed; True when it holds the lease."""
+        deadline = time.monotonic() + timeout_s
+        while not self._assignments and time.monotonic() < deadline:
+            self.poll(0.1)
+        return self._held
+
+    def _assigned(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._assignments += 1
+        if partitions:
+            self._held = True
+            log.info("%s holds the constructor lease of %s: active", self.instance, self.group)
+
+    def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if partitions and self._held:
+            self._held = False
+            log.warning("%s lost the constructor lease of %s", self.instance, self.group)
+
+    def close(self) -> None:
+        """Leave the group at once, so that a shadow takes over without waiting for the session to lapse."""
+        self._held = False
+        self.consumer.close()

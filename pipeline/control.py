@@ -1,0 +1,163 @@
+"""Mixture changes on a job's control topic (``<job>.control``): publishing one, and the constructor's
+reader of them.
+
+A change is the JSON record ``{"kind": "mixture-change", "id": ..., "from_step": K, "shares": {...}}``
+with key ``mixture-change``. The constructor reads the control topic from the offset in its last state
+record before each step, accepts or refuses each change it finds (``pipeline.mixing.refusal``), and
+records both in the state record of the step it writes next, in the same transaction: a restart
+re-reads the same records from the same offset and decides the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from pydantic import BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, ValidationError
+
+from pipeline.kafka_clients import KafkaConfig, produce, read_committed_consumer
+from pipeline.mixing import MixtureChange
+from topics.errors import DecodeError, MixflowError
+from topics.names import JobTopics
+from topics.validation import describe_errors
+
+log = logging.getLogger(__name__)
+
+MIXTURE_CHANGE_KIND = "mixture-change"
+MIXTURE_CHANGE_KEY = MIXTURE_CHANGE_KIND.encode()
+
+
+class MixtureChangeRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    kind: str
+    id: str
+    from_step: NonNegativeInt
+    shares: dict[str, NonNegativeFloat]
+
+
+def encode_mixture_change(change: MixtureChange) -> tuple[bytes, bytes]:
+    """The key and value of ``change``'s control record."""
+    return MIXTURE_CHANGE_KEY, json.dumps({"kind": MIXTURE_CHANGE_KIND, **change.to_dict()}).encode()
+
+
+def decode_mixture_change(value: bytes) -> MixtureChange:
+    """The change in a ``mixture-change`` record's value; ``DecodeError`` saying what is wrong otherwise."""
+    try:
+        record = MixtureChangeRecord.model_validate_json(value)
+        return MixtureChange(record.id, record.from_step, record.shares)
+    except ValidationError as exc:
+        msg = f"not a mixture change: {describe_errors(exc, MixtureChangeRecord)}"
+        raise DecodeError(msg) from exc
+    except ValueError as exc:
+        raise DecodeError(str(exc)) from exc
+
+
+def new_change_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def publish_mixture_change(config: KafkaConfig, topics: JobTopics, change: MixtureChange) -> int:
+    """Append ``change`` to the job's control topic; returns its offset."""
+    producer = Producer({**config, "enable.idempotence": True})
+    key, value = encode_mixture_change(change)
+    offsets: list[int] = []
+    errors: list[KafkaError] = []
+
+    def delivered(error: KafkaError | None, message: object) -> None:
+        if error is not None:
+            errors.append(error)
+        else:
+            offsets.append(message.offset())  # type: ignore[attr-defined]
+
+    produce(producer, topics.control, value, key=key, on_delivery=delivered)
+    if producer.flush(60) or errors:
+        msg = f"publishing mixture change {change.id} to {topics.control} failed: {errors[:1] or 'timed out'}"
+        raise MixflowError(msg)
+    return offsets[0]
+
+
+@dataclass(frozen=True)
+class ControlRecord:
+    """A mixture change read at ``offset``, or None for a record of another kind or one that is broken
+    (``problem`` says why)."""
+
+    offset: int
+    change: MixtureChange | None
+    problem: str | None = None
+
+
+class ControlReader:
+    """The constructor's reader of ``<job>.control`` (read_committed), from a given offset on."""
+
+    def __init__(self, config: KafkaConfig, topics: JobTopics, offset: int) -> None:
+        self.topic = topics.control
+        self.consumer: Consumer = read_committed_consumer(
+            config, f"{topics.job}.constructor.control", **{"enable.partition.eof": True}
+        )
+        self.consumer.assign([TopicPartition(self.topic, 0, offset)])
+        self.next_offset = offset
+        self._at_end = False
+
+    def read_available(self, wait_s: float = 0.0) -> list[ControlRecord]:
+        """The records that have arrived since the last call; waits up to ``wait_s`` for the first
+        fetch to reach the end of the topic."""
+        out: list[ControlRecord] = []
+        deadline = time.monotonic() + wait_s
+        while True:
+            messages = self.consumer.consume(num_messages=500, timeout=0 if self._at_end else 0.05)
+            for message in messages:
+                if message.error():
+                    if message.error().code() == KafkaError._PARTITION_EOF:
+                        self._at_end = True
+                        continue
+                    raise KafkaException(message.error())
+                self._at_end = False
+                self.next_offset = message.offset() + 1
+                out.append(self._record(message.offset(), message.key(), message.value()))
+            if self._at_end or (not messages and time.monotonic() >= deadline):
+                return out
+
+    def _record(self, offset: int, key: bytes | None, value: bytes | None) -> ControlRecord:
+        if key != MIXTURE_CHANGE_KEY:
+            return ControlRecord(offset, None)
+        try:
+            return ControlRecord(offset, decode_mixture_change(value or b""))
+        except DecodeError as exc:
+            return ControlRecord(offset, None, f"{self.topic}[0]@{offset}: {exc}")
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def shares_from_arguments(pairs: list[str], sources: Mapping[str, object]) -> dict[str, float]:
+    """``["code=0.3", "web=0.7"]`` as shares; ``MixflowError`` naming the bad argument otherwise."""
+    shares: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            msg = f"{pair!r}: give SOURCE=SHARE"
+            raise MixflowError(msg)
+        if name not in sources:
+            msg = f"{pair!r}: the job mixes no source {name!r} (it mixes {', '.join(sources)})"
+            raise MixflowError(msg)
+        try:
+            share = float(value)
+        except ValueError:
+            share = float("nan")
+        if not share >= 0 or share == float("inf"):
+            msg = f"{pair!r}: a share must be a finite number >= 0"
+            raise MixflowError(msg)
+        if name in shares:
+            msg = f"{pair!r}: source {name!r} is given twice"
+            raise MixflowError(msg)
+        shares[name] = share
+    if not shares or sum(shares.values()) <= 0:
+        msg = "give at least one SOURCE=SHARE with a share above 0"
+        raise MixflowError(msg)
+    return shares
