@@ -1,4 +1,5 @@
-"""`mixflow construct --spec SPEC`: run the data constructor of a job."""
+"""`mixflow construct --spec SPEC`: run the data constructor of a job. Start it more than once for shadow
+instances that take over when the active one dies."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from pipeline.cli.command import Command
 from pipeline.constructor import ConstructorOptions, DataConstructor
+from pipeline.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS
 from pipeline.spec import load_spec
 
 
@@ -19,6 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--output-job",
         help="write rank and state topics under this job name while reading the spec's job's sources",
     )
+    parser.add_argument(
+        "--lease-timeout-ms",
+        type=int,
+        default=DEFAULT_SESSION_TIMEOUT_MS,
+        help="how soon a shadow instance takes over from a dead active one (default: %(default)s)",
+    )
+    parser.add_argument("--instance", default="", help="this instance's name in logs (default: host-pid)")
     parser.add_argument(
         "--transaction-timeout-ms",
         type=int,
@@ -33,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
         output_job=args.output_job,
         max_steps=args.max_steps,
         transaction_timeout_ms=args.transaction_timeout_ms,
+        lease_session_timeout_ms=args.lease_timeout_ms,
+        instance=args.instance,
     )
     stats = DataConstructor(spec, spec.kafka.client_config(args.bootstrap_servers), options).run()
     steps = stats.steps
@@ -42,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         "tokens": stats.tokens,
         "samples": sum(s.samples for s in steps),
         "finished": stats.finished,
+        "takeovers": stats.takeovers,
+        "fenced": stats.fenced,
         "seconds": round(stats.seconds, 3),
         "max_state_bytes": max((s.state_bytes for s in steps), default=0),
     }

@@ -109,6 +109,14 @@ class ConstructorLease:
             self._held = False
             log.warning("%s lost the constructor lease of %s", self.instance, self.group)
 
+    def rejoin(self) -> None:
+        """Leave the group and join it again as a new member: after this instance was fenced, its view of
+        the lease is stale (it may not have heard yet that its session lapsed while it was paused)."""
+        self.consumer.close()
+        self._held = False
+        self._assignments = 0
+        self.consumer = self._join()
+
     def close(self) -> None:
         """Leave the group at once, so that a shadow takes over without waiting for the session to lapse."""
         self._held = False

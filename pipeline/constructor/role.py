@@ -29,6 +29,7 @@ from pipeline.constructor.pool import SamplePool
 from pipeline.constructor.sources import SourceTopicFeed
 from pipeline.constructor.spec_change import StepShape, carry_over, check_step_shape
 from pipeline.constructor.state import MAX_REFUSED, ConstructorState, SourcePosition
+from pipeline.constructor.state_topic import read_last_state
 from pipeline.control import ControlReader
 from pipeline.kafka_clients import KafkaConfig, ProducerFencedError, produce, read_committed_consumer
 from pipeline.mixing import DrawStatus, Mixer, MixerState, MixtureChange, refusal
@@ -38,15 +39,11 @@ from pipeline.spec import JobSpec, OnExhausted
 from topics.admin import ensure_job_topics, topic_exists
 from topics.batch_codec import batch_key, decode_batch_message, encode_batch, encode_end_of_data, end_of_data_steps
 from topics.dead_letter import encode_dead_letter
-from topics.errors import DecodeError, MixflowError
+from topics.errors import MixflowError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
 
 log = logging.getLogger(__name__)
-
-# Offsets at the end of the state topic that hold its last record (each step adds a record and a
-# transaction marker; aborted attempts add a few more).
-STATE_TAIL = 64
 
 
 @dataclass(frozen=True)
@@ -179,6 +176,7 @@ class DataConstructor(TransactionalRole):
         except ProducerFencedError as exc:
             self.stats.fenced += 1
             log.warning("constructor %s: %s; following as a shadow again", self.instance, exc)
+            self._lease.rejoin()
             return
         producer.flush(30)
 
@@ -392,11 +390,7 @@ class DataConstructor(TransactionalRole):
         return StepShape(last.ranks, last.micro_batches, last.capacity)
 
     def _last_state(self) -> ConstructorState:
-        records = read_to_end(self.config, self.out.state, tail=STATE_TAIL)
-        if not records:
+        state = read_last_state(self.config, self.out)
+        if state is None:
             return self.options.start_state or ConstructorState.initial(self.mixer.initial_state())
-        last = records[-1]
-        try:
-            return ConstructorState.from_bytes(last.value())
-        except DecodeError as exc:
-            raise exc.at(last.topic(), last.partition(), last.offset()) from exc
+        return state
