@@ -71,9 +71,11 @@ def run_local_job(
     folder: Path,
     trainer: list[str] | None = None,
     progress: JobProgress | None = None,
+    shadows: int = 0,
 ) -> list[RoleProcess]:
     """Start every role of the job (and ``trainer``, a command, when given), wait for all of them, and
-    return them; a role that fails stops the others and raises a MixflowError holding the end of its log."""
+    return them; a role that fails stops the others and raises a MixflowError holding the end of its log.
+    ``shadows`` more constructors wait to take over from the active one."""
     spec = load_spec(spec_path)
     folder.mkdir(parents=True, exist_ok=True)
     common = ["--spec", str(spec_path), *(["--bootstrap-servers", bootstrap] if bootstrap else [])]
@@ -83,7 +85,9 @@ def run_local_job(
         for i in range(source.loaders):
             load = ["load", *common, "--source", source.name, "--instance", str(i), "--until-drained"]
             roles.append(_start(f"load-{source.name}-{i}", folder, [*mixflow, *load]))
-    roles.append(_start("construct", folder, [*mixflow, "construct", *common]))
+    for i in range(1 + shadows):
+        name = "construct" if i == 0 else f"construct-{i}"
+        roles.append(_start(name, folder, [*mixflow, "construct", *common, "--instance", name]))
     if trainer:
         roles.append(_start("train", folder, trainer, {"KAFKA_BOOTSTRAP_SERVERS": bootstrap} if bootstrap else None))
     try:

@@ -24,6 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the job's logs go, under jobs/<job>/ (default: $MIXFLOW_STATE_DIR or .mixflow)",
     )
     parser.add_argument(
+        "--shadows",
+        type=int,
+        default=0,
+        help="shadow constructors to run beside the active one, ready to take over (default: %(default)s)",
+    )
+    parser.add_argument(
         "--trainer",
         metavar="COMMAND",
         help="a training command to run beside the pipeline, e.g. '{python} -m torch.distributed.run "
@@ -48,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks)
     watched = (train_folder, spec.step.ranks, spec.step.micro_batches) if trainer else None
     with JobProgress(config, spec.job, watched) as progress:
-        roles = run_local_job(spec_path, args.bootstrap_servers, folder, trainer, progress)
+        roles = run_local_job(spec_path, args.bootstrap_servers, folder, trainer, progress, shadows=args.shadows)
     for role in roles:
         if summary := role.summary():
             print(f"{role.name}: {summary}")
