@@ -46,7 +46,9 @@ class SourceTopicFeed:
 
     def fill(self, wanted: Collection[str], timeout_s: float = 1.0) -> int:
         """Read what is there, for at most ``timeout_s`` and until every source in ``wanted`` has new
-        records or has reached its end. Returns the records read."""
+        records. A source read to its end is waited for too (its loaders may add more): the caller finds
+        out whether it ran out for good (``is_exhausted``) before it asks for more. Returns the records
+        read."""
         self._pause_full(exempt=set(wanted))
         before = {s: self.pool.fifos[s].next_offset for s in wanted}
         deadline = time.monotonic() + timeout_s
@@ -55,7 +57,7 @@ class SourceTopicFeed:
             messages = self.consumer.consume(num_messages=5000, timeout=max(0.0, min(0.2, deadline - time.monotonic())))
             for message in messages:
                 read += self._route(message)
-            pending = [s for s in wanted if self.pool.fifos[s].next_offset == before[s] and s not in self.eof_at]
+            pending = [s for s in wanted if self.pool.fifos[s].next_offset == before[s]]
             if not pending or time.monotonic() >= deadline:
                 return read
 
