@@ -76,12 +76,19 @@ class TransactionalRole:
     def transaction(
         self, producer: Producer, consumer: Consumer | None, work: Callable[[], list[TopicPartition]], what: str
     ) -> bool:
-        """One transaction: ``work()`` produces with ``producer`` and returns the offsets it consumed
-        through ``consumer``'s group, which commit with it. True when committed; False when aborted on
-        an error that allows it (a retriable or abortable Kafka error, a commit that had to abort): the
-        caller rewinds and redoes ``what``. Any other error aborts and propagates; a fatal one and a stuck
-        client propagate without touching the producer (``ProducerFencedError`` when a newer process of
-        the role fenced this one). ``consumer`` may be None when ``work`` consumes nothing."""
+        """``open_transaction`` then ``commit_or_abort``: True when committed, False when aborted."""
+        return self.open_transaction(producer, consumer, work, what) and commit_or_abort(producer)
+
+    def open_transaction(
+        self, producer: Producer, consumer: Consumer | None, work: Callable[[], list[TopicPartition]], what: str
+    ) -> bool:
+        """Begin a transaction in which ``work()`` produces with ``producer`` and returns the offsets it
+        consumed through ``consumer``'s group (None when it consumes nothing), which are added to it. The
+        caller commits it with ``commit_or_abort``, maybe on another thread while it prepares the next
+        piece of work. True when the transaction is open with everything in it; False when it was aborted
+        on an error that allows it (a retriable or abortable Kafka error): the caller rewinds and redoes
+        ``what``. Any other error aborts and propagates; a fatal one and a stuck client propagate without
+        touching the producer (``ProducerFencedError`` when a newer process of the role fenced this one)."""
         try:
             producer.begin_transaction()
         except KafkaException as exc:
@@ -108,7 +115,7 @@ class TransactionalRole:
         except BaseException:
             abort(producer)
             raise
-        return commit_or_abort(producer)
+        return True
 
 
 @contextmanager

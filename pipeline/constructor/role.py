@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from pipeline.constructor.assemble import AssembledStep, assemble_step
 from pipeline.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS, ConstructorLease
@@ -30,8 +30,9 @@ from pipeline.constructor.sources import SourceTopicFeed
 from pipeline.constructor.spec_change import StepShape, carry_over, check_step_shape
 from pipeline.constructor.state import MAX_REFUSED, ConstructorState, SourcePosition
 from pipeline.constructor.state_topic import read_last_state
+from pipeline.constructor.writer import PreparedStep, Record, StepWriter
 from pipeline.control import ControlReader
-from pipeline.kafka_clients import KafkaConfig, ProducerFencedError, produce, read_committed_consumer
+from pipeline.kafka_clients import KafkaConfig, ProducerFencedError, read_committed_consumer
 from pipeline.mixing import DrawStatus, Mixer, MixerState, MixtureChange, refusal
 from pipeline.role_protocol import TransactionalRole, closing_unless_stuck
 from pipeline.scheduler import CostModel, plan_step
@@ -213,17 +214,22 @@ class DataConstructor(TransactionalRole):
         if self.options.replay_changes is None:
             self._control = ControlReader(self.config, self.out, self._control_offset)
             closes.append(self._control.close)
+        writer = StepWriter(self, producer, consumer)
+        closes.insert(0, writer.close)
         with closing_unless_stuck(*closes):
-            self._steps(producer, consumer, feed, pool, state)
+            try:
+                self._steps(writer, feed, pool, state)
+            finally:
+                if not writer.wait():
+                    log.warning("the last step in flight was aborted; a restart resumes before it")
 
-    def _steps(
-        self, producer: Producer, consumer: Consumer, feed: SourceTopicFeed, pool: SamplePool, state: ConstructorState
-    ) -> None:
+    def _steps(self, writer: StepWriter, feed: SourceTopicFeed, pool: SamplePool, state: ConstructorState) -> None:
         mixer_state, exhausted = state.mixer, set(state.exhausted)
         last_lag_log = time.monotonic()
         assert self._lease is not None
         while not self.stopping and self._lease.poll():
-            if self.options.max_steps is not None and len(self.stats.steps) >= self.options.max_steps:
+            written = len(self.stats.steps) + writer.in_flight
+            if self.options.max_steps is not None and written >= self.options.max_steps:
                 self._stopping = True
                 return
             if waiting := pool.waiting_for_deferred():
@@ -237,7 +243,7 @@ class DataConstructor(TransactionalRole):
                 assembled = assemble_step(mixer_state.step, candidates, self.spec.step, self.cost_model)
                 pool.settle(assembled.delivered, assembled.deferred)
                 next_mixer = draw.settle(pool.deferred_lengths())
-                if not self._commit(producer, consumer, feed, pool, assembled, next_mixer, exhausted, False):
+                if not self._write(writer, feed, pool, assembled, next_mixer, exhausted, False):
                     return
                 mixer_state = next_mixer
                 continue
@@ -258,13 +264,12 @@ class DataConstructor(TransactionalRole):
                     last_lag_log = time.monotonic()
                 continue
             # STOP: an exhausted source cannot fill its share (stop), or every source ran out.
-            self._finish(producer, consumer, feed, pool, mixer_state, exhausted)
+            self._finish(writer, feed, pool, mixer_state, exhausted)
             return
 
     def _finish(
         self,
-        producer: Producer,
-        consumer: Consumer,
+        writer: StepWriter,
         feed: SourceTopicFeed,
         pool: SamplePool,
         mixer_state: MixerState,
@@ -282,12 +287,13 @@ class DataConstructor(TransactionalRole):
                     raise MixflowError(msg)
                 pool.settle(assembled.delivered, assembled.deferred)
                 next_mixer = MixerState(mixer_state.step + 1, mixer_state.credit, mixer_state.long_credit)
-                if not self._commit(producer, consumer, feed, pool, assembled, next_mixer, exhausted, False):
+                if not self._write(writer, feed, pool, assembled, next_mixer, exhausted, False):
                     return
                 mixer_state = next_mixer
-        if self._commit(producer, consumer, feed, pool, None, mixer_state, exhausted, True):
+        last = mixer_state.step - 1
+        if self._write(writer, feed, pool, None, mixer_state, exhausted, True) and writer.wait():
             self.stats.finished = True
-            log.info("job %s finished after step %d", self.out.job, mixer_state.step - 1)
+            log.info("job %s finished after step %d", self.out.job, last)
 
     def _read_control(self, next_step: int) -> None:
         """Accept or refuse the mixture changes published since the last look; what is decided goes
@@ -309,10 +315,9 @@ class DataConstructor(TransactionalRole):
 
     # -- the transaction of one step --------------------------------------------------------------
 
-    def _commit(
+    def _write(
         self,
-        producer: Producer,
-        consumer: Consumer,
+        writer: StepWriter,
         feed: SourceTopicFeed,
         pool: SamplePool,
         assembled: AssembledStep | None,
@@ -320,7 +325,8 @@ class DataConstructor(TransactionalRole):
         exhausted: set[str],
         finished: bool,
     ) -> bool:
-        """Write one step (or, with ``assembled`` None, only the final state). False when aborted."""
+        """Hand one step (or, with ``assembled`` None, only the final state) to the writer. False when it
+        or the step before it was aborted."""
         positions = {**pool.positions(), **self._dormant}
         state = ConstructorState(
             mixer,
@@ -333,29 +339,29 @@ class DataConstructor(TransactionalRole):
             self._refused,
         )
         state_bytes = state.to_bytes()
-
-        def produce_step() -> list[TopicPartition]:
-            if assembled is not None:
-                for batch in assembled.batches:
-                    key, value, headers = encode_batch(batch)
-                    produce(producer, self.out.rank(batch.rank), value, key=key, headers=headers)
-            if finished:
-                # Readers of a finished job stop at this record instead of waiting for more steps.
-                key, value, headers = encode_end_of_data(mixer.step)
-                for rank in range(self.spec.step.ranks):
-                    produce(producer, self.out.rank(rank), value, key=key, headers=headers)
-            for letter in feed.dead_letters:
-                key, value, headers = encode_dead_letter(letter)
-                produce(producer, self.out.dlq, value, key=key, headers=headers)
-            produce(producer, self.out.state, state_bytes, key=batch_key(max(mixer.step - 1, 0)))
-            return [TopicPartition(self.sources_topics.src(s), 0, p.low) for s, p in state.positions.items()]
-
-        if not self.transaction(producer, consumer, produce_step, f"step {mixer.step - 1}"):
-            log.warning("step %d was aborted; resuming from the last committed step", mixer.step - 1)
-            return False
-        feed.dead_letters.clear()
+        records: list[Record] = []
         if assembled is not None:
-            self._record(assembled, len(state_bytes))
+            for batch in assembled.batches:
+                key, value, headers = encode_batch(batch)
+                records.append((self.out.rank(batch.rank), value, key, headers))
+        if finished:
+            # Readers of a finished job stop at this record instead of waiting for more steps.
+            key, value, headers = encode_end_of_data(mixer.step)
+            records += [(self.out.rank(rank), value, key, headers) for rank in range(self.spec.step.ranks)]
+        for letter in feed.dead_letters:
+            key, value, headers = encode_dead_letter(letter)
+            records.append((self.out.dlq, value, key, headers))
+        feed.dead_letters.clear()  # an aborted step makes the next attempt read them again
+        records.append((self.out.state, state_bytes, batch_key(max(mixer.step - 1, 0)), None))
+        offsets = [TopicPartition(self.sources_topics.src(s), 0, p.low) for s, p in state.positions.items()]
+
+        def done() -> None:
+            if assembled is not None:
+                self._record(assembled, len(state_bytes))
+
+        if not writer.write(PreparedStep(f"step {mixer.step - 1}", records, offsets, done)):
+            log.warning("a step up to step %d was aborted; resuming from the last committed step", mixer.step - 1)
+            return False
         return True
 
     def _record(self, assembled: AssembledStep, state_bytes: int) -> None:
