@@ -11,10 +11,11 @@
    The GPU machine has no Kafka broker (no Java there), so the sink's reader is fed the rank topic's
    records as recorded here (``--record``) instead of from a consumer: everything after the consumer's
    poll is the production code path.
-2. **Block timings for the cost model.** One transformer block (hidden 4096, 32 heads, bf16, varlen
-   causal attention, MLP 4x), forward and backward, over micro-batches of 64k tokens made of equal
-   samples of length L, for L from 256 to 64k: per-sample time t(L), and the fit
-   ``t(L) = alpha*L^2 + beta*L + c`` (the cost model the scheduler balances).
+2. **Block timings for the cost model.** What ``mixflow calibrate`` measures (``pipeline.calibrate``):
+   one transformer block (hidden 4096, 32 heads, bf16, varlen causal attention, MLP 4x), forward and
+   backward, over micro-batches of 64k and 32k tokens made of equal samples of length L, for L from
+   256 to 64k, and the fit ``t(L) = alpha*L^2 + beta*L + gamma`` per sample plus a constant per
+   micro-batch (the cost model the scheduler balances).
 
 Record on a machine with the broker, then run on the GPU machine:
 
@@ -147,59 +148,49 @@ def sink_under_training(rows: list[tuple], rank: int, steps: int, repeats: int) 
 
 
 def block_timings(lengths: list[int], tokens: int, repeats: int) -> dict[str, Any]:
-    import numpy as np
-    import torch
-    from torch import nn
+    """What ``mixflow calibrate --hidden 4096 --heads 32 --layers 1`` measures and fits, as JSON."""
+    from pipeline.calibrate import calibration_grid, fit_cost, fit_table
+    from pipeline.calibrate.timing import measure
 
-    from examples.gpt import packed_causal_attention
-
-    device, hidden, heads = torch.device("cuda"), 4096, 32
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.norm1, self.norm2 = nn.RMSNorm(hidden), nn.RMSNorm(hidden)
-            self.qkv, self.proj = nn.Linear(hidden, 3 * hidden, bias=False), nn.Linear(hidden, hidden, bias=False)
-            self.up, self.down = nn.Linear(hidden, 4 * hidden, bias=False), nn.Linear(4 * hidden, hidden, bias=False)
-
-        def forward(self, x: torch.Tensor, cu: torch.Tensor, max_len: int) -> torch.Tensor:
-            q, k, v = self.qkv(self.norm1(x)).view(-1, 3, heads, hidden // heads).unbind(1)
-            x = x + self.proj(packed_causal_attention(q, k, v, cu, max_len, "varlen").reshape(-1, hidden))
-            return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
-
-    block = Block().to(device, torch.bfloat16)
-    rows = []
-    for length in lengths:
-        count = max(1, tokens // length)
-        cu = torch.arange(0, (count + 1) * length, length, dtype=torch.int32, device=device)
-        x = torch.randn(count * length, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
-        for _ in range(2):
-            block(x, cu, length).sum().backward()
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            block(x, cu, length).sum().backward()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        ms = statistics.median(times)
-        rows.append({"length": length, "samples": count, "ms": ms, "ms_per_sample": ms / count})
-        print(f"block L={length:6d} x {count:4d}: {ms:8.2f} ms, {ms / count:9.4f} ms a sample", flush=True)
-        del x
-    lengths_arr = np.array([r["length"] for r in rows], dtype=np.float64)
-    per_sample = np.array([r["ms_per_sample"] for r in rows])
-    # Least squares relative to each point's size, so short and long samples weigh alike.
-    design = np.stack([lengths_arr**2, lengths_arr, np.ones_like(lengths_arr)], axis=1) / per_sample[:, None]
-    (alpha, beta, constant), *_ = np.linalg.lstsq(design, np.ones_like(per_sample), rcond=None)
-    fitted = alpha * lengths_arr**2 + beta * lengths_arr + constant
+    hidden, heads = 4096, 32
+    shapes = calibration_grid(lengths, tokens)
+    measured = measure(
+        shapes,
+        hidden=hidden,
+        heads=heads,
+        device="cuda",
+        dtype="bf16",
+        repeats=repeats,
+        warmups=2,
+        progress=lambda line: print(f"block {line}", flush=True),
+    )
+    fit = fit_cost(measured.timings)
+    for line in fit_table(fit):
+        print(line, flush=True)
+    rows = [
+        {
+            "length": t.shape.length,
+            "samples": t.shape.samples,
+            "ms": t.median_ms,
+            "ms_per_sample": t.median_ms / t.shape.samples,
+        }
+        for t in measured.timings
+    ]
     return {
         "hidden": hidden,
         "heads": heads,
+        "attention": measured.attention,
         "tokens_per_micro_batch": tokens,
         "rows": rows,
-        "fit_ms": {"alpha": alpha, "beta": beta, "constant": constant, "beta_over_alpha": beta / alpha},
-        "fit_worst_relative_error": float(np.max(np.abs(fitted / per_sample - 1))),
+        "fit_ms": {
+            "alpha": fit.alpha,
+            "beta": fit.beta,
+            "gamma": fit.gamma,
+            "per_micro_batch": fit.per_micro_batch,
+            "beta_over_alpha": fit.beta / fit.alpha if fit.alpha > 0 else None,
+        },
+        "fit_r_squared": fit.r_squared(),
+        "fit_worst_relative_error": float(max(fit.worst_error_by_length().values())),
     }
 
 

@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from pydantic import BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, ValidationError
+from pydantic import ValidationError
 
 from pipeline.kafka_clients import KafkaConfig, produce, read_committed_consumer
 from pipeline.mixing import MixtureChange
+from pipeline.mixing.changes import MixtureChangeDocument
 from topics.errors import DecodeError, MixflowError
 from topics.names import JobTopics
 from topics.validation import describe_errors
@@ -32,13 +33,8 @@ MIXTURE_CHANGE_KIND = "mixture-change"
 MIXTURE_CHANGE_KEY = MIXTURE_CHANGE_KIND.encode()
 
 
-class MixtureChangeRecord(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
+class MixtureChangeRecord(MixtureChangeDocument):
     kind: str
-    id: str
-    from_step: NonNegativeInt
-    shares: dict[str, NonNegativeFloat]
 
 
 def encode_mixture_change(change: MixtureChange) -> tuple[bytes, bytes]:
@@ -49,8 +45,7 @@ def encode_mixture_change(change: MixtureChange) -> tuple[bytes, bytes]:
 def decode_mixture_change(value: bytes) -> MixtureChange:
     """The change in a ``mixture-change`` record's value; ``DecodeError`` saying what is wrong otherwise."""
     try:
-        record = MixtureChangeRecord.model_validate_json(value)
-        return MixtureChange(record.id, record.from_step, record.shares)
+        return MixtureChangeRecord.model_validate_json(value).change()
     except ValidationError as exc:
         msg = f"not a mixture change: {describe_errors(exc, MixtureChangeRecord)}"
         raise DecodeError(msg) from exc

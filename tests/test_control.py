@@ -78,7 +78,7 @@ def test_mixture_change_records_round_trip_and_bad_ones_say_why() -> None:
         assert decode_mixture_change(encode_mixture_change(change)[1]) == change
     with pytest.raises(DecodeError, match="from_step"):
         decode_mixture_change(b'{"kind":"mixture-change","id":"x","from_step":-1,"shares":{"a":1}}')
-    with pytest.raises(DecodeError, match="sum to over 0"):
+    with pytest.raises(DecodeError, match="share above 0"):
         decode_mixture_change(b'{"kind":"mixture-change","id":"x","from_step":1,"shares":{"a":0}}')
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,15 +105,32 @@ def test_bad_parallel_settings_are_refused() -> None:
 
 
 def test_position_round_trips_and_refuses_bad_state() -> None:
-    position = SinkPosition("j.rank.0").after(12, 4, 0, 2)
-    assert position == SinkPosition("j.rank.0", 0, 12, 4, 1)
-    assert position.after(12, 4, 1, 2) == SinkPosition("j.rank.0", 0, 12, 5, 0)
+    position = SinkPosition("j.rank.0").after(12, 4, 0, 2, ranks=3)
+    assert position == SinkPosition("j.rank.0", 0, 12, 4, 1, ranks=3, micro_batches=2)
+    assert position.after(12, 4, 1, 2, ranks=3) == SinkPosition("j.rank.0", 0, 12, 5, 0, 3, 2)
     assert SinkPosition.from_dict(position.to_dict()) == position
     assert not position.is_due(4, 0) and position.is_due(4, 1) and position.is_due(5, 0)
     with pytest.raises(MixflowError, match="'offset' must be a non-negative int or None"):
         SinkPosition.from_dict({**position.to_dict(), "offset": -1})
+    with pytest.raises(MixflowError, match="'ranks' must be a positive int or None"):
+        SinkPosition.from_dict({**position.to_dict(), "ranks": 0})
     with pytest.raises(MixflowError, match="version"):
         SinkPosition.from_dict({"topic": "j.rank.0"})
+    # A state saved before the step shape was recorded still loads.
+    older = {k: v for k, v in position.to_dict().items() if k not in ("ranks", "micro_batches")}
+    assert SinkPosition.from_dict(older) == SinkPosition("j.rank.0", 0, 12, 4, 1)
+
+
+def test_a_position_carries_over_to_another_topic_by_step() -> None:
+    boundary = SinkPosition("old.rank.1", 0, 40, 9, 0, ranks=2, micro_batches=3)
+    moved = boundary.on_topic("new.rank.2")
+    assert moved == SinkPosition("new.rank.2", 0, None, 9, 0, 2, 3) and moved.seeks_step
+    assert SinkPosition.from_dict(moved.to_dict()) == moved  # saved again before reading: still found by step
+    assert boundary.on_topic("old.rank.1") is boundary
+    assert SinkPosition("old.rank.0").on_topic("new.rank.0") == SinkPosition("new.rank.0")  # nothing delivered yet
+    middle = SinkPosition("old.rank.0", 0, 40, 9, 2)  # saved before the shape was recorded
+    with pytest.raises(MixflowError, match=r"in the middle of step 9 .* step boundary"):
+        middle.on_topic("new.rank.0")
 
 
 def test_the_prefetch_queue_holds_at_most_its_byte_limit() -> None:
@@ -313,9 +331,6 @@ def test_a_gap_in_the_steps_is_an_error_not_a_silent_skip(kafka_bootstrap: str, 
     dataset = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
     with pytest.raises(DecodeError, match="step 3 follows step 1: steps are missing or repeated"):
         list(dataset)
-    other = KafkaBatchDataset(job="another-job", bootstrap_servers=kafka_bootstrap, rank=0)
-    with pytest.raises(MixflowError, match=f"the sink state is for {unique_name}.rank.0"):
-        other.load_state_dict(dataset.state_dict())
 
 
 @pytest.mark.kafka
@@ -332,3 +347,74 @@ def test_one_iterator_at_a_time(kafka_bootstrap: str, written_job: tuple[str, li
     first.close()
     assert _take(iter(dataset), 1)[0][:2] == (0, 2)  # the next pass goes on after the two handed out
     assert head[1][:2] == (0, 1)
+
+
+# -- resuming on another rank topic (another rank count: see mixflow replay) ----------------------------------
+
+
+def _other_shape(seed: int, steps: range, ranks: int = 3, micro_batches: int = 2) -> list[list[Batch]]:
+    rng = np.random.default_rng(seed)
+    return [[random_batch(rng, s, r, ranks, micro_batches, CAPACITY) for r in range(ranks)] for s in steps]
+
+
+@pytest.mark.kafka
+def test_a_state_saved_on_another_rank_count_resumes_at_its_step(
+    kafka_bootstrap: str, written_job: tuple[str, list[list[Batch]]], unique_name: str
+) -> None:
+    job, _ = written_job
+    wider = _other_shape(8, range(24))
+    write_steps(kafka_bootstrap, unique_name, wider)
+    old = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=1, wait_timeout_s=30)
+    iterator = iter(old)
+    _take(iterator, 4 * MICRO_BATCHES)  # steps 0-3, whole
+    at_boundary = old.state_dict()
+    _take(iterator, 1)
+    mid_step = old.state_dict()
+    iterator.close()
+    assert (at_boundary["step"], at_boundary["micro_batch"], mid_step["micro_batch"]) == (4, 0, 1)
+
+    for new_rank in range(3):  # any old rank's state will do for any new rank
+        dataset = KafkaBatchDataset(
+            job=unique_name, bootstrap_servers=kafka_bootstrap, rank=new_rank, wait_timeout_s=30
+        )
+        dataset.load_state_dict(at_boundary)
+        assert dataset.state_dict()["topic"] == JobTopics(unique_name).rank(new_rank)
+        expected = [_fingerprint(mb) for step in wider[4:] for mb in micro_batch_tensors(step[new_rank])]
+        assert [_fingerprint(mb) for mb in dataset] == expected
+
+    refused = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    refused.load_state_dict(mid_step)
+    with pytest.raises(MixflowError, match=r"middle of step 4 .* 3 micro-batches on 2 ranks, here it has 2 on 3"):
+        next(iter(refused))
+
+    later = f"{unique_name}-later"  # a replay from step 10
+    write_steps(kafka_bootstrap, later, _other_shape(9, range(10, 24)))
+    missing = KafkaBatchDataset(job=later, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    missing.load_state_dict(at_boundary)
+    with pytest.raises(MixflowError, match=rf"resume at step 4 on {later}\.rank\.0: it holds no step 4; .* step 10"):
+        next(iter(missing))
+
+    ended = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    list(ended)
+    at_end = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=2, wait_timeout_s=30)
+    at_end.load_state_dict(ended.state_dict())
+    assert list(at_end) == [] and at_end.state_dict()["step"] == 24
+
+
+@pytest.mark.kafka
+def test_a_state_carried_to_a_topic_not_written_that_far_waits_for_its_step(
+    kafka_bootstrap: str, unique_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    wider = _other_shape(10, range(8))
+    write_steps(kafka_bootstrap, unique_name, wider[:3], end=False)
+    dataset = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=1, wait_timeout_s=30)
+    dataset.load_state_dict(SinkPosition("old.rank.0", 0, 40, 5, 0, ranks=2, micro_batches=3).to_dict())
+    with caplog.at_level("INFO", logger="trainer_sink.reader"):
+        iterator = iter(dataset)
+        deadline = time.monotonic() + 30
+        while not any("holds no step 5 yet" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "the reader never looked for step 5"
+            time.sleep(0.01)  # polls the log for the reader thread's search, not a synchronisation delay
+    write_steps(kafka_bootstrap, unique_name, wider[3:])
+    expected = [_fingerprint(mb) for step in wider[5:] for mb in micro_batch_tensors(step[1])]
+    assert [_fingerprint(mb) for mb in iterator] == expected

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -18,6 +19,8 @@ from trainer_sink.position import SinkPosition
 from trainer_sink.reader import RankTopicReader, ReadOptions
 from trainer_sink.tensors import Layout, MicroBatch
 
+log = logging.getLogger(__name__)
+
 
 class KafkaBatchDataset(IterableDataset):
     """The micro-batches of one data-parallel rank, in order, as dicts of tensors (see
@@ -32,6 +35,13 @@ class KafkaBatchDataset(IterableDataset):
     record; iterating again continues where the last iteration stopped. ``state_dict()`` is the
     position after the last micro-batch handed out and ``load_state_dict()`` resumes there, exactly
     (the torchdata / ``torch.distributed.checkpoint`` Stateful convention).
+
+    Resuming on another number of GPUs: replay the job under the new rank count (``mixflow replay
+    --ranks R``), then load a saved state into each new rank's dataset of the replayed job. Data-parallel
+    ranks train in lockstep, so all of them checkpoint at the same step, and any old rank's state will do
+    for any new rank: a state saved on another rank topic resumes at its step, found there by step number.
+    It must lie at a step boundary (the checkpoint taken after a whole step) when the number of ranks or
+    micro-batches changed; a state in the middle of a step is refused then.
 
     A background thread reads and decodes ahead, up to ``prefetch_bytes``, pinning memory when CUDA is
     present. With ``device`` a CUDA device, the next micro-batch is copied there on a side stream while
@@ -103,15 +113,25 @@ class KafkaBatchDataset(IterableDataset):
         return self._position.to_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Resume at a position ``state_dict()`` gave; the next iteration starts there."""
+        """Resume at a position ``state_dict()`` gave; the next iteration starts there.
+
+        A state saved on another rank topic (another rank, or the job this one replays under another
+        number of ranks) resumes at the same step and micro-batch, found here by step number. In the
+        middle of a step that needs the same step shape on both topics; at a step boundary any shape will
+        do, so after a change of world size every new rank may load any old rank's state."""
         if self._reader is not None:
             msg = "load_state_dict() while the dataset is being iterated; load it before iterating"
             raise MixflowError(msg)
-        position = SinkPosition.from_dict(state_dict)
-        if position.topic != self.topic:
-            msg = f"the sink state is for {position.topic}, this dataset reads {self.topic}"
-            raise MixflowError(msg)
-        self._position = position
+        saved = SinkPosition.from_dict(state_dict)
+        self._position = saved.on_topic(self.topic)
+        if saved.topic != self.topic:
+            log.info(
+                "the sink state was saved on %s; resuming on %s at step %s micro-batch %d, found by step",
+                saved.topic,
+                self.topic,
+                saved.step,
+                saved.micro_batch,
+            )
 
     # -- iteration -----------------------------------------------------------------------------------
 
@@ -164,7 +184,7 @@ class _SinkIterator(Iterator[MicroBatch]):
             raise
         dataset = self._dataset
         dataset._position = dataset._position.after(
-            delivery.offset, delivery.step, delivery.micro_batch, delivery.micro_batches
+            delivery.offset, delivery.step, delivery.micro_batch, delivery.micro_batches, delivery.ranks
         )
         return delivery.tensors
 

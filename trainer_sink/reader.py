@@ -20,8 +20,10 @@ from typing import Any
 import torch
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import DecodeError, MixflowError
+from topics.step_index import locate_step
 from trainer_sink.buffer import ByteBoundedQueue, Closed
 from trainer_sink.position import SinkPosition
 from trainer_sink.tensors import Layout, MicroBatch, micro_batch_tensors, nbytes
@@ -57,6 +59,7 @@ class Delivery:
     step: int
     micro_batch: int
     micro_batches: int
+    ranks: int
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class RankTopicReader:
         self.rank = rank
         self.options = options
         self.queue = ByteBoundedQueue(options.prefetch_bytes)
+        self._kafka_config = kafka_config
         self._config = {
             **kafka_config,
             "group.id": f"mixflow-sink-{uuid.uuid4().hex[:12]}",  # required, never joined or committed
@@ -119,12 +123,17 @@ class RankTopicReader:
 
     def _run(self) -> None:
         try:
+            # Found before the consumer exists: a consumer left idle meanwhile was seen to fetch 1 s late.
+            start = self._start_offset()
+        except BaseException as exc:  # handed to the trainer's thread, raised by get()
+            self._hand_over(exc)
+            return
+        try:
             consumer = Consumer(self._config)
         except KafkaException as exc:
             self._hand_over(MixflowError(f"bad Kafka settings for the sink of {self.position.topic}: {exc}"))
             return
         try:
-            start = OFFSET_BEGINNING if self.position.offset is None else self.position.offset
             consumer.assign([TopicPartition(self.position.topic, self.position.partition, start)])
             self._read(consumer)
         except Closed:
@@ -133,6 +142,25 @@ class RankTopicReader:
             self._hand_over(exc)
         finally:
             consumer.close()
+
+    def _start_offset(self) -> int:
+        """Where reading starts: the position's offset, or for a position carried over from another topic
+        the record of its step, found by step number (see ``topics.step_index``)."""
+        topic, step = self.position.topic, self.position.step
+        if self.position.offset is not None or step is None:
+            return OFFSET_BEGINNING if self.position.offset is None else self.position.offset
+        location = locate_step(self._kafka_config, topic, step, partition=self.position.partition)
+        record = location.record
+        if record is None:
+            log.info("%s holds no step %d yet; waiting for it", topic, step)
+        elif record.end and record.step < step:
+            msg = f"cannot resume at step {step} on {topic}: its job ended after {record.step} steps"
+            raise MixflowError(msg)
+        elif record.step > step:
+            first = f"the end of the job after {record.step} steps" if record.end else f"step {record.step}"
+            msg = f"cannot resume at step {step} on {topic}: it holds no step {step}; the first record after is {first}"
+            raise MixflowError(msg)
+        return location.offset
 
     def _hand_over(self, item: object) -> None:
         with contextlib.suppress(Closed):
@@ -152,6 +180,7 @@ class RankTopicReader:
                 return
             batch = decode_batch_message(message)
             self._check_step(message, batch.step, batch.rank, last_step)
+            self._check_shape(message, batch)
             last_step = self.last_step = batch.step
             for m, tensors in enumerate(
                 micro_batch_tensors(
@@ -165,7 +194,8 @@ class RankTopicReader:
                     continue
                 if self.options.pin_memory:
                     tensors = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
-                self.queue.put(Delivery(tensors, message.offset(), batch.step, m, batch.micro_batches), nbytes(tensors))
+                delivery = Delivery(tensors, message.offset(), batch.step, m, batch.micro_batches, batch.ranks)
+                self.queue.put(delivery, nbytes(tensors))
 
     def _messages(self, consumer: Consumer) -> Iterator[Message]:
         """The topic's committed records, waiting (and logging) while there are none, up to the timeout."""
@@ -200,9 +230,14 @@ class RankTopicReader:
 
     def _first_step_allowed(self, step: int) -> bool:
         """Whether a resumed reader's first message may hold ``step``: the step of the position, or the
-        one before it when that step was delivered whole (the position then points at its message)."""
+        one before it when that step was delivered whole (the position then points at its message). A
+        position found by step reads from before its step when that step was not written yet."""
         due = self.position.step
-        return due is None or step == due or (step == due - 1 and self.position.micro_batch == 0)
+        if due is None:
+            return True
+        if self.position.seeks_step:
+            return step <= due
+        return step == due or (step == due - 1 and self.position.micro_batch == 0)
 
     def _check_step(self, message: Message, step: int, rank: int, last_step: int | None) -> None:
         where = {"topic": message.topic(), "partition": message.partition(), "offset": message.offset()}
@@ -217,6 +252,21 @@ class RankTopicReader:
             raise DecodeError(msg, **where)
         if last_step is not None and step != last_step + 1:
             raise DecodeError(f"step {step} follows step {last_step}: steps are missing or repeated", **where)
+
+    def _check_shape(self, message: Message, batch: Batch) -> None:
+        """A position in the middle of a step, carried over from another topic, needs the step to have the
+        same shape here: otherwise the micro-batches trained already hold other samples than this topic's."""
+        position = self.position
+        if batch.step != position.step or not position.micro_batch or position.ranks is None:
+            return
+        if (batch.ranks, batch.micro_batches) != (position.ranks, position.micro_batches):
+            msg = (
+                f"cannot resume in the middle of step {batch.step} (at micro-batch {position.micro_batch}) on "
+                f"{message.topic()}: the state was saved where the step had {position.micro_batches} micro-batches "
+                f"on {position.ranks} ranks, here it has {batch.micro_batches} on {batch.ranks}; resume from a "
+                "checkpoint taken at a step boundary"
+            )
+            raise MixflowError(msg)
 
     def _check_end(self, message: Message, steps: int, last_step: int | None) -> None:
         expected = last_step + 1 if last_step is not None else self.position.step

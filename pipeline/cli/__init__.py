@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from pipeline.cli import construct, load, plan, run, spec, stack
+from pipeline.cli import calibrate, construct, control, load, plan, replay, run, spec, stack
 from pipeline.cli.command import Command, add_commands
 from pipeline.kafka_clients import KafkaClientStuckError
 from topics.errors import MixflowError
@@ -23,9 +23,12 @@ __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 COMMANDS: tuple[Command, ...] = (
     stack.COMMAND,
     plan.COMMAND,
+    calibrate.COMMAND,
     load.COMMAND,
     spec.COMMAND,
     construct.COMMAND,
+    control.COMMAND,
+    replay.COMMAND,
     run.COMMAND,
 )
 

@@ -13,9 +13,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, StrictBool
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, StrictBool
 
 from pipeline.mixing import MixerState, MixtureChange
+from pipeline.mixing.changes import MixtureChangeDocument
 from pipeline.mixing.state import MixerStateDocument
 from topics.validation import decode_versioned_json
 
@@ -69,8 +70,9 @@ class ConstructorState:
             "deferred": [[r.source, r.offset] for r in self.deferred],
             "exhausted": list(self.exhausted),
             "finished": self.finished,
-            "control": self.control_offset,
         }
+        if self.control_offset:
+            body["control"] = self.control_offset
         if self.changes:
             body["changes"] = [c.to_dict() for c in self.changes]
         if self.refused:
@@ -120,14 +122,3 @@ class ConstructorStateDocument(BaseModel):
             control_offset=self.control,
             refused=self.refused,
         )
-
-
-class MixtureChangeDocument(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    id: str
-    from_step: NonNegativeInt
-    shares: dict[str, NonNegativeFloat]
-
-    def change(self) -> MixtureChange:
-        return MixtureChange(self.id, self.from_step, self.shares)

@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
 
 from pipeline.mixing.schedule import Schedule
 
@@ -67,3 +70,27 @@ class MixtureTimeline:
             if total > 0:
                 return {s: x / total for s, x in row.items()}
         return self.base.weights_at(step)
+
+
+Share = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class MixtureChangeDocument(BaseModel):
+    """A mixture change as JSON: ``{"id": "...", "from_step": 12, "shares": {"code": 0.5, ...}}``."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: str
+    from_step: NonNegativeInt
+    shares: dict[str, Share]
+
+    @field_validator("shares")
+    @classmethod
+    def _some_share(cls, shares: dict[str, float]) -> dict[str, float]:
+        if sum(shares.values()) <= 0:
+            msg = "must give some source a share above 0"
+            raise ValueError(msg)
+        return shares
+
+    def change(self) -> MixtureChange:
+        return MixtureChange(self.id, self.from_step, self.shares)

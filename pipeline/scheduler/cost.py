@@ -1,4 +1,4 @@
-"""The per-sample cost model: attention makes a sample of length ``L`` cost ``alpha*L^2 + beta*L``."""
+"""The per-sample cost model: a sample of length ``L`` costs ``alpha*L^2 + beta*L + gamma``."""
 
 from __future__ import annotations
 
@@ -9,16 +9,20 @@ import numpy as np
 
 @dataclass(frozen=True)
 class CostModel:
-    """Cost of one sample of ``L`` tokens: ``alpha*L**2 + beta*L`` (any unit, e.g. FLOPs).
+    """Cost of one sample of ``L`` tokens: ``alpha*L**2 + beta*L + gamma`` (any unit, e.g. FLOPs or ms).
 
-    Only ratios between samples matter to the scheduler, so the unit is free.
+    ``alpha`` is attention (every pair of tokens), ``beta`` the linear layers (every token), ``gamma``
+    whatever a sample costs whatever its length (0 in the FLOP model; ``mixflow calibrate`` measures it).
+    Only ratios between samples matter to the scheduler, so the unit is free. ``plan_step``'s kernels
+    take ``alpha`` and ``beta`` only so far; ``costs`` (summaries, reshaping) counts ``gamma`` too.
     """
 
     alpha: float
     beta: float
+    gamma: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("alpha", "beta"):
+        for name in ("alpha", "beta", "gamma"):
             value = getattr(self, name)
             if not np.isfinite(value) or value < 0:
                 msg = f"{name} must be a finite number >= 0, got {value!r}"
@@ -46,7 +50,8 @@ class CostModel:
     def costs(self, lengths: np.ndarray) -> np.ndarray:
         """float64 cost of each sample, element by element (no reduction, so bit-identical anywhere)."""
         as_float = np.asarray(lengths).astype(np.float64)
-        return (self.alpha * as_float) * as_float + self.beta * as_float
+        costs = (self.alpha * as_float) * as_float + self.beta * as_float
+        return costs + self.gamma if self.gamma else costs
 
 
 # A 7B-class model: hidden size 4096, 32 layers, causal attention.

@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipeline.spec._problems import Problems
+
+if TYPE_CHECKING:
+    from pipeline.scheduler.cost import CostModel
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 DEFAULT_BOOTSTRAP_SERVERS = "localhost:9092"
@@ -75,18 +79,22 @@ _MODEL = ("hidden_size", "num_layers", "causal")
 
 
 class CostSpec(BaseModel):
-    """Cost of a sample of length L, ``alpha * L**2 + beta * L``, for balancing ranks.
+    """Cost of a sample of length L, ``alpha * L**2 + beta * L + gamma``, for balancing ranks.
 
-    Give ``alpha`` and ``beta``, or the model's ``hidden_size`` and ``num_layers`` (and ``causal``,
-    default true), from which per layer: attention scores and their product with the values cost
-    ``4 * h`` FLOPs per pair of tokens (half the pairs when causal), and the dense projections and MLP
-    ``24 * h**2`` FLOPs per token. Only the ratio of alpha to beta matters to the balance.
+    Give ``alpha`` and ``beta`` (and ``gamma``, default 0), as ``mixflow calibrate`` measures them on
+    the training device, or the model's ``hidden_size`` and ``num_layers`` (and ``causal``, default
+    true), from which per layer: attention scores and their product with the values cost ``4 * h``
+    FLOPs per pair of tokens (half the pairs when causal), and the dense projections and MLP
+    ``24 * h**2`` FLOPs per token. Only the ratios alpha : beta : gamma matter to the balance.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     alpha: float | None = Field(None, ge=0, allow_inf_nan=False, description="Cost per pair of tokens.")
     beta: float | None = Field(None, ge=0, allow_inf_nan=False, description="Cost per token.")
+    gamma: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="Cost per sample, whatever its length; only with alpha/beta."
+    )
     hidden_size: int | None = Field(None, ge=1)
     num_layers: int | None = Field(None, ge=1)
     causal: bool | None = Field(None, description="Causal attention; default true.")
@@ -94,7 +102,7 @@ class CostSpec(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> CostSpec:
         problems = Problems("CostSpec")
-        direct = [k for k in _DIRECT if getattr(self, k) is not None]
+        direct = [k for k in (*_DIRECT, "gamma") if getattr(self, k) is not None]
         model = [k for k in _MODEL if getattr(self, k) is not None]
         if direct and model:
             problems.add(
@@ -106,9 +114,11 @@ class CostSpec(BaseModel):
             problems.add((), "give alpha and beta, or hidden_size and num_layers")
         else:
             needed = _DIRECT if direct else _MODEL[:2]
+            with_ = "hidden_size/num_layers"
+            if direct:
+                with_ = "gamma" if direct == ["gamma"] else "alpha/beta"
             for key in needed:
                 if getattr(self, key) is None:
-                    with_ = "alpha/beta" if direct else "hidden_size/num_layers"
                     problems.add((key,), f"required with {with_}")
         problems.raise_if_any()
         if model and self.causal is None:
@@ -124,6 +134,12 @@ class CostSpec(BaseModel):
 
         model = CostModel.from_transformer(self.hidden_size or 1, self.num_layers or 1, causal=self.causal is not False)
         return model.alpha, model.beta
+
+    def cost_model(self) -> CostModel:
+        """The scheduler's ``CostModel``: ``alpha_beta()`` and ``gamma`` (0 unless given)."""
+        from pipeline.scheduler.cost import CostModel
+
+        return CostModel(*self.alpha_beta(), gamma=float(self.gamma or 0.0))
 
 
 class LongContextSpec(BaseModel):

@@ -1,0 +1,80 @@
+"""One transformer block as the trainer runs it: samples packed into one sequence, causal attention within each."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VARLEN = "varlen"
+SDPA = "sdpa"
+
+
+@functools.cache
+def _varlen() -> tuple[Callable[..., torch.Tensor], dict[str, Any]] | None:
+    """``varlen_attn`` and the keyword arguments that make it causal on this torch; ``None`` without them."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    parameters = inspect.signature(varlen_attn).parameters
+    if "is_causal" in parameters:
+        return varlen_attn, {"is_causal": True}
+    if "window_size" in parameters:
+        return varlen_attn, {"window_size": (-1, 0)}  # (left, right): everything before, nothing after
+    return None
+
+
+def attention_backend(device: torch.device, dtype: torch.dtype) -> str:
+    """``varlen`` (flash attention over ``cu_seqlens``) on CUDA in 16 bits where this torch has it, as the
+    trainer runs packed samples; else ``sdpa`` (``scaled_dot_product_attention``, samples as a batch)."""
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _varlen() is not None:
+        return VARLEN
+    return SDPA
+
+
+class Block(nn.Module):
+    """Pre-norm attention (QKV and output projections) and a 4x GELU MLP, no biases."""
+
+    def __init__(self, hidden: int, heads: int, attention: str) -> None:
+        super().__init__()
+        if hidden % heads:
+            msg = f"hidden {hidden} is not a multiple of heads {heads}"
+            raise ValueError(msg)
+        if attention not in (VARLEN, SDPA):
+            msg = f"attention must be {VARLEN!r} or {SDPA!r}, got {attention!r}"
+            raise ValueError(msg)
+        if attention == VARLEN and _varlen() is None:
+            msg = f"torch {torch.__version__} has no causal torch.nn.attention.varlen.varlen_attn"
+            raise ValueError(msg)
+        self.hidden, self.heads, self.attention = hidden, heads, attention
+        self.norm1, self.norm2 = nn.RMSNorm(hidden), nn.RMSNorm(hidden)
+        self.qkv, self.proj = nn.Linear(hidden, 3 * hidden, bias=False), nn.Linear(hidden, hidden, bias=False)
+        self.up, self.down = nn.Linear(hidden, 4 * hidden, bias=False), nn.Linear(4 * hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+        """``x``: [tokens, hidden], samples of ``length`` tokens each, bounded by ``cu_seqlens`` (int32)."""
+        q, k, v = self.qkv(self.norm1(x)).view(-1, 3, self.heads, self.hidden // self.heads).unbind(1)
+        x = x + self.proj(self._attend(q, k, v, cu_seqlens, length).reshape(-1, self.hidden))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, length: int
+    ) -> torch.Tensor:
+        if self.attention == VARLEN:
+            found = _varlen()
+            assert found is not None  # checked in __init__
+            varlen_attn, causal = found
+            return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, length, length, **causal)
+        tokens, heads, head_dim = q.shape
+
+        def batched(t: torch.Tensor) -> torch.Tensor:  # [samples, heads, length, head_dim]
+            return t.view(tokens // length, length, heads, head_dim).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(batched(q), batched(k), batched(v), is_causal=True)
+        return out.transpose(1, 2).reshape(tokens, heads, head_dim)

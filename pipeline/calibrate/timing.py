@@ -1,0 +1,88 @@
+"""Timing the block forward and backward over micro-batch shapes on a torch device (the shell around ``fit``)."""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pipeline.calibrate.block import Block, attention_backend
+from pipeline.calibrate.fit import Timing
+from pipeline.calibrate.grid import MicroBatchShape
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The timings, and what they were measured on."""
+
+    timings: list[Timing]
+    device: str
+    torch: str
+    attention: str
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
+        model = names[0] if names else model
+    threads = torch.get_num_threads()
+    return f"{model} ({threads} thread{'s' if threads != 1 else ''})"
+
+
+def measure(
+    shapes: Sequence[MicroBatchShape],
+    *,
+    hidden: int,
+    heads: int,
+    device: str,
+    dtype: str,
+    repeats: int,
+    warmups: int,
+    progress: Callable[[str], None] | None = None,
+) -> Measured:
+    """``repeats`` times (ms) of each shape, after ``warmups`` untimed rounds. Every round times every shape
+    once, so a slow spell of a shared machine spreads over all shapes instead of skewing a few."""
+    torch_device, torch_dtype = torch.device(device), DTYPES[dtype]
+    torch.manual_seed(0)
+    attention = attention_backend(torch_device, torch_dtype)
+    block = Block(hidden, heads, attention).to(torch_device, torch_dtype)
+    times: dict[MicroBatchShape, list[float]] = {shape: [] for shape in shapes}
+    rounds = warmups + repeats
+    for round_ in range(rounds):
+        began = time.perf_counter()
+        for shape in shapes:
+            ms = _time_once(block, shape, torch_device, torch_dtype)
+            if round_ >= warmups:
+                times[shape].append(ms)
+        if progress is not None:
+            kind = "warm-up" if round_ < warmups else "timed"
+            seconds = time.perf_counter() - began
+            progress(f"round {round_ + 1}/{rounds} ({kind}): {len(shapes)} micro-batches in {seconds:.1f} s")
+    timings = [Timing(shape, tuple(times[shape])) for shape in shapes]
+    return Measured(timings, device_name(torch_device), torch.__version__, attention)
+
+
+def _time_once(block: Block, shape: MicroBatchShape, device: torch.device, dtype: torch.dtype) -> float:
+    """ms of one forward and backward of ``block`` over a micro-batch of ``shape``."""
+    x = torch.randn(shape.tokens, block.hidden, device=device, dtype=dtype, requires_grad=True)
+    cu_seqlens = torch.arange(0, shape.tokens + 1, shape.length, dtype=torch.int32, device=device)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        block(x, cu_seqlens, shape.length).sum().backward()
+        end.record()
+        torch.cuda.synchronize(device)
+        return float(start.elapsed_time(end))
+    began = time.perf_counter()
+    block(x, cu_seqlens, shape.length).sum().backward()
+    return (time.perf_counter() - began) * 1000.0

@@ -1,0 +1,71 @@
+"""`mixflow replay --spec SPEC --from-step K --to-job NAME`: rebuild a job's steps into another job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pipeline.cli.command import Command
+from pipeline.replay import ReplayRequest, replay, verify
+from pipeline.spec import load_spec
+
+MISMATCH_EXIT = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", type=Path, required=True, help="the spec of the job to replay, as it ran")
+    parser.add_argument("--from-step", type=int, required=True, help="the first step to replay")
+    parser.add_argument("--to-job", required=True, help="the job to write the replayed steps into")
+    parser.add_argument(
+        "--to-step", type=int, help="the last step to replay (default: the job's last committed step, and its end)"
+    )
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        help="data-parallel ranks of the replay (default: the job's); another number re-plans "
+        "each step's samples over them",
+    )
+    parser.add_argument(
+        "--micro-batches",
+        type=int,
+        help="micro-batches per rank of the replay (default: the job's, or with --ranks enough that every step fits)",
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare the replayed steps with the originals (byte for byte under the job's shape, sample by sample "
+        "under another) and exit 1 at the first difference",
+    )
+    parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
+    parser.add_argument(
+        "--transaction-timeout-ms",
+        type=int,
+        default=60_000,
+        help="how long an open transaction of a killed replay blocks readers (default: %(default)s)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    config = spec.kafka.client_config(args.bootstrap_servers)
+    request = ReplayRequest(args.to_job, args.from_step, args.to_step, args.ranks, args.micro_batches)
+    summary = replay(spec, config, request, args.transaction_timeout_ms).to_dict()
+    status = 0
+    if args.verify:
+        audit = verify(config, spec.job, args.to_job, args.from_step)
+        summary["verify"] = audit.to_dict()
+        if audit.mismatch is not None:
+            print(f"mixflow replay: mismatch: {audit.mismatch}", file=sys.stderr)
+            status = MISMATCH_EXIT
+    print(json.dumps(summary))
+    return status
+
+
+COMMAND = Command(
+    name="replay",
+    help="rebuild steps of a job into another job, under its step shape (an audit) or another number of ranks",
+    add_arguments=add_arguments,
+    run=run,
+)

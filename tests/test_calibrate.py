@@ -1,0 +1,248 @@
+"""`mixflow calibrate`: the fit recovers known costs from noisy timings, and the command's section is a valid spec."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from pipeline.calibrate import CostFit, MicroBatchShape, Timing, calibration_grid, default_lengths, fit_cost
+from pipeline.calibrate.section import yaml_float
+from pipeline.cli import main
+from pipeline.scheduler import CostModel
+from pipeline.spec import CostSpec, SpecError, load_spec
+
+GPU_GRID = (default_lengths(65536, shortest=256), 65536)
+CPU_GRID = (default_lengths(1024, shortest=64), 1024)
+
+SPEC_WITHOUT_COST = {
+    "job": "t",
+    "tokenizer": "tok.json",
+    "sources": [{"name": "a", "reader": "jsonl", "path": "data/a"}],
+    "mixture": {"weights": {"a": 1}},
+    "step": {"ranks": 2, "micro_batches": 2, "tokens_per_micro_batch": 1024},
+}
+
+
+def _timings(
+    shapes: list[MicroBatchShape],
+    truth: tuple[float, float, float, float],
+    rng: np.random.Generator | None = None,
+    noise: float = 0.0,
+    repeats: int = 5,
+) -> list[Timing]:
+    """Times of ``samples * (alpha*L^2 + beta*L + gamma) + per_micro_batch``, each repeat off by a lognormal
+    factor of sigma ``noise``, and one repeat of each shape three times slower (a busy moment)."""
+    alpha, beta, gamma, fixed = truth
+    timings = []
+    for shape in shapes:
+        true_ms = shape.samples * (alpha * shape.length**2 + beta * shape.length + gamma) + fixed
+        ms = np.full(repeats, true_ms)
+        if rng is not None:
+            ms *= np.exp(rng.normal(0.0, noise, repeats))
+            ms[rng.integers(repeats)] *= 3
+        timings.append(Timing(shape, tuple(float(x) for x in ms)))
+    return timings
+
+
+def _per_sample(alpha: float, beta: float, gamma: float, lengths: np.ndarray) -> np.ndarray:
+    return alpha * lengths**2 + beta * lengths + gamma
+
+
+# -- the fit (numpy alone) ----------------------------------------------------------------------------------
+
+
+def test_grid_times_a_full_and_a_half_micro_batch_per_length() -> None:
+    assert calibration_grid([64, 16, 32, 32], 64) == [
+        MicroBatchShape(16, 2),
+        MicroBatchShape(16, 4),
+        MicroBatchShape(32, 1),
+        MicroBatchShape(32, 2),
+        MicroBatchShape(64, 1),
+    ]
+    with pytest.raises(ValueError, match="at least 3 different lengths"):
+        calibration_grid([16, 32, 32], 64)
+    with pytest.raises(ValueError, match=r"length 128 is not within 1\.\.64"):
+        calibration_grid([16, 32, 128], 64)
+
+
+def test_fit_is_exact_without_noise() -> None:
+    truth = (8.78e-8, 1.92e-3, 4e-3, 0.5)
+    fit = fit_cost(_timings(calibration_grid(*GPU_GRID), truth))
+    np.testing.assert_allclose([fit.alpha, fit.beta, fit.gamma, fit.per_micro_batch], truth, rtol=1e-9)
+    assert fit.r_squared() == pytest.approx(1.0)
+    assert max(fit.worst_error_by_length().values()) < 1e-9
+
+
+@pytest.mark.parametrize("grid", [GPU_GRID, CPU_GRID], ids=["gpu-grid", "cpu-grid"])
+@pytest.mark.parametrize("seed", range(10))
+def test_fit_recovers_known_costs_from_noisy_timings(grid: tuple[list[int], int], seed: int) -> None:
+    lengths, tokens = grid
+    shortest, longest = lengths[0], lengths[-1]
+    rng = np.random.default_rng(seed)
+    # Every term shows within the grid: attention and the linear layers cross over between the shortest and
+    # the longest length, gamma is up to the linear cost of a shortest sample, the micro-batch's constant up
+    # to a fifth of a full one's linear cost; gamma and that constant are 0 in some sets (the bound of the fit).
+    alpha = 1e-7 * 10 ** rng.uniform(-2, 2)
+    beta = alpha * np.exp(rng.uniform(np.log(shortest), np.log(longest)))
+    gamma = beta * shortest * rng.uniform(0, 1) * (seed % 3 != 0)
+    fixed = beta * tokens * rng.uniform(0, 0.2) * (seed % 4 != 0)
+    timings = _timings(calibration_grid(lengths, tokens), (alpha, beta, gamma, fixed), rng, noise=0.005)
+
+    fit = fit_cost(timings)
+
+    assert min(fit.alpha, fit.beta, fit.gamma, fit.per_micro_batch) >= 0
+    assert fit.alpha == pytest.approx(alpha, rel=0.04)
+    assert fit.beta == pytest.approx(beta, rel=0.10)
+    assert fit.gamma == pytest.approx(gamma, abs=0.10 * beta * shortest)
+    assert fit.per_micro_batch == pytest.approx(fixed, abs=0.05 * beta * tokens)
+    grid_lengths = np.array(lengths, dtype=np.float64)
+    fitted = _per_sample(fit.alpha, fit.beta, fit.gamma, grid_lengths)
+    np.testing.assert_allclose(fitted, _per_sample(alpha, beta, gamma, grid_lengths), rtol=0.03)
+    assert fit.r_squared() > 0.999
+
+
+def test_one_slow_repeat_moves_nothing() -> None:
+    shapes = calibration_grid(*CPU_GRID)
+    truth = (2e-6, 1e-3, 0.01, 0.2)
+    clean = fit_cost(_timings(shapes, truth))
+    slowed = [Timing(t.shape, (*t.ms[:-1], 10 * t.ms[-1])) for t in _timings(shapes, truth)]
+    assert fit_cost(slowed) == CostFit(clean.alpha, clean.beta, clean.gamma, clean.per_micro_batch, tuple(slowed))
+
+
+@pytest.mark.parametrize("gamma", [-0.02, -0.002])
+def test_fit_is_the_best_non_negative_one(gamma: float) -> None:
+    # Less time per sample than alpha and beta alone: gamma would go below 0 unconstrained.
+    shapes = calibration_grid(*CPU_GRID)
+    fit = fit_cost(_timings(shapes, (1e-6, 1e-3, gamma, 0.1)))
+    assert fit.gamma == 0.0 and min(fit.alpha, fit.beta, fit.per_micro_batch) > 0
+    # Optimal under x >= 0 (KKT): the gradient of the relative squared error is 0 along every coefficient
+    # above 0 and points up (>= 0) along every coefficient at 0.
+    design = np.array([[s.samples * s.length**2, s.samples * s.length, s.samples, 1.0] for s in shapes])
+    measured = np.array([t.median_ms for t in fit.timings])
+    relative = design / measured[:, None]
+    coefficients = np.array([fit.alpha, fit.beta, fit.gamma, fit.per_micro_batch])
+    gradient = 2 * relative.T @ (relative @ coefficients - 1) * np.linalg.norm(relative, axis=0) ** -1
+    assert np.all(np.abs(gradient[coefficients > 0]) < 1e-9)
+    assert np.all(gradient[coefficients == 0] > -1e-9)
+
+
+def test_fit_refuses_timings_it_cannot_separate() -> None:
+    shapes = [MicroBatchShape(64, n) for n in (1, 2, 4, 8)]
+    with pytest.raises(ValueError, match="cannot tell alpha, beta, gamma apart"):
+        fit_cost(_timings(shapes, (1e-6, 1e-3, 0.0, 0.0)))
+    with pytest.raises(ValueError, match="finite and > 0"):
+        fit_cost([Timing(MicroBatchShape(64, 1), (1.0, float("nan")))])
+
+
+def test_scaled_fit_is_every_coefficient_times_layers() -> None:
+    fit = fit_cost(_timings(calibration_grid(*CPU_GRID), (2e-6, 1e-3, 0.01, 0.2)))
+    scaled = fit.scaled(32)
+    assert (scaled.alpha, scaled.beta, scaled.gamma) == (32 * fit.alpha, 32 * fit.beta, 32 * fit.gamma)
+    assert scaled.r_squared() == pytest.approx(fit.r_squared())
+
+
+@pytest.mark.parametrize("value", [1e-7, 8.78e-8, 0.0, 123456.0, 0.00192, 2.0, 1.5e30])
+def test_yaml_float_reads_back_as_a_float(value: float) -> None:
+    read = yaml.safe_load(f"x: {yaml_float(value)}")["x"]
+    assert isinstance(read, float) and read == pytest.approx(value, rel=1e-3)
+
+
+# -- the cost model and the spec ------------------------------------------------------------------------------
+
+
+def test_cost_model_gamma_adds_per_sample_and_zero_changes_nothing() -> None:
+    lengths = np.array([1, 7, 4096, 65536], dtype=np.int64)
+    as_float = lengths.astype(np.float64)
+    plain = CostModel(alpha=3.0, beta=5.0)
+    np.testing.assert_array_equal(plain.costs(lengths), (3.0 * as_float) * as_float + 5.0 * as_float)
+    assert plain.costs(lengths).tobytes() == CostModel(3.0, 5.0, gamma=0.0).costs(lengths).tobytes()
+    np.testing.assert_array_equal(CostModel(3.0, 5.0, 11.0).costs(lengths), plain.costs(lengths) + 11.0)
+    with pytest.raises(ValueError, match="gamma must be a finite number >= 0"):
+        CostModel(1.0, 1.0, gamma=-1.0)
+
+
+def test_cost_spec_gamma() -> None:
+    assert CostSpec(alpha=1.0, beta=2.0, gamma=3.0).cost_model() == CostModel(1.0, 2.0, 3.0)
+    assert CostSpec(alpha=1.0, beta=2.0).cost_model() == CostModel(1.0, 2.0, 0.0)
+    assert CostSpec(hidden_size=64, num_layers=2).cost_model() == CostModel.from_transformer(64, 2)
+
+
+@pytest.mark.parametrize(
+    ("cost", "problem"),
+    [
+        ({"alpha": 1.0, "beta": 2.0, "gamma": -1.0}, "cost.gamma: Input should be greater than or equal to 0"),
+        ({"hidden_size": 64, "num_layers": 2, "gamma": 1.0}, "cost: give either alpha/beta or hidden_size"),
+        ({"gamma": 1.0}, "cost.alpha: required with gamma"),
+    ],
+)
+def test_cost_spec_refuses_a_bad_gamma(tmp_path: Path, cost: dict, problem: str) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**SPEC_WITHOUT_COST, "cost": cost}))
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert any(problem in str(p) for p in info.value.problems), str(info.value)
+
+
+# -- the block and the command (torch, on the CPU) ------------------------------------------------------------
+
+
+def test_block_attends_causally_within_each_sample() -> None:
+    torch = pytest.importorskip("torch")
+    from pipeline.calibrate.block import SDPA, Block
+
+    torch.manual_seed(0)
+    block = Block(hidden=32, heads=4, attention=SDPA)
+    q, k, v = (torch.randn(3 * 5, 4, 8) for _ in range(3))
+    cu_seqlens = torch.tensor([0, 5, 10, 15], dtype=torch.int32)
+    out = block._attend(q, k, v, cu_seqlens, 5)
+    for start in (0, 5, 10):
+        rows = slice(start, start + 5)
+        scores = torch.einsum("ihd,jhd->hij", q[rows], k[rows]) / 8**0.5
+        scores = scores.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+        expected = torch.einsum("hij,jhd->ihd", scores.softmax(-1), v[rows])
+        torch.testing.assert_close(out[rows], expected)
+
+
+def test_calibrate_prints_a_section_the_spec_accepts(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "cost.yaml"
+    argv = ["calibrate", "--device", "cpu", "--hidden", "64", "--heads", "4", "--layers", "2"]
+    argv += ["--lengths", "16", "32", "64", "--repeats", "2", "--warmups", "1", "--threads", "1", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    assert "round 3/3 (timed)" in printed.err
+    assert re.search(r"^R\^2 -?[0-9.]+; worst relative error by length: 16 [0-9.]+%, 32 ", printed.out, re.M)
+    section = printed.out[printed.out.index("# mixflow calibrate") :].strip()
+    assert section == out.read_text().strip()
+    comment, cost_line = section.splitlines()[:3], section.splitlines()[3]
+    assert "hidden 64, 4 heads, 2 layers" in comment[1] and "fp32, sdpa attention" in comment[0]
+    assert re.fullmatch(r"cost: \{alpha: \S+, beta: \S+, gamma: \S+\}", cost_line)
+
+    spec_path = tmp_path / "job.yaml"
+    spec_path.write_text(yaml.safe_dump(SPEC_WITHOUT_COST, sort_keys=False) + section + "\n")
+    cost = load_spec(spec_path).cost
+    written = yaml.safe_load(section)["cost"]
+    assert (cost.alpha, cost.beta, cost.gamma) == (written["alpha"], written["beta"], written["gamma"])
+    assert cost.cost_model() == CostModel(written["alpha"], written["beta"], written["gamma"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--hidden", "100", "--heads", "3"], "--hidden 100 is not a multiple of --heads 3"),
+        (["--lengths", "16", "32"], "--lengths 16 32 with --tokens 32: need at least 3 different lengths"),
+        (
+            ["--lengths", "16", "32", "64", "--tokens", "32"],
+            "--lengths 16 32 64 with --tokens 32: length 64 is not within 1..32",
+        ),
+        (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    ],
+)
+def test_calibrate_names_a_bad_argument(extra: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("torch")
+    assert main(["calibrate", "--device", "cpu", *extra]) == 2
+    assert f"mixflow calibrate: error: {message}" in capsys.readouterr().err
