@@ -155,6 +155,12 @@ def test_a_change_applies_from_its_step_across_restarts_as_a_curriculum_would(
     _construct(curriculum, f"{out}-curriculum")
     assert _rank_values(kafka_bootstrap, out) == _rank_values(kafka_bootstrap, f"{out}-curriculum")
 
+    # A replay from a step before the change was published applies it at the same step.
+    command = [sys.executable, "-m", "pipeline.cli", "replay", "--spec", str(spec), "--job", out, "--from-step", "2"]
+    command += ["--to-job", f"{out}-replay", "--verify"]
+    replayed = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=240)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr[-3000:]
+
 
 @pytest.mark.kafka
 def test_a_change_that_reaches_the_constructor_after_its_step_is_refused_and_reported(

@@ -19,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-step", type=int, required=True, help="the first step to replay")
     parser.add_argument("--to-job", required=True, help="the job to write the replayed steps into")
     parser.add_argument(
+        "--job", help="the job to replay, if not the spec's (one written with construct --output-job from its sources)"
+    )
+    parser.add_argument(
         "--to-step", type=int, help="the last step to replay (default: the job's last committed step, and its end)"
     )
     parser.add_argument(
@@ -50,11 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     config = spec.kafka.client_config(args.bootstrap_servers)
-    request = ReplayRequest(args.to_job, args.from_step, args.to_step, args.ranks, args.micro_batches)
+    request = ReplayRequest(args.to_job, args.from_step, args.to_step, args.ranks, args.micro_batches, args.job)
     summary = replay(spec, config, request, args.transaction_timeout_ms).to_dict()
     status = 0
     if args.verify:
-        audit = verify(config, spec.job, args.to_job, args.from_step)
+        audit = verify(config, args.job or spec.job, args.to_job, args.from_step)
         summary["verify"] = audit.to_dict()
         if audit.mismatch is not None:
             print(f"mixflow replay: mismatch: {audit.mismatch}", file=sys.stderr)

@@ -29,13 +29,16 @@ class ReplayMode(StrEnum):
 @dataclass(frozen=True)
 class ReplayRequest:
     """``target``: the job to write; steps ``from_step`` to ``to_step`` (default: the last committed);
-    ``ranks`` and ``micro_batches`` of the new shape (default: the original's)."""
+    ``ranks`` and ``micro_batches`` of the new shape (default: the original's). ``job``: the job whose
+    steps are replayed, when it is not the spec's (one written with ``construct --output-job``: its
+    sources are the spec's job's)."""
 
     target: str
     from_step: int
     to_step: int | None = None
     ranks: int | None = None
     micro_batches: int | None = None
+    job: str | None = None
 
 
 @dataclass(frozen=True)

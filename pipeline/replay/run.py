@@ -57,7 +57,8 @@ def replay(
 ) -> ReplaySummary:
     """Write steps of ``spec``'s job into ``request.target``, or continue an earlier run that was stopped."""
     began = time.monotonic()
-    original = require_history(config, spec.job)
+    job = request.job or spec.job
+    original = require_history(config, job)
     target = read_history(config, request.target)
     shape = spec.step
     plan = plan_replay(
@@ -70,13 +71,13 @@ def replay(
     written: list[int] = []
     finished = target is not None and target.finished
     if plan.done:
-        log.info("replay of %s into %s: nothing left to write", spec.job, request.target)
+        log.info("replay of %s into %s: nothing left to write", job, request.target)
     else:
         if plan.first > plan.from_step:
-            log.info("replay of %s into %s: continuing at step %d", spec.job, request.target, plan.first)
+            log.info("replay of %s into %s: continuing at step %d", job, request.target, plan.first)
         written, finished = _write(spec, config, request.target, original, plan, transaction_timeout_ms)
     return ReplaySummary(
-        job=spec.job,
+        job=job,
         target=request.target,
         mode=plan.mode,
         shape=plan.shape,
