@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from connectors.work_units import UNIT_KINDS, WorkUnit
 from pipeline.constructor.state import ConstructorState, SampleRef, SourcePosition
+from pipeline.mixing import MixtureChange
 from pipeline.mixing.state import MixerState
 from pipeline.work_plan import WorkPlan
 from topics.dead_letter import DeadLetter, decode_dead_letter, encode_dead_letter
@@ -53,6 +54,13 @@ def reference_constructor_state(state: ConstructorState) -> bytes:
         "exhausted": list(state.exhausted),
         "finished": state.finished,
     }
+    # Written only when set, so that states without mixture changes keep the bytes of version 1's start.
+    if state.control_offset:
+        body["control"] = state.control_offset
+    if state.changes:
+        body["changes"] = [{"id": c.id, "from_step": c.from_step, "shares": dict(c.shares)} for c in state.changes]
+    if state.refused:
+        body["refused"] = list(state.refused)
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -113,7 +121,19 @@ def constructor_states(draw: st.DrawFn) -> ConstructorState:
     if sources:
         deferred = tuple(draw(st.lists(st.builds(SampleRef, st.sampled_from(sources), naturals), max_size=6)))
         exhausted = tuple(sorted(draw(st.sets(st.sampled_from(sources)))))
-    return ConstructorState(mixer, positions, deferred, exhausted, draw(st.booleans()))
+    changes = draw(st.lists(mixture_changes, max_size=3))
+    refused = tuple(draw(st.lists(texts, max_size=3)))
+    return ConstructorState(
+        mixer, positions, deferred, exhausted, draw(st.booleans()), tuple(changes), draw(naturals), refused
+    )
+
+
+mixture_changes = st.builds(
+    MixtureChange,
+    texts,
+    st.integers(0, 10**9),
+    st.dictionaries(texts, st.floats(0.0, 1e6), min_size=1, max_size=4).filter(lambda d: sum(d.values()) > 0),
+)
 
 
 dead_letters = st.builds(

@@ -188,16 +188,22 @@ def test_a_full_step_defers_only_its_newest_samples() -> None:
 
 
 def test_repair_swaps_an_older_deferred_sample_into_a_newer_ones_place() -> None:
-    from pipeline.scheduler._repair import prefer_older
+    from pipeline.scheduler._lpt import by_index
+    from pipeline.scheduler._repair import prefer_older, starvation_safe
+    from pipeline.scheduler._sort import longest_first
 
     lengths = np.array([5, 3, 8, 5], np.int64)  # sample 0 deferred; 2 and 3 newer and at least as long
     costs = COSTS.costs(lengths)
-    rank = np.array([-1, 0, 0, 1], np.int32)
-    micro = np.zeros(4, np.int32)
+    order, sorted_length, sorted_cost = longest_first(lengths, costs, 4, 8)
+    assert order.tolist() == [2, 0, 3, 1]
+    at = np.array([0, -1, 1, 0], np.int32)  # rank << 0 | micro-batch 0, by position: rank = [-1, 0, 0, 1]
     tokens = np.array([11, 5], np.int64)
     micro_cost = np.array([costs[1] + costs[2], costs[3]])
     rank_cost = micro_cost.copy()
-    assert prefer_older(4, lengths, costs, rank, micro, tokens, micro_cost, rank_cost, 1) == 1
+    assert not starvation_safe(order, sorted_length, at)
+    assert prefer_older(order, sorted_length, sorted_cost, at, 0, rank_cost, tokens, micro_cost) == 1
+    assert starvation_safe(order, sorted_length, at)
+    rank, _ = by_index(4, order, at, 0)
     assert rank.tolist() == [1, 0, 0, -1]  # the shortest at least as long (5, not 8) gives way
     assert tokens.tolist() == [11, 5] and rank_cost[1] == costs[0]
 

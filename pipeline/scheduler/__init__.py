@@ -4,6 +4,7 @@ A pure library of numba kernels over arrays; it imports no Kafka client.
 """
 
 from pipeline.scheduler.cost import DEFAULT_COST_MODEL, CostModel
+from pipeline.scheduler.lpt import plan_lpt
 from pipeline.scheduler.plan import DEFAULT_TOLERANCE, PlanSummary, StepPlan, plan_step
 from pipeline.scheduler.rank_order import rank_order
 from pipeline.scheduler.validation import validate_plan
@@ -14,6 +15,7 @@ __all__ = [
     "CostModel",
     "PlanSummary",
     "StepPlan",
+    "plan_lpt",
     "plan_step",
     "rank_order",
     "validate_plan",

@@ -32,3 +32,22 @@ def check_lengths(lengths: object) -> np.ndarray:
         msg = f"lengths must be >= 0, got lengths[{first}] = {int(array[first])}"
         raise ValueError(msg)
     return array
+
+
+def check_step(
+    lengths: object, ranks: object, micro_batches: object, capacity: object
+) -> tuple[np.ndarray, int, int, int]:
+    """The arguments of a step's plan, checked: lengths as contiguous int64, none longer than a micro-batch."""
+    lengths = check_lengths(lengths)
+    ranks = check_positive_int("ranks", ranks)
+    micro_batches = check_positive_int("micro_batches", micro_batches)
+    capacity = check_positive_int("capacity", capacity, upper=2**31 - 1)
+    if lengths.size and int(lengths.max()) > capacity:  # the index is looked for only on error
+        too_long = np.flatnonzero(lengths > capacity)
+        first = int(too_long[0])
+        msg = (
+            f"lengths[{first}] = {int(lengths[first])} exceeds capacity {capacity}"
+            f" ({too_long.size} sample(s) longer than a micro-batch; split them first)"
+        )
+        raise ValueError(msg)
+    return lengths, ranks, micro_batches, capacity

@@ -1,16 +1,20 @@
-"""The whole plan of one step in one numba kernel: no Python, and one sort, between the phases.
+"""The plan of one step in one numba kernel: plain LPT, made starvation-safe two ways, the better kept.
 
-1. The candidates: the longest prefix whose tokens fit in the step; their costs.
-2. One sort of them by length, longest first (a counting sort: lengths are bounded integers, and cost
-   grows with length, so this is also by cost).
-3. Large samples (each over ``LARGE`` of a mean rank's cost) longest first onto the least costly rank
-   with room (LPT, a tournament tree over ranks).
-4. The small ones dealt to ranks up to a water level (``_water.py``, ``_deal.py``); the few that find
-   no rank under it go LPT, capped at the level where token capacity forces it.
-   Steps 2-4 take the candidates but the newest ``RESERVE`` of the step's tokens.
-5. The newest candidates, oldest first, into the room left (``_topup.py``).
-6. Starvation repair where an older candidate is still deferred (``_repair.py``, rare), then moves
-   from the costliest ranks (``_refine.py``).
+1. Plain LPT over the candidates (``_lpt.py``). It may defer an old sample while it places a newer one at
+   least as long, which the scheduler never does.
+2. The reference: that plan with the swap repair (``_repair.py``), the starvation-safe LPT. The plan
+   returned is never worse than it on fill (tokens placed) nor on balance (costliest rank over the lower
+   bound of what is placed): ``score``.
+3. *Held back*: the LPT plan without the newest candidates holding ``RESERVE`` of the step's tokens (or
+   the tokens LPT deferred, where more); then every deferred candidate, oldest first, goes where there is
+   room without lifting a rank above LPT's costliest (``_topup.py``); the swap repair where an older one
+   is still deferred for a newer one. The samples that wait are then the newest ones rather than LPT's
+   shortest, and the repair's swaps (which cost fill) are few.
+4. The held-back plan where it is at least as good as the reference on both; else the reference with its
+   deferred samples, oldest first, put where there is room without lifting its costliest rank, which
+   raises fill and the lower bound and leaves the costliest rank as it is.
+5. Samples move from the costliest ranks to the cheapest while the costliest is more than ``tolerance``
+   above the lower bound (``_refine.py``): the costliest rank only falls, what is placed stays.
 
 numba's on-disk cache (``cache=True``) recompiles ``plan_kernel`` when this file changes, not when a module
 it calls does: after editing one, delete ``pipeline/scheduler/__pycache__/*.nbi`` and ``*.nbc``.
@@ -21,294 +25,128 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from pipeline.scheduler._deal import deal
-from pipeline.scheduler._place import place_longest_first
+from pipeline.scheduler._lpt import by_index, lpt_kernel
 from pipeline.scheduler._refine import move_from_costliest
-from pipeline.scheduler._repair import prefer_older
+from pipeline.scheduler._repair import deferred_oldest_first, prefer_older, starvation_safe
 from pipeline.scheduler._topup import top_up
-from pipeline.scheduler._water import water_level
 
-# The newest candidates holding this share of the step's tokens are kept for the top-up (``_topup.py``).
-RESERVE = 0.005
-# A sample costing more than this share of a mean rank is placed one at a time by LPT.
-LARGE = 0.1
-# Refinement runs while the costliest rank is more than this share of the tolerance above the lower bound.
-REFINE_SHARE = 1.0
-
-
-@njit(cache=True, inline="always")
-def _cost(alpha: float, beta: float, length: np.int64) -> float:
-    x = np.float64(length)
-    return (alpha * x) * x + beta * x  # as CostModel.costs: every cost of the kernel is this expression
+# The held-back plan takes out the newest candidates holding this share of the step's tokens, or as many
+# tokens as LPT deferred where that is more.
+RESERVE = 0.002
 
 
 @njit(cache=True)
-def _fill_costs(costs: np.ndarray, lengths: np.ndarray, start: int, end: int, alpha: float, beta: float) -> None:
-    for i in range(start, end):
-        costs[i] = _cost(alpha, beta, lengths[i])
+def score(at: np.ndarray, sorted_cost: np.ndarray, rank_cost: np.ndarray, tokens: np.ndarray) -> tuple[np.int64, float]:
+    """Tokens placed, and the costliest rank over the lower bound ``max(placed cost / ranks, largest placed
+    cost)`` (1.0 when that is 0): ``PlanSummary``'s ``tokens_placed`` and ``balance_ratio``."""
+    largest = 0.0
+    for k in range(at.shape[0]):  # longest first: the first placed is the costliest
+        if at[k] >= 0:
+            largest = sorted_cost[k]
+            break
+    lower = max(rank_cost.sum() / rank_cost.shape[0], largest)
+    return tokens.sum(), rank_cost.max() / lower if lower > 0.0 else 1.0
 
 
 @njit(cache=True)
-def _counting_sort(lengths: np.ndarray, limit: int, longest: int) -> tuple[np.ndarray, np.ndarray]:
-    sorted_length = np.empty(limit, np.int32)
-    start = np.zeros(longest + 2, np.int64)
-    for i in range(limit):
-        start[longest - lengths[i] + 1] += 1
-    for slot in range(1, longest + 2):
-        first = start[slot - 1]
-        end = first + start[slot]
-        length = longest - slot + 1
-        for k in range(first, end):  # a plain loop: a slice assignment costs more per (often empty) bucket
-            sorted_length[k] = length
-        start[slot] = end
-    return sorted_length, start
+def at_least_as_good(plan: tuple[np.int64, float], reference: tuple[np.int64, float]) -> bool:
+    """Whether a plan's ``score`` is no worse than the reference's on either."""
+    return plan[0] >= reference[0] and plan[1] <= reference[1]
 
 
 @njit(cache=True)
-def _comparison_sort(lengths: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(-lengths[:limit], kind="mergesort")
-    position = np.empty(limit, np.int32)  # int32 as the plan: n < 2**31
-    sorted_length = np.empty(limit, np.int32)
-    for k in range(limit):
-        position[order[k]] = k
-        sorted_length[k] = lengths[order[k]]
-    return sorted_length, position
-
-
-@njit(cache=True)
-def longest_first(
-    lengths: np.ndarray, limit: int, longest: int, alpha: float, beta: float, threshold: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.int64, float]:
-    """The samples ``0..limit-1`` (none longer than ``longest``) by decreasing length, ties by increasing
-    index, with a stable counting sort: their lengths in that order (int32: lengths fit a micro-batch), and
-    where the samples of each length start, ``start[longest - length]`` (sample ``i`` goes to
-    ``start[longest - lengths[i]]`` plus the number of earlier samples as long). Where a few very long
-    samples make a comparison sort cheaper, ``start`` is empty and ``position`` says where each goes.
-    Also the number ``split`` of samples costing more than ``threshold`` (the first ``split`` in that
-    order), and the tokens and cost of the others, the cost added up in that order. (Each sort is a
-    function of its own: with both in one, the counting sort compiles to slower code.)"""
-    if longest > 4 * limit + 65536:
-        sorted_length, position = _comparison_sort(lengths, limit)
-        start = np.empty(0, np.int64)
-    else:
-        sorted_length, start = _counting_sort(lengths, limit, longest)
-        position = np.empty(0, np.int32)
-    split = 0
-    while split < limit and _cost(alpha, beta, sorted_length[split]) > threshold:
-        split += 1
-    small_tokens = np.int64(0)
-    small_cost = 0.0
-    for k in range(split, limit):
-        small_tokens += sorted_length[k]
-        small_cost += _cost(alpha, beta, sorted_length[k])
-    return sorted_length, start, position, split, small_tokens, small_cost
-
-
-@njit(cache=True)
-def _unsort_counted(
-    lengths: np.ndarray,
-    main: int,
-    longest: int,
-    start: np.ndarray,
+def _fill(
+    order: np.ndarray,
+    sorted_length: np.ndarray,
+    sorted_cost: np.ndarray,
     at: np.ndarray,
     shift: int,
-    rank: np.ndarray,
-    micro: np.ndarray,
-    total_cost: float,
-    alpha: float,
-    beta: float,
-) -> tuple[bool, float]:
-    """Rank and micro-batch of samples ``0..main-1`` from ``at`` (in counting-sort order), the counting sort's
-    last pass done here rather than into a position array of its own. Whether one is not placed, and
-    ``total_cost`` less their costs (in index order)."""
-    low_bits = (1 << shift) - 1
-    deferred = False
-    all_cost = total_cost
-    for i in range(main):
-        k = start[longest - lengths[i]]
-        start[longest - lengths[i]] = k + 1
-        slot = at[k]
-        if slot < 0:
-            rank[i] = -1
-            micro[i] = -1
-            deferred = True
-            all_cost -= _cost(alpha, beta, lengths[i])
-        else:
-            rank[i] = slot >> shift
-            micro[i] = slot & low_bits
-    return deferred, all_cost
+    rank_cost: np.ndarray,
+    tokens: np.ndarray,
+    micro_cost: np.ndarray,
+    capacity: int,
+    cost_cap: float,
+) -> None:
+    """Place deferred samples, oldest first, where they fit without lifting a rank above ``cost_cap``, then
+    make the plan starvation-safe. In place."""
+    deferred = deferred_oldest_first(order, at)
+    top_up(deferred, sorted_length, sorted_cost, at, shift, rank_cost, tokens, micro_cost, capacity, cost_cap)
+    if not starvation_safe(order, sorted_length, at):
+        prefer_older(order, sorted_length, sorted_cost, at, shift, rank_cost, tokens, micro_cost)
 
 
 @njit(cache=True)
-def _unsort(
+def _hold_back(
     lengths: np.ndarray,
-    main: int,
-    position: np.ndarray,
+    order: np.ndarray,
+    sorted_length: np.ndarray,
+    sorted_cost: np.ndarray,
     at: np.ndarray,
     shift: int,
-    rank: np.ndarray,
-    micro: np.ndarray,
-    total_cost: float,
-    alpha: float,
-    beta: float,
-) -> tuple[bool, float]:
-    """``_unsort_counted`` where the samples were sorted by comparison: sample ``i`` at ``position[i]``."""
+    rank_cost: np.ndarray,
+    tokens: np.ndarray,
+    micro_cost: np.ndarray,
+    reserve_tokens: np.int64,
+) -> None:
+    """Take the newest candidates holding at most ``reserve_tokens`` out of the plan, in place."""
+    newest = order.shape[0]
+    held = np.int64(0)
+    while newest > 0 and held + lengths[newest - 1] <= reserve_tokens:
+        newest -= 1
+        held += lengths[newest]
+    n_micro = tokens.shape[0] // rank_cost.shape[0]
     low_bits = (1 << shift) - 1
-    deferred = False
-    all_cost = total_cost
-    for i in range(main):
-        slot = at[position[i]]
-        if slot < 0:
-            rank[i] = -1
-            micro[i] = -1
-            deferred = True
-            all_cost -= _cost(alpha, beta, lengths[i])
-        else:
-            rank[i] = slot >> shift
-            micro[i] = slot & low_bits
-    return deferred, all_cost
+    for k in range(at.shape[0]):
+        if order[k] >= newest and at[k] >= 0:
+            r = at[k] >> shift
+            slot = r * n_micro + (at[k] & low_bits)
+            tokens[slot] -= sorted_length[k]
+            micro_cost[slot] -= sorted_cost[k]
+            rank_cost[r] -= sorted_cost[k]
+            at[k] = -1
 
 
 @njit(cache=True)
 def plan_kernel(
     lengths: np.ndarray,
+    costs: np.ndarray,
     n_ranks: int,
     n_micro: int,
     capacity: int,
-    alpha: float,
-    beta: float,
     tolerance: float,
     at: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Rank and micro-batch of every sample (int32, -1 when deferred). ``lengths`` are checked already;
-    ``at`` is scratch of ``lengths``' size, int32 where ``(n_ranks - 1) << bits(n_micro - 1)`` fits, else int64."""
-    n = lengths.shape[0]
-    step_tokens = np.int64(n_ranks) * n_micro * capacity
-    main_tokens = np.int64((1.0 - RESERVE) * step_tokens)
-    limit = 0
-    main = 0
-    held = np.int64(0)
-    total_cost = 0.0
-    largest_cost = 0.0
-    longest = 0  # among the first ``main``
-    while limit < n and held + lengths[limit] <= step_tokens:
-        length = lengths[limit]
-        held += length
-        limit += 1
-        if held <= main_tokens:
-            main = limit
-            longest = max(longest, length)
-        cost = _cost(alpha, beta, length)
-        total_cost += cost  # in index order, as the costs of CostModel.costs would add up
-        largest_cost = max(largest_cost, cost)
-    # Costs by sample, filled only where a phase reads them: the top-up's samples now, all of them for the
-    # rare repair and refinement.
-    costs = np.empty(limit, np.float64)
-    _fill_costs(costs, lengths, main, limit, alpha, beta)
-    shift = 0
-    while (1 << shift) < n_micro:
-        shift += 1
-
-    # The placement phases work on the samples in sorted order, at positions 0..main-1: every array
-    # they touch per sample is then read in order, not at random. ``at`` holds rank << shift | micro-batch
-    # of each, -1 while not placed: one array to gather from at the end, not two.
-    threshold = max(LARGE, tolerance) * total_cost / n_ranks
-    sorted_length, start, position, split, small_tokens, small_cost = longest_first(
-        lengths, main, longest, alpha, beta, threshold
+    """Rank and micro-batch of every sample (int32, -1 when deferred). ``lengths`` are checked already and
+    ``costs`` are theirs (``CostModel.costs``); ``at`` is scratch for ``lpt_kernel``."""
+    order, sorted_length, sorted_cost, at, shift, rank_cost, tokens, micro_cost = lpt_kernel(
+        lengths, costs, n_ranks, n_micro, capacity, at
     )
-    at = at[:main]  # every phase below writes each of its samples' entries, -1 where it does not place it
-    rank_cost = np.zeros(n_ranks, np.float64)
-    tokens = np.zeros(n_ranks * n_micro, np.int64)
-    micro_cost = np.zeros(n_ranks * n_micro, np.float64)
-    if split > 0:
-        place_longest_first(
-            np.arange(split),
-            sorted_length,
-            alpha,
-            beta,
-            at,
-            shift,
-            rank_cost,
-            tokens,
-            micro_cost,
-            capacity,
-            np.inf,
-        )
-    free = np.empty(n_ranks, np.int64)
-    for r in range(n_ranks):
-        free[r] = n_micro * capacity - tokens[r * n_micro : (r + 1) * n_micro].sum()
-    level, capped = water_level(rank_cost, free, small_cost, small_tokens, largest_cost, tolerance / 2)
-    left = deal(
-        split,
-        main,
-        sorted_length,
-        at,
-        shift,
-        rank_cost,
-        tokens,
-        micro_cost,
-        capacity,
-        level,
-        alpha,
-        beta,
-    )
-    if left.shape[0] > 0:
-        place_longest_first(
-            left,
-            sorted_length,
-            alpha,
-            beta,
-            at,
-            shift,
-            rank_cost,
-            tokens,
-            micro_cost,
-            capacity,
-            level if capped else np.inf,
-        )
+    sorted_plan = (order, sorted_length, sorted_cost)
+    held_plan = (at.copy(), shift, rank_cost.copy(), tokens.copy(), micro_cost.copy())
+    lpt_costliest = rank_cost.max()
 
-    rank = np.empty(n, np.int32)
-    micro = np.empty(n, np.int32)
-    rank[main:] = -1
-    micro[main:] = -1
-    # ``all_cost``: what is placed if the top-up places everything.
-    if start.shape[0] > 0:
-        deferred, all_cost = _unsort_counted(
-            lengths, main, longest, start, at, shift, rank, micro, total_cost, alpha, beta
-        )
+    if not starvation_safe(order, sorted_length, at):
+        prefer_older(*sorted_plan, at, shift, rank_cost, tokens, micro_cost)
+    reference = score(at, sorted_cost, rank_cost, tokens)
+
+    lpt_deferred = np.int64(0)
+    for k in range(at.shape[0]):
+        if held_plan[0][k] < 0:
+            lpt_deferred += sorted_length[k]
+    reserve_tokens = max(np.int64(RESERVE * np.float64(n_ranks) * n_micro * capacity), lpt_deferred)
+    _hold_back(lengths, *sorted_plan, *held_plan, reserve_tokens)
+    _fill(*sorted_plan, *held_plan, capacity, lpt_costliest)
+    held_at, _, held_rank_cost, held_tokens, held_micro_cost = held_plan
+    if at_least_as_good(score(held_at, sorted_cost, held_rank_cost, held_tokens), reference):
+        at, rank_cost, tokens, micro_cost = held_at, held_rank_cost, held_tokens, held_micro_cost
     else:
-        deferred, all_cost = _unsort(lengths, main, position, at, shift, rank, micro, total_cost, alpha, beta)
-    # The top-up may lift a rank up to a quarter of the tolerance above the lower bound it would leave if
-    # it placed everything (and no costlier rank than the costliest so far).
-    cost_cap = max(rank_cost.max(), (1.0 + tolerance / 4) * max(all_cost / n_ranks, largest_cost))
-    top_up(main, limit, lengths, costs, rank, micro, rank_cost, tokens, micro_cost, capacity, cost_cap)
-    filled = False
-    if deferred:
-        _fill_costs(costs, lengths, 0, main, alpha, beta)
-        filled = True
-        prefer_older(limit, lengths, costs, rank, micro, tokens, micro_cost, rank_cost, n_micro)
-    # Moves only where the costliest rank is more than the tolerance above the lower bound of what is placed.
-    mean_cost = rank_cost.sum() / n_ranks
-    if rank_cost.max() > (1.0 + REFINE_SHARE * tolerance) * mean_cost:
-        if not filled:
-            _fill_costs(costs, lengths, 0, main, alpha, beta)
-        placed_largest = 0.0
-        for i in range(limit):
-            if rank[i] >= 0:
-                placed_largest = max(placed_largest, costs[i])
-        target = (1.0 + REFINE_SHARE * tolerance) * max(mean_cost, placed_largest)
-        if rank_cost.max() > target:
-            move_from_costliest(
-                lengths,
-                costs,
-                limit,
-                rank,
-                micro,
-                rank_cost,
-                tokens,
-                micro_cost,
-                capacity,
-                target,
-                4 * n_ranks + 64,
-            )
-    return rank, micro
+        _fill(*sorted_plan, at, shift, rank_cost, tokens, micro_cost, capacity, rank_cost.max())
+
+    _, ratio = score(at, sorted_cost, rank_cost, tokens)
+    if ratio > 1.0 + tolerance:
+        target = (1.0 + tolerance) * rank_cost.max() / ratio
+        moves = 4 * n_ranks + 64
+        move_from_costliest(
+            sorted_length, sorted_cost, at, shift, rank_cost, tokens, micro_cost, capacity, target, moves
+        )
+    return by_index(lengths.shape[0], order, at, shift)

@@ -1,9 +1,7 @@
-"""The top-up: the newest candidates, oldest first, into whatever room the balanced placement left.
+"""The top-up: deferred samples, oldest first, into whatever room a plan left.
 
-A step's candidates fill its tokens to the last sample, and micro-batches never pack perfectly, so
-some candidates must wait. Balancing the older ones and topping up with the newest ones makes the
-newest wait, and is starvation-safe by construction: rooms only shrink and costs only grow during the
-top-up, so a top-up sample that found no place has no newer placed sample at least as long.
+Starvation-safe by construction: rooms only shrink and costs only grow during the top-up, so a sample
+that found no place has no newer sample at least as long placed after it.
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from pipeline.scheduler._place import micro_with_room
+from pipeline.scheduler._micro import micro_with_room
 
 
 @njit(cache=True)
@@ -53,28 +51,27 @@ def _update(min_cost: np.ndarray, max_room: np.ndarray, leaves: int, r: int, cos
 
 @njit(cache=True)
 def top_up(
-    first: int,
-    limit: int,
-    lengths: np.ndarray,
-    costs: np.ndarray,
-    rank: np.ndarray,
-    micro: np.ndarray,
+    items: np.ndarray,
+    sorted_length: np.ndarray,
+    sorted_cost: np.ndarray,
+    at: np.ndarray,
+    shift: int,
     rank_cost: np.ndarray,
     tokens: np.ndarray,
     micro_cost: np.ndarray,
     capacity: int,
     cost_cap: float,
 ) -> None:
-    """Place samples ``first..limit-1`` oldest first, each on the least costly rank with a micro-batch with
-    room, unless that lifts a non-empty rank above ``cost_cap`` (then it is deferred). In place; arrays
-    indexed by sample.
+    """Place the deferred samples at positions ``items``, in that order (oldest first), each on the least
+    costly rank with a micro-batch with room, there its least costly one with room, unless that lifts a
+    non-empty rank above ``cost_cap`` (then it stays deferred). In place.
 
-    The cap is fixed and the choice exact, and ranks only fill up, so where a deferred sample found no
-    place no newer sample at least as long (so at least as costly) finds one later.
+    The cap is fixed and the choice exact, and ranks only fill up, so where a sample found no place no
+    later sample at least as long (so at least as costly) finds one.
     """
     n_ranks = rank_cost.shape[0]
     n_micro = tokens.shape[0] // n_ranks
-    if first >= limit:
+    if items.shape[0] == 0:
         return
     leaves = 1
     while leaves < n_ranks:
@@ -87,18 +84,18 @@ def top_up(
     for node in range(leaves - 1, 0, -1):
         min_cost[node] = min(min_cost[2 * node], min_cost[2 * node + 1])
         max_room[node] = max(max_room[2 * node], max_room[2 * node + 1])
-    for i in range(first, limit):
-        length = lengths[i]
+    for k in items:
+        length = np.int64(sorted_length[k])
+        cost = sorted_cost[k]
         if max_room[1] < length:
             continue  # no micro-batch has room
         r = _cheapest_with_room(min_cost, max_room, leaves, length)
-        if rank_cost[r] + costs[i] > max(cost_cap, costs[i]):  # an empty rank takes any sample
+        if rank_cost[r] + cost > max(cost_cap, cost):  # an empty rank takes any sample
             continue
         base = r * n_micro
         best = micro_with_room(tokens, micro_cost, base, n_micro, capacity - length)
-        rank[i] = r
-        micro[i] = best
+        at[k] = (r << shift) | best
         tokens[base + best] += length
-        micro_cost[base + best] += costs[i]
-        rank_cost[r] += costs[i]
+        micro_cost[base + best] += cost
+        rank_cost[r] += cost
         _update(min_cost, max_room, leaves, r, rank_cost[r], capacity - tokens[base : base + n_micro].min())

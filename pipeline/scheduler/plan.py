@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.scheduler._args import check_lengths, check_positive_int
+from pipeline.scheduler._args import check_step
+from pipeline.scheduler._lpt import at_dtype
 from pipeline.scheduler._step import plan_kernel
 from pipeline.scheduler.cost import DEFAULT_COST_MODEL, CostModel
 
-# A rank may end this far above the lower bound before token capacity forces samples out for balance.
-DEFAULT_TOLERANCE = 0.01
+# Samples move off the costliest ranks while they are more than this far above the lower bound.
+DEFAULT_TOLERANCE = 0.001
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,48 +116,24 @@ def plan_step(
 
     ``lengths`` (int, 1-D) are the candidates in priority order, index 0 the oldest. Only the longest
     prefix whose tokens fit in ``ranks * micro_batches * capacity`` is considered; the rest is
-    deferred. All of that prefix but its newest samples (about half a percent of the step's tokens) is
-    balanced: sorted longest first, the large samples placed one by one on the least costly rank with room
-    (LPT), the small ones dealt round the ranks up to a water level, each in its rank's least costly
-    micro-batch with room. Where cheaper ranks are already full of tokens, the level is capped so that a
-    sample is deferred rather than lifting a rank more than about ``tolerance`` above the lower bound.
-    The newest samples then top the step up, oldest first, on the least costly rank with room, unless
-    that lifts a rank more than ``tolerance / 4`` above the lower bound. Last, while the costliest rank is
-    more than ``tolerance`` above the lower bound, samples move from it to the cheapest ranks with room.
-    Costs are float64 computed element by element and added in a fixed order, and every tie is broken
-    by index, so the plan is the same on any machine. One numba kernel does all of it (``_step.py``).
+    deferred. The plan starts from plain LPT over that prefix (``plan_lpt``) and is never worse than LPT
+    made starvation-safe (``plan_lpt(..., starvation_safe=True)``) on fill (tokens placed) nor on balance
+    (costliest rank over the lower bound of what is placed); where plain LPT keeps the starvation
+    guarantee itself, the two are the same plan. Of LPT repaired and LPT with the newest samples held
+    back and put back oldest first, it keeps the second where it is at least as good as the first on
+    both, else the first with its deferred samples put where there is room (``_step.py``). Last, samples
+    move off the costliest ranks while they are more than ``tolerance`` above the lower bound. Costs are
+    ``cost_model.costs``, added in a fixed order, and every tie is broken by index, so the plan is the
+    same on any machine.
 
     Guarantee against starvation: no deferred sample has a newer placed sample at least as long (it
-    could always take that one's place). The top-up keeps it by construction (it defers only the newest
-    samples, and only where no newer sample as long can be placed either); a repair pass swaps until it
-    holds for any older sample the balanced placement could not place.
+    could always take that one's place).
     """
-    lengths = check_lengths(lengths)
-    ranks = check_positive_int("ranks", ranks)
-    micro_batches = check_positive_int("micro_batches", micro_batches)
-    capacity = check_positive_int("capacity", capacity, upper=2**31 - 1)
+    lengths, ranks, micro_batches, capacity = check_step(lengths, ranks, micro_batches, capacity)
     if not isinstance(tolerance, float | int) or not 0 <= tolerance < 1:
         msg = f"tolerance must be a number in [0, 1), got {tolerance!r}"
         raise ValueError(msg)
-    if lengths.size and int(lengths.max()) > capacity:  # the index is looked for only on error
-        too_long = np.flatnonzero(lengths > capacity)
-        first = int(too_long[0])
-        msg = (
-            f"lengths[{first}] = {int(lengths[first])} exceeds capacity {capacity}"
-            f" ({too_long.size} sample(s) longer than a micro-batch; split them first)"
-        )
-        raise ValueError(msg)
-    # Scratch for the kernel's packed rank << bits | micro-batch: int32 unless ranks and micro-batches are huge.
-    packed = (ranks - 1) << (micro_batches - 1).bit_length() <= 2**31 - 1
-    scratch = np.empty(lengths.size, np.int32 if packed else np.int64)
-    rank, micro = plan_kernel(
-        lengths,
-        ranks,
-        micro_batches,
-        capacity,
-        float(cost_model.alpha),
-        float(cost_model.beta),
-        float(tolerance),
-        scratch,
-    )
+    costs = cost_model.costs(lengths)
+    scratch = np.empty(lengths.size, at_dtype(ranks, micro_batches))
+    rank, micro = plan_kernel(lengths, costs, ranks, micro_batches, capacity, float(tolerance), scratch)
     return StepPlan(rank=rank, micro=micro, ranks=ranks, micro_batches=micro_batches, capacity=capacity)
