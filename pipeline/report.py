@@ -18,7 +18,6 @@ from pipeline.constructor import ConstructorState
 from pipeline.delivery import SourceCheck, TrainerCheck, TrainerSummary, check_sources, check_trainer
 from pipeline.kafka_clients import KafkaConfig
 from pipeline.mixing import Schedule
-from pipeline.scheduler import CostModel
 from pipeline.spec import JobSpec, OnExhausted
 from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
@@ -103,7 +102,7 @@ def job_report(
     """The report on ``job`` (the spec's by default); with ``trainer_folder``, also what the trainer ranks
     recorded there (``pipeline.delivery``)."""
     steps = read_steps(config, job or spec.job, spec.step.ranks)
-    cost = CostModel(*spec.cost.alpha_beta())
+    cost = spec.cost.cost_model()
     sources = spec.source_names
     rng = np.random.default_rng(seed)
     seen: Counter[str] = Counter()

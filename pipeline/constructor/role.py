@@ -35,7 +35,7 @@ from pipeline.control import ControlReader
 from pipeline.kafka_clients import KafkaConfig, ProducerFencedError, read_committed_consumer
 from pipeline.mixing import DrawStatus, Mixer, MixerState, MixtureChange, refusal
 from pipeline.role_protocol import TransactionalRole, closing_unless_stuck
-from pipeline.scheduler import CostModel, plan_step
+from pipeline.scheduler import plan_step
 from pipeline.spec import JobSpec, OnExhausted
 from topics.admin import ensure_job_topics, topic_exists
 from topics.batch_codec import batch_key, decode_batch_message, encode_batch, encode_end_of_data, end_of_data_steps
@@ -99,7 +99,7 @@ class DataConstructor(TransactionalRole):
         self.sources_topics = JobTopics(spec.job)
         self.out = JobTopics(options.output_job or spec.job)
         self.mixer = Mixer.from_spec(spec)
-        self.cost_model = CostModel(*spec.cost.alpha_beta())
+        self.cost_model = spec.cost.cost_model()
         self.stats = ConstructorStats()
         self._dormant: dict[str, SourcePosition] = {}  # sources the spec no longer mixes, kept where they were
         self.instance = options.instance or f"{socket.gethostname()}-{os.getpid()}"

@@ -13,7 +13,6 @@ from pipeline.replay.audit import Audit, audit
 from pipeline.replay.elastic import ElasticReplay
 from pipeline.replay.history import JobHistory, read_history, require_history
 from pipeline.replay.plan import ReplayMode, ReplayPlan, ReplayRequest, plan_replay
-from pipeline.scheduler import CostModel
 from pipeline.spec import JobSpec
 from topics.names import JobTopics
 from topics.step_index import locate_step
@@ -99,7 +98,7 @@ def _write(
 ) -> tuple[list[int], bool]:
     """The steps written, and whether the target job has ended."""
     if plan.mode is ReplayMode.REPLAN:
-        cost_model = CostModel(*spec.cost.alpha_beta())
+        cost_model = spec.cost.cost_model()
         role = ElasticReplay(config, original, target, plan.shape, cost_model, timeout_ms)
         written = role.run(plan.first, plan.last, plan.end)
         return written, role.finished

@@ -13,8 +13,8 @@ class CostModel:
 
     ``alpha`` is attention (every pair of tokens), ``beta`` the linear layers (every token), ``gamma``
     whatever a sample costs whatever its length (0 in the FLOP model; ``mixflow calibrate`` measures it).
-    Only ratios between samples matter to the scheduler, so the unit is free. ``plan_step``'s kernels
-    take ``alpha`` and ``beta`` only so far; ``costs`` (summaries, reshaping) counts ``gamma`` too.
+    Only ratios between samples matter to the scheduler, so the unit is free; ``costs`` is what
+    ``plan_step``'s kernels balance.
     """
 
     alpha: float
