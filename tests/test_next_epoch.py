@@ -23,13 +23,18 @@ STEPS = 40
 
 
 @pytest.mark.kafka
-def test_a_source_that_runs_out_starts_another_epoch(kafka_bootstrap: str, unique_name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("composed", [False, True], ids=["in-order", "composed"])
+def test_a_source_that_runs_out_starts_another_epoch(
+    kafka_bootstrap: str, unique_name: str, tmp_path: Path, composed: bool
+) -> None:
     data = build_example_data(tmp_path / "data", limit=8)
     path = write_spec(tmp_path, unique_name, kafka_bootstrap, data, on_exhausted="next_epoch",
                       step={"ranks": 2, "micro_batches": 2, "tokens_per_micro_batch": 512})  # fmt: skip
     body = yaml.safe_load(path.read_text())
     body["sources"] = [s for s in body["sources"] if s["name"] == "code"]
     body["mixture"] = {"weights": {"code": 1}}
+    if not composed:
+        body["composition"] = None
     path.write_text(yaml.safe_dump(body, sort_keys=False))
 
     # The loader stays under next_epoch (until-drained does not end it) to plan the epochs asked for.
@@ -57,6 +62,11 @@ def test_a_source_that_runs_out_starts_another_epoch(kafka_bootstrap: str, uniqu
     for sample_id in delivered:
         base, _, epoch = sample_id.partition("@e")
         by_epoch.setdefault(int(epoch or 0), set()).add(base)
+    if composed:
+        # Composition takes samples from a window that spans the end of an epoch: a pass may still lack
+        # samples (each delivered within the waiting bound) when the next one begins.
+        assert all(ids <= first for ids in by_epoch.values()) and len(by_epoch) >= 2, sorted(by_epoch)
+        return
     assert by_epoch[0] == first, "the first pass is delivered whole"
     assert by_epoch[1] == first, "the second pass holds every sample once more"
     assert 2 in by_epoch and by_epoch[2] <= first, "a third pass has begun"

@@ -45,11 +45,24 @@ def reference_mixer_state(state: MixerState) -> bytes:
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
 
+def reference_offsets(used: tuple[int, ...]) -> list:
+    """Three or more consecutive offsets as a run [first, end), others one by one."""
+    out: list = []
+    for offset in used:
+        if out and isinstance(out[-1], list) and out[-1][1] == offset:
+            out[-1][1] += 1
+        elif len(out) >= 2 and out[-2:] == [offset - 2, offset - 1] and not isinstance(out[-1], list):
+            out[-2:] = [[offset - 2, offset + 1]]
+        else:
+            out.append(offset)
+    return out
+
+
 def reference_constructor_state(state: ConstructorState) -> bytes:
     body = {
         "v": 1,
         "mixer": json.loads(reference_mixer_state(state.mixer)),
-        "sources": {s: [p.low, list(p.used)] for s, p in state.positions.items()},
+        "sources": {s: [p.low, reference_offsets(p.used)] for s, p in state.positions.items()},
         "deferred": [[r.source, r.offset] for r in state.deferred],
         "exhausted": list(state.exhausted),
         "finished": state.finished,

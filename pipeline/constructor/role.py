@@ -237,6 +237,8 @@ class DataConstructor(TransactionalRole):
                 continue
             self._read_control(mixer_state.step)
             mixer = self.mixer.with_changes(self._changes)
+            if mixer.composition is not None:
+                feed.hold(mixer.composition.window + 2, mixer.weights_at(mixer_state.step))
             draw = mixer.draw(mixer_state, pool.available_lengths(), pool.deferred_lengths(), exhausted)
             if draw.status is DrawStatus.OK:
                 candidates = pool.take(draw.take)

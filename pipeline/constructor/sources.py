@@ -19,8 +19,8 @@ from topics.sample_codec import decode_sample_message
 
 log = logging.getLogger(__name__)
 
-# A source's FIFO stops reading above this many steps' worth of tokens, so memory stays bounded
-# whatever the number of sources and however far ahead the loaders are.
+# A source's FIFO stops reading above this many steps of its share of tokens, plus one step, so memory
+# stays bounded however far ahead the loaders are (and grows by a step per source only).
 BUFFER_STEPS = 4
 
 
@@ -35,6 +35,8 @@ class SourceTopicFeed:
         self.topics = topics
         self.pool = pool
         self.budget_tokens = budget_tokens
+        self.buffer_steps = float(BUFFER_STEPS)
+        self._weights: dict[str, float] = {}
         self.eof_at: dict[str, int] = {}
         self.dead_letters: list[DeadLetter] = []
         self._paused: set[str] = set()
@@ -78,12 +80,19 @@ class SourceTopicFeed:
         self.pool.add(source, message.offset(), sample)
         return 1
 
+    def hold(self, steps: float, weights: dict[str, float]) -> None:
+        """Read ahead ``steps`` steps of each source's share at ``weights`` (plus a step)."""
+        self.buffer_steps, self._weights = max(float(BUFFER_STEPS), steps), weights
+
     def _pause_full(self, exempt: set[str]) -> None:
-        """Pause sources holding more than BUFFER_STEPS steps of tokens, except those a draw waits for:
-        a long-context draw can need samples from deeper in a source than that."""
-        limit = BUFFER_STEPS * self.budget_tokens
+        """Pause sources holding more than their read-ahead, except those a draw waits for: a
+        long-context draw can need samples from deeper in a source than that."""
         held = self.pool.tokens_held()
-        full = {s for s, tokens in held.items() if tokens > limit} - exempt
+        full = {
+            s
+            for s, tokens in held.items()
+            if tokens > self.budget_tokens * (self.buffer_steps * self._weights.get(s, 1.0) + 1)
+        } - exempt
         if pause := full - self._paused:
             self.consumer.pause([TopicPartition(self.topics.src(s), 0) for s in pause])
         if resume := self._paused - full:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, StrictBool
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, PlainValidator, StrictBool, TypeAdapter
 
 from pipeline.mixing import MixerState, MixtureChange
 from pipeline.mixing.changes import MixtureChangeDocument
@@ -66,7 +66,7 @@ class ConstructorState:
         body: dict[str, object] = {
             "v": STATE_VERSION,
             "mixer": json.loads(self.mixer.to_bytes()),
-            "sources": {s: [p.low, list(p.used)] for s, p in self.positions.items()},
+            "sources": {s: [p.low, encode_offsets(p.used)] for s, p in self.positions.items()},
             "deferred": [[r.source, r.offset] for r in self.deferred],
             "exhausted": list(self.exhausted),
             "finished": self.finished,
@@ -87,13 +87,61 @@ class ConstructorState:
         ).state()
 
 
+MIN_RUN = 3
+
+
+def encode_offsets(offsets: tuple[int, ...]) -> list[int | list[int]]:
+    """Sorted ``offsets`` as single offsets and ``[first, end]`` runs of ``MIN_RUN`` or more."""
+    out: list[int | list[int]] = []
+    i = 0
+    while i < len(offsets):
+        j = i + 1
+        while j < len(offsets) and offsets[j] == offsets[j - 1] + 1:
+            j += 1
+        if j - i >= MIN_RUN:
+            out.append([offsets[i], offsets[j - 1] + 1])
+        else:
+            out.extend(offsets[i:j])
+        i = j
+    return out
+
+
+def _offset_item(value: object) -> int | tuple[int, int]:
+    """An offset (an int as the lax mode takes one: ``7``, ``"7"``, ``7.0``) or a run ``[first, end]``."""
+    if isinstance(value, list | tuple):
+        if (
+            len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            and 0 <= value[0] < value[1]
+        ):
+            return int(value[0]), int(value[1])
+        msg = f"must be an offset or a run [first, end] of ints with 0 <= first < end, got {value!r}"
+        raise ValueError(msg)
+    return TypeAdapter(NonNegativeInt).validate_python(value)
+
+
+OffsetItem = Annotated[int | tuple[int, int], PlainValidator(_offset_item)]
+
+
+def decode_offsets(items: tuple[int | tuple[int, int], ...]) -> tuple[int, ...]:
+    out: list[int] = []
+    for item in items:
+        if isinstance(item, tuple):
+            out.extend(range(item[0], item[1]))
+        else:
+            out.append(item)
+    return tuple(out)
+
+
 class ConstructorStateDocument(BaseModel):
     """The JSON form of a :class:`ConstructorState`, as ``to_bytes`` writes it::
 
-        {"v":1,"mixer":{<MixerStateDocument>},"sources":{"code":[<low>,[<used offset>,...]],...},
+        {"v":1,"mixer":{<MixerStateDocument>},"sources":{"code":[<low>,[<used offset or run>,...]],...},
          "deferred":[["code",<offset>],...],"exhausted":["code",...],"finished":false,"control":<offset>,
          "changes":[{"id":"...","from_step":<step>,"shares":{"code":<share>,...}},...],"refused":["<id>",...]}
 
+    Used offsets are sorted; ``MIN_RUN`` or more consecutive ones are written as a run ``[first, end]``
+    (``end`` exclusive), which keeps the record small when composition takes samples out of order.
     ``control``, ``changes`` and ``refused`` may be missing (records written before they existed).
 
     Offsets are validated in pydantic's lax mode, as the ``int()`` this replaces (``"7"`` and ``7.0`` are
@@ -103,7 +151,7 @@ class ConstructorStateDocument(BaseModel):
 
     v: Literal[1]
     mixer: MixerStateDocument
-    sources: dict[str, tuple[int, tuple[int, ...]]]
+    sources: dict[str, tuple[int, tuple[OffsetItem, ...]]]
     deferred: tuple[tuple[str, int], ...]
     exhausted: tuple[str, ...]
     finished: StrictBool
@@ -114,7 +162,7 @@ class ConstructorStateDocument(BaseModel):
     def state(self) -> ConstructorState:
         return ConstructorState(
             mixer=self.mixer.state(),
-            positions={s: SourcePosition(low, used) for s, (low, used) in self.sources.items()},
+            positions={s: SourcePosition(low, decode_offsets(used)) for s, (low, used) in self.sources.items()},
             deferred=tuple(SampleRef(s, o) for s, o in self.deferred),
             exhausted=self.exhausted,
             finished=self.finished,

@@ -10,9 +10,11 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from pipeline.mixing.changes import MixtureChange, MixtureTimeline
+from pipeline.mixing.compose import compose_step
 from pipeline.mixing.draw import Draw, LongContext, draw_step
 from pipeline.mixing.schedule import Schedule
 from pipeline.mixing.state import MixerState
+from pipeline.scheduler import CostModel
 from pipeline.spec.job import JobSpec
 from pipeline.spec.sections import OnExhausted
 
@@ -37,6 +39,18 @@ def step_rng(seed: int, step: int) -> np.random.Generator:
 
 
 @dataclass(frozen=True)
+class Composition:
+    """What ``compose_step`` needs besides a draw's inputs: the step's shape, the cost model, the window."""
+
+    ranks: int
+    micro_batches: int
+    capacity: int
+    cost_model: CostModel
+    window: float
+    due: float
+
+
+@dataclass(frozen=True)
 class Mixer:
     """Draws each step of a job by its schedule (see ``draw_step``)."""
 
@@ -45,6 +59,7 @@ class Mixer:
     on_exhausted: OnExhausted = OnExhausted.STOP
     long_context: LongContext | None = None
     changes: tuple[MixtureChange, ...] = ()
+    composition: Composition | None = None
 
     @classmethod
     def from_spec(cls, spec: JobSpec, overdraw: float = DEFAULT_OVERDRAW) -> Mixer:
@@ -52,11 +67,23 @@ class Mixer:
         if spec.long_context is not None:
             lc = spec.long_context
             long = LongContext(lc.min_length, lc.token_share, frozenset(spec.long_sources()))
+        composition = None
+        if spec.composition is not None:
+            shape = spec.step
+            composition = Composition(
+                shape.ranks,
+                shape.micro_batches,
+                shape.tokens_per_micro_batch,
+                spec.cost.cost_model(),
+                spec.composition.window_steps,
+                spec.composition.due_share,
+            )
         return cls(
             Schedule.from_spec(spec.mixture, spec.source_names),
             step_budget(spec.step.tokens_per_step, overdraw),
             spec.on_exhausted,
             long,
+            composition=composition,
         )
 
     def with_changes(self, changes: Sequence[MixtureChange]) -> Mixer:
@@ -78,7 +105,24 @@ class Mixer:
         deferred: Mapping[str, ArrayLike] | None = None,
         exhausted: Collection[str] = (),
     ) -> Draw:
-        """Draw step ``state.step`` with the schedule's weights at that step."""
+        """Draw step ``state.step`` with the schedule's weights at that step: composed from look-ahead
+        windows (``compose_step``) or, without composition, from each source's FIFO head (``draw_step``)."""
+        if (c := self.composition) is not None:
+            return compose_step(
+                state,
+                self.weights_at(state.step),
+                self.budget_tokens,
+                available,
+                deferred,
+                exhausted=exhausted,
+                on_exhausted=self.on_exhausted,
+                ranks=c.ranks,
+                micro_batches=c.micro_batches,
+                capacity=c.capacity,
+                cost_model=c.cost_model,
+                window=c.window,
+                due=c.due,
+            )
         return draw_step(
             state,
             self.weights_at(state.step),

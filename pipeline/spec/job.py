@@ -10,7 +10,7 @@ from pipeline.spec._paths import resolve_path
 from pipeline.spec._problems import NO_VALUE, Problems
 from pipeline.spec.mixture import MixtureSpec
 from pipeline.spec.names import JobName
-from pipeline.spec.sections import CostSpec, KafkaSpec, LongContextSpec, OnExhausted, StepSpec
+from pipeline.spec.sections import CompositionSpec, CostSpec, KafkaSpec, LongContextSpec, OnExhausted, StepSpec
 from pipeline.spec.sources import SourceSpec
 
 
@@ -26,6 +26,11 @@ class JobSpec(BaseModel):
     mixture: MixtureSpec
     step: StepSpec
     cost: CostSpec
+    composition: CompositionSpec | None = Field(
+        default_factory=CompositionSpec,
+        description="Choose each step's samples from a look-ahead window so that it can be balanced; "
+        "null draws each source's samples in order.",
+    )
     long_context: LongContextSpec | None = None
     seed: int = Field(0, ge=0, description="Seed of every random choice of the job.")
     on_exhausted: OnExhausted = Field(
@@ -41,6 +46,8 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _cross_check(self) -> JobSpec:
         problems = Problems("JobSpec")
+        if self.long_context is not None and "composition" not in self.model_fields_set:
+            self.composition = None  # a long-context quota draws in order unless composition is asked for too
         self._check_sources(problems)
         self._check_mixture(problems)
         if self.long_context is not None:
@@ -96,6 +103,13 @@ class JobSpec(BaseModel):
                 )
 
     def _check_long_context(self, problems: Problems, long: LongContextSpec) -> None:
+        if self.composition is not None:
+            problems.add(
+                ("long_context",),
+                "a per-step quota of long samples applies to steps drawn in order, not with composition: drop one "
+                "(composition balances long samples and delivers each within its waiting bound)",
+            )
+            return
         capable = self.long_sources()
         if not capable:
             longest = max(s.max_sample_length or 0 for s in self.sources)

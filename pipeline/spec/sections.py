@@ -142,6 +142,26 @@ class CostSpec(BaseModel):
         return CostModel(*self.alpha_beta(), gamma=float(self.gamma or 0.0))
 
 
+class CompositionSpec(BaseModel):
+    """Each step's samples are chosen from a look-ahead window of every source so that the step can be
+    balanced (``pipeline/mixing/compose.py``): long samples grouped so that every rank gets a fair share
+    of their cost, short ones filling around them. A sample waits at most ``ceil(window_steps /
+    due_share) - 1`` steps once in its source's window (63 with the defaults)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    window_steps: float = Field(
+        8.0, ge=1, le=64, allow_inf_nan=False, description="Steps of each source's share looked ahead."
+    )
+    due_share: float = Field(
+        0.125,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Share of a step of each source taken from its head whatever the balance; bounds the wait.",
+    )
+
+
 class LongContextSpec(BaseModel):
     """A share of every step's tokens comes from samples of at least ``min_length`` tokens."""
 

@@ -1,0 +1,380 @@
+"""Balance simulator: naive per-rank loading, today's mixflow and composed steps on the same arrival stream.
+
+    .venv/bin/python benchmarks/balance_sim_bench.py [--quick] [--steps N] [--seeds N] [--markdown]
+
+A step is R = 8 data-parallel ranks of M micro-batches of C tokens (8k: 16 x 8192, 32k: 4 x 32768,
+64k: 2 x 65536, 128k: 1 x 131072; 128k tokens per rank everywhere). A rank's time is the sum over its
+samples of the H200 fit of one transformer block, t(L) = 8.78e-8 L^2 + 1.92e-3 L - 0.006 ms
+(benchmarks/README.md); a step waits for its slowest rank. Every method gets the same arrival stream:
+
+- **naive**: sample i goes to rank i mod R, which packs its samples first-fit in arrival order into its
+  micro-batches; the first that does not fit waits (with all after it) for that rank's next step.
+- **today**: ``draw_step`` (5% overdraw) then ``plan_step`` over all ranks, deferred samples first in the
+  next draw, candidates in ``SamplePool.take``'s order.
+- **composed**: ``compose_step`` (look-ahead window) then ``plan_step``, the same way.
+
+Reported per mix and context, each the median over seeds, over the steps after a warm-up (composition
+keeps a backlog of up to a window's samples; measuring before it settles would flatter it): tokens/s
+(tokens placed over the sum of step times) and its ratio to naive; **ceiling**, the most any method can
+reach on the stream (every sample's cost spread evenly over the ranks: R x tokens / total cost); the
+median over steps of max/mean rank time; fill (tokens placed over capacity); cost/tok, the cost per
+token placed over the stream's (below 1, a method ran ahead on cheap samples while costly ones wait);
+for composed, the longest wait of a sample from the step it entered its source's window to the step it
+was placed; used/runs, the most offsets delivered above a source's low watermark (which the
+constructor's state record lists) and the most runs of consecutive offsets they form; the time
+``compose_step`` took per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _table import add_markdown_flag, print_table
+
+from pipeline.mixing import DrawStatus, MixerState, draw_step, step_budget
+from pipeline.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, compose_step, waiting_bound
+from pipeline.mixing.draw import Draw
+from pipeline.scheduler import CostModel, plan_step
+
+RANKS = 8
+ALPHA, BETA, CONSTANT = 8.78e-8, 1.92e-3, -0.006  # ms; the H200 block fit
+COST_MODEL = CostModel(ALPHA, BETA)  # what the planner balances (the constant is not a cost)
+SHAPES = {"8k": (16, 8192), "32k": (4, 32768), "64k": (2, 65536), "128k": (1, 131072)}
+
+
+def step_ms(lengths: np.ndarray) -> np.ndarray:
+    as_float = np.asarray(lengths, dtype=np.float64)
+    return ALPHA * as_float * as_float + BETA * as_float + CONSTANT
+
+
+Sampler = Callable[[np.random.Generator, int, int], np.ndarray]
+
+
+def _lognormal(median: float, sigma: float) -> Sampler:
+    return lambda rng, n, context: rng.lognormal(np.log(median), sigma, n)
+
+
+def _uniform(low: float, high: float) -> Sampler:
+    """Uniform between ``low`` and ``high`` times the context."""
+    return lambda rng, n, context: rng.uniform(low * context, high * context, n)
+
+
+def _pareto(scale: float, shape: float) -> Sampler:
+    return lambda rng, n, context: scale * (1.0 + rng.pareto(shape, n))
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Samples arrive as components drawn by ``probability`` (by count); each component is a source,
+    or all are one source when ``one_source``."""
+
+    name: str
+    components: tuple[tuple[str, float, Sampler], ...]
+    one_source: bool = True
+
+    def sources(self) -> list[str]:
+        return ["stream"] if self.one_source else [name for name, _, _ in self.components]
+
+
+WEB, CODE = _lognormal(500, 0.8), _lognormal(1500, 1.2)
+ISSUE = (("web", 0.70, WEB), ("code", 0.25, CODE), ("long", 0.05, _uniform(0.25, 1.0)))
+MIXES = (
+    Mix("70/25/5", ISSUE),
+    Mix("70/25/5, 3 sources", ISSUE, one_source=False),
+    Mix("pareto 1.1", (("pareto", 1.0, _pareto(256, 1.1)),)),
+    Mix("lognormal sigma 2", (("lognormal", 1.0, _lognormal(1000, 2.0)),)),
+    Mix("bimodal 90/10", (("short", 0.9, _lognormal(600, 0.7)), ("long", 0.1, _uniform(0.2, 0.5)))),
+    Mix("uniform to C", (("uniform", 1.0, _uniform(0.0, 1.0)),)),
+)
+
+
+@dataclass(frozen=True)
+class Stream:
+    lengths: np.ndarray  # (n,) in arrival order
+    source: np.ndarray  # (n,) index into names
+    names: list[str]
+    weights: dict[str, float]  # each source's share of the stream's tokens
+
+
+def make_stream(mix: Mix, context: int, tokens: int, rng: np.random.Generator) -> Stream:
+    probabilities = np.array([p for _, p, _ in mix.components])
+    chunks, kinds, total = [], [], 0
+    while total < tokens:
+        n = 65536
+        kind = rng.choice(len(probabilities), n, p=probabilities / probabilities.sum())
+        values = np.zeros(n)
+        for k, (_, _, sample) in enumerate(mix.components):
+            values[kind == k] = sample(rng, int((kind == k).sum()), context)
+        lengths = np.clip(np.rint(values), 1, context).astype(np.int64)
+        chunks.append(lengths)
+        kinds.append(kind)
+        total += int(lengths.sum())
+    lengths, kind = np.concatenate(chunks), np.concatenate(kinds)
+    source = np.zeros_like(kind) if mix.one_source else kind
+    names = mix.sources()
+    tokens_of = np.bincount(source, weights=lengths, minlength=len(names))
+    return Stream(lengths, source, names, dict(zip(names, (tokens_of / tokens_of.sum()).tolist(), strict=True)))
+
+
+@dataclass
+class Result:
+    tokens: int = 0
+    ms: float = 0.0
+    capacity: int = 0
+    ratios: list[float] | None = None
+    max_wait: int = 0
+    draw_s: float = 0.0
+    steps: int = 0
+    work_ms: float = 0.0  # the placed samples' own time, summed over ranks
+    used: int = 0  # most delivered offsets above a source's low watermark (the state record lists them)
+    runs: int = 0  # most runs of consecutive offsets they form
+
+    def add(self, placed: np.ndarray, rank: np.ndarray, capacity: int) -> None:
+        times = np.bincount(rank, weights=step_ms(placed), minlength=RANKS)
+        self.work_ms += float(times.sum())
+        self.tokens += int(placed.sum())
+        self.ms += float(times.max())
+        self.capacity += capacity
+        self.ratios = [*(self.ratios or []), float(times.max() / times.mean())]
+        self.steps += 1
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.ms * 1e3
+
+    @property
+    def median_ratio(self) -> float:
+        return statistics.median(self.ratios or [1.0])
+
+    @property
+    def fill(self) -> float:
+        return self.tokens / self.capacity
+
+    def cost_per_token(self, stream: Stream) -> float:
+        """Cost per token placed over the stream's: below 1, the method delivered cheaper samples than
+        arrive (a backlog of costly ones grows, and tokens/s is flattered)."""
+        return (self.work_ms / self.tokens) / (float(step_ms(stream.lengths).sum()) / float(stream.lengths.sum()))
+
+
+def naive(stream: Stream, micro_batches: int, context: int, steps: int, warm_up: int) -> Result:
+    result = Result()
+    shards = [stream.lengths[r::RANKS].tolist() for r in range(RANKS)]
+    heads = [0] * RANKS
+    for step in range(warm_up + steps):
+        placed, rank = [], []
+        for r in range(RANKS):
+            held, shard, head = [0] * micro_batches, shards[r], heads[r]
+            while head < len(shard):
+                length = shard[head]
+                slot = next((m for m in range(micro_batches) if held[m] + length <= context), None)
+                if slot is None:
+                    break
+                held[slot] += length
+                placed.append(length)
+                rank.append(r)
+                head += 1
+            heads[r] = head
+        if step >= warm_up:
+            result.add(np.array(placed, dtype=np.int64), np.array(rank), RANKS * micro_batches * context)
+    return result
+
+
+def mixflow(
+    stream: Stream,
+    micro_batches: int,
+    context: int,
+    steps: int,
+    warm_up: int,
+    composed: bool,
+    window: float = DEFAULT_WINDOW,
+    due: float = DEFAULT_DUE,
+) -> Result:
+    """Steps drawn by ``draw_step`` (or ``compose_step``) and planned by ``plan_step``, as the constructor
+    does: a FIFO of sample ids per source, the deferred ids first in the next step."""
+    result = Result()
+    names = stream.names
+    capacity = RANKS * micro_batches * context
+    budget = step_budget(capacity)
+    goal = min(budget, capacity) if composed else budget
+    fifo = {s: np.flatnonzero(stream.source == k) for k, s in enumerate(names)}
+    deferred = np.zeros(0, dtype=np.int64)
+    state = MixerState.initial(names)
+    entered: dict[int, int] = {}
+    delivered = np.zeros(len(stream.lengths), dtype=bool)
+    for step in range(warm_up + steps):
+        look = {s: _head(fifo[s], stream.lengths, (window + 2) * stream.weights[s] * budget) for s in names}
+        available = {s: stream.lengths[fifo[s][:n]] for s, n in look.items()}
+        before = {s: stream.lengths[deferred[stream.source[deferred] == k]] for k, s in enumerate(names)}
+        began = time.perf_counter()
+        if composed:
+            for s in names:
+                n = _head(fifo[s], stream.lengths, window * stream.weights[s] * goal)
+                for i in fifo[s][:n].tolist():
+                    entered.setdefault(i, step)
+            draw = compose_step(
+                state,
+                stream.weights,
+                budget,
+                available,
+                before,
+                ranks=RANKS,
+                micro_batches=micro_batches,
+                capacity=context,
+                cost_model=COST_MODEL,
+                window=window,
+                due=due,
+            )
+        else:
+            draw = draw_step(state, stream.weights, budget, available, before)
+        if step >= warm_up:
+            result.draw_s += time.perf_counter() - began
+        if draw.status is not DrawStatus.OK:
+            msg = f"step {step}: {draw.status} for {draw.waiting_for}; make the stream longer"
+            raise RuntimeError(msg)
+        taken = {s: fifo[s][draw.take[s]] for s in names}
+        for s in names:
+            fifo[s] = np.delete(fifo[s], draw.take[s])
+        candidates = _pool_order(deferred, taken, stream)
+        plan = plan_step(stream.lengths[candidates], RANKS, micro_batches, context, COST_MODEL)
+        placed = plan.placed_mask
+        if step >= warm_up:
+            result.add(stream.lengths[candidates[placed]], plan.rank[placed], capacity)
+        if composed:
+            result.max_wait = max(
+                [result.max_wait, *(step - entered.get(i, step) for i in candidates[placed].tolist())]
+            )
+        deferred = candidates[~placed]
+        state = _settle(draw, deferred, stream)
+        delivered[candidates[placed]] = True
+        if step >= warm_up:
+            for k in range(len(names)):
+                done = delivered[stream.source == k]
+                above = done[int(np.argmin(done)) :] if not done.all() else done[:0]  # from the low watermark
+                result.used = max(result.used, int(above.sum()))
+                result.runs = max(result.runs, int(np.count_nonzero(np.diff(above.astype(np.int8)) == 1)))
+    return result
+
+
+def _head(ids: np.ndarray, lengths: np.ndarray, tokens: float) -> int:
+    """How many of ``ids`` it takes to hold ``tokens`` (all of them if they hold fewer)."""
+    total = np.cumsum(lengths[ids])
+    return min(int(np.searchsorted(total, tokens, side="left")) + 1, len(ids))
+
+
+def _pool_order(deferred: np.ndarray, taken: dict[str, np.ndarray], stream: Stream) -> np.ndarray:
+    """``SamplePool.take``: deferred first, then the drawn samples interleaved by the share of their
+    source's drawn tokens before them."""
+    keys, ids = [], []
+    for k, s in enumerate(stream.names):
+        lengths = stream.lengths[taken[s]].astype(np.float64)
+        before = (np.cumsum(lengths) - lengths) / (lengths.sum() or 1.0)
+        keys += [(float(b), k, i) for i, b in enumerate(before)]
+        ids.append(taken[s])
+    keys.sort()
+    return np.concatenate([deferred, np.array([ids[k][i] for _, k, i in keys], dtype=np.int64)])
+
+
+def _settle(draw: Draw, deferred: np.ndarray, stream: Stream) -> MixerState:
+    return draw.settle({s: stream.lengths[deferred[stream.source[deferred] == k]] for k, s in enumerate(stream.names)})
+
+
+def run(
+    mix: Mix, context_name: str, seeds: int, steps: int, warm_up: int, window: float, due: float
+) -> dict[str, object]:
+    micro_batches, context = SHAPES[context_name]
+    per_seed = []
+    for seed in range(seeds):
+        tokens = int(((steps + warm_up) * 1.3 + 3 * (window + 3)) * RANKS * micro_batches * context)
+        stream = make_stream(mix, context, tokens, np.random.default_rng([seed, context]))
+        ceiling = RANKS * float(stream.lengths.sum()) / float(step_ms(stream.lengths).sum()) * 1e3
+        per_seed.append(
+            (
+                naive(stream, micro_batches, context, steps, warm_up),
+                mixflow(stream, micro_batches, context, steps, warm_up, composed=False),
+                mixflow(stream, micro_batches, context, steps, warm_up, composed=True, window=window, due=due),
+                ceiling,
+                stream,
+            )
+        )
+
+    def median(value: Callable[[tuple], float]) -> float:
+        return statistics.median(value(row) for row in per_seed)
+
+    base = median(lambda r: r[0].tokens_per_s)
+    row: dict[str, object] = {"mix": mix.name, "context": context_name, "MxC": f"{micro_batches}x{context}"}
+    for k, name in enumerate(("naive", "today", "composed")):
+        rate = median(lambda r, k=k: r[k].tokens_per_s)
+        row[f"{name} Mtok/s"] = f"{rate / 1e6:.2f}" + ("" if k == 0 else f" ({rate / base:.2f}x)")
+    row["ceiling"] = f"{median(lambda r: r[3]) / 1e6:.2f} ({median(lambda r: r[3]) / base:.2f}x)"
+    for k, name in enumerate(("naive", "today", "composed")):
+        row[f"max/mean {name}"] = f"{median(lambda r, k=k: r[k].median_ratio):.3f}"
+    for k, name in enumerate(("naive", "today", "composed")):
+        row[f"fill {name}"] = f"{median(lambda r, k=k: r[k].fill):.3f}"
+    for k, name in enumerate(("today", "composed"), start=1):
+        row[f"cost/tok {name}"] = f"{median(lambda r, k=k: r[k].cost_per_token(r[4])):.3f}"
+    row["max wait"] = str(max(r[2].max_wait for r in per_seed))
+    for k, name in enumerate(("today", "composed"), start=1):
+        row[f"used/runs {name}"] = f"{max(r[k].used for r in per_seed)}/{max(r[k].runs for r in per_seed)}"
+    row["compose ms"] = f"{median(lambda r: r[2].draw_s / r[2].steps * 1e3):.0f}"
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: two contexts, one mix and seed, few steps")
+    parser.add_argument("--steps", type=int, default=100, help="steps measured, after the warm-up")
+    parser.add_argument("--warm-up", type=int, default=24, help="steps run before measuring")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW, help="steps looked ahead")
+    parser.add_argument("--due", type=float, default=DEFAULT_DUE, help="share of a step taken from FIFO heads")
+    parser.add_argument("--mixes", default="", help="comma-separated mix names (default: all)")
+    add_markdown_flag(parser)
+    args = parser.parse_args()
+    mixes, contexts, steps, seeds, warm_up = MIXES, list(SHAPES), args.steps, args.seeds, args.warm_up
+    if args.mixes:
+        mixes = tuple(m for m in MIXES if m.name in args.mixes.split(","))
+    if args.quick:
+        mixes, contexts, steps, seeds, warm_up = MIXES[:1], ["8k", "64k"], 8, 1, 4
+    plan_step(np.arange(1, 100, dtype=np.int64), 4, 2, 1000)  # compile (or load) the kernels first
+    rows = [run(mix, context, seeds, steps, warm_up, args.window, args.due) for mix in mixes for context in contexts]
+    print_table(list(rows[0]), [list(row.values()) for row in rows], markdown=args.markdown)
+    bound = waiting_bound(args.window, args.due)
+    print(
+        f"R = {RANKS}; {steps} steps after {warm_up} of warm-up, median of {seeds} seed(s);"
+        f" window {args.window:g} steps, due {args.due:g} of a step (waiting bound {bound} steps)."
+    )
+    print_targets([row for row in rows if row["mix"] == MIXES[0].name])
+
+
+def print_targets(rows: list[dict[str, object]]) -> None:
+    """The issue's targets on its 70/25/5 stream, met or not."""
+
+    def ratio(cell: object) -> float:
+        return float(str(cell).split("(")[1].rstrip("x)"))
+
+    lines = []
+    for row in rows:
+        context = row["context"]
+        balance, fill = float(str(row["max/mean composed"])), float(str(row["fill composed"]))
+        lines.append((balance <= 1.03, f"{context}: median max/mean <= 1.03: {balance:.3f}"))
+        lines.append((fill >= (0.9 if context == "128k" else 0.95), f"{context}: fill: {fill:.3f}"))
+        if context in ("64k", "128k"):
+            speedup, ceiling = ratio(row["composed Mtok/s"]), ratio(row["ceiling"])
+            lines.append((speedup >= 1.6, f"{context}: >= 1.6x naive: {speedup:.2f}x (ceiling {ceiling:.2f}x)"))
+    for met, text in lines:
+        print(f"target {'met' if met else 'NOT met'}: {text}")
+
+
+if __name__ == "__main__":
+    main()

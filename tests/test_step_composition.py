@@ -1,0 +1,414 @@
+"""Step composition (pipeline.mixing.compose): validity, determinism, the waiting bound, shares, over
+families of length distributions and step shapes; and a smoke run of the balance simulator."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.mixing import Draw, DrawStatus, MixerState, draw_step
+from pipeline.mixing._compose_select import Longs, StepShape, build_groups, pool_order
+from pipeline.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, HEADROOM, compose_step, waiting_bound
+from pipeline.scheduler import CostModel, plan_step, validate_plan
+from pipeline.spec import OnExhausted
+
+REPO = Path(__file__).resolve().parent.parent
+
+Family = Callable[[np.random.Generator, int, int], np.ndarray]
+
+
+def _lognormal(rng: np.random.Generator, n: int, capacity: int) -> np.ndarray:
+    return rng.lognormal(np.log(capacity / 40), 1.2, n)
+
+
+def _pareto(rng: np.random.Generator, n: int, capacity: int) -> np.ndarray:
+    return capacity / 100 * (1 + rng.pareto(1.1, n))
+
+
+def _bimodal(rng: np.random.Generator, n: int, capacity: int) -> np.ndarray:
+    return np.where(
+        rng.random(n) < 0.9, rng.lognormal(np.log(capacity / 50), 0.6, n), rng.normal(capacity / 2, capacity / 10, n)
+    )
+
+
+def _long_short(rng: np.random.Generator, n: int, capacity: int) -> np.ndarray:
+    """The issue's stream: 70% web-like, 25% code-like, 5% long documents of C/4 to C."""
+    u = rng.random(n)
+    web, code = rng.lognormal(np.log(capacity / 130), 0.8, n), rng.lognormal(np.log(capacity / 40), 1.2, n)
+    return np.where(u < 0.7, web, np.where(u < 0.95, code, rng.uniform(capacity / 4, capacity, n)))
+
+
+def _uniform_long(rng: np.random.Generator, n: int, capacity: int) -> np.ndarray:
+    return rng.uniform(capacity / 4, capacity, n)
+
+
+FAMILIES: dict[str, Family] = {
+    "lognormal": _lognormal,
+    "pareto": _pareto,
+    "bimodal": _bimodal,
+    "long/short": _long_short,
+    "uniform-long": _uniform_long,
+}
+
+
+def _lengths(family: str, rng: np.random.Generator, n: int, capacity: int) -> np.ndarray:
+    return np.clip(np.rint(FAMILIES[family](rng, n, capacity)), 1, capacity).astype(np.int64)
+
+
+def _cost_model(capacity: int) -> CostModel:
+    """Attention costs three times the linear layers for a sample of a whole micro-batch, as at 64k on an H200."""
+    return CostModel(alpha=3.0 / capacity, beta=1.0)
+
+
+@dataclass(frozen=True)
+class Shape:
+    ranks: int
+    micro_batches: int
+    capacity: int
+
+    @property
+    def tokens(self) -> int:
+        return self.ranks * self.micro_batches * self.capacity
+
+
+shapes = st.builds(Shape, st.sampled_from([1, 2, 3, 8]), st.sampled_from([1, 2, 4]), st.sampled_from([256, 1000, 4096]))
+
+
+@dataclass
+class Run:
+    """A run of steps as the constructor makes them: per source a FIFO of sample ids, the scheduler's
+    deferred samples first in the next draw. Per sample id, the step it entered its source's window,
+    was drawn and was placed (-1: not yet)."""
+
+    lengths: np.ndarray
+    source: np.ndarray
+    entered: np.ndarray
+    drawn: np.ndarray
+    placed: np.ndarray
+    delivered: np.ndarray  # tokens placed per source
+    credits: list[dict[str, float]] = field(default_factory=list)
+    ratios: list[float] = field(default_factory=list)
+
+    def waits(self) -> np.ndarray:
+        """Steps from entering the window to being drawn, of every sample drawn."""
+        seen = self.drawn >= 0
+        return self.drawn[seen] - self.entered[seen]
+
+
+def _stream(
+    families: list[str], shares: list[float], tokens: float, capacity: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per source ``k``, samples of ``families[k]`` holding at least ``shares[k] * tokens`` tokens."""
+    rng = np.random.default_rng(seed)
+    lengths, source = [], []
+    for k, (family, share) in enumerate(zip(families, shares, strict=True)):
+        held = 0
+        while held < share * tokens + 4 * capacity:
+            chunk = _lengths(family, rng, 512, capacity)
+            lengths.append(chunk)
+            source.append(np.full(len(chunk), k))
+            held += int(chunk.sum())
+    return np.concatenate(lengths), np.concatenate(source)
+
+
+def _simulate(
+    families: list[str],
+    weights: dict[str, float],
+    shape: Shape,
+    steps: int,
+    seed: int,
+    *,
+    window: float = DEFAULT_WINDOW,
+    due: float = DEFAULT_DUE,
+) -> Run:
+    names = list(weights)
+    shares = [w / sum(weights.values()) for w in weights.values()]
+    lengths, source = _stream(families, shares, (steps + 2 * window + 4) * shape.tokens, shape.capacity, seed)
+    unset = np.full(len(lengths), -1)
+    run = Run(lengths, source, unset.copy(), unset.copy(), unset.copy(), np.zeros(len(names)))
+    cost_model = _cost_model(shape.capacity)
+    fifo = {s: np.flatnonzero(source == k) for k, s in enumerate(names)}
+    deferred = np.zeros(0, dtype=np.int64)
+    state = MixerState.initial(names)
+    goal = math.floor(shape.tokens * (1 - HEADROOM))
+    for step in range(steps):
+        available = {}
+        for k, s in enumerate(names):
+            unit = shares[k] * goal
+            ahead = np.cumsum(lengths[fifo[s]]) - lengths[fifo[s]]
+            inside = fifo[s][ahead < window * unit]
+            run.entered[inside[run.entered[inside] < 0]] = step
+            available[s] = lengths[fifo[s][ahead < (window + 2) * unit + 2 * shape.capacity]]
+        before = {s: lengths[deferred[source[deferred] == k]] for k, s in enumerate(names)}
+        draw = compose_step(
+            state,
+            weights,
+            shape.tokens,
+            available,
+            before,
+            ranks=shape.ranks,
+            micro_batches=shape.micro_batches,
+            capacity=shape.capacity,
+            cost_model=cost_model,
+            window=window,
+            due=due,
+        )
+        assert draw.status is DrawStatus.OK
+        _check_valid(draw, available, before)
+        _check_due(draw, available, weights, goal, due)
+        taken = {s: fifo[s][draw.take[s]] for s in names}
+        for s in names:
+            fifo[s] = np.delete(fifo[s], draw.take[s])
+            run.drawn[taken[s]] = step
+        candidates = _pool_candidates(deferred, taken, lengths, names)
+        plan = plan_step(lengths[candidates], shape.ranks, shape.micro_batches, shape.capacity, cost_model)
+        validate_plan(plan, lengths[candidates])
+        placed = candidates[plan.placed_mask]
+        run.placed[placed] = step
+        run.delivered += np.bincount(source[placed], weights=lengths[placed], minlength=len(names))
+        costs = plan.rank_costs(lengths[candidates], cost_model)
+        run.ratios.append(float(costs.max() / costs.mean()) if costs.max() > 0 else 1.0)
+        deferred = candidates[~plan.placed_mask]
+        state = draw.settle({s: lengths[deferred[source[deferred] == k]] for k, s in enumerate(names)})
+        run.credits.append(dict(state.credit))
+    return run
+
+
+def _pool_candidates(
+    deferred: np.ndarray, taken: dict[str, np.ndarray], lengths: np.ndarray, names: list[str]
+) -> np.ndarray:
+    """Sample ids in ``SamplePool.take``'s order (the order ``pool_order`` gives lengths in)."""
+    keys = []
+    for k, s in enumerate(names):
+        chosen = lengths[taken[s]].astype(np.float64)
+        before = (np.cumsum(chosen) - chosen) / (chosen.sum() or 1.0)
+        keys += [(float(b), k, int(i)) for b, i in zip(before, taken[s].tolist(), strict=True)]
+    keys.sort()
+    return np.concatenate([deferred, np.array([i for _, _, i in keys], dtype=np.int64)])
+
+
+def _check_valid(draw: Draw, available: dict[str, np.ndarray], before: dict[str, np.ndarray]) -> None:
+    for s, positions in draw.take.items():
+        assert positions.dtype.kind == "i"
+        assert np.all(np.diff(positions) > 0), "positions ascending, each once"
+        assert positions.size == 0 or (positions[0] >= 0 and positions[-1] < len(available[s]))
+        np.testing.assert_array_equal(draw.lengths[s], np.concatenate([before[s], available[s][positions]]))
+
+
+def _check_due(draw: Draw, available: dict[str, np.ndarray], weights: dict[str, float], goal: int, due: float) -> None:
+    """Every sample with fewer than ``due`` steps of its source's tokens before it is taken."""
+    total_w = sum(weights.values())
+    for s, lengths in available.items():
+        ahead = np.cumsum(lengths) - lengths
+        must = np.flatnonzero(ahead < due * weights[s] / total_w * goal)
+        assert np.isin(must, draw.take[s]).all(), f"{s}: a due sample was left"
+
+
+# -- properties --------------------------------------------------------------------------------------
+
+
+@settings(deadline=None, max_examples=12)
+@given(st.sampled_from(sorted(FAMILIES)), shapes, st.integers(0, 2**16))
+def test_waiting_bound_and_validity(family: str, shape: Shape, seed: int) -> None:
+    """A short window and a large due share make the bound small enough to be reached: every sample is
+    drawn at most ``waiting_bound`` steps after it entered its source's window, and every step is valid."""
+    window, due = 2.0, 0.5
+    steps = 24
+    run = _simulate([family], {"s": 1.0}, shape, steps, seed, window=window, due=due)
+    bound = waiting_bound(window, due)
+    assert bound == 3
+    assert run.waits().max() <= bound
+    # Every sample that entered a window early enough has been drawn.
+    early = (run.entered >= 0) & (run.entered + bound < steps)
+    assert np.all(run.drawn[early] >= 0)
+
+
+@settings(deadline=None, max_examples=6)
+@given(st.sampled_from(["long/short", "bimodal", "pareto"]), st.integers(0, 2**16))
+def test_waiting_bound_with_the_defaults(family: str, seed: int) -> None:
+    shape = Shape(8, 2, 4096)
+    run = _simulate([family], {"s": 1.0}, shape, 40, seed)
+    assert run.waits().max() <= waiting_bound()
+    assert waiting_bound() == 63
+
+
+@settings(deadline=None, max_examples=8)
+@given(
+    st.lists(st.sampled_from(sorted(FAMILIES)), min_size=2, max_size=3),
+    st.lists(st.floats(0.1, 1.0), min_size=3, max_size=3),
+    st.integers(0, 2**16),
+)
+def test_shares_stay_within_a_sample(families: list[str], raw: list[float], seed: int) -> None:
+    """Over many steps, with the scheduler's deferrals fed back, each source's credit (tokens owed or
+    given ahead against its share of what was delivered) stays within two of the longest samples."""
+    shape = Shape(4, 2, 1000)
+    weights = {f"s{k}": w for k, w in enumerate(raw[: len(families)])}
+    run = _simulate(families, weights, shape, 60, seed)
+    longest = float(run.lengths.max())
+    worst = max(abs(c) for credits in run.credits for c in credits.values())
+    assert worst <= 2 * longest
+    wanted = np.array(list(weights.values())) / sum(weights.values()) * run.delivered.sum()
+    assert np.all(np.abs(run.delivered - wanted) <= 2 * longest)
+
+
+@settings(deadline=None, max_examples=15)
+@given(st.sampled_from(sorted(FAMILIES)), shapes, st.integers(0, 2**16), st.integers(0, 3))
+def test_deterministic_and_blind_to_what_is_buffered_beyond_the_windows(
+    family: str, shape: Shape, seed: int, deferred_count: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    weights = {"a": 0.7, "b": 0.3}
+    lengths, source = _stream([family, family], [1.0, 1.0], 3 * shape.tokens, shape.capacity, seed)
+    available = {s: lengths[source == k] for k, s in enumerate(weights)}  # three steps each; the windows need two
+    deferred = {"a": _lengths(family, rng, deferred_count, shape.capacity)}
+    state = MixerState(step=3, credit={"a": 50.0, "b": -50.0})
+
+    def compose(avail: dict[str, np.ndarray]) -> Draw:
+        return compose_step(
+            state,
+            weights,
+            shape.tokens,
+            avail,
+            deferred,
+            ranks=shape.ranks,
+            micro_batches=shape.micro_batches,
+            capacity=shape.capacity,
+            cost_model=_cost_model(shape.capacity),
+            window=2.0,
+        )
+
+    first = compose(available)
+    assert first.status is DrawStatus.OK
+    again = compose({s: v.copy() for s, v in available.items()})
+    more = compose({s: np.concatenate([v, _lengths(family, rng, 500, shape.capacity)]) for s, v in available.items()})
+    for other in (again, more):
+        assert other.status is DrawStatus.OK
+        for s in weights:
+            np.testing.assert_array_equal(first.take[s], other.take[s])
+        assert first.settle() == other.settle()
+    _check_valid(first, available, {s: deferred.get(s, np.zeros(0, np.int64)) for s in weights})
+
+
+def test_waits_for_incomplete_windows_unless_exhausted() -> None:
+    capacity = 1000
+    kwargs = dict(ranks=2, micro_batches=2, capacity=capacity, cost_model=_cost_model(capacity), window=4.0)
+    weights = {"a": 0.5, "b": 0.5}
+    full = np.full(100, 100)  # 10,000 tokens: the 4 steps of 2,000 that the window of each source needs
+    short = np.full(50, 100)  # 5,000: enough for this step, not for the window
+    state = MixerState.initial(weights)
+    draw = compose_step(state, weights, 4000, {"a": full, "b": short}, **kwargs)
+    assert draw.status is DrawStatus.WAITING and draw.waiting_for == ("b",)
+    assert draw.settle() == state
+    assert draw_step(state, weights, 4000, {"a": full, "b": short}).status is DrawStatus.OK
+    done = compose_step(state, weights, 4000, {"a": full, "b": short}, exhausted={"b"}, **kwargs)
+    assert done.status is DrawStatus.OK and done.tokens["b"] <= 2000
+    # next_epoch waits for the next pass; stop stops when an exhausted source cannot fill its share.
+    epoch = compose_step(
+        state, weights, 4000, {"a": full, "b": short}, exhausted={"b"}, on_exhausted=OnExhausted.NEXT_EPOCH, **kwargs
+    )
+    assert epoch.status is DrawStatus.WAITING
+    tiny = {"a": np.full(200, 100), "b": np.full(3, 100)}  # a alone: 4 steps of 4,000
+    assert compose_step(state, weights, 4000, tiny, exhausted={"b"}, **kwargs).status is DrawStatus.STOP
+    renormalized = compose_step(
+        state, weights, 4000, tiny, exhausted={"b"}, on_exhausted=OnExhausted.RENORMALIZE, **kwargs
+    )
+    assert renormalized.status is DrawStatus.OK
+    np.testing.assert_array_equal(renormalized.take["b"], [0, 1, 2])  # a source that gave up gives everything
+    assert renormalized.tokens["a"] <= 4000 - 300
+
+
+def test_short_samples_only_is_a_fifo_prefix_within_capacity() -> None:
+    rng = np.random.default_rng(5)
+    capacity = 4096
+    weights = {"a": 2.0, "b": 1.0}
+    available = {s: rng.integers(1, 200, 3000) for s in weights}
+    deferred = {"b": np.array([150, 20])}
+    kwargs = dict(ranks=4, micro_batches=2, capacity=capacity, cost_model=_cost_model(capacity))
+    draw = compose_step(MixerState.initial(weights), weights, 40_000, available, deferred, **kwargs)
+    for s in weights:
+        np.testing.assert_array_equal(draw.take[s], np.arange(len(draw.take[s])))
+    goal = math.floor(4 * 2 * capacity * (1 - HEADROOM))  # not the overdrawn budget
+    assert sum(draw.tokens.values()) <= goal
+    assert draw.lengths["b"][:2].tolist() == [150, 20]
+    assert sum(draw.targets.values()) == pytest.approx(goal)
+
+
+def test_long_context_steps_are_balanced() -> None:
+    """The issue's stream at a 64k-like shape (2 micro-batches, attention three times the linear layers
+    for a whole micro-batch): the median step's largest rank costs at most 3% above the mean."""
+    shape = Shape(8, 2, 4096)
+    run = _simulate(["long/short"], {"s": 1.0}, shape, 40, seed=11)
+    assert float(np.median(run.ratios[10:])) <= 1.03
+
+
+def test_bad_arguments() -> None:
+    capacity = 100
+    base = dict(ranks=2, micro_batches=1, capacity=capacity, cost_model=_cost_model(capacity))
+    state, weights, available = MixerState.initial(["a"]), {"a": 1.0}, {"a": np.full(100, 10)}
+    for change, match in (
+        ({"ranks": 0}, "ranks"),
+        ({"micro_batches": 1.5}, "micro_batches"),
+        ({"window": 0.5}, "window"),
+        ({"due": 0.0}, "due"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            compose_step(state, weights, 200, available, **{**base, **change})
+    with pytest.raises(ValueError, match="longer than a micro-batch"):
+        compose_step(state, weights, 200, {"a": np.full(100, 101)}, **base)
+
+
+def test_pool_order_is_the_pools() -> None:
+    before = [np.array([7]), np.zeros(0, np.int64)]
+    drawn = [np.array([10, 30]), np.array([5, 5, 10])]
+    # fractions: a 0, 0.25; b 0, 0.25, 0.5 -> a0 b0 a1 b1 b2
+    np.testing.assert_array_equal(pool_order(before, drawn), [7, 10, 5, 30, 5, 10])
+
+
+def test_simulator_smoke() -> None:
+    """``benchmarks/balance_sim_bench.py --quick`` runs and prints its table and target lines."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "balance_sim_bench.py"), "--quick", "--markdown"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| 70/25/5 | 8k" in result.stdout and "| 70/25/5 | 64k" in result.stdout
+    assert "target" in result.stdout
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.integers(0, 2**32 - 1))
+def test_groups_respect_level_and_allowances(seed: int) -> None:
+    """Each rank ends at most ``slack`` above the level unless its seeds alone put it there; a source's
+    chosen candidates exceed its allowance by less than one of them; no excess is lost or made up."""
+    rng = np.random.default_rng(seed)
+    shape = StepShape(int(rng.integers(1, 9)), int(rng.integers(1, 4)), int(rng.integers(50, 500)))
+    sources = int(rng.integers(1, 4))
+
+    def longs(n: int) -> Longs:
+        length = rng.integers(shape.capacity // 8, shape.capacity + 1, n)
+        return Longs(length * (length / shape.capacity), length, rng.integers(0, sources, n))
+
+    seeds, candidates = longs(int(rng.integers(0, 6))), longs(int(rng.integers(0, 80)))
+    order = np.lexsort((rng.random(len(candidates.length)), -candidates.excess))
+    allowance = rng.uniform(-shape.capacity, 4 * shape.capacity, sources)
+    level, slack = float(rng.uniform(0, 3 * shape.capacity)), float(rng.uniform(0, 10))
+    chosen, excess = build_groups(seeds, candidates, order, allowance, level, slack, shape)
+    _, seeded = build_groups(seeds, candidates, order, np.zeros(sources), 0.0, 0.0, shape)
+    assert np.all(excess <= np.maximum(seeded, level + slack) + 1e-9)
+    assert excess.sum() == pytest.approx(seeds.excess.sum() + candidates.excess[chosen].sum())
+    for k in range(sources):
+        mine = candidates.length[chosen & (candidates.source == k)]
+        if len(mine):
+            assert allowance[k] > 0 and mine.sum() - allowance[k] < mine.max()
