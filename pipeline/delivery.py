@@ -12,12 +12,18 @@ from pathlib import Path
 
 import numpy as np
 
+from connectors import Document, WorkUnit
 from pipeline.kafka_clients import KafkaConfig
+from pipeline.source_runtime import SourceRuntime
+from pipeline.spec import JobSpec
 from topics.batch import Batch
 from topics.dead_letter import decode_dead_letter_message
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
 from topics.packing import pack_micro_batches
+
+MicroBatchRecord = tuple[int, int, list[str], str]
+"""(step, micro-batch, sample ids, tokens_sha256): one micro-batch as a trainer rank records it."""
 
 RECEIVED_FILE = "received-rank{rank}.jsonl"
 """Per trainer rank, one JSON line per micro-batch trained: ``step``, ``micro_batch``, ``sample_ids`` and
@@ -97,24 +103,47 @@ def check_trainer(folder: Path, steps: list[list[Batch]]) -> TrainerCheck:
         summary = folder / f"trainer-rank{rank}.json"
         end = json.loads(summary.read_text()).get("end_step", len(steps)) if summary.exists() else len(steps)
         trained = min(trained, end)
-        expected = [
-            (batch.step, m, packed.sample_ids, tokens_sha256(packed.token_ids))
-            for batch in (step[rank] for step in steps[:end])
-            for m, packed in enumerate(pack_micro_batches(batch))
-        ]
+        expected = rank_micro_batches([step[rank] for step in steps[:end]])
         total += len(expected)
         path = folder / RECEIVED_FILE.format(rank=rank)
         if not path.exists():
             problems.append(f"rank {rank} recorded nothing ({path} is missing)")
             continue
-        got = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        got_tuples = trained_sequence([(g["step"], g["micro_batch"], g["sample_ids"], g["tokens_sha256"]) for g in got])
+        got_tuples = trained_sequence(received_micro_batches(path))
         received += len(got_tuples)
         if got_tuples != expected:
             first = next((i for i, (a, b) in enumerate(zip(got_tuples, expected, strict=False)) if a != b), None)
             where = f"first difference at micro-batch {first}" if first is not None else "lengths differ"
             problems.append(f"rank {rank}: {len(got_tuples)} micro-batches received, {len(expected)} written, {where}")
     return TrainerCheck(ranks, total, received, trained, len(steps), problems)
+
+
+def rank_micro_batches(batches: list[Batch]) -> list[MicroBatchRecord]:
+    """One rank's micro-batches of ``batches``, in order, as a trainer records them."""
+    return [
+        (batch.step, m, packed.sample_ids, tokens_sha256(packed.token_ids))
+        for batch in batches
+        for m, packed in enumerate(pack_micro_batches(batch))
+    ]
+
+
+def received_micro_batches(path: Path) -> list[MicroBatchRecord]:
+    """The lines of a received file (``RECEIVED_FILE``), in the order written."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [(line["step"], line["micro_batch"], line["sample_ids"], line["tokens_sha256"]) for line in lines]
+
+
+def expected_samples(spec: JobSpec, config: KafkaConfig, source: str) -> dict[str, str]:
+    """Sample id to ``tokens_sha256`` of its tokens, for every sample the source's committed work units
+    give when read and tokenized here, without the loaders: what an undisturbed run delivers."""
+    runtime = SourceRuntime.from_spec(spec, source)
+    samples: dict[str, str] = {}
+    for record in read_to_end(config, JobTopics(spec.job).work(source)):
+        unit = WorkUnit.from_json(record.value())
+        documents = [d for d in runtime.reader.read(unit) if isinstance(d, Document)]
+        for sample in runtime.builder.build(documents, epoch=unit.epoch).samples:
+            samples[sample.sample_id] = tokens_sha256(sample.tokens)
+    return samples
 
 
 def trained_sequence(lines: list[tuple]) -> list[tuple]:

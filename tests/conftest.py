@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from pipeline.stack.local_broker import LocalBroker
+from pipeline.stack.local_broker import LocalBroker, free_port_pair
 
 # Property tests draw the same examples on every run, so a red CI run is reproducible and a green one
 # stays green; `--hypothesis-profile default` draws new ones.
@@ -82,9 +82,7 @@ def unique_name(request: pytest.FixtureRequest) -> str:
 def private_broker(tmp_path: Path) -> Iterator[tuple[LocalBroker, str]]:
     """A broker of the test's own on free ports, beside the session's (for tests that stop and start it):
     ``(broker, bootstrap address)``."""
-    from tests.test_stack import _two_free_ports
-
-    broker = LocalBroker(tmp_path / "broker", port=_two_free_ports())
+    broker = LocalBroker(tmp_path / "broker", port=free_port_pair())
     bootstrap = broker.up()
     try:
         yield broker, bootstrap

@@ -20,8 +20,11 @@ from topics.log_reader import read_to_end
 from topics.names import JobTopics
 
 
-# Failed once in five runs here for a reason not yet found (its output was lost), so it is kept out of CI
-# until the chaos suite of issue 12 takes it up: `pytest -m chaos` runs it.
+# Opt-in (`pytest -m chaos`): tests/test_chaos.py restarts the broker under a whole job in CI. Two causes of
+# its failures were found by the chaos runs: the constructor read a source's end offset while its client had
+# forgotten the partition (_UNKNOWN_PARTITION, not retried then) and died with 1; and its transactional
+# producer waits forever in send_offsets once the broker came back (librdkafka#5511), until the watchdog
+# ends it with 3 after 75 s.
 @pytest.mark.chaos
 @pytest.mark.kafka  # starts a broker of its own (not the session's)
 def test_a_job_survives_a_broker_restart(
@@ -43,10 +46,10 @@ def test_a_job_survives_a_broker_restart(
     assert broker.up() == bootstrap
     print(f"broker was away for {time.monotonic() - stopped_at:.1f} s")
     stdout, stderr = run.communicate(timeout=300)
-    assert run.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert run.returncode == 0, stdout[-3000:] + _without_librdkafka_lines(stderr)[-3000:] + _role_logs(tmp_path)
     # A stuck Kafka client (librdkafka#5456) exits with 3 by design and is restarted; nothing may die of an error.
-    died = [m for m in re.findall(r"(\S+) exited with (\d+);", stderr) if m[1] != "3"]
-    assert died == [], f"roles died during the broker restart: {died}\n{stderr[-3000:]}"
+    died = [m for m in re.findall(r"(\S+) exited with (-?\d+);", stderr) if m[1] != "3"]
+    assert died == [], f"roles died during the broker restart: {died}\n{_role_logs(tmp_path)}"
     assert "each sample exactly once: yes" in stdout, stdout
 
     topics = JobTopics(unique_name)
@@ -57,3 +60,17 @@ def test_a_job_survives_a_broker_restart(
                 delivered.update(decode_batch_message(record).sample_ids)
     every = {i for s in SOURCES for i in committed_sample_ids(bootstrap, topics, s)}
     assert max(delivered.values()) == 1 and set(delivered) == every
+
+
+def _without_librdkafka_lines(text: str) -> str:
+    """Without librdkafka's own log lines (``%<level>|...``), which fill the output while the broker is away."""
+    return "\n".join(line for line in text.splitlines() if not line.startswith("%"))
+
+
+def _role_logs(tmp_path: Path, lines: int = 25) -> str:
+    """The end of every role's log, for a failure message that says what happened."""
+    tails = []
+    for path in sorted((tmp_path / "state").glob("jobs/*/*.log")):
+        tail = _without_librdkafka_lines(path.read_text(errors="replace")).splitlines()[-lines:]
+        tails.append(f"--- {path.name}:\n" + "\n".join(tail))
+    return "\n".join(tails)

@@ -22,7 +22,13 @@ def _failing(codes: list[int], result: str = "done"):
 
 @pytest.mark.parametrize(
     "code",
-    [KafkaError.NOT_COORDINATOR, KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError._TIMED_OUT, KafkaError._TRANSPORT],
+    [
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._UNKNOWN_PARTITION,  # the constructor's watermark read, in a chaos run's broker restart
+    ],
 )
 def test_errors_of_a_restarting_broker_are_retried(code: int) -> None:
     # The errors roles died of when the broker restarted: committed offsets, watermark offsets.

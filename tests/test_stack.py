@@ -10,19 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.stack.local_broker import LocalBroker, port_is_free
+from pipeline.stack.local_broker import LocalBroker, free_port_pair
 
 MIXFLOW = [sys.executable, "-m", "pipeline.cli"]
-
-
-def _two_free_ports() -> int:
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port < 65535 and port_is_free("127.0.0.1", port + 1):
-            return port
-    pytest.fail("found no two consecutive free ports on 127.0.0.1")
 
 
 def _mixflow(*args: str) -> subprocess.CompletedProcess[str]:
@@ -32,7 +22,7 @@ def _mixflow(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.kafka  # starts a broker of its own (not the session's), so not part of the pure suite
 def test_up_is_idempotent_and_down_stops_the_broker(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    port = _two_free_ports()
+    port = free_port_pair()
     first = _mixflow("stack", "up", "--state-dir", str(state), "--port", str(port))
     assert first.returncode == 0, first.stderr
     assert first.stdout.strip().splitlines()[-1] == f"127.0.0.1:{port}"

@@ -32,6 +32,8 @@ _NOT_NOW = frozenset(
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
+        # The client's own metadata lacks a partition of a topic it uses while the broker is restarting.
+        KafkaError._UNKNOWN_PARTITION,
     }
 )
 

@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from pipeline.cli import calibrate, construct, control, load, plan, replay, run, spec, stack
+from pipeline.cli import calibrate, chaos, construct, control, load, plan, replay, run, spec, stack
 from pipeline.cli.command import Command, add_commands
 from pipeline.kafka_clients import KafkaClientStuckError
 from topics.errors import MixflowError
@@ -30,6 +30,7 @@ COMMANDS: tuple[Command, ...] = (
     control.COMMAND,
     replay.COMMAND,
     run.COMMAND,
+    chaos.COMMAND,
 )
 
 

@@ -65,6 +65,18 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def free_port_pair(host: str = DEFAULT_HOST) -> int:
+    """A free port whose next port is free too: for a broker's client port and its controller's."""
+    for _ in range(50):
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port < 65535 and port_is_free(host, port + 1):
+            return port
+    msg = f"found no two consecutive free ports on {host}"
+    raise MixflowError(msg)
+
+
 def java_major_version(java: str) -> int:
     out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
     match = re.search(r'version "(\d+)(?:\.(\d+))?', out)

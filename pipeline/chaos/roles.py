@@ -1,0 +1,171 @@
+"""The role processes of a chaos run and their supervisor: it starts them, kills them when the run says,
+starts a killed role again at once, and tells a role that died on its own (a failure) from one the run
+killed or asked to stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# A role that died on its own is started again after this long (the run goes on; the failure is reported).
+FAILED_RESTART_DELAY_S = 1.0
+# A line by which a role reports an error: a traceback, or the CLI's one-line error (a SIGKILL leaves neither).
+ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|mixflow [a-z-]+: error:")
+
+
+class RoleKind(StrEnum):
+    LOADER = "loader"
+    CONSTRUCTOR = "constructor"
+    SINK = "sink"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A role process that exited when nobody killed it or asked it to stop, or with an error when asked."""
+
+    role: str
+    pid: int
+    code: int
+    log_tail: str
+
+    def describe(self) -> str:
+        return f"{self.role} (pid {self.pid}) exited with {self.code}; its log ends with:\n{self.log_tail}"
+
+
+@dataclass
+class Role:
+    name: str
+    kind: RoleKind
+    command: list[str]
+    log_file: Path
+    finite: bool  # ends by itself with 0 when its work is done
+    process: subprocess.Popen | None = None
+    starts: int = 0
+    kills: int = 0
+    log_start: int = 0  # where the current process's output begins in the log
+    restart_at: float | None = None
+    stopping: bool = False  # asked to stop: its exit with 0 is expected
+    done: bool = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def tail(self, lines: int = 15) -> str:
+        """The end of the current process's log, without librdkafka's own lines (``%<level>|...``), which
+        fill it while the broker is away."""
+        with self.log_file.open("rb") as file:
+            file.seek(self.log_start)
+            text = file.read().decode(errors="replace")
+        return "\n".join([line for line in text.splitlines() if not line.startswith("%")][-lines:])
+
+
+@dataclass
+class Supervisor:
+    """Role processes with their output in ``folder/<role>.log``; ``poll()`` often, to notice exits."""
+
+    folder: Path
+    env: dict[str, str]
+    roles: dict[str, Role] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+
+    def start(self, name: str, kind: RoleKind, command: list[str], *, finite: bool = False) -> Role:
+        role = Role(name, kind, command, self.folder / f"{name}.log", finite)
+        self.roles[name] = role
+        self._spawn(role)
+        return role
+
+    def of_kind(self, kind: RoleKind) -> list[Role]:
+        return [role for role in self.roles.values() if role.kind is kind and not role.done]
+
+    def kill(self, role: Role) -> float:
+        """SIGKILL the role's process; the next ``poll()`` starts it again. The moment of the kill."""
+        assert role.process is not None
+        os.kill(role.process.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        role.process.wait()
+        role.kills += 1
+        role.restart_at = killed_at
+        log.info("killed %s (pid %d)", role.name, role.process.pid)
+        return killed_at
+
+    def poll(self) -> None:
+        """Start again the roles due, and sort out the exits: done, or a failure (then started again)."""
+        for role in self.roles.values():
+            if role.done:
+                continue
+            if role.restart_at is not None:
+                if time.monotonic() >= role.restart_at:
+                    self._spawn(role)
+                continue
+            if role.process is None or (code := role.process.poll()) is None:
+                continue
+            if code == 0 and (role.finite or role.stopping):
+                role.done = True
+                continue
+            failure = Failure(role.name, role.process.pid, code, role.tail())
+            self.failures.append(failure)
+            log.error("%s", failure.describe())
+            if role.stopping:
+                role.done = True
+            else:
+                role.restart_at = time.monotonic() + FAILED_RESTART_DELAY_S
+
+    def logged_errors(self) -> dict[str, int]:
+        """Per role, the errors its log reports over all its processes (none for a role that only was killed)."""
+        counts = {}
+        for role in self.roles.values():
+            with role.log_file.open(errors="replace") as log_file:
+                if errors := sum(1 for line in log_file if ERROR_LINE.match(line)):
+                    counts[role.name] = errors
+        return counts
+
+    def terminate(self, roles: list[Role]) -> None:
+        """Ask ``roles`` to stop (SIGTERM): each ends after its current piece of work."""
+        for role in roles:
+            role.stopping = True
+            role.restart_at = None
+            if role.running:
+                role.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+
+    def dump_stacks(self) -> None:
+        """Have every running role print its threads' stacks into its log (SIGUSR1, ``mixflow`` and the chaos
+        sink register faulthandler for it): what a stuck role was waiting on."""
+        for role in self.roles.values():
+            if role.running:
+                os.kill(role.process.pid, signal.SIGUSR1)  # type: ignore[union-attr]
+        time.sleep(1.0)  # faulthandler writes from a signal handler; give it a moment before the kill
+
+    def kill_all(self) -> None:
+        """End every role now (the run is over or failed); nothing more is recorded."""
+        for role in self.roles.values():
+            role.stopping = role.done = True
+            role.restart_at = None
+            if role.running:
+                role.process.kill()  # type: ignore[union-attr]
+        for role in self.roles.values():
+            if role.process is not None:
+                role.process.wait()
+
+    def _spawn(self, role: Role) -> None:
+        role.restart_at = None
+        role.log_start = role.log_file.stat().st_size if role.log_file.exists() else 0
+        with role.log_file.open("ab") as out:
+            role.process = subprocess.Popen(
+                role.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env
+            )
+        role.starts += 1
+        log.debug("started %s (pid %d)", role.name, role.process.pid)

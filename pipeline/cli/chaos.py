@@ -1,0 +1,80 @@
+"""`mixflow chaos --spec SPEC --faults N --seed S`: run a whole job under random faults, then audit it."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+
+from pipeline.chaos import ChaosOptions, FaultKind, run_chaos
+from pipeline.cli.command import Command
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec (run under a fresh job name)")
+    parser.add_argument("--faults", type=int, required=True, help="faults to inject, one after the other")
+    parser.add_argument("--seed", type=int, required=True, help="seed of the fault schedule")
+    parser.add_argument(
+        "--shadows", type=int, default=1, help="shadow constructors beside the active one (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="a new or empty folder for the logs, the sinks' records, report.json and the private broker "
+        "(default: $MIXFLOW_STATE_DIR or .mixflow, then chaos/<job>)",
+    )
+    parser.add_argument(
+        "--bootstrap-servers",
+        help="run on this broker instead of a private one (then the broker is never restarted)",
+    )
+    parser.add_argument(
+        "--kinds",
+        type=_kinds,
+        default=tuple(FaultKind),
+        help="the kinds of fault, comma-separated (default: all of " + ", ".join(FaultKind) + ")",
+    )
+    parser.add_argument(
+        "--fault-timeout-s",
+        type=float,
+        default=120.0,
+        help="how long each fault may take to be survived before the run fails (default: %(default)s)",
+    )
+
+
+def _kinds(text: str) -> tuple[FaultKind, ...]:
+    try:
+        return tuple(FaultKind(kind.strip()) for kind in text.split(","))
+    except ValueError as exc:
+        msg = f"{exc}; the kinds are {', '.join(FaultKind)}"
+        raise argparse.ArgumentTypeError(msg) from exc
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(args: argparse.Namespace) -> int:
+    # A run stopped from outside still ends its roles and its private broker.
+    signal.signal(signal.SIGTERM, _interrupt)
+    options = ChaosOptions(
+        spec=args.spec,
+        faults=args.faults,
+        seed=args.seed,
+        out=args.out,
+        shadows=args.shadows,
+        bootstrap=args.bootstrap_servers,
+        kinds=args.kinds,
+        fault_timeout_s=args.fault_timeout_s,
+    )
+    report = run_chaos(options)
+    for line in report.lines():
+        print(line)
+    return 0 if report.ok else 1
+
+
+COMMAND = Command(
+    name="chaos",
+    help="run a whole job while killing its roles and restarting its broker at random, then audit it",
+    add_arguments=add_arguments,
+    run=run,
+)
