@@ -162,5 +162,6 @@ def abort(producer: Producer, timeout_s: float = 60.0) -> None:
     try:
         retry_retriable(lambda: producer.abort_transaction(timeout_s), "aborting the transaction", timeout_s)
     except KafkaException as exc:
+        raise_if_fenced(exc.args[0], "this producer")
         msg = f"transaction cannot abort: {exc.args[0]}"
         raise MixflowError(msg) from exc

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from pipeline.constructor.assemble import AssembledStep, assemble_step
 from pipeline.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS, ConstructorLease
@@ -43,6 +43,7 @@ from topics.dead_letter import encode_dead_letter
 from topics.errors import MixflowError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
+from topics.retry import KafkaUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -155,16 +156,30 @@ class DataConstructor(TransactionalRole):
             return True
         log.info("constructor %s of %s: shadow, waiting for the lease", self.instance, self.out.job)
         last_look = 0.0
+        seen_step, seen_at = -1, time.monotonic()
+        # A lease consumer can miss its way back into the group after a broker restart: when the job has
+        # not moved for this long, join again as a new member (harmless if an active one merely waits).
+        stalled_s = max(15.0, 10 * self.options.lease_session_timeout_ms / 1000)
         while not self.stopping:
             if self._lease.poll(0.2):
                 return True
             if time.monotonic() - last_look > 2.0:
                 last_look = time.monotonic()
-                state = self._last_state()
+                try:
+                    state = self._last_state()
+                except (KafkaException, KafkaUnavailableError, TimeoutError) as exc:
+                    log.info("shadow %s: cannot read the job's state now (%s); waiting", self.instance, exc)
+                    continue
                 if state.finished:
                     log.info("job %s finished at step %d (followed as a shadow)", self.out.job, state.step)
                     self.stats.finished = True
                     return False
+                if state.step != seen_step:
+                    seen_step, seen_at = state.step, time.monotonic()
+                elif time.monotonic() - seen_at > stalled_s:
+                    log.info("shadow %s: no step for %.0f s; joining the lease group again", self.instance, stalled_s)
+                    self._lease.rejoin()
+                    seen_at = time.monotonic()
                 log.debug("shadow %s: the active constructor is at step %d", self.instance, state.step)
         return False
 

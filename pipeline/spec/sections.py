@@ -55,8 +55,17 @@ class KafkaSpec(BaseModel):
         self, override: str | None = None, environ: Mapping[str, str] | None = None
     ) -> dict[str, ConfigValue]:
         """The librdkafka settings shared by every client of the job: ``config`` plus
-        ``bootstrap.servers`` (see ``resolved_bootstrap_servers``). Roles add their own settings."""
-        return {**self.config, "bootstrap.servers": self.resolved_bootstrap_servers(override, environ)}
+        ``bootstrap.servers`` (see ``resolved_bootstrap_servers``). Roles add their own settings.
+
+        ``metadata.recovery.strategy`` is ``none`` unless ``config`` says otherwise: with librdkafka's
+        default (``rebootstrap``) a client that saw every broker go away (a one-broker cluster
+        restarting) can wait forever for its group coordinator (confluentinc/librdkafka#5511). A cluster
+        whose brokers all change address may want ``rebootstrap`` back."""
+        return {
+            "metadata.recovery.strategy": "none",
+            **self.config,
+            "bootstrap.servers": self.resolved_bootstrap_servers(override, environ),
+        }
 
 
 class StepSpec(BaseModel):
