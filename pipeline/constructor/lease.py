@@ -21,7 +21,7 @@ from topics.names import JobTopics
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SESSION_TIMEOUT_MS = 1500
+DEFAULT_SESSION_TIMEOUT_MS = 1000
 """How long a dead active instance holds the lease. Brokers refuse sessions shorter than their
 ``group.min.session.timeout.ms`` (6000 by default; the local stack allows 1000): the lease then falls
 back to ``FALLBACK_SESSION_TIMEOUT_MS``."""
