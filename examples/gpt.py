@@ -19,10 +19,8 @@ back to back, ``position_ids`` [T] restarting at 0 at each sample, ``cu_seqlens`
 from __future__ import annotations
 
 import argparse
-import functools
-import inspect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,6 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from trainer_sink.attention import causal_varlen_attn
 
 IGNORE_INDEX = -100
 
@@ -103,32 +103,16 @@ def config_from_arguments(args: argparse.Namespace) -> GPTConfig:
 # -- attention over packed samples ----------------------------------------------------------------------
 
 
-@functools.cache
-def _varlen() -> tuple[Callable[..., torch.Tensor], dict[str, Any]] | None:
-    """``varlen_attn`` and the keyword arguments that make it causal on this torch; ``None`` without it."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    parameters = inspect.signature(varlen_attn).parameters
-    if "is_causal" in parameters:
-        return varlen_attn, {"is_causal": True}
-    if "window_size" in parameters:
-        return varlen_attn, {"window_size": (-1, 0)}  # (left, right): everything before, nothing after
-    msg = f"torch {torch.__version__}: varlen_attn takes neither is_causal nor window_size; use --attention sdpa"
-    raise RuntimeError(msg)
-
-
 def varlen_available() -> bool:
-    return _varlen() is not None
+    return causal_varlen_attn() is not None
 
 
 def _varlen_causal(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
 ) -> torch.Tensor:
-    found = _varlen()
+    found = causal_varlen_attn()
     if found is None:
-        msg = f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn; use --attention sdpa"
+        msg = f"torch {torch.__version__} has no causal torch.nn.attention.varlen.varlen_attn; use --attention sdpa"
         raise RuntimeError(msg)
     varlen_attn, causal = found
     dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16

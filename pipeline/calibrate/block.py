@@ -2,38 +2,20 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from trainer_sink.attention import causal_varlen_attn
 
 VARLEN = "varlen"
 SDPA = "sdpa"
 
 
-@functools.cache
-def _varlen() -> tuple[Callable[..., torch.Tensor], dict[str, Any]] | None:
-    """``varlen_attn`` and the keyword arguments that make it causal on this torch; ``None`` without them."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    parameters = inspect.signature(varlen_attn).parameters
-    if "is_causal" in parameters:
-        return varlen_attn, {"is_causal": True}
-    if "window_size" in parameters:
-        return varlen_attn, {"window_size": (-1, 0)}  # (left, right): everything before, nothing after
-    return None
-
-
 def attention_backend(device: torch.device, dtype: torch.dtype) -> str:
     """``varlen`` (flash attention over ``cu_seqlens``) on CUDA in 16 bits where this torch has it, as the
     trainer runs packed samples; else ``sdpa`` (``scaled_dot_product_attention``, samples as a batch)."""
-    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _varlen() is not None:
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and causal_varlen_attn() is not None:
         return VARLEN
     return SDPA
 
@@ -49,7 +31,7 @@ class Block(nn.Module):
         if attention not in (VARLEN, SDPA):
             msg = f"attention must be {VARLEN!r} or {SDPA!r}, got {attention!r}"
             raise ValueError(msg)
-        if attention == VARLEN and _varlen() is None:
+        if attention == VARLEN and causal_varlen_attn() is None:
             msg = f"torch {torch.__version__} has no causal torch.nn.attention.varlen.varlen_attn"
             raise ValueError(msg)
         self.hidden, self.heads, self.attention = hidden, heads, attention
@@ -67,7 +49,7 @@ class Block(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, length: int
     ) -> torch.Tensor:
         if self.attention == VARLEN:
-            found = _varlen()
+            found = causal_varlen_attn()
             assert found is not None  # checked in __init__
             varlen_attn, causal = found
             return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, length, length, **causal)

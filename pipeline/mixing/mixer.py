@@ -107,29 +107,16 @@ class Mixer:
     ) -> Draw:
         """Draw step ``state.step`` with the schedule's weights at that step: composed from look-ahead
         windows (``compose_step``) or, without composition, from each source's FIFO head (``draw_step``)."""
+        args = (state, self.weights_at(state.step), self.budget_tokens, available, deferred)
         if (c := self.composition) is not None:
+            shape = {"ranks": c.ranks, "micro_batches": c.micro_batches, "capacity": c.capacity}
             return compose_step(
-                state,
-                self.weights_at(state.step),
-                self.budget_tokens,
-                available,
-                deferred,
+                *args,
                 exhausted=exhausted,
                 on_exhausted=self.on_exhausted,
-                ranks=c.ranks,
-                micro_batches=c.micro_batches,
-                capacity=c.capacity,
+                **shape,
                 cost_model=c.cost_model,
                 window=c.window,
                 due=c.due,
             )
-        return draw_step(
-            state,
-            self.weights_at(state.step),
-            self.budget_tokens,
-            available,
-            deferred,
-            exhausted=exhausted,
-            on_exhausted=self.on_exhausted,
-            long_context=self.long_context,
-        )
+        return draw_step(*args, exhausted=exhausted, on_exhausted=self.on_exhausted, long_context=self.long_context)
