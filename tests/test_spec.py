@@ -71,7 +71,11 @@ def test_defaults_and_relative_paths(tmp_path: Path) -> None:
 def test_kafka_config_precedence(tmp_path: Path) -> None:
     spec = _base() | {"kafka": {"bootstrap_servers": "k:1", "config": {"security.protocol": "SSL", "x": 3}}}
     kafka = load_spec(_write(tmp_path, spec)).kafka
-    assert kafka.client_config(environ={}) == {"security.protocol": "SSL", "x": 3, "bootstrap.servers": "k:1"}
+    expected = {"metadata.recovery.strategy": "none", "security.protocol": "SSL", "x": 3, "bootstrap.servers": "k:1"}
+    assert kafka.client_config(environ={}) == expected
+    spec["kafka"]["config"]["metadata.recovery.strategy"] = "rebootstrap"  # the spec's config wins
+    kafka = load_spec(_write(tmp_path, spec)).kafka
+    assert kafka.client_config(environ={})["metadata.recovery.strategy"] == "rebootstrap"
     assert kafka.resolved_bootstrap_servers(environ={"KAFKA_BOOTSTRAP_SERVERS": "env:2"}) == "env:2"
     assert kafka.resolved_bootstrap_servers("cli:3", environ={"KAFKA_BOOTSTRAP_SERVERS": "env:2"}) == "cli:3"
 
