@@ -29,7 +29,7 @@ from pipeline.constructor.pool import SamplePool
 from pipeline.constructor.sources import SourceTopicFeed
 from pipeline.constructor.spec_change import StepShape, carry_over, check_step_shape
 from pipeline.constructor.state import MAX_REFUSED, ConstructorState, SourcePosition
-from pipeline.constructor.state_topic import read_last_state
+from pipeline.constructor.state_topic import read_last_state, written_shape
 from pipeline.constructor.writer import PreparedStep, Record, StepWriter
 from pipeline.control import ControlReader
 from pipeline.kafka_clients import KafkaConfig, ProducerFencedError, read_committed_consumer
@@ -37,11 +37,10 @@ from pipeline.mixing import DrawStatus, Mixer, MixerState, MixtureChange, refusa
 from pipeline.role_protocol import TransactionalRole, closing_unless_stuck
 from pipeline.scheduler import plan_step
 from pipeline.spec import JobSpec, OnExhausted
-from topics.admin import ensure_job_topics, topic_exists
-from topics.batch_codec import batch_key, decode_batch_message, encode_batch, encode_end_of_data, end_of_data_steps
+from topics.admin import ensure_job_topics
+from topics.batch_codec import batch_key, encode_batch, encode_end_of_data
 from topics.dead_letter import encode_dead_letter
 from topics.errors import MixflowError
-from topics.log_reader import read_to_end
 from topics.names import JobTopics
 from topics.retry import KafkaUnavailableError
 
@@ -121,7 +120,7 @@ class DataConstructor(TransactionalRole):
         self.stop_on_signals()
         shape = self.spec.step
         check_step_shape(
-            self._written_shape(),
+            written_shape(self.config, self.out),
             StepShape(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch),
             self.out.job,
         )
@@ -400,17 +399,6 @@ class DataConstructor(TransactionalRole):
         log.debug(
             "step %d: %d tokens, %d samples, %d deferred", record.step, record.tokens, record.samples, record.deferred
         )
-
-    def _written_shape(self) -> StepShape | None:
-        """The step shape of the last batch written to rank 0, if any."""
-        topic = self.out.rank(0)
-        if not topic_exists(self.config, topic):
-            return None
-        records = [r for r in read_to_end(self.config, topic, tail=8) if end_of_data_steps(r.headers()) is None]
-        if not records:
-            return None
-        last = decode_batch_message(records[-1])
-        return StepShape(last.ranks, last.micro_batches, last.capacity)
 
     def _last_state(self) -> ConstructorState:
         state = read_last_state(self.config, self.out)

@@ -1,9 +1,13 @@
-"""Reading a job's state topic (``<job>.state``): the last committed constructor state."""
+"""Reading what a job wrote: the last committed constructor state (``<job>.state``) and the step shape
+of its last batch (``<job>.rank.0``)."""
 
 from __future__ import annotations
 
+from pipeline.constructor.spec_change import StepShape
 from pipeline.constructor.state import ConstructorState
 from pipeline.kafka_clients import KafkaConfig
+from topics.admin import topic_exists
+from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import DecodeError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
@@ -23,3 +27,15 @@ def read_last_state(config: KafkaConfig, topics: JobTopics) -> ConstructorState 
         return ConstructorState.from_bytes(last.value())
     except DecodeError as exc:
         raise exc.at(last.topic(), last.partition(), last.offset()) from exc
+
+
+def written_shape(config: KafkaConfig, topics: JobTopics) -> StepShape | None:
+    """The step shape of the last batch written to rank 0; None before the job's first step."""
+    topic = topics.rank(0)
+    if not topic_exists(config, topic):
+        return None
+    records = [r for r in read_to_end(config, topic, tail=8) if end_of_data_steps(r.headers()) is None]
+    if not records:
+        return None
+    last = decode_batch_message(records[-1])
+    return StepShape(last.ranks, last.micro_batches, last.capacity)

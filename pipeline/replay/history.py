@@ -7,9 +7,9 @@ from functools import cached_property
 
 from pipeline.constructor.spec_change import StepShape
 from pipeline.constructor.state import ConstructorState
+from pipeline.constructor.state_topic import written_shape
 from pipeline.kafka_clients import KafkaConfig
 from topics.admin import bootstrap_servers, topic_exists
-from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import DecodeError, MixflowError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
@@ -75,15 +75,6 @@ def read_history(config: KafkaConfig, job: str) -> JobHistory | None:
         records.append(StateRecord(state, message.key(), message.value()))
     # A state record commits with the step's batches: with none, there are no batches to look at either.
     return JobHistory(job, tuple(records), written_shape(config, topics) if records else None)
-
-
-def written_shape(config: KafkaConfig, topics: JobTopics) -> StepShape | None:
-    """The step shape of the last batch on rank 0 (which must exist), if any."""
-    records = [r for r in read_to_end(config, topics.rank(0), tail=8) if end_of_data_steps(r.headers()) is None]
-    if not records:
-        return None
-    last = decode_batch_message(records[-1])
-    return StepShape(last.ranks, last.micro_batches, last.capacity)
 
 
 def require_history(config: KafkaConfig, job: str) -> JobHistory:
