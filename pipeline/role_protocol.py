@@ -29,6 +29,9 @@ from pipeline.kafka_clients import (
 
 log = logging.getLogger(__name__)
 
+OFFSETS_RETRY_DEADLINE_S = 60.0
+"""How long adding offsets to a transaction rides out a broker that is away, at least."""
+
 
 class TransactionalRole:
     """A role that writes exactly once: its records and the offsets of what it consumed commit together.
@@ -97,8 +100,11 @@ class TransactionalRole:
         try:
             offsets = work()
             if consumer is not None and offsets:
-                # Past the transaction timeout the broker aborts the transaction anyway.
-                send_offsets(producer, consumer, offsets, timeout_s=self.transaction_timeout_ms / 1000)
+                # A broker restart can keep the coordinator away for longer than a short transaction
+                # timeout; should the broker abort the transaction meanwhile, the next call says so and
+                # the work is redone below.
+                deadline_s = max(OFFSETS_RETRY_DEADLINE_S, self.transaction_timeout_ms / 1000)
+                send_offsets(producer, consumer, offsets, timeout_s=deadline_s)
         except KafkaClientStuckError:
             raise
         except KafkaException as exc:
