@@ -164,7 +164,7 @@ def _simulate(
         )
         assert draw.status is DrawStatus.OK
         _check_valid(draw, available, before)
-        _check_due(draw, available, weights, goal, due)
+        _check_due(draw, available, before, goal, due)
         taken = {s: fifo[s][draw.take[s]] for s in names}
         for s in names:
             fifo[s] = np.delete(fifo[s], draw.take[s])
@@ -204,13 +204,23 @@ def _check_valid(draw: Draw, available: dict[str, np.ndarray], before: dict[str,
         np.testing.assert_array_equal(draw.lengths[s], np.concatenate([before[s], available[s][positions]]))
 
 
-def _check_due(draw: Draw, available: dict[str, np.ndarray], weights: dict[str, float], goal: int, due: float) -> None:
-    """Every sample with fewer than ``due`` steps of its source's tokens before it is taken."""
-    total_w = sum(weights.values())
+def _check_due(
+    draw: Draw,
+    available: dict[str, np.ndarray],
+    before: dict[str, np.ndarray],
+    goal: int,
+    due: float,
+) -> None:
+    """Every sample with fewer than ``due`` steps of its source's tokens before it is taken, while its
+    source is behind its target: as the in-order draw does, up to the target."""
     for s, lengths in available.items():
         ahead = np.cumsum(lengths) - lengths
-        must = np.flatnonzero(ahead < due * weights[s] / total_w * goal)
+        remaining = draw.targets.get(s, 0.0) - float(before[s].sum())
+        must = np.flatnonzero(ahead < min(due * draw.weights.get(s, 0.0) * goal, remaining))
         assert np.isin(must, draw.take[s]).all(), f"{s}: a due sample was left"
+        taken = available[s][draw.take[s]]
+        if len(taken) and s in draw.targets:
+            assert float(taken[np.isin(draw.take[s], must)].sum()) <= max(remaining, 0.0) + lengths.max()
 
 
 # -- properties --------------------------------------------------------------------------------------
@@ -258,6 +268,31 @@ def test_shares_stay_within_a_sample(families: list[str], raw: list[float], seed
     assert worst <= 2 * longest
     wanted = np.array(list(weights.values())) / sum(weights.values()) * run.delivered.sum()
     assert np.all(np.abs(run.delivered - wanted) <= 2 * longest)
+
+
+@settings(deadline=None, max_examples=8)
+@given(
+    st.sampled_from(["uniform-long", "bimodal", "long/short"]),
+    st.sampled_from([0.03, 0.1, 0.2]),
+    st.sampled_from([(2.0, 0.5), (DEFAULT_WINDOW, DEFAULT_DUE)]),
+    st.integers(0, 2**16),
+)
+def test_a_source_with_samples_longer_than_its_share_of_a_step(
+    family: str, small: float, window_due: tuple[float, float], seed: int
+) -> None:
+    """A source whose samples are longer than its tokens per step (the example job's `topics`, 1,024-token
+    chunks at a fifth of 4,096-token steps) neither runs ahead of its share nor waits past the bound."""
+    window, due = window_due
+    shape = Shape(2, 2, 1024)
+    weights = {"big": 1 - small, "small": small}
+    run = _simulate(["lognormal", family], weights, shape, 60, seed, window=window, due=due)
+    longest = float(run.lengths.max())
+    assert max(abs(c) for credits in run.credits for c in credits.values()) <= 2 * longest
+    unit = small * math.floor(shape.tokens * (1 - HEADROOM))
+    mine = run.source == 1
+    seen = run.drawn[mine] >= 0
+    waits = run.drawn[mine][seen] - run.entered[mine][seen]
+    assert waits.max() <= waiting_bound(window, due, float(run.lengths[mine].max()) / unit)
 
 
 @settings(deadline=None, max_examples=15)

@@ -9,7 +9,8 @@ token.
 Each option fixes a level of excess per rank and builds one group of long samples per rank up to it
 (``build_groups``); the short samples of each source then fill its target in FIFO order. The options are
 the seeds alone (deferred and due long samples, which every option holds), then a level set by each of
-the oldest ``ANCHORS`` long candidates in turn (that candidate held too). Each option is planned with
+the oldest ``ANCHORS`` long candidates of sources still behind their targets in turn (that candidate
+held too). Each option is planned with
 ``plan_step`` as the constructor will plan it (candidates in ``SamplePool.take``'s order; the deferred
 ones source by source); the first (oldest anchor) whose score (mean over largest rank cost, times the
 share of capacity placed) is within ``PREFER_OLDER`` of the best wins. Float sums that steer a choice use
@@ -207,7 +208,9 @@ def compose_takes(
     _, seeded = build_groups(seeds, candidates, order, np.zeros(len(names)), 0.0, 0.0, shape)
     seeds_level = float(seeded.max())
     options: list[tuple[float, int]] = [(seeds_level, -1)]
-    options += [(max(seeds_level, float(candidates.excess[a])), a) for a in by_age[:ANCHORS].tolist()]
+    # An anchor is held whatever its source's allowance, so only a source behind its target gives one.
+    anchors = by_age[allowance[candidates.source[by_age]] > 0][:ANCHORS]
+    options += [(max(seeds_level, float(candidates.excess[a])), a) for a in anchors.tolist()]
 
     deferred = list(before.values())
     results: list[tuple[float, dict[str, np.ndarray]]] = []

@@ -13,19 +13,24 @@ has); otherwise the draw is ``WAITING`` for those sources. The result is a pure 
 the deferred samples and the mixer state, never of how many more samples are buffered.
 
 **Waiting bound.** Every sample with fewer than ``due * weight * goal`` tokens before it in its source's
-FIFO is *due* and always taken. Each step thus removes at least that many tokens from the head of every
-FIFO, so a sample with ``A`` tokens before it is taken within ``A // (due * weight * goal)`` steps, and a
-sample in its source's window within ``waiting_bound(window, due)`` = ``ceil(window / due) - 1`` steps
-(63 with the defaults, at constant weights; measured waits are far shorter). Sources out of play (weight
-0) wait with all their samples, as in ``draw_step``. A drawn sample the scheduler defers comes back first
-in the next draw, as before.
+FIFO is *due*, and due samples are taken first, in FIFO order, while the source is behind its target
+(the last one may pass it, as in ``draw_step``). A source that is not ahead of its share thus loses at
+least that many tokens from the head of its FIFO each step, so a sample in its source's window is taken
+within ``ceil(window / due) - 1`` steps (63 with the defaults, at constant weights; measured waits are
+far shorter). A source ahead of its share takes nothing until its credit is back, and it is never ahead
+by more than about two of its samples (see Shares), so a source whose samples are long against its
+tokens per step (``unit = weight * goal``) adds ``ceil(2 * longest / unit)`` steps:
+``waiting_bound(window, due, longest / unit)``. The in-order draw has the same rate limit: a source
+gives about ``unit`` tokens a step. Sources out of play (weight 0) wait with all their samples, as in
+``draw_step``. A drawn sample the scheduler defers comes back first in the next draw, as before.
 
 **Shares.** Each source in play gives about its target (its weight's share of the goal plus its credit,
-as in ``draw_step``): the long samples chosen for balance may pass it by one sample, the short samples
-that fill the rest stop *below* it (a whole step must fit the capacity, so that the scheduler need not
-cut the newest samples, which here may be the chosen long ones). The credit carries the difference, so
-cumulative shares stay within about one sample per source, as today. Due samples are taken even beyond
-the target, which happens only to a source already ahead by most of a step.
+as in ``draw_step``): the due samples and the long samples chosen for balance may pass it by one sample
+each, the short samples that fill the rest stop *below* it (a whole step must fit the capacity, so that
+the scheduler need not cut the newest samples, which here may be the chosen long ones). The credit
+carries the difference, so cumulative shares stay within about one sample per source, as today. (Due
+samples taken whatever the target, as in a first version, let a source whose samples are longer than
+its tokens per step run ahead by one sample every step.)
 
 **Long context.** The spec's ``long_context`` section (a token share from samples of ``min_length`` or
 more) is not an input: composition makes it redundant for balancing, and every long sample is delivered
@@ -57,9 +62,10 @@ HEADROOM = 0.01
 """Share of the step's capacity left undrawn, so that the scheduler can balance rather than pack."""
 
 
-def waiting_bound(window: float = DEFAULT_WINDOW, due: float = DEFAULT_DUE) -> int:
-    """The most steps a sample waits once in its source's window (at constant weights)."""
-    return math.ceil(window / due) - 1
+def waiting_bound(window: float = DEFAULT_WINDOW, due: float = DEFAULT_DUE, longest_per_unit: float = 0.0) -> int:
+    """The most steps a sample waits once in its source's window (at constant weights), where the
+    source's longest sample is ``longest_per_unit`` times its tokens per step."""
+    return math.ceil(window / due) - 1 + math.ceil(2 * longest_per_unit)
 
 
 def compose_step(
@@ -118,7 +124,7 @@ def compose_step(
         lengths = avail[s][:n]
         ahead = total[:n] - lengths
         remaining = first.targets[s] - float(before[s].sum())
-        windows[s] = SourceWindow(lengths, ahead, ahead < due * unit[s], unit[s], remaining)
+        windows[s] = SourceWindow(lengths, ahead, ahead < min(due * unit[s], remaining), unit[s], remaining)
     too_long = [s for s in sources if len(before[s]) and before[s].max() > capacity]
     too_long += [s for s, w in windows.items() if len(w.lengths) and w.lengths.max() > capacity]
     if too_long:

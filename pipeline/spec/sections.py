@@ -155,7 +155,8 @@ class CompositionSpec(BaseModel):
     """Each step's samples are chosen from a look-ahead window of every source so that the step can be
     balanced (``pipeline/mixing/compose.py``): long samples grouped so that every rank gets a fair share
     of their cost, short ones filling around them. A sample waits at most ``ceil(window_steps /
-    due_share) - 1`` steps once in its source's window (63 with the defaults)."""
+    due_share) - 1`` steps once in its source's window (63 with the defaults), plus ``ceil(2 * L / u)``
+    where its source's longest sample ``L`` is longer than the source's tokens per step ``u``."""
 
     model_config = ConfigDict(extra="forbid")
 
