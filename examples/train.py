@@ -262,14 +262,24 @@ def load_checkpoint(out: Path, group: Group) -> tuple[int, dict[str, Any], dict[
     if not latest.exists():
         return None
     info = json.loads(latest.read_text())
+    # Checkpoints fall between steps, where any rank's sink state names the step to go on from; under
+    # another world size (ranks of a job replayed with `mixflow replay --ranks`) the sink finds that step
+    # on its own rank topic by number.
+    saved_rank = min(group.rank, info["world_size"] - 1)
     if info["world_size"] != group.world:
-        msg = f"{latest} was written by {info['world_size']} ranks; this run has {group.world}"
-        raise SystemExit(msg)
+        log.warning(
+            "rank %d: %s was written by %d ranks, this run has %d: resuming from rank %d's sink state, by step",
+            group.rank,
+            latest,
+            info["world_size"],
+            group.world,
+            saved_rank,
+        )
     folder = root / info["dir"]
     state = torch.load(folder / "model.pt", map_location=group.device, weights_only=True)
-    sink = json.loads((folder / f"sink-rank{group.rank}.json").read_text())
+    sink = json.loads((folder / f"sink-rank{saved_rank}.json").read_text())
     if state["step"] != info["step"] or sink["step"] != info["step"]:
-        msg = f"checkpoint {folder} is inconsistent: latest.json, model.pt and sink-rank{group.rank}.json disagree"
+        msg = f"checkpoint {folder} is inconsistent: latest.json, model.pt and sink-rank{saved_rank}.json disagree"
         raise SystemExit(msg)
     return info["step"], state, sink["sink"]
 

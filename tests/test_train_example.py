@@ -293,3 +293,24 @@ def test_two_ranks_under_torchrun_each_see_their_topic(job: Job, tmp_path: Path)
     # The loss is normalised over the whole global step, so every rank logs the same one.
     assert summaries[0]["loss_last"] == pytest.approx(summaries[1]["loss_last"])
     assert summaries[0]["loss_last"] < summaries[0]["loss_first"]
+
+
+def test_a_run_resumes_under_another_world_size(job: Job, tmp_path: Path) -> None:
+    """One process trains the first steps on rank 0's topic; two processes go on from its checkpoint,
+    rank 1 from rank 0's sink state, found by step on its own topic: each sees exactly its topic's rest."""
+    out = tmp_path / "elastic"
+    first = STEPS // 3
+    _finish(_start(job, out, "--steps", str(first)), out)
+    assert json.loads((out / "checkpoint" / "latest.json").read_text())["world_size"] == 1
+    logs = [out / f"received-rank{r}.jsonl" for r in range(RANKS)]
+    sizes = [path.stat().st_size if path.exists() else 0 for path in logs]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS)]
+    with open(out / "train.log", "ab") as log:
+        process = _popen([*command, *_train_command(job, out, "--resume")], log)
+    _finish(process, out)
+    for rank in range(RANKS):
+        after = _received(logs[rank], sizes[rank])
+        assert after == [r for r in job.topics[rank] if r[0] >= first], f"rank {rank} resumed at other batches"
+        summary = json.loads((out / f"trainer-rank{rank}.json").read_text())
+        assert summary["first_step"] == first and summary["end_step"] == STEPS
+
