@@ -1,13 +1,16 @@
 """Scheduler benchmark: plan_step against plain LPT and np.argsort, balance, fill and planning time.
 
-    .venv/bin/python benchmarks/scheduler_bench.py [--quick] [--repeats N] [--markdown]
+    .venv/bin/python benchmarks/scheduler_bench.py [--quick | --tenk] [--repeats N] [--markdown]
 
 Every scenario draws samples until they fill ``ranks * micro_batches * capacity`` tokens, so a step is
-nearly full. Baselines, on the same pool: ``plan_lpt`` (plain LPT over the same candidates: longest first,
-each on the least costly rank with room, its first micro-batch with room), LPT made starvation-safe
-(``plan_lpt(..., starvation_safe=True)``, the reference plan_step is never worse than), naive per-rank
-loading (round-robin dealing, first-fit in order, stop when full), and ``np.argsort`` of the same costs
-for time. Times are medians of ``--repeats`` rounds, each round timing all three in turn.
+nearly full; the 10,240-rank scenarios (issue #10, about 2M samples a step; ``--tenk`` runs only those) draw
+a pool of 105% of the step, as a constructor with a deferred backlog does, and time the order of every
+rank's batch too (``rank_order`` rank by rank against ``rank_orders``). Baselines, on the same pool:
+``plan_lpt`` (plain LPT over the same candidates: longest first, each on the least costly rank with room,
+its first micro-batch with room), LPT made starvation-safe (``plan_lpt(..., starvation_safe=True)``, the
+reference plan_step is never worse than), naive per-rank loading (round-robin dealing, first-fit in order,
+stop when full), and ``np.argsort`` of the same costs for time. Times are medians of ``--repeats`` rounds,
+each round timing all three in turn.
 """
 
 from __future__ import annotations
@@ -21,11 +24,21 @@ from dataclasses import dataclass
 import numpy as np
 from _table import add_markdown_flag, print_table
 
-from pipeline.scheduler import CostModel, PlanSummary, plan_lpt, plan_step, validate_plan
+from pipeline.scheduler import (
+    CostModel,
+    PlanSummary,
+    StepPlan,
+    plan_lpt,
+    plan_step,
+    rank_order,
+    rank_orders,
+    validate_plan,
+)
 
 FLOPS = CostModel.from_transformer(4096, 32)  # hidden 4096, 32 layers, causal: beta/alpha = 24h/2 = 49,152
 QUADRATIC = CostModel(alpha=1.0, beta=0.0)
 LINEAR = CostModel(alpha=1.0, beta=1e7)  # beta >> alpha * L: cost is about tokens
+TENK = 10240
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,7 @@ class Scenario:
     micro_batches: int
     draw: Callable[[np.random.Generator, int], np.ndarray]
     ranks: tuple[int, ...] = ()  # where set, these ranks instead of the run's scales
+    load: float = 1.0  # the pool's tokens over the step's
 
 
 def _lognormal(median: float, sigma: float) -> Callable:
@@ -74,12 +88,15 @@ SCENARIOS = (
     # The two cases of issue #11: a heavy tail under a pure quadratic cost, a long/short mix at 32k.
     Scenario("#11 pareto 1.1 (min 64)", "L^2", QUADRATIC, 8192, 8, _pareto(1.1, 64), ranks=(256,)),
     Scenario("#11 mix 32k (3% long)", "flops", FLOPS, 32768, 2, _long_short(8192, 32768, 0.03), ranks=(128,)),
+    # Issue #10: 10,240 ranks, a few micro-batches each, about 2M samples a step, a pool of 105% of the step.
+    Scenario("10k web (lognormal ~500)", "flops", FLOPS, 32768, 4, _lognormal(500, 0.8), (TENK,), 1.05),
+    Scenario("10k mix 64k (3% long)", "flops", FLOPS, 65536, 4, _long_short(8192, 32768, 0.03), (TENK,), 1.05),
 )
 
 
 def draw_step(scenario: Scenario, ranks: int, rng: np.random.Generator) -> np.ndarray:
-    """Samples in priority order until they fill the step (the last one overflows it)."""
-    capacity_tokens = ranks * scenario.micro_batches * scenario.context
+    """Samples in priority order until they fill ``load`` times the step (the last one overflows it)."""
+    capacity_tokens = int(scenario.load * ranks * scenario.micro_batches * scenario.context)
     chunks, total = [], 0
     while total <= capacity_tokens:
         chunk = np.clip(scenario.draw(rng, 65536), 1, scenario.context).astype(np.int64)
@@ -141,7 +158,7 @@ def run_scenario(scenario: Scenario, ranks: int, repeats: int, rng: np.random.Ge
     )
     naive_costs, naive_tokens, naive_largest = naive_rank_costs(costs, lengths, ranks, m, c)
     capacity = ours.token_capacity
-    return {
+    row = {
         "distribution": scenario.name,
         "cost": scenario.cost,
         "R": ranks,
@@ -164,11 +181,34 @@ def run_scenario(scenario: Scenario, ranks: int, repeats: int, rng: np.random.Ge
         "plan/argsort": f"{times['plan'] / times['argsort']:.2f}",
         "LPT/argsort": f"{times['lpt'] / times['argsort']:.2f}",
     }
+    return row if ranks < TENK else {**row, "_orders": rank_order_times(scenario, plan, repeats)}
+
+
+def rank_order_times(scenario: Scenario, plan: StepPlan, repeats: int) -> dict:
+    """Every rank's batch order, as the constructor needs it each step: ``rank_order`` rank by rank (each call
+    scans the whole plan; timed on 64 ranks and scaled to all) against ``rank_orders``, all ranks in one pass."""
+    sampled = 64
+    times = median_times(
+        {
+            "per rank": lambda: [rank_order(plan, r) for r in range(sampled)],
+            "all": lambda: rank_orders(plan),
+        },
+        repeats,
+    )
+    return {
+        "distribution": scenario.name,
+        "R": plan.ranks,
+        "placed": int(plan.placed_mask.sum()),
+        "rank_order x R s": f"{times['per rank'] * plan.ranks / sampled:.2f}",
+        "rank_orders ms": f"{times['all'] * 1e3:.1f}",
+        "speed-up": f"{times['per rank'] * plan.ranks / sampled / times['all']:.0f}x",
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small scales only (64 and 512 ranks)")
+    parser.add_argument("--quick", action="store_true", help="small scales only (64 and 512 ranks), no 10k rows")
+    parser.add_argument("--tenk", action="store_true", help=f"only the {TENK}-rank scenarios (issue #10)")
     parser.add_argument("--repeats", type=int, default=None, help="timing rounds (default 7, 3 with --quick)")
     parser.add_argument("--seed", type=int, default=0)
     add_markdown_flag(parser)
@@ -178,19 +218,40 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     plan_step(np.arange(1, 100, dtype=np.int64), 4, 2, 1000)  # compile (or load) the kernels first
     plan_lpt(np.arange(1, 100, dtype=np.int64), 4, 2, 1000)
-    rows = [
-        run_scenario(scenario, ranks, repeats, rng) for scenario in SCENARIOS for ranks in (scenario.ranks or scales)
+    rank_order(plan_step(np.arange(1, 100, dtype=np.int64), 4, 2, 1000), 0)
+    rank_orders(plan_step(np.arange(1, 100, dtype=np.int64), 4, 2, 1000))
+    chosen = [
+        (scenario, ranks)
+        for scenario in SCENARIOS
+        for ranks in (scenario.ranks or scales)
+        if (ranks >= TENK) == args.tenk or (not args.quick and not args.tenk)
     ]
+    rows = [run_scenario(scenario, ranks, repeats, rng) for scenario, ranks in chosen]
+    orders = [row.pop("_orders") for row in rows if "_orders" in row]
     print_table(list(rows[0]), [list(row.values()) for row in rows], markdown=args.markdown)
     print(
         "Balance: costliest rank / lower bound max(placed cost / R, largest placed cost) of that plan's placed"
         " samples. Fill: tokens placed / capacity. Safe LPT: plain LPT with the starvation repair."
     )
+    if orders:
+        print()
+        print_table(list(orders[0]), [list(row.values()) for row in orders], markdown=args.markdown)
     print_targets(rows, max(scales))
 
 
 def print_targets(rows: list[dict], largest_scale: int) -> None:
     """One line per target, met or not, with the numbers."""
+    tenk = [row for row in rows if row["R"] >= TENK]
+    if tenk:
+        slowest = max(tenk, key=lambda row: float(row["plan ms"]))
+        print(
+            f"target {'met' if float(slowest['plan ms']) < 1000 else 'NOT met'}: plan < 1 s at {TENK} ranks:"
+            f" slowest {slowest['plan ms']} ms ({slowest['distribution']}, {slowest['samples']} samples,"
+            f" {slowest['plan/argsort']}x argsort)"
+        )
+    rows = [row for row in rows if row["R"] < TENK]
+    if not rows:
+        return
     dense = [row for row in rows if row["samples"] >= 8 * row["R"]]
     at_scale = [row for row in dense if row["R"] == largest_scale]
     worst_time = max(float(row["plan/argsort"]) for row in at_scale)

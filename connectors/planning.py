@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -106,3 +107,65 @@ def plan_units(
         for unit in split_file(reader.source, layout, max_bytes, epoch)
     ]
     return shuffle_units(units, seed, reader.source, epoch)
+
+
+def split_unit(unit: WorkUnit, layout: FileLayout, max_bytes: int) -> list[WorkUnit]:
+    """``unit`` cut into finer units of at most ``max_bytes`` each, in row order, covering its rows once.
+
+    One level down each time it is too big: a file into runs of whole row groups (where it has them),
+    any piece still too big into row ranges. A single row cannot be cut, so only a piece of one row may
+    exceed ``max_bytes``. The unit comes back alone when it cannot be cut, or its rows do not fit the
+    file's ``layout`` (the file changed since planning: reading the unit reports that)."""
+    if max_bytes < 1:
+        msg = f"max_bytes must be >= 1, got {max_bytes}"
+        raise ValueError(msg)
+    if layout.problem is not None or unit.stop > layout.num_rows or unit.num_rows < 2:
+        return [unit]
+    start, stop = (0, layout.num_rows) if unit.kind == "file" else (unit.start, unit.stop)
+    bounds = layout.row_bounds
+    pieces: list[tuple[int, int]] = []
+    groups = layout.row_groups
+    if unit.kind == "file" and groups is not None:
+        runs = cut_rows(bounds, groups, max_bytes)
+        coarse = list(itertools.pairwise(runs.tolist()))
+    else:
+        coarse = [(start, stop)]
+    for lo, hi in coarse:
+        pieces += _row_ranges(bounds, lo, hi, max_bytes)
+    if len(pieces) < 2:
+        return [unit]
+    units = []
+    for lo, hi in pieces:
+        size = int(bounds[hi] - bounds[lo])
+        group = _single_group(groups, lo, hi)
+        if group is not None:
+            units.append(WorkUnit(unit.source, unit.path, "row_group", lo, hi, unit.epoch, size, row_group=group))
+        else:
+            offset = int(bounds[lo])
+            units.append(WorkUnit(unit.source, unit.path, "rows", lo, hi, unit.epoch, size, byte_offset=offset))
+    return units
+
+
+def _row_ranges(bounds: np.ndarray, start: int, stop: int, max_bytes: int) -> list[tuple[int, int]]:
+    """Rows ``[start, stop)`` as ranges of about equal bytes, each at most ``max_bytes`` or one row."""
+    if int(bounds[stop] - bounds[start]) <= max_bytes:
+        return [(start, stop)]
+    cuts = cut_rows(bounds, np.arange(start, stop + 1), max_bytes).tolist()
+    ranges: list[tuple[int, int]] = []
+    for lo, hi in itertools.pairwise(cuts):
+        if hi - lo > 1 and int(bounds[hi] - bounds[lo]) > max_bytes:
+            ranges += _greedy_ranges(bounds, lo, hi, max_bytes)  # a cut moved to the nearest row overshot
+        else:
+            ranges.append((lo, hi))
+    return ranges
+
+
+def _greedy_ranges(bounds: np.ndarray, start: int, stop: int, max_bytes: int) -> list[tuple[int, int]]:
+    """Rows ``[start, stop)`` as the fewest ranges of at most ``max_bytes``, taking the most rows each time."""
+    ranges = []
+    while start < stop:
+        end = int(np.searchsorted(bounds, bounds[start] + max_bytes, side="right")) - 1
+        end = min(max(end, start + 1), stop)
+        ranges.append((start, end))
+        start = end
+    return ranges

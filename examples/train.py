@@ -100,6 +100,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "--wait-timeout-s", type=float, default=600.0, help="give up when no step arrives for this long"
     )
     parser.add_argument("--threads", type=int, help="torch CPU threads per process (default: torch's choice)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="each process serves its sink's Prometheus metrics on this port plus its LOCAL_RANK (0: off)",
+    )
     gpt.add_model_arguments(parser)
     args = parser.parse_args(argv)
     if args.steps is not None and args.steps < 0:
@@ -388,6 +394,7 @@ def train(args: argparse.Namespace, group: Group) -> dict[str, Any]:
         global_rank=group.rank,
         world_size=group.world,
         wait_timeout_s=args.wait_timeout_s,
+        metrics_port=args.metrics_port + int(os.environ.get("LOCAL_RANK", "0")) if args.metrics_port else None,
     )
 
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """Mixture changes on a job's control topic (``<job>.control``): publishing one, and the constructor's
-reader of them.
+reader of them; and the measured cost of loading a source's work units (``unit-cost`` records).
 
 A change is the JSON record ``{"kind": "mixture-change", "id": ..., "from_step": K, "shares": {...}}``
 with key ``mixture-change``. The constructor reads the control topic from the offset in its last state
@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import ClassVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from pydantic import ValidationError
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from pipeline.kafka_clients import KafkaConfig, produce, read_committed_consumer
 from pipeline.mixing import MixtureChange
 from pipeline.mixing.changes import MixtureChangeDocument
 from topics.errors import DecodeError, MixflowError
+from topics.log_reader import read_to_end
 from topics.names import JobTopics
 from topics.validation import describe_errors
 
@@ -128,6 +131,81 @@ class ControlReader:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+UNIT_COST_KIND = "unit-cost"
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """``seconds`` spent loading ``bytes`` of a source (the units' ``estimated_bytes``, the size planning
+    uses) over ``units`` units: reading, tokenizing, encoding and producing them.
+
+    The JSON form is ``{"kind": "unit-cost", "source", "bytes", "seconds", "units", "measured_by"}``, keyed
+    ``unit-cost/<source>``. A loader writes one in each transaction of its units (with a source's
+    ``unit_target_s`` set), and the planner writes its own measurement with the plan. A source's cost is
+    the sum of its records (:func:`read_unit_cost`): a new loader, or the next epoch's planner, starts
+    from it instead of measuring again."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="ignore")
+
+    source: str
+    bytes: int
+    seconds: float
+    units: int = 1
+    measured_by: str = ""
+
+    def __post_init__(self) -> None:
+        if self.bytes < 0 or not (self.seconds >= 0 and math.isfinite(self.seconds)) or self.units < 0:
+            msg = f"unit cost of {self.source}: bytes, seconds and units must be finite and >= 0"
+            raise ValueError(msg)
+
+    @property
+    def seconds_per_byte(self) -> float | None:
+        """The measured cost, or None before anything with content was measured."""
+        return self.seconds / self.bytes if self.bytes and self.seconds else None
+
+    def plus(self, other: UnitCost) -> UnitCost:
+        return replace(
+            self, bytes=self.bytes + other.bytes, seconds=self.seconds + other.seconds, units=self.units + other.units
+        )
+
+    def to_json(self) -> bytes:
+        return json.dumps({"kind": UNIT_COST_KIND, **asdict(self)}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> UnitCost:
+        try:
+            return _UNIT_COST.validate_json(data)
+        except ValidationError as exc:
+            msg = f"not a unit cost: {describe_errors(exc, cls)}"
+            raise DecodeError(msg) from exc
+        except ValueError as exc:
+            raise DecodeError(f"not a unit cost: {exc}") from exc
+
+
+_UNIT_COST = TypeAdapter(UnitCost)
+
+
+def unit_cost_key(source: str) -> bytes:
+    return f"{UNIT_COST_KIND}/{source}".encode()
+
+
+def read_unit_cost(config: KafkaConfig, topics: JobTopics, source: str) -> UnitCost | None:
+    """The sum of the committed ``unit-cost`` records of ``source``, or None when there is none. A broken
+    record is skipped with a warning: the cost is an estimate, and the next measurement replaces it."""
+    key = unit_cost_key(source)
+    total: UnitCost | None = None
+    for message in read_to_end(config, topics.control):
+        if message.key() != key:
+            continue
+        try:
+            cost = UnitCost.from_json(message.value() or b"")
+        except DecodeError as exc:
+            log.warning("%s[%d]@%d: %s", message.topic(), message.partition(), message.offset(), exc)
+            continue
+        total = cost if total is None else total.plus(cost)
+    return total
 
 
 def shares_from_arguments(pairs: list[str], sources: Mapping[str, object]) -> dict[str, float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -19,6 +20,22 @@ KafkaConfig = Mapping[str, Any]
 T = TypeVar("T")
 
 
+TRANSACTIONAL_PRODUCER_SETTINGS: dict[str, Any] = {
+    # Batch many small samples per request; 5 ms of latency is nothing next to a training step.
+    "linger.ms": 5,
+    "batch.size": 1_048_576,
+    # Token ids compress well and cheaply. What the broker stores changes with it, not what readers
+    # get; "none" trades broker disk and network for CPU (benchmarks/README.md, constructor throughput).
+    "compression.type": "lz4",
+    # Room for a whole work unit or step in flight before produce() has to wait.
+    "queue.buffering.max.kbytes": 524_288,
+    "queue.buffering.max.messages": 1_000_000,
+    # Batches of one step can be several MB (the broker allows 64 MB).
+    "message.max.bytes": 67_108_864,
+}
+"""Defaults of every transactional producer; a role's base config (the spec's ``kafka.config``) wins."""
+
+
 def transactional_producer(
     base: KafkaConfig,
     transactional_id: str,
@@ -31,20 +48,11 @@ def transactional_producer(
     Initialising fences any earlier producer with the same ``transactional_id`` and aborts its open
     transaction, which is how a restarted role takes over from its dead predecessor at once."""
     config = {
-        **base,
+        **TRANSACTIONAL_PRODUCER_SETTINGS,
+        **base,  # the spec's kafka.config may override the settings above (e.g. compression.type: none)
         "transactional.id": transactional_id,
         # An open transaction of a killed producer blocks read_committed readers until this passes.
         "transaction.timeout.ms": transaction_timeout_ms,
-        # Batch many small samples per request; 5 ms of latency is nothing next to a training step.
-        "linger.ms": 5,
-        "batch.size": 1_048_576,
-        # Token ids compress well and cheaply.
-        "compression.type": "lz4",
-        # Room for a whole work unit or step in flight before produce() has to wait.
-        "queue.buffering.max.kbytes": 524_288,
-        "queue.buffering.max.messages": 1_000_000,
-        # Batches of one step can be several MB (the broker allows 64 MB).
-        "message.max.bytes": 67_108_864,
     }
     producer = Producer(config)
     try:
@@ -104,38 +112,51 @@ class KafkaClientStuckError(MixflowError):
     process; the new one fences this one's transactional.id and nothing is lost or repeated."""
 
 
+SEND_OFFSETS_CALL_S = 15.0
+"""librdkafka's timeout for one attempt at adding offsets to a transaction."""
+STUCK_MARGIN_S = 10.0
+"""How long past its own timeout one attempt may take before the client counts as stuck."""
+
+
 def send_offsets(
     producer: Producer, consumer: Consumer, offsets: list[TopicPartition], timeout_s: float = 60.0
 ) -> None:
     """Add consumed offsets to the open transaction, riding out a broker that is briefly away.
 
     librdkafka can block in this call forever once the group coordinator went away, whatever its
-    timeout (confluentinc/librdkafka#5456, #5511): the call runs on a watchdog thread, and when it has
-    not returned after ``timeout_s`` plus a margin, KafkaClientStuckError ends the role instead of
-    letting it hang."""
+    timeout (confluentinc/librdkafka#5456, #5511): the attempts run on a watchdog thread, and when one
+    has not returned ``STUCK_MARGIN_S`` after its own timeout, KafkaClientStuckError ends the role
+    instead of letting it hang (so losing the broker that coordinates the role's group costs about 25 s
+    and a restart, not the whole retry deadline)."""
     metadata = consumer.consumer_group_metadata()
+    per_call = min(timeout_s, SEND_OFFSETS_CALL_S)
     outcome: list[BaseException | None] = []
+    attempt_started = [time.monotonic()]
+
+    def attempt() -> None:
+        attempt_started[0] = time.monotonic()
+        try:
+            producer.send_offsets_to_transaction(offsets, metadata, per_call)
+        finally:
+            attempt_started[0] = time.monotonic()  # a backoff before the next attempt is not a hang
 
     def call() -> None:
         try:
-            retry_retriable(
-                lambda: producer.send_offsets_to_transaction(offsets, metadata, min(timeout_s, 15.0)),
-                "adding offsets to a transaction",
-                timeout_s,
-            )
+            retry_retriable(attempt, "adding offsets to a transaction", timeout_s)
             outcome.append(None)
         except BaseException as exc:  # handed to the caller's thread
             outcome.append(exc)
 
     worker = threading.Thread(target=call, name="send-offsets", daemon=True)
     worker.start()
-    worker.join(timeout_s + 15.0)
-    if not outcome:
-        msg = (
-            f"adding offsets to the transaction did not return in {timeout_s + 15.0:.0f} s (the Kafka client is "
-            "stuck, see confluentinc/librdkafka#5456); exiting so that a new process takes over"
-        )
-        raise KafkaClientStuckError(msg)
+    while not outcome:
+        worker.join(1.0)
+        if not outcome and time.monotonic() - attempt_started[0] > per_call + STUCK_MARGIN_S:
+            msg = (
+                f"adding offsets to the transaction did not return in {per_call + STUCK_MARGIN_S:.0f} s (the Kafka "
+                "client is stuck, see confluentinc/librdkafka#5456); exiting so that a new process takes over"
+            )
+            raise KafkaClientStuckError(msg)
     if outcome[0] is not None:
         raise outcome[0]
 

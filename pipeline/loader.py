@@ -18,33 +18,31 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry
 
 from connectors import Document, WorkUnit
+from pipeline.control import UnitCost, read_unit_cost
 from pipeline.kafka_clients import KafkaConfig, produce, read_committed_consumer
+from pipeline.metrics import LoaderMetrics
 from pipeline.role_protocol import TransactionalRole, closing_unless_stuck
-from pipeline.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
+from pipeline.source_runtime import COST_SAMPLE_BYTES, TARGET_UNIT_SECONDS, SourceRuntime
+from pipeline.unit_sizing import UnitSizer
 from pipeline.work_plan import (
     WorkPlan,
     extend_work_plan,
-    plan_is_done,
+    plan_is_complete,
     publish_work_plan,
     read_work_plan,
     requested_epoch,
 )
 from topics.dead_letter import DeadLetter, encode_dead_letter
 from topics.errors import DecodeError, MixflowError
+from topics.lanes import unit_partition
 from topics.names import JobTopics
 from topics.retry import KAFKA_RETRY
 from topics.sample_codec import encode_sample
 
 log = logging.getLogger(__name__)
-
-SAMPLES = Counter("mixflow_loader_samples", "Samples committed to source topics", ["source"])
-TOKENS = Counter("mixflow_loader_tokens", "Tokens committed to source topics", ["source"])
-DEAD_LETTERS = Counter("mixflow_loader_dead_letters", "Bad records sent to the dead-letter topic", ["source"])
-UNITS = Counter("mixflow_loader_units", "Work units committed", ["source"])
-ABORTS = Counter("mixflow_loader_aborted_units", "Work units whose transaction was aborted", ["source"])
 
 # Documents tokenized together: big enough for the tokenizer's parallel batch encoding to pay off.
 DOCUMENTS_PER_BATCH = 256
@@ -98,6 +96,7 @@ class SourceLoader(TransactionalRole):
         runtime: SourceRuntime,
         seed: int,
         options: LoaderOptions = LoaderOptions(),
+        metrics: LoaderMetrics | None = None,
     ) -> None:
         super().__init__(config, options.transaction_timeout_ms)
         self.topics = topics
@@ -107,6 +106,10 @@ class SourceLoader(TransactionalRole):
         self.options = options
         self.stats = LoaderStats()
         self._revoked = False  # set when a rebalance takes partitions away during a transaction
+        self.metrics = metrics or LoaderMetrics(CollectorRegistry(), topics.job, self.source)
+        self._lanes: int | None = None  # partitions of the source topic, read at the first unit
+        self._plan = WorkPlan(self.source, 0, {})  # the source's plan as last read or extended
+        self.sizer: UnitSizer | None = None  # with the source's unit_target_s: splits units by measured cost
 
     @property
     def transactional_id(self) -> str:
@@ -123,8 +126,7 @@ class SourceLoader(TransactionalRole):
         backoff = 0.05
         while (plan := read_work_plan(self.config, self.topics, self.source)) is None:
             if self.options.instance == 0:
-                units = self.runtime.plan(self.seed, self.options.unit_seconds)
-                return publish_work_plan(self.config, self.topics, self.source, units, self._work_partitions())
+                return self._publish_plan()
             if self.stopping or time.monotonic() > deadline:
                 msg = (
                     f"loader {self.transactional_id}: no work plan for {self.source} on {self.topics.control} "
@@ -136,9 +138,23 @@ class SourceLoader(TransactionalRole):
             backoff = min(2 * backoff, 1.0)
         return plan
 
+    def _publish_plan(self) -> WorkPlan:
+        target = self.runtime.spec.unit_target_s
+        if target is None:
+            units = self.runtime.plan(self.seed, self.options.unit_seconds)
+            return publish_work_plan(self.config, self.topics, self.source, units, self._work_partitions())
+        # The planner's measurement is the source's first recorded cost, so loaders can split from the start.
+        per_byte = self.runtime.measure_cost()
+        cost = UnitCost(self.source, COST_SAMPLE_BYTES, per_byte * COST_SAMPLE_BYTES, 0, "planner")
+        units = self.runtime.plan(self.seed, target, cost_per_byte=per_byte)
+        return publish_work_plan(self.config, self.topics, self.source, units, self._work_partitions(), cost)
+
     def run(self) -> LoaderStats:
         self.stop_on_signals()
-        plan = self.ensure_plan()
+        self._plan = self.ensure_plan()
+        if (target := self.runtime.spec.unit_target_s) is not None:
+            cost = read_unit_cost(self.config, self.topics, self.source)
+            self.sizer = UnitSizer(self.runtime.reader, target, cost, self.transactional_id)
         producer = self.new_producer()
         consumer = read_committed_consumer(
             self.config,
@@ -158,7 +174,7 @@ class SourceLoader(TransactionalRole):
             # Closing the consumer leaves the group, so the other loaders take the units at once.
             with closing_unless_stuck(consumer.close, lambda: producer.flush(30)):
                 consumer.subscribe([self.topics.work(self.source)], on_revoke=self._on_revoke, on_lost=self._on_revoke)
-                self._loop(consumer, producer, plan)
+                self._loop(consumer, producer)
         finally:
             self.stats.seconds = time.monotonic() - began
         log.info(
@@ -173,16 +189,15 @@ class SourceLoader(TransactionalRole):
         )
         return self.stats
 
-    def _loop(self, consumer: Consumer, producer: Producer, plan: WorkPlan) -> None:
-        work_topic = self.topics.work(self.source)
+    def _loop(self, consumer: Consumer, producer: Producer) -> None:
         while not self.stopping:
             message = consumer.poll(self.options.poll_timeout_s)
             if message is None:
                 if self.options.next_epoch:
                     if self.options.instance == 0:
-                        plan = self._plan_requested_epochs(plan)
+                        self._plan = self._plan_requested_epochs(self._plan)
                     continue
-                if self.options.until_drained and plan_is_done(consumer, work_topic, plan):
+                if self.options.until_drained and self._drained(consumer):
                     log.info("loader %s: every unit of %s is done", self.transactional_id, self.source)
                     return
                 continue
@@ -193,6 +208,11 @@ class SourceLoader(TransactionalRole):
             if self.options.max_units is not None and self.stats.units >= self.options.max_units:
                 log.info("loader %s: did its %d units; leaving", self.transactional_id, self.stats.units)
                 return
+
+    def _drained(self, consumer: Consumer) -> bool:
+        """Every unit of the source is done, finer units split off by any loader included."""
+        done, self._plan = plan_is_complete(self.config, self.topics, consumer, self._plan)
+        return done
 
     def _plan_requested_epochs(self, plan: WorkPlan) -> WorkPlan:
         """Plan and publish the epochs the constructor asked for that are not planned yet."""
@@ -206,9 +226,16 @@ class SourceLoader(TransactionalRole):
             self.source,
             self.runtime.spec.epochs,
             wanted,
-            lambda epoch: self.runtime.plan(self.seed, self.options.unit_seconds, epochs=[epoch]),
+            self._plan_epoch,
             self._work_partitions(),
         )
+
+    def _plan_epoch(self, epoch: int) -> list[WorkUnit]:
+        """The units of ``epoch``; with a unit target, sized by the source's recorded cost, not measured again."""
+        if self.sizer is None:
+            return self.runtime.plan(self.seed, self.options.unit_seconds, epochs=[epoch])
+        per_byte = self.sizer.cost.seconds_per_byte if self.sizer.cost else None
+        return self.runtime.plan(self.seed, self.sizer.target_s, epochs=[epoch], cost_per_byte=per_byte)
 
     def _on_consumer_error(self, error: KafkaError) -> None:
         if error.fatal():
@@ -232,9 +259,12 @@ class SourceLoader(TransactionalRole):
             )
         finally:
             self.stats.busy_seconds += time.monotonic() - began
+        self.metrics.transaction_ended(committed, time.monotonic() - began)
         if not committed:
             self._rewind(consumer, done or [(first, None, (0, 0, 0))])
             return
+        if self.sizer is not None:
+            self._plan = self.sizer.committed(self._plan)
         for _, unit, counts in done:
             self._count(unit, *counts)
 
@@ -248,12 +278,20 @@ class SourceLoader(TransactionalRole):
     ) -> list[TopicPartition]:
         """Produce ``first`` and the units ready after it (appended to ``done``); their offsets to commit."""
         self._revoked = False
+        if self.sizer is not None:
+            self.sizer.begin()
         message: Message | None = first
         while message is not None:
             unit, letters = _decode_unit(message, self.source)
-            counts = self._publish(producer, unit) if unit else self._publish_letters(producer, letters)
+            counts = (
+                self._publish_unit(producer, unit, message.partition() + message.offset())
+                if unit
+                else self._publish_letters(producer, letters)
+            )
             done.append((message, unit, counts))
             message = self._next_ready(consumer, began, len(done))
+        if self.sizer is not None:
+            self.sizer.produce(producer, self.topics, self._plan, self._work_partitions)
         if self._revoked:
             # Another loader may already be redoing these units from the committed offsets.
             msg = "partitions were revoked during the transaction"
@@ -295,20 +333,37 @@ class SourceLoader(TransactionalRole):
                     log.info("loader %s: not rewinding %s[%d]: %s", self.transactional_id, topic, partition, exc)
         self._aborted()
 
-    def _publish(self, producer: Producer, unit: WorkUnit) -> tuple[int, int, int]:
+    def _publish_unit(self, producer: Producer, unit: WorkUnit, place: int) -> tuple[int, int, int]:
+        """Load ``unit``, or with a unit target, split it when it would take too long (the finer units are
+        produced with the transaction's other records by ``UnitSizer.produce``). ``place``: the unit's
+        work partition plus its offset there, which spreads a source's units over the lanes."""
+        if self.sizer is None:
+            return self._publish(producer, unit, place)
+        if (children := self.sizer.split(unit)) is not None:
+            self.sizer.add_split(children)
+            return 0, 0, 0
+        began = time.perf_counter()
+        counts = self._publish(producer, unit, place)
+        self.sizer.add_measurement(unit, time.perf_counter() - began)
+        return counts
+
+    def _publish(self, producer: Producer, unit: WorkUnit, place: int) -> tuple[int, int, int]:
         samples = tokens = letters = 0
         src_topic = self.topics.src(self.source)
+        # Each constructor lane reads one partition: a unit's samples go together, in order, to one of them.
+        partition = unit_partition(place, self._src_partitions())
         for documents, bad in _batches(self.runtime.reader.read(unit), DOCUMENTS_PER_BATCH):
             built = self.runtime.builder.build(documents, epoch=unit.epoch) if documents else None
             for sample in built.samples if built else ():
                 value, headers = encode_sample(sample)
-                produce(producer, src_topic, value, key=sample.sample_id.encode(), headers=headers)
+                produce(producer, src_topic, value, key=sample.sample_id.encode(), headers=headers, partition=partition)
                 samples += 1
                 tokens += sample.length
             letters += self._publish_letters(producer, bad + (built.dead_letters if built else []))[2]
         return samples, tokens, letters
 
     def _publish_letters(self, producer: Producer, letters: list[DeadLetter]) -> tuple[int, int, int]:
+        self.metrics.letters_produced(letters)
         for letter in letters:
             key, value, headers = encode_dead_letter(letter)
             produce(producer, self.topics.dlq, value, key=key, headers=headers)
@@ -322,14 +377,19 @@ class SourceLoader(TransactionalRole):
         self.stats.dead_letters += letters
         if unit is not None:
             self.stats.by_epoch[unit.epoch] = self.stats.by_epoch.get(unit.epoch, 0) + samples
-        UNITS.labels(self.source).inc()
-        SAMPLES.labels(self.source).inc(samples)
-        TOKENS.labels(self.source).inc(tokens)
-        DEAD_LETTERS.labels(self.source).inc(letters)
+        self.metrics.unit_committed(samples, tokens)
 
     def _aborted(self) -> None:
         self.stats.aborted += 1
-        ABORTS.labels(self.source).inc()
+
+    def _src_partitions(self) -> int:
+        """The partitions of the source topic: the job's constructor lanes (read once)."""
+        if self._lanes is None:
+            src_topic = self.topics.src(self.source)
+            admin = AdminClient(dict(self.config))
+            metadata = KAFKA_RETRY.call(lambda: admin.list_topics(src_topic, timeout=30), f"describing {src_topic}")
+            self._lanes = len(metadata.topics[src_topic].partitions)
+        return self._lanes
 
     def _work_partitions(self) -> int:
         work_topic = self.topics.work(self.source)

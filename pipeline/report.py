@@ -18,6 +18,7 @@ from pipeline.constructor import ConstructorState
 from pipeline.delivery import SourceCheck, TrainerCheck, TrainerSummary, check_sources, check_trainer
 from pipeline.kafka_clients import KafkaConfig
 from pipeline.mixing import Schedule
+from pipeline.observe.step_stats import imbalance, rank_costs, schedule_drift, tokens_by_source
 from pipeline.spec import JobSpec, OnExhausted
 from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
@@ -75,25 +76,35 @@ class JobReport:
 
 
 def read_steps(config: KafkaConfig, job: str, ranks: int) -> list[list[Batch]]:
-    """Per step, the batch of every rank, as the rank topics hold them."""
+    """Per step, the batch of every rank, as the rank topics hold them, in step order (a job of several
+    constructor lanes has a partition per lane)."""
     topics = JobTopics(job)
     per_rank = [
-        [decode_batch_message(m) for m in read_to_end(config, topics.rank(r)) if end_of_data_steps(m.headers()) is None]
+        sorted(
+            (
+                decode_batch_message(m)
+                for m in read_to_end(config, topics.rank(r))
+                if end_of_data_steps(m.headers()) is None
+            ),
+            key=lambda b: b.step,
+        )
         for r in range(ranks)
     ]
     steps = min(len(batches) for batches in per_rank)
     return [[per_rank[r][k] for r in range(ranks)] for k in range(steps)]
 
 
-def first_exhausted_step(config: KafkaConfig, job: str) -> int:
-    """The first step written after some source had run out (the number of steps if none ran out)."""
-    step = 0
+def first_exhausted_step(config: KafkaConfig, job: str, lanes: int = 1) -> int:
+    """The first step written after some source had run out (the number of steps if none ran out), over
+    every constructor lane's state records (a partition each)."""
+    step, first = 0, None
     for record in read_to_end(config, JobTopics(job).state):
         state = ConstructorState.from_bytes(record.value())
         if state.exhausted:
-            return state.step - 1
-        step = state.step
-    return step
+            at = state.step - lanes
+            first = at if first is None else min(first, at)
+        step = max(step, state.step - lanes + 1)
+    return step if first is None else first
 
 
 def job_report(
@@ -106,29 +117,25 @@ def job_report(
     sources = spec.source_names
     rng = np.random.default_rng(seed)
     seen: Counter[str] = Counter()
-    imbalance, naive, per_source = [], [], np.zeros((len(steps), len(sources)))
+    balanced, naive, per_source = [], [], np.zeros((len(steps), len(sources)))
     for k, batches in enumerate(steps):
-        rank_costs = np.array([cost.costs(b.lengths).sum() for b in batches])
-        imbalance.append(rank_costs.max() / max(rank_costs.mean(), 1e-12))
+        balanced.append(imbalance(rank_costs(batches, cost)))
         lengths = np.concatenate([b.lengths for b in batches]).astype(np.int64)
         dealt = rng.permutation(lengths.size) % len(batches)  # (n,) rank of each sample
-        naive_costs = np.bincount(dealt, weights=cost.costs(lengths), minlength=len(batches))
-        naive.append(naive_costs.max() / max(naive_costs.mean(), 1e-12))
+        naive.append(imbalance(np.bincount(dealt, weights=cost.costs(lengths), minlength=len(batches))))
         for b in batches:
             seen.update(b.sample_ids)
-            for source, n in zip(b.sources, b.lengths.tolist(), strict=True):
-                per_source[k, sources.index(source)] += n
-    full = min(len(steps), first_exhausted_step(config, job or spec.job))
+        per_source[k] = tokens_by_source(batches, sources)
+    full = min(len(steps), first_exhausted_step(config, job or spec.job, spec.constructor.lanes))
     weights = Schedule.from_spec(spec.mixture, sources).weights_array(np.arange(full))  # (full, S)
-    want = np.cumsum(weights * per_source[:full].sum(axis=1, keepdims=True), axis=0)
-    drift = np.abs(np.cumsum(per_source[:full], axis=0) - want).max(axis=0) if full else np.zeros(len(sources))
+    drift = schedule_drift(per_source[:full], weights)
     return JobReport(
         steps=len(steps),
         samples=sum(seen.values()),
         tokens=int(per_source.sum()),
         duplicates=sum(n - 1 for n in seen.values() if n > 1),
         capacity_tokens=spec.step.tokens_per_step,
-        imbalance=np.asarray(imbalance),
+        imbalance=np.asarray(balanced),
         naive_imbalance=np.asarray(naive),
         share_error=drift,
         steps_with_all_sources=full,

@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from connectors import Reader, SampleBuilder, TextTokenizer, WorkUnit, make_reader, measure_cost_per_byte
+from connectors import FileLayout, Reader, SampleBuilder, TextTokenizer, WorkUnit, make_reader, measure_cost_per_byte
 from connectors.planning import plan_units
 from pipeline.spec import JobSpec, SourceSpec
 
 # Seconds of reading and tokenizing per work unit: long enough that the per-transaction overhead
 # (a few ms) is small, short enough that a killed loader redoes little and units balance over loaders.
 TARGET_UNIT_SECONDS = 0.5
+# Content bytes the planner times its tokenizer on.
+COST_SAMPLE_BYTES = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -38,14 +40,25 @@ class SourceRuntime:
         builder = SampleBuilder(tokenizer, max_length=max_length, eod_id=spec.eod_token_id)
         return cls(spec, reader, builder)
 
+    def measure_cost(self, layouts: list[FileLayout] | None = None) -> float:
+        """Seconds per byte to tokenize the source, timed on a sample of its files."""
+        # A quarter MiB, timed twice, sizes units well enough; planning is paid once per job.
+        return measure_cost_per_byte(
+            self.reader, self.builder, sample_bytes=COST_SAMPLE_BYTES, repeats=2, layouts=layouts
+        )
+
     def plan(
-        self, seed: int, target_unit_seconds: float = TARGET_UNIT_SECONDS, epochs: Iterable[int] | None = None
+        self,
+        seed: int,
+        target_unit_seconds: float = TARGET_UNIT_SECONDS,
+        epochs: Iterable[int] | None = None,
+        cost_per_byte: float | None = None,
     ) -> list[WorkUnit]:
         """Every unit of ``epochs`` (by default the spec's, ``range(epochs)``), epoch by epoch, each epoch
-        in its own order seeded by ``seed`` and the epoch."""
+        in its own order seeded by ``seed`` and the epoch; sized by ``cost_per_byte`` (a recorded cost),
+        or else by a measurement."""
         layouts = self.reader.layouts()
-        # A quarter MiB, timed twice, sizes units well enough; planning is paid once per job.
-        cost = measure_cost_per_byte(self.reader, self.builder, sample_bytes=1 << 18, repeats=2, layouts=layouts)
+        cost = cost_per_byte if cost_per_byte is not None else self.measure_cost(layouts)
         units: list[WorkUnit] = []
         for epoch in range(self.spec.epochs) if epochs is None else epochs:
             units += plan_units(self.reader, cost, target_unit_seconds, epoch=epoch, seed=seed, layouts=layouts)

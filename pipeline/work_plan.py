@@ -4,6 +4,12 @@ The units and a ``work-plan`` record on the job's control topic are written in o
 producer whose ``transactional.id`` belongs to the source. Initialising it fences any other planner of
 the same source, so of two loaders that start together either the later one sees the earlier one's plan
 or the earlier one's transaction is aborted: planning twice never duplicates units.
+
+A loader that splits a unit it took (multi-level partitioning) publishes the finer units and a plan
+record whose ends cover them, in the transaction that commits the split unit's offset. Loaders split
+concurrently, each from the plan it read last, so a source's plan is the merge of all its committed
+plan records (each partition's greatest end): every committed unit lies below the merged ends, and the
+source is done exactly when its group has committed them (:func:`plan_is_complete`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from connectors.work_units import WorkUnit
+from pipeline.control import UnitCost, unit_cost_key
 from pipeline.kafka_clients import KafkaConfig, commit_or_abort, produce, transactional_producer
 from topics.errors import DecodeError, MixflowError
 from topics.log_reader import read_to_end
@@ -36,7 +43,8 @@ class WorkPlan:
 
     The JSON form is ``{"kind": "work-plan", "source": ..., "units": ..., "ends": {"<partition>": <end>}}``,
     plus ``"epochs": <n>`` once the plan was extended by epochs planned on demand (``next_epoch``; without
-    it, the plan holds the spec's ``epochs``). A source's latest plan record is the one that holds.
+    it, the plan holds the spec's ``epochs``). A source's plan is the merge (:meth:`merged`) of all its
+    plan records; ends, unit counts and epochs only grow, so before units were split this was the latest.
     :meth:`from_json` validates it against these fields with pydantic in lax mode, as the ``int()`` it
     replaces (``"3"`` and ``3.0`` are 3, partition keys are strings); ``kind`` and other fields are ignored.
     """
@@ -57,6 +65,14 @@ class WorkPlan:
 
     def epochs_planned(self, spec_epochs: int) -> int:
         return spec_epochs if self.epochs is None else self.epochs
+
+    def merged(self, other: WorkPlan) -> WorkPlan:
+        """Both plans' units: each partition's greater end, the greater unit count and epochs."""
+        ends = dict(self.ends)
+        for partition, end in other.ends.items():
+            ends[partition] = max(ends.get(partition, 0), end)
+        epochs = [e for e in (self.epochs, other.epochs) if e is not None]
+        return replace(self, units=max(self.units, other.units), ends=ends, epochs=max(epochs) if epochs else None)
 
     @classmethod
     def from_json(cls, data: bytes) -> WorkPlan:
@@ -80,28 +96,34 @@ def plan_key(source: str) -> bytes:
 
 
 def read_work_plan(config: KafkaConfig, topics: JobTopics, source: str) -> WorkPlan | None:
-    """The committed work plan of ``source`` (its latest plan record), or None when it is not planned yet."""
+    """The committed work plan of ``source`` (the merge of its plan records), or None when it is not planned yet."""
     key = plan_key(source)
     plan = None
     for message in read_to_end(config, topics.control):
         if message.key() == key:
             try:
-                plan = WorkPlan.from_json(message.value())
+                record = WorkPlan.from_json(message.value())
             except DecodeError as exc:
                 raise exc.at(message.topic(), message.partition(), message.offset()) from exc
+            plan = record if plan is None else plan.merged(record)
     return plan
 
 
 def publish_work_plan(
-    config: KafkaConfig, topics: JobTopics, source: str, units: Sequence[WorkUnit], partitions: int
+    config: KafkaConfig,
+    topics: JobTopics,
+    source: str,
+    units: Sequence[WorkUnit],
+    partitions: int,
+    cost: UnitCost | None = None,
 ) -> WorkPlan:
-    """Publish ``units`` round-robin over the work topic's partitions unless the source was planned
-    already; return the plan that holds."""
+    """Publish ``units`` round-robin over the work topic's partitions (and the planner's measured
+    ``cost``, if given) unless the source was planned already; return the plan that holds."""
     producer = transactional_producer(config, f"{topics.job}.planner.{source}")
     if (existing := read_work_plan(config, topics, source)) is not None:
         log.info("source %s was planned already: %d units", source, existing.units)
         return existing
-    plan = _publish(producer, topics, source, units, partitions, WorkPlan(source, 0, {}))
+    plan = _publish(producer, topics, source, units, partitions, WorkPlan(source, 0, {}), cost)
     log.info("published %d work units of %s to %s", len(units), source, topics.work(source))
     return plan
 
@@ -133,9 +155,35 @@ def extend_work_plan(
 
 
 def _publish(
-    producer: Producer, topics: JobTopics, source: str, units: Sequence[WorkUnit], partitions: int, base: WorkPlan
+    producer: Producer,
+    topics: JobTopics,
+    source: str,
+    units: Sequence[WorkUnit],
+    partitions: int,
+    base: WorkPlan,
+    cost: UnitCost | None = None,
 ) -> WorkPlan:
     """``units`` and the plan ``base`` extended by them, in one transaction."""
+    producer.begin_transaction()
+    try:
+        plan = produce_units(producer, topics, source, units, partitions, base)
+    except MixflowError:
+        producer.abort_transaction(60)
+        raise
+    if cost is not None:
+        produce(producer, topics.control, cost.to_json(), key=unit_cost_key(source))
+    if not commit_or_abort(producer):
+        msg = f"the work plan of {source} was aborted (another planner took over); start again"
+        raise MixflowError(msg)
+    return plan
+
+
+def produce_units(
+    producer: Producer, topics: JobTopics, source: str, units: Sequence[WorkUnit], partitions: int, base: WorkPlan
+) -> WorkPlan:
+    """Produce ``units`` round-robin over the work topic's partitions, and then the plan record of ``base``
+    extended by them, in the producer's open transaction; return that plan. The units are flushed first,
+    since the plan's ends are their offsets."""
     work_topic = topics.work(source)
     ends: dict[int, int] = dict(base.ends)
     failures: list[str] = []
@@ -146,7 +194,6 @@ def _publish(
             return
         ends[message.partition()] = max(ends.get(message.partition(), 0), message.offset() + 1)
 
-    producer.begin_transaction()
     for index, unit in enumerate(units):
         produce(
             producer,
@@ -157,14 +204,10 @@ def _publish(
             on_delivery=delivered,
         )
     if producer.flush(60) or failures:
-        producer.abort_transaction(60)
         msg = f"publishing the work units of {source} to {work_topic} failed: {failures[:3] or 'timed out'}"
         raise MixflowError(msg)
     plan = replace(base, units=base.units + len(units), ends=ends)
     produce(producer, topics.control, plan.to_json(), key=plan_key(source))
-    if not commit_or_abort(producer):
-        msg = f"the work plan of {source} was aborted (another planner took over); start again"
-        raise MixflowError(msg)
     return plan
 
 
@@ -201,9 +244,28 @@ def requested_epoch(config: KafkaConfig, topics: JobTopics, source: str) -> int 
 
 
 def plan_is_done(consumer: Consumer, work_topic: str, plan: WorkPlan, timeout_s: float = 10.0) -> bool:
-    """True when the group of ``consumer`` has committed every unit of the plan."""
+    """True when the group of ``consumer`` has committed every unit of ``plan`` (as read: see
+    :func:`plan_is_complete` for a plan that may have grown by splits since)."""
     wanted = [TopicPartition(work_topic, p) for p in sorted(plan.ends)]
     committed = KAFKA_RETRY.call(
         lambda: consumer.committed(wanted, timeout=timeout_s), f"reading the committed offsets of {work_topic}"
     )
     return all(tp.offset >= plan.ends[tp.partition] for tp in committed)
+
+
+def plan_is_complete(
+    config: KafkaConfig, topics: JobTopics, consumer: Consumer, plan: WorkPlan
+) -> tuple[bool, WorkPlan]:
+    """Whether every unit of the source is done, and its plan as last read.
+
+    A split unit's offset is committed together with the plan record that covers its finer units, so
+    committed offsets that reach ``plan``'s ends may already hold a split made since ``plan`` was read:
+    the plan is read again after the offsets, and the check repeats until the plan read is the one the
+    offsets were checked against."""
+    work_topic = topics.work(plan.source)
+    while plan_is_done(consumer, work_topic, plan):
+        latest = read_work_plan(config, topics, plan.source)
+        if latest is None or latest.merged(plan).ends == plan.ends:
+            return True, plan
+        plan = latest.merged(plan)
+    return False, plan

@@ -313,4 +313,3 @@ def test_a_run_resumes_under_another_world_size(job: Job, tmp_path: Path) -> Non
         assert after == [r for r in job.topics[rank] if r[0] >= first], f"rank {rank} resumed at other batches"
         summary = json.loads((out / f"trainer-rank{rank}.json").read_text())
         assert summary["first_step"] == first and summary["end_step"] == STEPS
-

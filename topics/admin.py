@@ -1,16 +1,19 @@
 """Create, check and delete a job's topics with confluent_kafka's AdminClient.
 
 Every call is bounded by ``timeout_s``: an unreachable cluster gives a ``MixflowError`` naming the
-bootstrap servers, never a hang.
+bootstrap servers, never a hang. Topics go to the cluster in batches of at most ``batch_topics`` a request
+(create, describe configs, delete), one batch after another, and each batch gets ``timeout_s`` of its own:
+a job of 10,240 ranks has over 10,000 topics, and one request for all of them would hold the controller
+(and the call's single deadline) for as long as the whole lot takes.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic, ResourceType
@@ -20,6 +23,8 @@ from topics.names import JobTopics, TopicKind, parse_topic
 
 DEFAULT_TIMEOUT_S = 15.0
 DEFAULT_WORK_PARTITIONS = 8
+# Topics a request: small enough that a batch is answered well within the timeout on a loaded broker.
+DEFAULT_BATCH_TOPICS = 500
 LARGE_MESSAGE_BYTES = 64 * 1024 * 1024
 
 _KEEP_FOR_REPLAY = {
@@ -35,6 +40,9 @@ _LARGE_MESSAGES = {
     "max.message.bytes": str(LARGE_MESSAGE_BYTES),
 }
 _LOG = logging.getLogger("mixflow.kafka")
+# Replicas of a job topic when the caller does not say: as many as the cluster has brokers, up to this.
+MAX_DEFAULT_REPLICATION_FACTOR = 3
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,36 +86,69 @@ def job_layout(
     *,
     work_partitions: int = DEFAULT_WORK_PARTITIONS,
     extra_config: Mapping[str, str] | None = None,
+    lanes: int = 1,
 ) -> list[TopicSpec]:
-    """The topics a job needs, in the order of ``JobTopics.all``; ``extra_config`` goes on every topic."""
+    """The topics a job needs, in the order of ``JobTopics.all``; ``extra_config`` goes on every topic.
+    ``lanes`` (the spec's ``constructor.lanes``) is the partition count of the source, rank and state
+    topics: constructor lane ``j`` reads and writes their partition ``j`` (``topics/lanes.py``)."""
     if isinstance(work_partitions, bool) or not isinstance(work_partitions, int) or work_partitions < 1:
         msg = f"work_partitions must be a positive int, not {work_partitions!r}"
+        raise ValueError(msg)
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+        msg = f"lanes must be a positive int, not {lanes!r}"
         raise ValueError(msg)
     # Kafka spells booleans in lower case; the broker hands values back as strings.
     extra = {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in (extra_config or {}).items()}
     specs = []
     for name in JobTopics(job).all(list(sources), ranks):
         kind = parse_topic(name).kind
-        # src: one ordered log per source, which the constructor reads deterministically.
+        # src: one ordered log per source and lane, which the lane's constructor reads deterministically.
         # work: several partitions so several loaders share a source's units through a group.
+        # rank, state: a partition per lane, each written by its lane's constructor.
         partitions = work_partitions if kind is TopicKind.WORK else 1
+        if kind in (TopicKind.SRC, TopicKind.RANK, TopicKind.STATE):
+            partitions = lanes
         large = kind in (TopicKind.SRC, TopicKind.RANK, TopicKind.DLQ)
         specs.append(TopicSpec(name, partitions, {**_KEEP_FOR_REPLAY, **(_LARGE_MESSAGES if large else {}), **extra}))
     return specs
 
 
+def batched(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """``items`` in consecutive slices of at most ``size``, in order."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def default_replication_factor(brokers: int) -> int:
+    """Replicas of a job topic on a cluster of ``brokers``: ``min(3, brokers)``."""
+    return max(1, min(MAX_DEFAULT_REPLICATION_FACTOR, brokers))
+
+
+def min_insync_replicas(replication_factor: int) -> int:
+    """In-sync replicas a write needs: 2 of 3 or more, so that one broker down stops no writer and an
+    acknowledged record is on two brokers; 1 below 3 replicas (2 of 2 would stop writes when one is down)."""
+    return 2 if replication_factor >= 3 else 1
+
+
 class _Admin:
     """An AdminClient with a deadline; every request gets the time left."""
 
-    def __init__(self, bootstrap_or_config: str | Mapping[str, Any], timeout_s: float) -> None:
+    def __init__(
+        self, bootstrap_or_config: str | Mapping[str, Any], timeout_s: float, batch_topics: int = DEFAULT_BATCH_TOPICS
+    ) -> None:
         if timeout_s <= 0:
             msg = f"timeout_s must be positive, not {timeout_s!r}"
             raise ValueError(msg)
+        if isinstance(batch_topics, bool) or not isinstance(batch_topics, int) or batch_topics < 1:
+            msg = f"batch_topics must be a positive int, not {batch_topics!r}"
+            raise ValueError(msg)
+        self.batch_topics = batch_topics
         config = client_config(bootstrap_or_config)
         # librdkafka's connection-refused lines go to Python logging instead of straight to stderr.
         config.setdefault("logger", _LOG)
         self.servers = bootstrap_servers(config)
         self.timeout_s = timeout_s
+        self.brokers = 0  # live brokers, known once topics() has asked for the metadata
         self.deadline = time.monotonic() + timeout_s
         try:
             self.client = AdminClient(config)
@@ -117,6 +158,10 @@ class _Admin:
 
     def left(self) -> float:
         return max(self.deadline - time.monotonic(), 0.001)
+
+    def restart_clock(self) -> None:
+        """A new batch: ``timeout_s`` from now."""
+        self.deadline = time.monotonic() + self.timeout_s
 
     def fail(self, what: str, exc: BaseException) -> MixflowError:
         reason = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
@@ -130,24 +175,25 @@ class _Admin:
             metadata = self.client.list_topics(timeout=self.left())
         except KafkaException as exc:
             raise self.fail(f"list topics (no answer within {self.timeout_s:g} s)", exc) from exc
+        self.brokers = len(metadata.brokers)  # the live brokers, for the default replication factor
         return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
 
     def configs(self, names: list[str], *, overrides_only: bool = False) -> dict[str, dict[str, str]]:
         """The current config values of the named topics (only those set on the topic, if asked)."""
-        resources = [ConfigResource(ResourceType.TOPIC, name) for name in names]
         out: dict[str, dict[str, str]] = {}
-        if not resources:
-            return out
-        for resource, future in self.client.describe_configs(resources, request_timeout=self.left()).items():
-            try:
-                entries = future.result(timeout=self.left())
-            except (KafkaException, TimeoutError) as exc:
-                raise self.fail(f"describe the config of topic {resource.name}", exc) from exc
-            out[resource.name] = {
-                key: entry.value
-                for key, entry in entries.items()
-                if not overrides_only or entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
-            }
+        for batch in batched(names, self.batch_topics):
+            self.restart_clock()
+            resources = [ConfigResource(ResourceType.TOPIC, name) for name in batch]
+            for resource, future in self.client.describe_configs(resources, request_timeout=self.left()).items():
+                try:
+                    entries = future.result(timeout=self.left())
+                except (KafkaException, TimeoutError) as exc:
+                    raise self.fail(f"describe the config of topic {resource.name}", exc) from exc
+                out[resource.name] = {
+                    key: entry.value
+                    for key, entry in entries.items()
+                    if not overrides_only or entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+                }
         return out
 
 
@@ -162,51 +208,74 @@ def ensure_job_topics(
     ranks: int,
     *,
     work_partitions: int = DEFAULT_WORK_PARTITIONS,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     extra_config: Mapping[str, str] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    lanes: int = 1,
+    batch_topics: int = DEFAULT_BATCH_TOPICS,
 ) -> list[str]:
     """Create the job's topics that do not exist yet and check the layout of those that do.
 
     Returns the names this call created. Raises ``TopicLayoutError`` when an existing topic has a
     different partition count or a different value for a config key of the layout (replication factor
-    is not compared), and ``MixflowError`` when the cluster cannot be reached within ``timeout_s``."""
-    layout = job_layout(job, sources, ranks, work_partitions=work_partitions, extra_config=extra_config)
-    return ensure_topics(bootstrap_or_config, layout, replication_factor=replication_factor, timeout_s=timeout_s)
+    is not compared), and ``MixflowError`` when the cluster cannot be reached within ``timeout_s`` (a batch
+    of ``batch_topics`` topics each)."""
+    layout = job_layout(job, sources, ranks, work_partitions=work_partitions, extra_config=extra_config, lanes=lanes)
+    return ensure_topics(
+        bootstrap_or_config,
+        layout,
+        replication_factor=replication_factor,
+        timeout_s=timeout_s,
+        batch_topics=batch_topics,
+    )
 
 
 def ensure_topics(
     bootstrap_or_config: str | Mapping[str, Any],
     layout: list[TopicSpec],
     *,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    batch_topics: int = DEFAULT_BATCH_TOPICS,
 ) -> list[str]:
     """``ensure_job_topics`` for any list of topic specs. On return every topic shows in the cluster
-    metadata with the layout's partition count and config values."""
-    admin = _Admin(bootstrap_or_config, timeout_s)
+    metadata with the layout's partition count and config values. Only the topics missing from the
+    cluster's metadata are created, ``batch_topics`` a request, with ``replication_factor`` replicas
+    (``default_replication_factor`` of the live brokers when None) and, at 3 replicas or more,
+    ``min.insync.replicas=2`` unless the layout's config sets it."""
+    admin = _Admin(bootstrap_or_config, timeout_s, batch_topics)
     existing = admin.topics()
     missing = [spec for spec in layout if spec.name not in existing]
-    created = _create(admin, missing, replication_factor)
+    factor = default_replication_factor(admin.brokers) if replication_factor is None else replication_factor
+    created = _create(admin, missing, factor)
     _check_layout(admin, layout, existing)
     return created
 
 
 def _create(admin: _Admin, specs: list[TopicSpec], replication_factor: int) -> list[str]:
-    if not specs:
-        return []
-    new = [
-        NewTopic(
-            spec.name,
-            num_partitions=spec.partitions,
-            replication_factor=replication_factor,
-            config=dict(spec.config),
-        )
-        for spec in specs
-    ]
-    futures = admin.client.create_topics(new, operation_timeout=admin.left(), request_timeout=admin.left())
-    # Another process created a topic after we listed them: its layout is checked like any other's.
-    return _outcomes(admin, futures, "create", benign=KafkaError.TOPIC_ALREADY_EXISTS)
+    created = []
+    for batch in batched(specs, admin.batch_topics):
+        admin.restart_clock()
+        new = [
+            NewTopic(
+                spec.name,
+                num_partitions=spec.partitions,
+                replication_factor=replication_factor,
+                config={**_replicated(replication_factor), **spec.config},
+            )
+            for spec in batch
+        ]
+        futures = admin.client.create_topics(new, operation_timeout=admin.left(), request_timeout=admin.left())
+        # Another process created a topic after we listed them: its layout is checked like any other's.
+        created += _outcomes(admin, futures, "create", benign=KafkaError.TOPIC_ALREADY_EXISTS)
+    return created
+
+
+def _replicated(replication_factor: int) -> dict[str, str]:
+    """Topic config for ``replication_factor`` replicas: the in-sync minimum, set only where it is not 1
+    (the broker's default)."""
+    needed = min_insync_replicas(replication_factor)
+    return {"min.insync.replicas": str(needed)} if needed > 1 else {}
 
 
 def _outcomes(admin: _Admin, futures: Mapping[str, Any], verb: str, benign: int) -> list[str]:
@@ -228,6 +297,7 @@ def _outcomes(admin: _Admin, futures: Mapping[str, Any], verb: str, benign: int)
 def _check_layout(admin: _Admin, specs: list[TopicSpec], partitions: dict[str, int]) -> None:
     if not specs:
         return
+    admin.restart_clock()
     delay = 0.05
     while absent := [spec.name for spec in specs if spec.name not in partitions]:
         # A topic just created (by us or a racing process) takes a moment to show in the metadata.
@@ -252,10 +322,14 @@ def _check_layout(admin: _Admin, specs: list[TopicSpec], partitions: dict[str, i
 
 
 def describe_job_topics(
-    bootstrap_or_config: str | Mapping[str, Any], job: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    bootstrap_or_config: str | Mapping[str, Any],
+    job: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    batch_topics: int = DEFAULT_BATCH_TOPICS,
 ) -> dict[str, TopicSpec]:
     """The job's topics as they are on the cluster, each with its non-default config values."""
-    admin = _Admin(bootstrap_or_config, timeout_s)
+    admin = _Admin(bootstrap_or_config, timeout_s, batch_topics)
     partitions = {name: n for name, n in admin.topics().items() if _is_job_topic(name, job)}
     configs = admin.configs(sorted(partitions), overrides_only=True)
     return {name: TopicSpec(name, partitions[name], configs[name]) for name in sorted(partitions)}
@@ -268,16 +342,23 @@ def topic_exists(
 
 
 def delete_job_topics(
-    bootstrap_or_config: str | Mapping[str, Any], job: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    bootstrap_or_config: str | Mapping[str, Any],
+    job: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    batch_topics: int = DEFAULT_BATCH_TOPICS,
 ) -> list[str]:
-    """Delete every mixflow topic of ``job`` (and no other topic); returns the names deleted."""
-    admin = _Admin(bootstrap_or_config, timeout_s)
+    """Delete every mixflow topic of ``job`` (and no other topic), ``batch_topics`` a request; returns the
+    names deleted."""
+    admin = _Admin(bootstrap_or_config, timeout_s, batch_topics)
     names = sorted(name for name in admin.topics() if _is_job_topic(name, job))
-    if not names:
-        return []
-    futures = admin.client.delete_topics(names, operation_timeout=admin.left(), request_timeout=admin.left())
-    # Someone else deleted a topic meanwhile: the outcome is the one we wanted.
-    return sorted(_outcomes(admin, futures, "delete", benign=KafkaError.UNKNOWN_TOPIC_OR_PART))
+    deleted = []
+    for batch in batched(names, admin.batch_topics):
+        admin.restart_clock()
+        futures = admin.client.delete_topics(list(batch), operation_timeout=admin.left(), request_timeout=admin.left())
+        # Someone else deleted a topic meanwhile: the outcome is the one we wanted.
+        deleted += _outcomes(admin, futures, "delete", benign=KafkaError.UNKNOWN_TOPIC_OR_PART)
+    return sorted(deleted)
 
 
 def _is_job_topic(name: str, job: str) -> bool:

@@ -106,6 +106,8 @@ def decode_sample(
 
     if value is None:
         raise error("the record has no value")
+    if headers == _CURRENT_HEADERS and (sample := _decode_current(value)) is not None:
+        return sample
     try:
         fp = find_header(headers, SCHEMA_HEADER)
     except ValueError as exc:
@@ -126,6 +128,52 @@ def decode_sample(
     return _to_sample(record, error)
 
 
+_CURRENT_HEADERS = [(SCHEMA_HEADER, SAMPLE_FINGERPRINT)]
+"""The headers ``encode_sample`` writes, as ``Message.headers()`` returns them."""
+
+
+def _varint(value: bytes, pos: int) -> tuple[int, int]:
+    """Avro's zig-zag varint at ``pos``: (the long, the position after it). IndexError past the end;
+    ValueError for more than 10 bytes."""
+    byte = value[pos]
+    pos += 1
+    raw, shift = byte & 0x7F, 7
+    while byte & 0x80:
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+        byte = value[pos]
+        pos += 1
+        raw |= (byte & 0x7F) << shift
+        shift += 7
+    return (raw >> 1) ^ -(raw & 1), pos
+
+
+def _decode_current(value: bytes) -> Sample | None:
+    """Decode a record of the current schema without metadata, as ``schemaless_reader`` would, about ten
+    times faster; None for anything else (metadata, or any inconsistency), which the general path decodes
+    or refuses with its reason."""
+    try:
+        n, pos = _varint(value, 0)
+        if n < 0 or pos + n > len(value):
+            return None
+        sample_id = value[pos : pos + n].decode("utf-8")
+        n, pos = _varint(value, pos + n)
+        if n < 0 or pos + n > len(value):
+            return None
+        source = value[pos : pos + n].decode("utf-8")
+        n, pos = _varint(value, pos + n)
+        if n < 0 or n % 4 or pos + n > len(value):
+            return None
+        tokens_at, count = pos, n // 4
+        length, pos = _varint(value, pos + n)
+        if length != count or pos + 1 != len(value) or value[pos] != 0:  # 0: the union's null branch, last
+            return None
+    except (IndexError, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+    tokens = np.frombuffer(value, dtype="<i4", count=count, offset=tokens_at).astype(np.int32, copy=False)
+    return Sample(sample_id, source, tokens, {})
+
+
 def _to_sample(record: dict[str, Any], error: Callable[[str], DecodeError]) -> Sample:
     token_bytes: bytes = record["tokens"]
     if len(token_bytes) % 4:
@@ -139,6 +187,10 @@ def _to_sample(record: dict[str, Any], error: Callable[[str], DecodeError]) -> S
 
 def decode_sample_message(message: Any) -> Sample:
     """Decode a ``confluent_kafka.Message``; errors name its topic, partition and offset."""
+    if message.headers() == _CURRENT_HEADERS and message.error() is None:
+        value = message.value()
+        if value is not None and (sample := _decode_current(value)) is not None:
+            return sample
     where = {"topic": message.topic(), "partition": message.partition(), "offset": message.offset()}
     if message.error() is not None:
         msg = f"the consumer returned an error event, not a record: {message.error()}"

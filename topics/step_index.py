@@ -45,10 +45,17 @@ class StepLocation:
 
 
 def locate_step(
-    config: Mapping[str, Any], topic: str, step: int, *, partition: int = 0, timeout_s: float = PROBE_TIMEOUT_S
+    config: Mapping[str, Any],
+    topic: str,
+    step: int,
+    *,
+    partition: int = 0,
+    timeout_s: float = PROBE_TIMEOUT_S,
+    stop_at_end: bool = False,
 ) -> StepLocation:
-    """The first committed record of ``topic`` whose step is ``step`` or later (the end-of-data record
-    counts as the step after the last); see ``StepLocation``."""
+    """The first committed record of ``topic``'s ``partition`` whose step is ``step`` or later (the
+    end-of-data record counts as the step after the last, or with ``stop_at_end`` as later than any: a
+    constructor lane's partition ends with it however far the other lanes went); see ``StepLocation``."""
     consumer = Consumer(
         {
             **config,
@@ -69,7 +76,7 @@ def locate_step(
         while low < high:
             mid = (low + high) // 2
             record = probe.first_at(mid)
-            if record is None or record.step >= step:
+            if record is None or record.step >= step or (stop_at_end and record.end):
                 high, found = mid, record
             else:
                 low = record.offset + 1

@@ -31,6 +31,11 @@ class ByteBoundedQueue:
         """The most bytes it has held at once."""
         return self._peak
 
+    @property
+    def used_bytes(self) -> int:
+        """The bytes it holds now."""
+        return self._used
+
     def put(self, item: Any, nbytes: int) -> None:
         """Append ``item``, waiting for room; raises ``Closed`` once the queue is closed."""
         with self._changed:

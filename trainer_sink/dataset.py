@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+from prometheus_client import CollectorRegistry
 from torch.utils.data import IterableDataset, get_worker_info
 
 from topics.errors import MixflowError
 from topics.names import JobTopics
 from trainer_sink.config import SinkSource
 from trainer_sink.device import to_device
+from trainer_sink.metrics import SinkMetrics
 from trainer_sink.parallel import ParallelLayout, rank_from_environment
 from trainer_sink.position import SinkPosition
 from trainer_sink.reader import RankTopicReader, ReadOptions
@@ -43,11 +46,20 @@ class KafkaBatchDataset(IterableDataset):
     It must lie at a step boundary (the checkpoint taken after a whole step) when the number of ranks or
     micro-batches changed; a state in the middle of a step is refused then.
 
+    A job built by several constructor lanes (``constructor.lanes``) has a rank-topic partition per lane;
+    the dataset reads step ``k`` from partition ``k mod lanes`` and yields the steps in order, and its
+    state holds the next step and micro-batch, found again in each partition by step number.
+
     A background thread reads and decodes ahead, up to ``prefetch_bytes``, pinning memory when CUDA is
     present. With ``device`` a CUDA device, the next micro-batch is copied there on a side stream while
     the current one trains. Use it without a DataLoader or under ``DataLoader(dataset,
     batch_size=None, pin_memory=True)`` with ``num_workers=0``: worker processes would each read the
     topic, and their positions would not reach ``state_dict()``.
+
+    Metrics (``trainer_sink.metrics``: micro-batches and tokens handed out, the step, the trainer's wait
+    for data, the prefetch queue's bytes) go into ``metrics_registry`` (to serve with the trainer's own) or
+    a registry of the dataset's, which iterating serves at ``http://<host>:<metrics_port>/metrics`` when
+    ``metrics_port`` is given (one port per process: under torchrun, a base port plus ``LOCAL_RANK``).
 
     When the constructor is behind, the reader waits, logging every ``wait_log_interval_s`` which step
     it waits for, and raises ``SinkTimeoutError`` after ``wait_timeout_s``. A batch that does not decode
@@ -75,6 +87,8 @@ class KafkaBatchDataset(IterableDataset):
         prefetch_bytes: int = 64 * 1024 * 1024,
         wait_timeout_s: float = 600.0,
         wait_log_interval_s: float = 30.0,
+        metrics_port: int | None = None,
+        metrics_registry: CollectorRegistry | None = None,
     ) -> None:
         super().__init__()
         source = _source(spec, job, bootstrap_servers, kafka_config)
@@ -105,6 +119,9 @@ class KafkaBatchDataset(IterableDataset):
         self._position = SinkPosition(self.topic)
         self._reader: RankTopicReader | None = None
         self._past_peak_bytes = 0
+        self.metrics = SinkMetrics(metrics_registry or CollectorRegistry(), self.job, self.rank)
+        self.metrics.measure_prefetch(lambda: self._reader.queue.used_bytes if self._reader is not None else 0)
+        self._metrics_port = metrics_port
 
     # -- Stateful ------------------------------------------------------------------------------------
 
@@ -146,6 +163,8 @@ class KafkaBatchDataset(IterableDataset):
         if self._reader is not None:
             msg = "the dataset is already being iterated; one iterator at a time (close the other first)"
             raise MixflowError(msg)
+        if self._metrics_port:
+            self.metrics.serve(self._metrics_port)
         self._reader = RankTopicReader(self.kafka_config, self._position, self.rank, self.options).start()
         return _SinkIterator(self, self._reader)
 
@@ -168,7 +187,7 @@ class _SinkIterator(Iterator[MicroBatch]):
     def __init__(self, dataset: KafkaBatchDataset, reader: RankTopicReader) -> None:
         self._dataset = dataset
         self._reader = reader
-        deliveries = reader.deliveries()
+        deliveries = dataset.metrics.noting_tokens(reader.deliveries())
         if dataset.device is not None and dataset.device.type == "cuda":
             deliveries = to_device(deliveries, dataset.device)
         self._items = deliveries
@@ -178,6 +197,7 @@ class _SinkIterator(Iterator[MicroBatch]):
         if self._closed:
             raise StopIteration
         try:
+            began = time.perf_counter()
             delivery = next(self._items)
         except BaseException:
             self.close()
@@ -186,6 +206,7 @@ class _SinkIterator(Iterator[MicroBatch]):
         dataset._position = dataset._position.after(
             delivery.offset, delivery.step, delivery.micro_batch, delivery.micro_batches, delivery.ranks
         )
+        dataset.metrics.handed_out(delivery, time.perf_counter() - began)
         return delivery.tensors
 
     def close(self) -> None:

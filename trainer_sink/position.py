@@ -33,10 +33,11 @@ class SinkPosition:
     micro_batches: int | None = None
 
     def after(
-        self, offset: int, step: int, micro_batch: int, micro_batches: int, ranks: int | None = None
+        self, offset: int | None, step: int, micro_batch: int, micro_batches: int, ranks: int | None = None
     ) -> SinkPosition:
         """The position once micro-batch ``micro_batch`` of ``step`` (at ``offset``, a step of ``ranks``
-        ranks with ``micro_batches`` micro-batches each) is delivered."""
+        ranks with ``micro_batches`` micro-batches each) is delivered. ``offset`` is None on a rank topic
+        of several constructor lanes: reading there resumes by step number in every partition."""
         shape = {"ranks": ranks, "micro_batches": micro_batches}
         if micro_batch + 1 < micro_batches:
             return SinkPosition(self.topic, self.partition, offset, step, micro_batch + 1, **shape)

@@ -4,6 +4,10 @@ It holds one Kafka consumer with the partition assigned (no consumer group: ever
 and context-parallel peer of a data-parallel rank reads the same topic with offsets of its own), reads
 with ``read_committed``, checks that steps follow each other, and hands micro-batches to the trainer
 through a queue bounded in bytes.
+
+A job built by constructor lanes has a rank-topic partition per lane, and step ``k`` in partition
+``k mod C`` (``topics/lanes.py``): the reader then takes the partitions in turn, step by step, and
+resumes by step number in each of them (``topics/step_index.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import DecodeError, MixflowError
+from topics.lanes import LaneOrder, first_step_at_or_after
 from topics.step_index import locate_step
 from trainer_sink.buffer import ByteBoundedQueue, Closed
 from trainer_sink.position import SinkPosition
@@ -31,6 +37,8 @@ from trainer_sink.tensors import Layout, MicroBatch, micro_batch_tensors, nbytes
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2
+LANE_READ_AHEAD = 2
+"""Records held per rank-topic partition of a lane that is not due; above it the partition is paused."""
 
 CONSUMER_SETTINGS = {
     "enable.auto.commit": False,
@@ -55,7 +63,7 @@ class Delivery:
     """One micro-batch and where it came from."""
 
     tensors: MicroBatch
-    offset: int
+    offset: int | None  # None on a topic of several lanes: a position there is found again by step
     step: int
     micro_batch: int
     micro_batches: int
@@ -123,8 +131,9 @@ class RankTopicReader:
 
     def _run(self) -> None:
         try:
+            lanes = self._lanes()
             # Found before the consumer exists: a consumer left idle meanwhile was seen to fetch 1 s late.
-            start = self._start_offset()
+            starts = {self.position.partition: self._start_offset()} if lanes == 1 else self._lane_offsets(lanes)
         except BaseException as exc:  # handed to the trainer's thread, raised by get()
             self._hand_over(exc)
             return
@@ -134,14 +143,48 @@ class RankTopicReader:
             self._hand_over(MixflowError(f"bad Kafka settings for the sink of {self.position.topic}: {exc}"))
             return
         try:
-            consumer.assign([TopicPartition(self.position.topic, self.position.partition, start)])
-            self._read(consumer)
+            consumer.assign([TopicPartition(self.position.topic, p, start) for p, start in starts.items()])
+            if lanes == 1:
+                self._read(consumer)
+            else:
+                self._hand_over_lanes(consumer, lanes)
         except Closed:
             pass
         except BaseException as exc:  # handed to the trainer's thread, raised by get()
             self._hand_over(exc)
         finally:
             consumer.close()
+
+    def _lanes(self) -> int:
+        """The partitions of the rank topic: the job's constructor lanes. Waits (up to the wait timeout) for
+        a topic not created yet."""
+        topic = self.position.topic
+        admin = Consumer({**self._config, "group.id": f"mixflow-sink-meta-{uuid.uuid4().hex[:12]}"})
+        try:
+            deadline = time.monotonic() + self.options.wait_timeout_s
+            while not self._stop.is_set():
+                described = admin.list_topics(topic, timeout=10).topics.get(topic)
+                if described is not None and described.error is None and described.partitions:
+                    return len(described.partitions)
+                if time.monotonic() > deadline:
+                    msg = f"rank topic {topic} does not exist after {self.options.wait_timeout_s:.0f} s"
+                    raise SinkTimeoutError(msg)
+                self._stop.wait(POLL_S)  # a topic that does not exist yet has nothing to wait on
+            raise Closed
+        finally:
+            admin.close()
+
+    def _lane_offsets(self, lanes: int) -> dict[int, int]:
+        """Per partition, where reading starts: its first record of the position's step or a later one, or
+        its end-of-data record (a lane that ended before that step)."""
+        topic, step = self.position.topic, self.position.step
+        if step is None:
+            return dict.fromkeys(range(lanes), OFFSET_BEGINNING)
+        offsets = {}
+        for lane in range(lanes):
+            wanted = first_step_at_or_after(step, lane, lanes)
+            offsets[lane] = locate_step(self._kafka_config, topic, wanted, partition=lane, stop_at_end=True).offset
+        return offsets
 
     def _start_offset(self) -> int:
         """Where reading starts: the position's offset, or for a position carried over from another topic
@@ -182,20 +225,63 @@ class RankTopicReader:
             self._check_step(message, batch.step, batch.rank, last_step)
             self._check_shape(message, batch)
             last_step = self.last_step = batch.step
-            for m, tensors in enumerate(
-                micro_batch_tensors(
-                    batch,
-                    self.options.layout,
-                    pad_token_id=self.options.pad_token_id,
-                    attention_mask=self.options.attention_mask,
-                )
-            ):
-                if not self.position.is_due(batch.step, m):
-                    continue
-                if self.options.pin_memory:
-                    tensors = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
-                delivery = Delivery(tensors, message.offset(), batch.step, m, batch.micro_batches, batch.ranks)
-                self.queue.put(delivery, nbytes(tensors))
+            self._queue_micro_batches(batch, message.offset())
+
+    def _queue_micro_batches(self, batch: Batch, offset: int | None) -> None:
+        for m, tensors in enumerate(
+            micro_batch_tensors(
+                batch,
+                self.options.layout,
+                pad_token_id=self.options.pad_token_id,
+                attention_mask=self.options.attention_mask,
+            )
+        ):
+            if not self.position.is_due(batch.step, m):
+                continue
+            if self.options.pin_memory:
+                tensors = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
+            delivery = Delivery(tensors, offset, batch.step, m, batch.micro_batches, batch.ranks)
+            self.queue.put(delivery, nbytes(tensors))
+
+    def _hand_over_lanes(self, consumer: Consumer, lanes: int) -> None:
+        """``_hand_over_all`` for a topic of several lanes: step ``k`` from partition ``k mod lanes``, a lane
+        dropping out at its end-of-data record, the end once every lane has ended."""
+        order = LaneOrder(lanes, self.position.step or 0)
+        topic = self.position.topic
+        buffers: dict[int, deque[Message]] = {p: deque() for p in range(lanes)}
+        paused: set[int] = set()
+        messages = self._messages(consumer)
+        last_step: int | None = None
+        while not order.done:
+            due = order.partition()
+            if due in paused:
+                consumer.resume([TopicPartition(topic, due)])
+                paused.discard(due)
+            while not buffers[due]:
+                message = next(messages, None)
+                if message is None:  # closed
+                    return
+                buffers[message.partition()].append(message)
+                full = {p for p, held in buffers.items() if len(held) >= LANE_READ_AHEAD and p != due}
+                if pause := full - paused:
+                    consumer.pause([TopicPartition(topic, p) for p in pause])
+                    paused |= pause
+            message = buffers[due].popleft()
+            where = {"topic": message.topic(), "partition": message.partition(), "offset": message.offset()}
+            steps = self._end_of_data(message)
+            if steps is not None:
+                if problem := order.end(due, steps):
+                    raise DecodeError(problem, **where)
+                continue
+            batch = decode_batch_message(message)
+            if batch.rank != self.rank:
+                raise DecodeError(f"the batch is for rank {batch.rank}, this reader is rank {self.rank}", **where)
+            if problem := order.batch(due, batch.step):
+                raise DecodeError(f"{problem}: steps are missing or repeated", **where)
+            self._check_shape(message, batch)
+            last_step = self.last_step = batch.step
+            self._queue_micro_batches(batch, None)
+        self.queue.put(EndOfData(last_step + 1 if last_step is not None else order.next_step), 0)
 
     def _messages(self, consumer: Consumer) -> Iterator[Message]:
         """The topic's committed records, waiting (and logging) while there are none, up to the timeout."""

@@ -63,7 +63,11 @@ class JobAudit:
 
 def audit_job(config: KafkaConfig, spec: JobSpec, sink_folder: Path) -> JobAudit:
     audit = JobAudit()
-    per_rank = [read_rank_topic(config, spec.job, rank, spec.step, audit.problems) for rank in range(spec.step.ranks)]
+    lanes = spec.constructor.lanes
+    per_rank = [
+        read_rank_topic(config, spec.job, rank, spec.step, audit.problems, lanes=lanes)
+        for rank in range(spec.step.ranks)
+    ]
     audit.steps = min(len(batches) for batches in per_rank)
     if len({len(batches) for batches in per_rank}) > 1:
         audit.problems.append(f"the ranks hold different numbers of steps: {[len(b) for b in per_rank]}")
@@ -81,33 +85,41 @@ def audit_job(config: KafkaConfig, spec: JobSpec, sink_folder: Path) -> JobAudit
     return audit
 
 
-def read_rank_topic(config: KafkaConfig, job: str, rank: int, step: StepSpec, problems: list[str]) -> list[Batch]:
-    """The rank topic's batches; what breaks their order, their shape or the end-of-data record after them
-    goes to ``problems``."""
+def read_rank_topic(
+    config: KafkaConfig, job: str, rank: int, step: StepSpec, problems: list[str], lanes: int = 1
+) -> list[Batch]:
+    """The rank topic's batches in step order; what breaks their order, their shape or the end-of-data
+    record after them goes to ``problems``. With constructor ``lanes``, partition ``j`` holds lane ``j``'s
+    steps ``j, j + lanes, ...`` and then its end-of-data record, which names the lane's next step."""
     topic = JobTopics(job).rank(rank)
     shape = (step.ranks, step.micro_batches, step.tokens_per_micro_batch)
-    batches: list[Batch] = []
-    end: int | None = None
+    by_lane: dict[int, list[Batch]] = {lane: [] for lane in range(lanes)}
+    ends: dict[int, int] = {}
     for record in read_to_end(config, topic, timeout_s=300):
-        where = f"{topic}@{record.offset()}"
-        if end is not None:
+        lane = record.partition()
+        batches = by_lane.setdefault(lane, [])
+        where = f"{topic}[{lane}]@{record.offset()}" if lanes > 1 else f"{topic}@{record.offset()}"
+        if lane in ends:
             problems.append(f"{where}: a record after the end-of-data record")
         if (steps := end_of_data_steps(record.headers())) is not None:
-            end = steps
+            ends[lane] = steps
             continue
         try:
             batch = decode_batch_message(record)
         except DecodeError as exc:  # a micro-batch over capacity, among others
             problems.append(f"{where}: {exc}")
             continue
-        if batch.step != len(batches):
-            problems.append(f"{where}: step {batch.step} where step {len(batches)} was due")
+        due = lane + lanes * len(batches)
+        if batch.step != due:
+            problems.append(f"{where}: step {batch.step} where step {due} was due")
         if batch.rank != rank or (batch.ranks, batch.micro_batches, batch.capacity) != shape:
             problems.append(f"{where}: rank {batch.rank} of {batch.ranks}, {batch.micro_batches} x {batch.capacity}")
         batches.append(batch)
-    if end != len(batches):
-        problems.append(f"{topic}: {len(batches)} steps, but the end-of-data record says {end}")
-    return batches
+    for lane, batches in by_lane.items():
+        if ends.get(lane) != lane + lanes * len(batches):
+            name = f"{topic}[{lane}]" if lanes > 1 else topic
+            problems.append(f"{name}: {len(batches)} steps, but the end-of-data record says {ends.get(lane)}")
+    return sorted((b for batches in by_lane.values() for b in batches), key=lambda b: b.step)
 
 
 def check_samples(per_rank: list[list[Batch]], expected: dict[str, str], problems: list[str]) -> Counter[str]:

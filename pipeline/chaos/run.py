@@ -68,6 +68,12 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
         raise MixflowError(msg)
     folder.mkdir(parents=True, exist_ok=True)
     base = load_spec(options.spec)
+    if base.constructor.lanes > 1:
+        msg = (
+            f"mixflow chaos runs one constructor lane; {options.spec} has constructor.lanes "
+            f"{base.constructor.lanes} (lanes under SIGKILL are tested by tests/test_lanes.py)"
+        )
+        raise MixflowError(msg)
     targets = Targets(
         loaders=tuple(f"load-{s.name}-{i}" for s in base.sources for i in range(s.loaders)),
         sinks=tuple(f"sink-{r}" for r in range(base.step.ranks)),
@@ -84,7 +90,7 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
         bootstrap = broker.up() if broker is not None else str(options.bootstrap)
         spec, streaming, draining = _write_specs(options.spec, job, bootstrap, folder)
         config = spec.kafka.client_config(bootstrap)
-        ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks)
+        ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks, lanes=spec.constructor.lanes)
         live = LiveJob(options, spec, config, folder, broker)
         try:
             live.run(faults, streaming, draining, report)

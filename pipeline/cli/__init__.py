@@ -12,7 +12,22 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from pipeline.cli import calibrate, chaos, construct, control, load, plan, replay, run, spec, stack
+from pipeline.cli import (
+    autoscale,
+    calibrate,
+    chaos,
+    construct,
+    control,
+    deploy,
+    load,
+    plan,
+    replay,
+    report_plots,
+    run,
+    spec,
+    stack,
+    top,
+)
 from pipeline.cli.command import Command, add_commands
 from pipeline.kafka_clients import KafkaClientStuckError
 from topics.errors import MixflowError
@@ -30,7 +45,11 @@ COMMANDS: tuple[Command, ...] = (
     control.COMMAND,
     replay.COMMAND,
     run.COMMAND,
+    autoscale.COMMAND,
+    top.COMMAND,
+    report_plots.COMMAND,
     chaos.COMMAND,
+    deploy.COMMAND,
 )
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 from pipeline.cli.command import Command
 from pipeline.constructor import ConstructorOptions, DataConstructor
 from pipeline.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS
+from pipeline.metrics import ConstructorMetrics, SourceBacklog, role_registry, serve_metrics
 from pipeline.spec import load_spec
+from topics.names import JobTopics
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +31,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--instance", default="", help="this instance's name in logs (default: host-pid)")
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics; one port per process (0: off, the default)",
+    )
+    parser.add_argument(
+        "--lane",
+        type=int,
+        default=0,
+        help="the constructor lane to run, 0 <= LANE < the spec's constructor.lanes (default: %(default)s)",
+    )
+    parser.add_argument(
         "--transaction-timeout-ms",
         type=int,
         default=60_000,
@@ -44,11 +58,24 @@ def run(args: argparse.Namespace) -> int:
         transaction_timeout_ms=args.transaction_timeout_ms,
         lease_session_timeout_ms=args.lease_timeout_ms,
         instance=args.instance,
+        lane=args.lane,
     )
-    stats = DataConstructor(spec, spec.kafka.client_config(args.bootstrap_servers), options).run()
+    config = spec.kafka.client_config(args.bootstrap_servers)
+    registry = role_registry()
+    metrics = ConstructorMetrics(registry, args.output_job or spec.job, spec)
+    backlog = SourceBacklog(config, JobTopics(spec.job), spec.source_names, metrics, partition=args.lane)
+    registry.register(backlog)
+    server = serve_metrics(registry, args.metrics_port, f"constructor {args.instance or ''}".strip())
+    try:
+        stats = DataConstructor(spec, config, options, metrics).run()
+    finally:
+        if server is not None:
+            server.close()
+        backlog.close()
     steps = stats.steps
     summary = {
         "job": args.output_job or spec.job,
+        "lane": args.lane,
         "steps": len(steps),
         "tokens": stats.tokens,
         "samples": sum(s.samples for s in steps),

@@ -7,10 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from prometheus_client import start_http_server
-
 from pipeline.cli.command import Command
 from pipeline.loader import LoaderOptions, SourceLoader
+from pipeline.metrics import LoaderMetrics, WorkUnitLag, role_registry, serve_metrics
 from pipeline.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
 from pipeline.spec import OnExhausted, load_spec
 from topics.admin import ensure_job_topics
@@ -33,7 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="exit once every work unit of the source is done (default: keep waiting for units)",
     )
     parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics; one port per process (0: off, the default)",
+    )
     parser.add_argument(
         "--transaction-timeout-ms",
         type=int,
@@ -61,9 +65,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config = spec.kafka.client_config(args.bootstrap_servers)
     runtime = SourceRuntime.from_spec(spec, args.source)
-    ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks)
-    if args.metrics_port:
-        start_http_server(args.metrics_port)
+    topics = JobTopics(spec.job)
+    registry = role_registry()
+    metrics = LoaderMetrics(registry, spec.job, args.source)
+    lag = WorkUnitLag(config, topics, args.source)
+    registry.register(lag)
+    server = serve_metrics(registry, args.metrics_port, f"loader {args.source} {args.instance}")
+    ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks, lanes=spec.constructor.lanes)
     options = LoaderOptions(
         instance=args.instance,
         until_drained=args.until_drained,
@@ -73,7 +81,12 @@ def run(args: argparse.Namespace) -> int:
         # Under next_epoch the job streams on: the loaders stay to plan and load the epochs asked for.
         next_epoch=spec.on_exhausted is OnExhausted.NEXT_EPOCH,
     )
-    stats = SourceLoader(config, JobTopics(spec.job), runtime, spec.seed, options).run()
+    try:
+        stats = SourceLoader(config, topics, runtime, spec.seed, options, metrics).run()
+    finally:
+        if server is not None:
+            server.close()
+        lag.close()
     summary = {
         "source": args.source,
         "instance": args.instance,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pipeline.cli.command import Command
 from pipeline.local_job import job_spec_file, run_local_job, trainer_command
+from pipeline.metrics import METRICS_FILE, RunMetrics
 from pipeline.progress import JobProgress
 from pipeline.report import job_report
 from pipeline.stack.local_broker import default_state_dir
@@ -36,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nproc_per_node 2 examples/train.py --spec {spec} --out {out}'; {spec} is the job's spec and {out} "
         "the folder where its ranks write received-rank<r>.jsonl and trainer-rank<r>.json for the report",
     )
+    parser.add_argument(
+        "--metrics-port-base",
+        type=int,
+        default=0,
+        help=f"serve Prometheus metrics from every process on ports from this one up: this supervisor's own "
+        f"(role restarts) on it, then one per trainer rank ({{metrics_port}} in --trainer: the first, plus the local "
+        f"rank), loader and constructor, listed in the job's folder as {METRICS_FILE} (0: off, the default)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,16 +54,24 @@ def run(args: argparse.Namespace) -> int:
     spec, spec_path = job_spec_file(args.spec, args.job, folder)
     config = spec.kafka.client_config(args.bootstrap_servers)
     train_folder = folder / "train"
-    trainer = trainer_command(args.trainer, spec_path, train_folder) if args.trainer else None
+    metrics = RunMetrics(folder, spec.job, args.metrics_port_base)
+    metrics.serve()
+    sink_port = metrics.sink_ports(spec.step.ranks) if args.trainer and "{metrics_port}" in args.trainer else 0
+    trainer = trainer_command(args.trainer, spec_path, train_folder, sink_port) if args.trainer else None
     print(
         f"job {spec.job}: {len(spec.sources)} sources, {spec.step.ranks} ranks x {spec.step.micro_batches} "
         f"micro-batches x {spec.step.tokens_per_micro_batch} tokens; logs in {folder}"
     )
     # Created up front (as every role would) so that the progress view can follow the state topic at once.
-    ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks)
+    ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks, lanes=spec.constructor.lanes)
     watched = (train_folder, spec.step.ranks, spec.step.micro_batches) if trainer else None
-    with JobProgress(config, spec.job, watched) as progress:
-        roles = run_local_job(spec_path, args.bootstrap_servers, folder, trainer, progress, shadows=args.shadows)
+    try:
+        with JobProgress(config, spec.job, watched) as progress:
+            roles = run_local_job(
+                spec_path, args.bootstrap_servers, folder, trainer, progress, shadows=args.shadows, metrics=metrics
+            )
+    finally:
+        metrics.close()
     for role in roles:
         if summary := role.summary():
             print(f"{role.name}: {summary}")

@@ -1,4 +1,4 @@
-"""`mixflow stack up|down|status`: the local single-node Kafka broker."""
+"""`mixflow stack up|down|status|stop-node|start-node`: the local Kafka broker, or a local cluster of several."""
 
 from __future__ import annotations
 
@@ -7,6 +7,13 @@ from pathlib import Path
 
 from pipeline.cli.command import Command
 from pipeline.stack.local_broker import DEFAULT_HOST, DEFAULT_PORT, LocalBroker, default_state_dir
+from pipeline.stack.local_cluster import (
+    DEFAULT_CLUSTER_PORT,
+    LocalCluster,
+    default_cluster_state_dir,
+    is_cluster_state_dir,
+)
+from topics.errors import MixflowError
 
 
 def _add_state_dir(parser: argparse.ArgumentParser) -> None:
@@ -14,57 +21,150 @@ def _add_state_dir(parser: argparse.ArgumentParser) -> None:
         "--state-dir",
         type=Path,
         default=None,
-        help=f"folder for config, data and logs (default: $MIXFLOW_STATE_DIR or {default_state_dir()})",
+        help=f"folder for config, data and logs (default: $MIXFLOW_STATE_DIR or {default_state_dir()} for one "
+        f"broker, $MIXFLOW_CLUSTER_STATE_DIR or {default_cluster_state_dir()} for a cluster)",
+    )
+
+
+def _add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_state_dir(parser)
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        default=None,
+        help="1: the single broker; 2 or more: a cluster of that many nodes, each a broker and a KRaft controller "
+        "(default: what --state-dir holds, else 1)",
     )
 
 
 def _add_up_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_state_dir(parser)
-    parser.add_argument("--host", default=DEFAULT_HOST, help="address to listen on (default: %(default)s)")
+    _add_stack_arguments(parser)
+    parser.add_argument("--host", default=None, help=f"address to listen on (default: {DEFAULT_HOST})")
     parser.add_argument(
         "--port",
         type=int,
-        default=DEFAULT_PORT,
-        help="client port; the KRaft controller uses port + 1 (default: %(default)s)",
+        default=None,
+        help=f"client port; the KRaft controller uses port + 1 (default: {DEFAULT_PORT}). A cluster's node i "
+        f"uses port + 2(i-1) and the port after (default: {DEFAULT_CLUSTER_PORT}, or what the cluster recorded)",
     )
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the broker to answer")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for the brokers to answer")
+
+
+def _add_node_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("node", type=int, help="the node's id, 1..N")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help=f"the cluster's folder (default: $MIXFLOW_CLUSTER_STATE_DIR or {default_cluster_state_dir()})",
+    )
+
+
+def _stack(args: argparse.Namespace) -> LocalBroker | LocalCluster:
+    """The single broker or the cluster that ``--brokers`` and ``--state-dir`` name."""
+    brokers = args.brokers
+    if brokers is not None and brokers < 1:
+        msg = f"--brokers must be 1 or more, not {brokers}"
+        raise MixflowError(msg)
+    state_dir = args.state_dir
+    if state_dir is None:
+        state_dir = default_cluster_state_dir() if brokers and brokers > 1 else default_state_dir()
+    if is_cluster_state_dir(state_dir) and brokers == 1:
+        msg = f"{state_dir} holds a cluster, not a single broker; leave out --brokers 1 or use another --state-dir"
+        raise MixflowError(msg)
+    if (brokers and brokers > 1) or is_cluster_state_dir(state_dir):
+        options = {"host": getattr(args, "host", None), "port": getattr(args, "port", None)}
+        return LocalCluster(state_dir, brokers=brokers, **options)
+    host, port = getattr(args, "host", None), getattr(args, "port", None)
+    return LocalBroker(state_dir, host=host or DEFAULT_HOST, port=DEFAULT_PORT if port is None else port)
 
 
 def _up(args: argparse.Namespace) -> int:
-    bootstrap = LocalBroker(args.state_dir, host=args.host, port=args.port).up(timeout_s=args.timeout)
-    print(bootstrap)
+    stack = _stack(args)
+    timeout = {} if args.timeout is None else {"timeout_s": args.timeout}
+    print(stack.up(**timeout))
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
-    stopped = LocalBroker(args.state_dir).down()
-    print("stopped" if stopped else "no broker of ours was running")
+    stack = _stack(args)
+    if isinstance(stack, LocalCluster):
+        stopped = stack.down()
+        print(f"stopped nodes {', '.join(map(str, stopped))}" if stopped else "no node of ours was running")
+    else:
+        print("stopped" if stack.down() else "no broker of ours was running")
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    status = LocalBroker(args.state_dir).status()
-    print(f"kafka: {status.describe()}")
-    return 0 if status.running and status.answering else 1
+    stack = _stack(args)
+    if isinstance(stack, LocalCluster):
+        status = stack.status()
+        for line in status.lines():
+            print(line)
+        return 0 if status.healthy else 1
+    single = stack.status()
+    print(f"kafka: {single.describe()}")
+    return 0 if single.running and single.answering else 1
+
+
+def _cluster(args: argparse.Namespace) -> LocalCluster:
+    state_dir = args.state_dir or default_cluster_state_dir()
+    if not is_cluster_state_dir(state_dir):
+        msg = f"no cluster in {state_dir}; start one with `mixflow stack up --brokers 3 --state-dir {state_dir}`"
+        raise MixflowError(msg)
+    return LocalCluster(state_dir)
+
+
+def _stop_node(args: argparse.Namespace) -> int:
+    if _cluster(args).stop_node(args.node, kill=args.kill):
+        print(f"node {args.node} {'killed' if args.kill else 'stopped'}")
+    else:
+        print(f"node {args.node} was not running")
+    return 0
+
+
+def _start_node(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    cluster.start_node(args.node)
+    print(cluster.bootstrap)
+    return 0
+
+
+def _add_stop_node_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_node_arguments(parser)
+    parser.add_argument("--kill", action="store_true", help="SIGKILL, as a crash would, instead of a clean stop")
 
 
 COMMAND = Command(
     name="stack",
-    help="start, stop or inspect the local single-node Kafka broker (no Docker needed)",
+    help="start, stop or inspect the local Kafka broker, or a local cluster of several (no Docker needed)",
     actions=(
         Command(
             name="up",
-            help="start the broker unless it runs; print its bootstrap address last",
+            help="start the broker (or the cluster's nodes) unless it runs; print the bootstrap address(es) last",
             add_arguments=_add_up_arguments,
             run=_up,
         ),
         Command(
             name="down",
-            help="stop the broker started from this state folder",
-            add_arguments=_add_state_dir,
+            help="stop the broker or every node of the cluster started from this state folder",
+            add_arguments=_add_stack_arguments,
             run=_down,
         ),
-        Command(name="status", help="say what runs where", add_arguments=_add_state_dir, run=_status),
+        Command(name="status", help="say what runs where", add_arguments=_add_stack_arguments, run=_status),
+        Command(
+            name="stop-node",
+            help="stop one node of the cluster (for fault tests)",
+            add_arguments=_add_stop_node_arguments,
+            run=_stop_node,
+        ),
+        Command(
+            name="start-node",
+            help="start one stopped node of the cluster again; print the bootstrap addresses last",
+            add_arguments=_add_node_arguments,
+            run=_start_node,
+        ),
     ),
     action_dest="action",
 )

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from pipeline.constructor.pool import Candidate
-from pipeline.scheduler import CostModel, StepPlan, plan_step, rank_order
+from pipeline.scheduler import CostModel, StepPlan, plan_step, rank_orders
 from pipeline.spec import StepSpec
 from topics.batch import Batch
 from topics.sample import Sample
@@ -43,13 +44,18 @@ def assemble_step(step: int, candidates: Sequence[Candidate], shape: StepSpec, c
 def build_batches(step: int, plan: StepPlan, samples: Sequence[Sample], lengths: np.ndarray) -> list[Batch]:
     """One batch per rank of ``plan`` (its shape and capacity) holding the ``samples`` it places there,
     micro-batch by micro-batch in ``rank_order``; ``lengths`` are the samples' token counts."""
+    orders = rank_orders(plan)
+    # Each source name once, and each sample's index into them: a rank's source column is built from these.
+    names: dict[str, int] = {}
+    codes = np.fromiter((names.setdefault(s.source, len(names)) for s in samples), np.int32, len(samples))
+    name_list = list(names)
     batches = []
     for rank in range(plan.ranks):
-        indices, micro_batch = rank_order(plan, rank)
-        chosen = [samples[i] for i in indices.tolist()]
-        offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
+        indices, micro_batch = orders.of(rank)
+        picked = indices.tolist()
+        offsets = np.zeros(len(picked) + 1, dtype=np.int64)
         np.cumsum(lengths[indices], out=offsets[1:])
-        tokens = np.concatenate([np.zeros(0, np.int32), *(s.tokens for s in chosen)]).astype(np.int32)
+        tokens = np.concatenate([np.zeros(0, np.int32), *(samples[i].tokens for i in picked)], dtype=np.int32)
         batches.append(
             Batch.from_arrays(
                 step=step,
@@ -57,11 +63,22 @@ def build_batches(step: int, plan: StepPlan, samples: Sequence[Sample], lengths:
                 ranks=plan.ranks,
                 micro_batches=plan.micro_batches,
                 capacity=plan.capacity,
-                sample_ids=[s.sample_id for s in chosen],
-                sources=[s.source for s in chosen],
+                sample_ids=[samples[i].sample_id for i in picked],
+                sources=_source_column(codes[indices], name_list),
                 micro_batch=micro_batch,
                 offsets=offsets,
                 tokens=tokens,
             )
         )
     return batches
+
+
+def _source_column(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
+    """The dictionary column ``pa.array([names[c] for c in codes]).dictionary_encode()`` makes (its values in
+    order of first appearance), from the codes."""
+    present, first = np.unique(codes, return_index=True)
+    order = present[np.argsort(first)]  # the codes in order of first appearance
+    index_of = np.zeros(len(names), np.int32)
+    index_of[order] = np.arange(len(order), dtype=np.int32)
+    dictionary = pa.array([names[c] for c in order.tolist()], pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(index_of[codes], pa.int32()), dictionary)

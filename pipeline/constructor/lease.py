@@ -35,10 +35,11 @@ class ConstructorLease:
         topics: JobTopics,
         instance: str,
         session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
+        group: str | None = None,
     ) -> None:
         self.config = config
         self.topic = topics.control
-        self.group = f"{topics.job}.constructor.lease"
+        self.group = group or f"{topics.job}.constructor.lease"  # a lane's constructors have a group of their own
         self.instance = instance
         self.session_timeout_ms = session_timeout_ms
         self._held = False

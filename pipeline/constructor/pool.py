@@ -27,15 +27,18 @@ class SourceFifo:
         self.lengths: list[int] = []
         self.next_offset = position.low  # the next offset to read
         self.delivered: set[int] = set(position.used)  # delivered (or dead-lettered) offsets >= low
+        self.read_tokens = self.read_samples = 0  # samples read into it so far (for metrics)
+        self._tokens = 0  # sum(lengths)
 
     @property
     def tokens(self) -> int:
-        return sum(self.lengths)
+        return self._tokens
 
     def append(self, offset: int, sample: Sample) -> None:
         self.offsets.append(offset)
         self.samples.append(sample)
         self.lengths.append(sample.length)
+        self._tokens += sample.length
 
     def take(self, positions: np.ndarray) -> list[Candidate]:
         """Remove and return the samples at ``positions`` (indices into the FIFO), in that order."""
@@ -43,11 +46,16 @@ class SourceFifo:
             return []
         picked = positions.tolist()
         out = [Candidate(SampleRef(self.samples[i].source, self.offsets[i]), self.samples[i]) for i in picked]
+        self._tokens -= sum(self.lengths[i] for i in picked)
+        if np.array_equal(positions, np.arange(len(picked))):  # the head: what an in-order draw takes
+            del self.offsets[: len(picked)], self.samples[: len(picked)], self.lengths[: len(picked)]
+            return out
         keep = np.ones(len(self.offsets), dtype=bool)
         keep[positions] = False
-        self.offsets = [o for o, k in zip(self.offsets, keep, strict=True) if k]
-        self.samples = [s for s, k in zip(self.samples, keep, strict=True) if k]
-        self.lengths = [n for n, k in zip(self.lengths, keep, strict=True) if k]
+        kept = np.flatnonzero(keep).tolist()
+        self.offsets = [self.offsets[i] for i in kept]
+        self.samples = [self.samples[i] for i in kept]
+        self.lengths = [self.lengths[i] for i in kept]
         return out
 
 
@@ -74,6 +82,8 @@ class SamplePool:
         if sample is None:
             fifo.delivered.add(offset)
             return
+        fifo.read_tokens += sample.length
+        fifo.read_samples += 1
         ref = SampleRef(source, offset)
         if ref in self._pending:
             self._found[ref] = sample
@@ -111,14 +121,20 @@ class SamplePool:
         that no source is always last when the scheduler has to defer."""
         old, self.deferred = self.deferred, []
         drawn = [self.fifos[s].take(np.asarray(positions.get(s, []), dtype=np.int64)) for s in self.sources]
-        keys = []
+        befores, indices, within = [], [], []
         for index, candidates in enumerate(drawn):
             lengths = np.asarray([c.sample.length for c in candidates], dtype=np.float64)
             total = lengths.sum() or 1.0
-            before = (np.cumsum(lengths) - lengths) / total
-            keys += [(float(b), index, i) for i, b in enumerate(before)]
-        keys.sort()
-        return old + [drawn[index][i] for _, index, i in keys]
+            befores.append((np.cumsum(lengths) - lengths) / total)
+            indices.append(np.full(len(candidates), index))
+            within.append(np.arange(len(candidates)))
+        if not befores:
+            return old
+        source_of, position = np.concatenate(indices), np.concatenate(within)
+        # Sorted by (before, source index, position), as sorting those tuples would.
+        order = np.lexsort((position, source_of, np.concatenate(befores))).tolist()
+        source_list, position_list = source_of.tolist(), position.tolist()
+        return old + [drawn[source_list[k]][position_list[k]] for k in order]
 
     def take_everything(self) -> list[Candidate]:
         """All samples held, deferred first then each source's FIFO: for the job's last steps."""

@@ -10,6 +10,11 @@ would have written. Its ``transactional.id`` is stable per job, so a restart fen
 Several instances of a job's constructor may run: one is active, the others are shadows that wait,
 ready, for the lease (``lease.py``) and take over from the last committed step when the active one
 dies. Mixture changes published on ``<job>.control`` are read before each step (``pipeline.control``).
+
+With ``constructor.lanes`` C above 1, lane ``j`` (``ConstructorOptions.lane``) builds the steps ``k`` with
+``k mod C == j`` from partition ``j`` of every source topic, into partition ``j`` of every rank topic and
+of the state topic, with a state record, ``transactional.id``, offsets group and lease of its own. The
+mixer's step is the global step ``k``: schedules, random choices and mixture changes follow it.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from confluent_kafka import KafkaException, Producer, TopicPartition
+from prometheus_client import CollectorRegistry
 
 from pipeline.constructor.assemble import AssembledStep, assemble_step
 from pipeline.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS, ConstructorLease
@@ -33,6 +39,7 @@ from pipeline.constructor.state_topic import read_last_state, written_shape
 from pipeline.constructor.writer import PreparedStep, Record, StepWriter
 from pipeline.control import ControlReader
 from pipeline.kafka_clients import KafkaConfig, ProducerFencedError, read_committed_consumer
+from pipeline.metrics import ConstructorMetrics
 from pipeline.mixing import DrawStatus, Mixer, MixerState, MixtureChange, refusal
 from pipeline.role_protocol import TransactionalRole, closing_unless_stuck
 from pipeline.scheduler import plan_step
@@ -61,6 +68,7 @@ class ConstructorOptions:
     replay_changes: tuple[MixtureChange, ...] | None = None
     lease_session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS
     instance: str = ""
+    lane: int = 0  # which of the spec's constructor lanes this instance builds
 
 
 @dataclass
@@ -92,15 +100,30 @@ class DataConstructor(TransactionalRole):
     kind = "constructor"
     work_unit = "step"
 
-    def __init__(self, spec: JobSpec, config: KafkaConfig, options: ConstructorOptions = ConstructorOptions()) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        config: KafkaConfig,
+        options: ConstructorOptions = ConstructorOptions(),
+        metrics: ConstructorMetrics | None = None,
+    ) -> None:
         super().__init__(config, options.transaction_timeout_ms)
         self.spec = spec
         self.options = options
         self.sources_topics = JobTopics(spec.job)
         self.out = JobTopics(options.output_job or spec.job)
+        self.lanes = spec.constructor.lanes
+        self.lane = options.lane
+        if not 0 <= self.lane < self.lanes:
+            msg = f"constructor lane {self.lane} is not below the spec's constructor.lanes ({self.lanes})"
+            raise MixflowError(msg)
+        if self.lanes > 1 and options.start_state is not None:
+            msg = f"a replay from a start state is not supported with constructor.lanes {self.lanes} (only 1)"
+            raise MixflowError(msg)
         self.mixer = Mixer.from_spec(spec)
         self.cost_model = spec.cost.cost_model()
         self.stats = ConstructorStats()
+        self.metrics = metrics or ConstructorMetrics(CollectorRegistry(), self.out.job, spec)
         self._dormant: dict[str, SourcePosition] = {}  # sources the spec no longer mixes, kept where they were
         self.instance = options.instance or f"{socket.gethostname()}-{os.getpid()}"
         self._lease: ConstructorLease | None = None
@@ -112,7 +135,8 @@ class DataConstructor(TransactionalRole):
 
     @property
     def transactional_id(self) -> str:
-        return f"{self.out.job}.constructor"
+        """Also the group of its source offsets: one per lane (a job without lanes keeps the plain name)."""
+        return f"{self.out.job}.constructor" + (f".lane{self.lane}" if self.lanes > 1 else "")
 
     def run(self) -> ConstructorStats:
         """Construct until the job is finished, ``max_steps`` are written or a signal stops it: as the
@@ -120,22 +144,31 @@ class DataConstructor(TransactionalRole):
         self.stop_on_signals()
         shape = self.spec.step
         check_step_shape(
-            written_shape(self.config, self.out),
+            written_shape(self.config, self.out, self.lane),
             StepShape(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch),
             self.out.job,
         )
-        ensure_job_topics(self.config, self.sources_topics.job, self.spec.source_names, self.spec.step.ranks)
+        names, ranks = self.spec.source_names, self.spec.step.ranks
+        ensure_job_topics(self.config, self.sources_topics.job, names, ranks, lanes=self.lanes)
         if self.out.job != self.sources_topics.job:
-            ensure_job_topics(self.config, self.out.job, self.spec.source_names, self.spec.step.ranks)
+            ensure_job_topics(self.config, self.out.job, names, ranks, lanes=self.lanes)
         self._warm_up()
         began = time.monotonic()
-        self._lease = ConstructorLease(self.config, self.out, self.instance, self.options.lease_session_timeout_ms)
+        self._lease = ConstructorLease(
+            self.config,
+            self.out,
+            self.instance,
+            self.options.lease_session_timeout_ms,
+            group=f"{self.transactional_id}.lease",
+        )
         try:
             while not self.stopping and not self.stats.finished:
                 if not self._wait_as_shadow():
                     break
                 self.stats.takeovers += 1
+                self.metrics.became_active()
                 self._run_while_active()
+                self.metrics.became_shadow()
         finally:
             self.stats.seconds = time.monotonic() - began
             self._lease.close()
@@ -190,6 +223,7 @@ class DataConstructor(TransactionalRole):
                 self._run_from_checkpoint(producer)
         except ProducerFencedError as exc:
             self.stats.fenced += 1
+            self.metrics.fenced.inc()
             log.warning("constructor %s: %s; following as a shadow again", self.instance, exc)
             self._lease.rejoin()
             return
@@ -219,16 +253,17 @@ class DataConstructor(TransactionalRole):
         pool = SamplePool(state)
         consumer = read_committed_consumer(
             self.config,
-            f"{self.out.job}.constructor",
+            self.transactional_id,
             **{"enable.partition.eof": True},  # tells when a source has been read to its end
         )
-        feed = SourceTopicFeed(consumer, self.config, self.sources_topics, pool, self.mixer.budget_tokens)
+        budget = self.mixer.budget_tokens
+        feed = SourceTopicFeed(consumer, self.config, self.sources_topics, pool, budget, self.lane)
         closes = [feed.close, consumer.close]
         self._control = None
         if self.options.replay_changes is None:
             self._control = ControlReader(self.config, self.out, self._control_offset)
             closes.append(self._control.close)
-        writer = StepWriter(self, producer, consumer)
+        writer = StepWriter(self, producer, consumer, self.metrics.transaction_ended)
         closes.insert(0, writer.close)
         with closing_unless_stuck(*closes):
             try:
@@ -242,6 +277,7 @@ class DataConstructor(TransactionalRole):
         last_lag_log = time.monotonic()
         assert self._lease is not None
         while not self.stopping and self._lease.poll():
+            self.metrics.look_at_pool(pool)
             written = len(self.stats.steps) + writer.in_flight
             if self.options.max_steps is not None and written >= self.options.max_steps:
                 self._stopping = True
@@ -258,7 +294,7 @@ class DataConstructor(TransactionalRole):
                 candidates = pool.take(draw.take)
                 assembled = assemble_step(mixer_state.step, candidates, self.spec.step, self.cost_model)
                 pool.settle(assembled.delivered, assembled.deferred)
-                next_mixer = draw.settle(pool.deferred_lengths())
+                next_mixer = self._lane_step(draw.settle(pool.deferred_lengths()))
                 if not self._write(writer, feed, pool, assembled, next_mixer, exhausted, False):
                     return
                 mixer_state = next_mixer
@@ -302,11 +338,11 @@ class DataConstructor(TransactionalRole):
                     msg = f"step {mixer_state.step}: none of the {len(candidates)} remaining samples fits a step"
                     raise MixflowError(msg)
                 pool.settle(assembled.delivered, assembled.deferred)
-                next_mixer = MixerState(mixer_state.step + 1, mixer_state.credit, mixer_state.long_credit)
+                next_mixer = MixerState(mixer_state.step + self.lanes, mixer_state.credit, mixer_state.long_credit)
                 if not self._write(writer, feed, pool, assembled, next_mixer, exhausted, False):
                     return
                 mixer_state = next_mixer
-        last = mixer_state.step - 1
+        last = mixer_state.step - self.lanes
         if self._write(writer, feed, pool, None, mixer_state, exhausted, True) and writer.wait():
             self.stats.finished = True
             log.info("job %s finished after step %d", self.out.job, last)
@@ -359,24 +395,29 @@ class DataConstructor(TransactionalRole):
         if assembled is not None:
             for batch in assembled.batches:
                 key, value, headers = encode_batch(batch)
-                records.append((self.out.rank(batch.rank), value, key, headers))
+                records.append((self.out.rank(batch.rank), value, key, headers, self.lane))
         if finished:
-            # Readers of a finished job stop at this record instead of waiting for more steps.
+            # Readers of a finished job (lane) stop at this record instead of waiting for more steps.
             key, value, headers = encode_end_of_data(mixer.step)
-            records += [(self.out.rank(rank), value, key, headers) for rank in range(self.spec.step.ranks)]
-        for letter in feed.dead_letters:
+            records += [(self.out.rank(rank), value, key, headers, self.lane) for rank in range(self.spec.step.ranks)]
+        letters = list(feed.dead_letters)
+        for letter in letters:
             key, value, headers = encode_dead_letter(letter)
-            records.append((self.out.dlq, value, key, headers))
+            records.append((self.out.dlq, value, key, headers, 0))
         feed.dead_letters.clear()  # an aborted step makes the next attempt read them again
-        records.append((self.out.state, state_bytes, batch_key(max(mixer.step - 1, 0)), None))
-        offsets = [TopicPartition(self.sources_topics.src(s), 0, p.low) for s, p in state.positions.items()]
+        records.append((self.out.state, state_bytes, batch_key(max(mixer.step - self.lanes, 0)), None, self.lane))
+        offsets = [TopicPartition(self.sources_topics.src(s), self.lane, p.low) for s, p in state.positions.items()]
 
         def done() -> None:
             if assembled is not None:
                 self._record(assembled, len(state_bytes))
 
-        if not writer.write(PreparedStep(f"step {mixer.step - 1}", records, offsets, done)):
-            log.warning("a step up to step %d was aborted; resuming from the last committed step", mixer.step - 1)
+        def committed() -> None:  # on the commit thread at once: the metrics do not wait for the next step
+            self.metrics.step_committed(assembled, letters)
+
+        written = mixer.step - self.lanes
+        if not writer.write(PreparedStep(f"step {written}", records, offsets, done, committed)):
+            log.warning("a step up to step %d was aborted; resuming from the last committed step", written)
             return False
         return True
 
@@ -400,8 +441,13 @@ class DataConstructor(TransactionalRole):
             "step %d: %d tokens, %d samples, %d deferred", record.step, record.tokens, record.samples, record.deferred
         )
 
+    def _lane_step(self, after: MixerState) -> MixerState:
+        """The mixer state after a step (whose ``step`` is one more) moved on to this lane's next step."""
+        return after if self.lanes == 1 else replace(after, step=after.step - 1 + self.lanes)
+
     def _last_state(self) -> ConstructorState:
-        state = read_last_state(self.config, self.out)
+        state = read_last_state(self.config, self.out, self.lane)
         if state is None:
-            return self.options.start_state or ConstructorState.initial(self.mixer.initial_state())
+            initial = replace(self.mixer.initial_state(), step=self.lane)  # a lane's first step is its number
+            return self.options.start_state or ConstructorState.initial(initial)
         return state

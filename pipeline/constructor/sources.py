@@ -10,7 +10,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from pipeline.constructor.pool import SamplePool
 from pipeline.kafka_clients import KafkaConfig
-from pipeline.work_plan import WorkPlan, plan_is_done, read_work_plan, request_epoch
+from pipeline.work_plan import WorkPlan, plan_is_complete, read_work_plan, request_epoch
 from topics.dead_letter import DeadLetter
 from topics.errors import DecodeError
 from topics.names import JobTopics, parse_topic
@@ -25,12 +25,20 @@ BUFFER_STEPS = 4
 
 
 class SourceTopicFeed:
-    """Assigns every source topic's partition at the pool's low watermarks and routes records into it."""
+    """Assigns partition ``partition`` (the constructor's lane) of every source topic at the pool's low
+    watermarks and routes records into it."""
 
     def __init__(
-        self, consumer: Consumer, config: KafkaConfig, topics: JobTopics, pool: SamplePool, budget_tokens: int
+        self,
+        consumer: Consumer,
+        config: KafkaConfig,
+        topics: JobTopics,
+        pool: SamplePool,
+        budget_tokens: int,
+        partition: int = 0,
     ) -> None:
         self.consumer = consumer
+        self.partition = partition
         self.config = config
         self.topics = topics
         self.pool = pool
@@ -43,8 +51,9 @@ class SourceTopicFeed:
         self._plans: dict[str, WorkPlan] = {}
         self._asked: dict[str, int] = {}  # the epoch last asked for, per source
         self._loader_groups: dict[str, Consumer] = {}
+        self._source_of: dict[str, str] = {}  # topic name -> source, parsed once per topic
         positions = pool.positions()
-        consumer.assign([TopicPartition(topics.src(s), 0, positions[s].low) for s in pool.sources])
+        consumer.assign([TopicPartition(topics.src(s), partition, positions[s].low) for s in pool.sources])
 
     def fill(self, wanted: Collection[str], timeout_s: float = 1.0) -> int:
         """Read what is there, for at most ``timeout_s`` and until every source in ``wanted`` has new
@@ -64,7 +73,8 @@ class SourceTopicFeed:
                 return read
 
     def _route(self, message: Message) -> int:
-        source = parse_topic(message.topic()).arg
+        topic = message.topic()
+        source = self._source_of.get(topic) or self._source_of.setdefault(topic, parse_topic(topic).arg)
         if message.error():
             if message.error().code() == KafkaError._PARTITION_EOF:
                 self.eof_at[source] = message.offset()
@@ -94,16 +104,16 @@ class SourceTopicFeed:
             if tokens > self.budget_tokens * (self.buffer_steps * self._weights.get(s, 1.0) + 1)
         } - exempt
         if pause := full - self._paused:
-            self.consumer.pause([TopicPartition(self.topics.src(s), 0) for s in pause])
+            self.consumer.pause([TopicPartition(self.topics.src(s), self.partition) for s in pause])
         if resume := self._paused - full:
-            self.consumer.resume([TopicPartition(self.topics.src(s), 0) for s in resume])
+            self.consumer.resume([TopicPartition(self.topics.src(s), self.partition) for s in resume])
         self._paused = full
 
     def is_exhausted(self, source: str) -> bool:
         """True when the source's loaders have committed every unit and everything is read."""
         if source not in self.eof_at or not self._loaders_done(source):
             return False
-        partition = TopicPartition(self.topics.src(source), 0)
+        partition = TopicPartition(self.topics.src(source), self.partition)
         _, end = KAFKA_RETRY.call(
             lambda: self.consumer.get_watermark_offsets(partition, timeout=10), f"reading the end of {partition.topic}"
         )
@@ -127,12 +137,16 @@ class SourceTopicFeed:
         if source not in self._loader_groups:
             group = f"{self.topics.job}.loaders.{source}"  # asks for its offsets; never joins it
             self._loader_groups[source] = Consumer({**self.config, "group.id": group, "enable.auto.commit": False})
-        return plan_is_done(self._loader_groups[source], self.topics.work(source), plan)
+        # Loaders may have split units since the plan was read: the plan's ends grow with them.
+        done, self._plans[source] = plan_is_complete(self.config, self.topics, self._loader_groups[source], plan)
+        return done
 
     def lag(self, source: str) -> str:
         fifo = self.pool.fifos[source]
         try:
-            _, end = self.consumer.get_watermark_offsets(TopicPartition(self.topics.src(source), 0), timeout=5)
+            _, end = self.consumer.get_watermark_offsets(
+                TopicPartition(self.topics.src(source), self.partition), timeout=5
+            )
         except KafkaException:
             end = -1
         plan = self._plans.get(source)

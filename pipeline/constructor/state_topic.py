@@ -1,5 +1,5 @@
 """Reading what a job wrote: the last committed constructor state (``<job>.state``) and the step shape
-of its last batch (``<job>.rank.0``)."""
+of its last batch (``<job>.rank.0``), each in the partition of one constructor lane (0 without lanes)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from topics.names import JobTopics
 STATE_TAIL = 64
 
 
-def read_last_state(config: KafkaConfig, topics: JobTopics) -> ConstructorState | None:
-    """The state in the job's last committed state record; None before its first step."""
-    records = read_to_end(config, topics.state, tail=STATE_TAIL)
+def read_last_state(config: KafkaConfig, topics: JobTopics, lane: int = 0) -> ConstructorState | None:
+    """The state in the last committed state record of the job's ``lane``; None before its first step."""
+    records = [r for r in read_to_end(config, topics.state, tail=STATE_TAIL) if r.partition() == lane]
     if not records:
         return None
     last = records[-1]
@@ -29,12 +29,16 @@ def read_last_state(config: KafkaConfig, topics: JobTopics) -> ConstructorState 
         raise exc.at(last.topic(), last.partition(), last.offset()) from exc
 
 
-def written_shape(config: KafkaConfig, topics: JobTopics) -> StepShape | None:
-    """The step shape of the last batch written to rank 0; None before the job's first step."""
+def written_shape(config: KafkaConfig, topics: JobTopics, lane: int = 0) -> StepShape | None:
+    """The step shape of the last batch ``lane`` wrote to rank 0; None before its first step."""
     topic = topics.rank(0)
     if not topic_exists(config, topic):
         return None
-    records = [r for r in read_to_end(config, topic, tail=8) if end_of_data_steps(r.headers()) is None]
+    records = [
+        r
+        for r in read_to_end(config, topic, tail=8)
+        if r.partition() == lane and end_of_data_steps(r.headers()) is None
+    ]
     if not records:
         return None
     last = decode_batch_message(records[-1])

@@ -5,6 +5,7 @@ the wait for the broker's answer overlaps the next step's work."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from pipeline.kafka_clients import commit_or_abort, produce
 from pipeline.role_protocol import TransactionalRole
 
-Record = tuple[str, bytes, bytes, list[tuple[str, bytes]] | None]  # topic, value, key, headers
+Record = tuple[str, bytes, bytes, list[tuple[str, bytes]] | None, int]  # topic, value, key, headers, partition
 
 
 @dataclass
@@ -25,13 +26,21 @@ class PreparedStep:
     records: list[Record]
     offsets: list[TopicPartition]
     done: Callable[[], None] = field(default=lambda: None)  # called once the step is committed
+    committed: Callable[[], None] = field(default=lambda: None)  # on the commit thread, as soon as it commits
 
 
 class StepWriter:
     """Writes prepared steps in order, one transaction each, committing each in the background."""
 
-    def __init__(self, role: TransactionalRole, producer: Producer, consumer: Consumer) -> None:
+    def __init__(
+        self,
+        role: TransactionalRole,
+        producer: Producer,
+        consumer: Consumer,
+        ended: Callable[[bool, float], None] = lambda committed, seconds: None,
+    ) -> None:
         self.role = role
+        self.ended = ended  # told whether each transaction committed, and its seconds from begin
         self.producer = producer
         self.consumer = consumer
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="step-commit")
@@ -45,14 +54,23 @@ class StepWriter:
             return False
 
         def produce_records() -> list[TopicPartition]:
-            for topic, value, key, headers in step.records:
-                produce(self.producer, topic, value, key=key, headers=headers)
+            for topic, value, key, headers, partition in step.records:
+                produce(self.producer, topic, value, key=key, headers=headers, partition=partition)
             return step.offsets
 
+        began = time.monotonic()
         if not self.role.open_transaction(self.producer, self.consumer, produce_records, step.what):
+            self.ended(False, time.monotonic() - began)
             return False
-        self._in_flight = (step, self._committer.submit(commit_or_abort, self.producer))
+        self._in_flight = (step, self._committer.submit(self._commit, step, began))
         return True
+
+    def _commit(self, step: PreparedStep, began: float) -> bool:
+        committed = commit_or_abort(self.producer)
+        self.ended(committed, time.monotonic() - began)
+        if committed:
+            step.committed()
+        return committed
 
     @property
     def in_flight(self) -> int:

@@ -14,6 +14,7 @@ from pipeline.replay.elastic import ElasticReplay
 from pipeline.replay.history import JobHistory, read_history, require_history
 from pipeline.replay.plan import ReplayMode, ReplayPlan, ReplayRequest, plan_replay
 from pipeline.spec import JobSpec
+from topics.errors import MixflowError
 from topics.names import JobTopics
 from topics.step_index import locate_step
 
@@ -57,6 +58,13 @@ def replay(
     """Write steps of ``spec``'s job into ``request.target``, or continue an earlier run that was stopped."""
     began = time.monotonic()
     job = request.job or spec.job
+    if spec.constructor.lanes > 1:
+        msg = (
+            f"mixflow replay of job {job}: its spec has constructor.lanes {spec.constructor.lanes}, and replay "
+            "supports one lane only. To check a lane's determinism, run its lanes again into another job "
+            "(mixflow construct --lane J --output-job NAME) and compare the rank topics partition by partition"
+        )
+        raise MixflowError(msg)
     original = require_history(config, job)
     target = read_history(config, request.target)
     shape = spec.step

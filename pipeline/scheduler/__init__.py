@@ -6,7 +6,7 @@ A pure library of numba kernels over arrays; it imports no Kafka client.
 from pipeline.scheduler.cost import DEFAULT_COST_MODEL, CostModel
 from pipeline.scheduler.lpt import plan_lpt
 from pipeline.scheduler.plan import DEFAULT_TOLERANCE, PlanSummary, StepPlan, plan_step
-from pipeline.scheduler.rank_order import rank_order
+from pipeline.scheduler.rank_order import RankOrders, rank_order, rank_orders
 from pipeline.scheduler.validation import validate_plan
 
 __all__ = [
@@ -14,9 +14,11 @@ __all__ = [
     "DEFAULT_TOLERANCE",
     "CostModel",
     "PlanSummary",
+    "RankOrders",
     "StepPlan",
     "plan_lpt",
     "plan_step",
     "rank_order",
+    "rank_orders",
     "validate_plan",
 ]

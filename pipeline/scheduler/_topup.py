@@ -38,7 +38,8 @@ def _cheapest_with_room(min_cost: np.ndarray, max_room: np.ndarray, leaves: int,
 
 
 @njit(cache=True)
-def _update(min_cost: np.ndarray, max_room: np.ndarray, leaves: int, r: int, cost: float, room: np.int64) -> None:
+def update_rank(min_cost: np.ndarray, max_room: np.ndarray, leaves: int, r: int, cost: float, room: np.int64) -> None:
+    """Set rank ``r``'s cost and room (free tokens of its emptiest micro-batch), and the subtrees above it."""
     node = leaves + r
     min_cost[node] = cost
     max_room[node] = room
@@ -98,4 +99,4 @@ def top_up(
         tokens[base + best] += length
         micro_cost[base + best] += cost
         rank_cost[r] += cost
-        _update(min_cost, max_room, leaves, r, rank_cost[r], capacity - tokens[base : base + n_micro].min())
+        update_rank(min_cost, max_room, leaves, r, rank_cost[r], capacity - tokens[base : base + n_micro].min())

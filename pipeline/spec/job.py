@@ -8,9 +8,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from pipeline.spec._paths import resolve_path
 from pipeline.spec._problems import NO_VALUE, Problems
+from pipeline.spec.autoscaling import AutoscalingSpec
 from pipeline.spec.mixture import MixtureSpec
 from pipeline.spec.names import JobName
-from pipeline.spec.sections import CompositionSpec, CostSpec, KafkaSpec, LongContextSpec, OnExhausted, StepSpec
+from pipeline.spec.sections import (
+    CompositionSpec,
+    ConstructorSpec,
+    CostSpec,
+    KafkaSpec,
+    LongContextSpec,
+    OnExhausted,
+    StepSpec,
+)
 from pipeline.spec.sources import SourceSpec
 
 
@@ -32,6 +41,12 @@ class JobSpec(BaseModel):
         "null draws each source's samples in order.",
     )
     long_context: LongContextSpec | None = None
+    constructor: ConstructorSpec = Field(
+        default_factory=ConstructorSpec, description="Constructor lanes building interleaved steps."
+    )
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec, description="Loaders per source that follow demand (off by default)."
+    )
     seed: int = Field(0, ge=0, description="Seed of every random choice of the job.")
     on_exhausted: OnExhausted = Field(
         OnExhausted.STOP,
@@ -50,6 +65,7 @@ class JobSpec(BaseModel):
             self.composition = None  # a long-context quota draws in order unless composition is asked for too
         self._check_sources(problems)
         self._check_mixture(problems)
+        self._check_autoscaling(problems)
         if self.long_context is not None:
             self._check_long_context(problems, self.long_context)
         problems.raise_if_any()
@@ -128,6 +144,20 @@ class JobSpec(BaseModel):
                     f"the tokens here, less than long_context.token_share ({long.token_share})",
                     shares,
                 )
+
+    def _check_autoscaling(self, problems: Problems) -> None:
+        budget = self.autoscaling.max_total_loaders
+        if budget is None:
+            return
+        fewest = sum(s.loader_bounds()[0] for s in self.sources)
+        starting = sum(s.loaders for s in self.sources)
+        if budget < max(fewest, starting):
+            problems.add(
+                ("autoscaling", "max_total_loaders"),
+                f"must be at least the sources' loaders to start with ({starting}) and their autoscale.min "
+                f"({fewest}) together",
+                budget,
+            )
 
     def long_sources(self) -> list[str]:
         """Sources whose samples can reach ``long_context.min_length`` (all of them without it)."""

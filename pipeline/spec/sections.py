@@ -172,6 +172,17 @@ class CompositionSpec(BaseModel):
     )
 
 
+class ConstructorSpec(BaseModel):
+    """How the job's steps are built: ``lanes`` constructors side by side, lane ``j`` building the steps
+    ``k`` with ``k mod lanes == j`` from partition ``j`` of every source topic (``topics/lanes.py``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lanes: int = Field(
+        1, ge=1, le=256, description="Constructor lanes; source, rank and state topics get this many partitions."
+    )
+
+
 class LongContextSpec(BaseModel):
     """A share of every step's tokens comes from samples of at least ``min_length`` tokens."""
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from pipeline.spec._paths import resolve_path
 from pipeline.spec._problems import Problems
+from pipeline.spec.autoscaling import SourceAutoscaleSpec
 from pipeline.spec.names import SourceName
 
 
@@ -71,6 +72,15 @@ class SourceSpec(BaseModel):
     )
     epochs: int = Field(1, ge=1, description="Passes over the source's files.")
     loaders: int = Field(1, ge=1, description="Source loader processes to start with.")
+    unit_target_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = Field(
+        None,
+        description="Seconds of loading per work unit: the planner's target (in place of `mixflow load "
+        "--unit-seconds`), and the loaders measure the source's cost and split a unit they take that would "
+        "run over (file, then row groups, then row ranges); unset: units are sized once, at planning.",
+    )
+    autoscale: SourceAutoscaleSpec | None = Field(
+        None, description="Bounds of the source's loaders under job-level autoscaling; without it: always `loaders`."
+    )
 
     @field_validator("path", "tokenizer")
     @classmethod
@@ -87,6 +97,15 @@ class SourceSpec(BaseModel):
                 problems.add(("field",), f"the {self.reader.value} reader has no fields; remove it", self.field)
             if self.pretokenized:
                 problems.add(("pretokenized",), f"the {self.reader.value} reader reads text, not token ids", True)
+        if self.autoscale is not None and not self.autoscale.min <= self.loaders <= self.autoscale.max:
+            bounds = f"autoscale.min ({self.autoscale.min}) and autoscale.max ({self.autoscale.max})"
+            problems.add(("loaders",), f"must be between {bounds}", self.loaders)
         problems.raise_if_any()
         self.glob = self.glob or DEFAULT_GLOBS[self.reader]
         return self
+
+    def loader_bounds(self) -> tuple[int, int]:
+        """``(fewest, most)`` loaders of the source under autoscaling: ``loaders`` both without ``autoscale``."""
+        if self.autoscale is None:
+            return self.loaders, self.loaders
+        return self.autoscale.min, self.autoscale.max

@@ -32,22 +32,27 @@ def pom_text() -> str:
 
 
 def resolve_broker_jars(cache_dir: Path | None = None) -> Path:
-    """Return a folder holding the broker's classpath, resolving it with Maven when the cache lacks it.
+    """Return a folder holding the broker's classpath, resolving it with Maven when the cache lacks it."""
+    return resolve_jars(pom_text(), "kafka-libs", "kafka_2.13-*.jar", "the Kafka broker", cache_dir)
 
-    The folder is named after a hash of the pom, so changing the Kafka version resolves anew, and it is
-    filled in a temporary folder and renamed, so an interrupted resolution leaves no half cache."""
+
+def resolve_jars(text: str, prefix: str, marker: str, what: str, cache_dir: Path | None = None) -> Path:
+    """Return ``<cache>/<prefix>-<hash of the pom>``, holding the runtime classpath of the pom ``text``
+    (its jars, one of them matching the glob ``marker``), resolving it with Maven when the cache lacks it.
+
+    The folder is named after a hash of the pom, so changing a version resolves anew, and it is filled in
+    a temporary folder and renamed, so an interrupted resolution leaves no half cache."""
     cache_dir = cache_dir or default_cache_dir()
-    text = pom_text()
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    libs = cache_dir / f"kafka-libs-{digest}"
+    libs = cache_dir / f"{prefix}-{digest}"
     if (libs / STAMP).is_file():
         return libs
     mvn = shutil.which("mvn")
     if mvn is None:
-        msg = "Maven ('mvn') is not on PATH; it is needed once to resolve the Kafka broker from Maven Central"
+        msg = f"Maven ('mvn') is not on PATH; it is needed once to resolve {what} from Maven Central"
         raise MixflowError(msg)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    log.info("resolving org.apache.kafka:kafka_2.13 and its dependencies with Maven into %s", libs)
+    log.info("resolving %s and its dependencies with Maven into %s", what, libs)
     with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".resolve-") as tmp:
         pom = Path(tmp) / POM
         pom.write_text(text)
@@ -63,9 +68,9 @@ def resolve_broker_jars(cache_dir: Path | None = None) -> Path:
             "-DincludeScope=runtime",
         ]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
-        if result.returncode != 0 or not any(out.glob("kafka_2.13-*.jar")):
+        if result.returncode != 0 or not any(out.glob(marker)):
             tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-20:])
-            msg = f"Maven could not resolve the Kafka broker (exit {result.returncode}):\n{tail}"
+            msg = f"Maven could not resolve {what} (exit {result.returncode}):\n{tail}"
             raise MixflowError(msg)
         (out / STAMP).write_text(text)
         if libs.exists():

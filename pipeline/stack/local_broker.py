@@ -3,6 +3,9 @@
 Everything lives under the state folder (default ``.mixflow/`` in the working directory)::
 
     broker.pid  broker.json  config/server.properties  config/log4j2.yaml  data/  logs/server.log
+
+A node of a local cluster (``pipeline/stack/local_cluster.py``) is the same broker with some
+properties overridden (node id, controller quorum, replication) and a cluster id shared by all nodes.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -103,8 +107,28 @@ class BrokerStatus:
         return f"running, pid {self.pid}, {self.bootstrap}, {health}; logs {self.log_file}"
 
 
+def checked_java() -> str:
+    """The ``java`` on PATH, checked to be new enough for Kafka 4."""
+    java = shutil.which("java")
+    if java is None:
+        msg = f"'java' is not on PATH; the local Kafka broker needs Java {MIN_JAVA} or newer"
+        raise MixflowError(msg)
+    if (major := java_major_version(java)) < MIN_JAVA:
+        msg = f"Kafka 4 needs Java {MIN_JAVA} or newer, but `java` is Java {major}"
+        raise MixflowError(msg)
+    return java
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 22 characters that decode (URL-safe base64) to 16 bytes."""
+    return uuid.uuid4().hex[:22]
+
+
 class LocalBroker:
-    """Start, stop and inspect the broker that belongs to one state folder."""
+    """Start, stop and inspect the broker that belongs to one state folder.
+
+    ``overrides`` replace (or add) properties of ``server.properties`` after its fields are filled in;
+    ``cluster_id`` is the id its storage is formatted with (a new one when not given)."""
 
     def __init__(
         self,
@@ -113,11 +137,17 @@ class LocalBroker:
         host: str = DEFAULT_HOST,
         port: int = DEFAULT_PORT,
         cache_dir: Path | None = None,
+        overrides: Mapping[str, str] | None = None,
+        cluster_id: str | None = None,
+        jvm_options: Sequence[str] = JVM_OPTIONS,
     ) -> None:
         self.state_dir = (state_dir or default_state_dir()).absolute()
         self.host = host
         self.port = port
         self.cache_dir = cache_dir
+        self.overrides = dict(overrides or {})
+        self.cluster_id = cluster_id
+        self.jvm_options = tuple(jvm_options)
         self.pid_file = self.state_dir / "broker.pid"
         self.info_file = self.state_dir / "broker.json"
         self.config_dir = self.state_dir / "config"
@@ -147,6 +177,10 @@ class LocalBroker:
         config = str(self.config_dir / "server.properties").encode()
         return b"kafka.Kafka" in cmdline and config in cmdline
 
+    def running_pid(self) -> int | None:
+        """The pid of our broker, or None when it does not run."""
+        return self._recorded_pid()
+
     def recorded_bootstrap(self) -> str | None:
         try:
             return str(json.loads(self.info_file.read_text())["bootstrap"])
@@ -165,18 +199,21 @@ class LocalBroker:
         """Start the broker unless ours already runs; return the bootstrap address once it answers."""
         pid = self._recorded_pid()
         if pid is not None:
-            bootstrap = self.recorded_bootstrap() or f"{self.host}:{self.port}"
+            bootstrap = self.recorded_bootstrap() or self.bootstrap
             log.info("broker already running (pid %d) at %s", pid, bootstrap)
             self._wait_until_answering(bootstrap, pid, timeout_s)
             return bootstrap
+        process = self.launch(checked_java(), resolve_broker_jars(self.cache_dir))
+        self._wait_until_answering(self.bootstrap, process.pid, timeout_s, process)
+        return self.bootstrap
 
-        java = shutil.which("java")
-        if java is None:
-            msg = f"'java' is not on PATH; the local Kafka broker needs Java {MIN_JAVA} or newer"
-            raise MixflowError(msg)
-        if (major := java_major_version(java)) < MIN_JAVA:
-            msg = f"Kafka 4 needs Java {MIN_JAVA} or newer, but `java` is Java {major}"
-            raise MixflowError(msg)
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def launch(self, java: str, libs: Path) -> subprocess.Popen:
+        """Write the config, format the storage on first use and start the broker's JVM; do not wait
+        for it to answer (a cluster's nodes answer only once a quorum of them runs)."""
         controller_port = self.port + 1
         for port in (self.port, controller_port):
             if not port_is_free(self.host, port):
@@ -186,7 +223,6 @@ class LocalBroker:
                 )
                 raise MixflowError(msg)
 
-        libs = resolve_broker_jars(self.cache_dir)
         self._write_config(controller_port)
         if not (self.data_dir / "meta.properties").exists():
             self._format_storage(java, libs)
@@ -194,7 +230,7 @@ class LocalBroker:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         command = [
             java,
-            *JVM_OPTIONS,
+            *self.jvm_options,
             f"-Dlog4j2.configurationFile={self.config_dir / 'log4j2.yaml'}",
             f"-Dkafka.logs.dir={self.log_file.parent}",
             "-cp",
@@ -212,12 +248,20 @@ class LocalBroker:
                 start_new_session=True,
                 cwd=self.state_dir,
             )
-        bootstrap = f"{self.host}:{self.port}"
         self.pid_file.write_text(f"{process.pid}\n")
-        self.info_file.write_text(json.dumps({"bootstrap": bootstrap, "pid": process.pid}) + "\n")
+        self.info_file.write_text(json.dumps({"bootstrap": self.bootstrap, "pid": process.pid}) + "\n")
         log.info("started Kafka broker, pid %d, logs in %s", process.pid, self.log_file)
-        self._wait_until_answering(bootstrap, process.pid, timeout_s, process)
-        return bootstrap
+        return process
+
+    def kill(self) -> bool:
+        """SIGKILL our broker, as a crash would, and wait until it is gone. False when none was running."""
+        pid = self._recorded_pid()
+        if pid is None:
+            return False
+        os.kill(pid, signal.SIGKILL)
+        while self._is_our_broker(pid) and not _reaped(pid):
+            time.sleep(0.05)  # the kernel tears the process down within moments of SIGKILL
+        return True
 
     def down(self, timeout_s: float = 30.0) -> bool:
         """Stop our broker (SIGTERM, then SIGKILL after the timeout). False when none was running."""
@@ -251,11 +295,14 @@ class LocalBroker:
             text = resources.files("pipeline.stack").joinpath(name).read_text()
             for key, value in values.items():
                 text = text.replace(f"{{{key}}}", str(value))
+            if name == "server.properties":
+                text = override_properties(text, self.overrides)
             (self.config_dir / name).write_text(text)
 
     def _format_storage(self, java: str, libs: Path) -> None:
         command = [
             java,
+            *self.jvm_options,
             "-cp",
             f"{libs}/*",
             f"-Dlog4j2.configurationFile={self.config_dir / 'log4j2.yaml'}",
@@ -263,7 +310,7 @@ class LocalBroker:
             "format",
             "--ignore-formatted",
             "--cluster-id",
-            uuid.uuid4().hex[:22],
+            self.cluster_id or new_cluster_id(),
             "--config",
             str(self.config_dir / "server.properties"),
         ]
@@ -280,16 +327,30 @@ class LocalBroker:
             exited = process.poll() is not None if process else not self._is_our_broker(pid)
             if exited or time.monotonic() > deadline:
                 why = "exited" if exited else f"did not answer within {timeout_s:.0f} s"
-                tail = self._log_tail()
+                tail = self.log_tail()
                 msg = f"the Kafka broker (pid {pid}) {why}; last lines of {self.log_file}:\n{tail}"
                 raise MixflowError(msg)
 
-    def _log_tail(self, lines: int = 15) -> str:
+    def log_tail(self, lines: int = 15) -> str:
         text = ""
         for path in (self.log_file, self.stdout_file):
             if path.exists():
                 text += "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) + "\n"
         return text.strip() or "(no log output)"
+
+
+def override_properties(text: str, overrides: Mapping[str, str]) -> str:
+    """``text`` (a Java properties file) with each key of ``overrides`` set to its value: in place where
+    the key is set already, else appended at the end."""
+    pending = dict(overrides)
+    lines = []
+    for line in text.splitlines():
+        key = line.partition("=")[0].strip()
+        if not line.lstrip().startswith(("#", "!")) and key in pending:
+            line = f"{key}={pending.pop(key)}"
+        lines.append(line)
+    lines.extend(f"{key}={value}" for key, value in pending.items())
+    return "\n".join(lines) + "\n"
 
 
 def _reaped(pid: int) -> bool:

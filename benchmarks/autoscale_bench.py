@@ -1,0 +1,186 @@
+"""Autoscaling benchmark: the same heterogeneous job with a fixed allocation of loaders and with autoscaling
+under the same total budget, side by side.
+
+    .venv/bin/python benchmarks/autoscale_bench.py [--repeats 3] [--kind wait|costly] [--cost 1500] [--markdown]
+
+The job (``tests/autoscale_support.py``): three text sources of many small files with equal shares; ``code``
+is expensive to tokenize (the test-only wrapper in ``tests/expensive_tokenizer``): with ``--kind wait`` it
+sleeps ``--cost`` microseconds per token, as a loader with a machine of its own would spend the time; with
+``--kind costly`` it tokenizes ``--cost`` times over, on this machine's 2 shared cores. Both runs start
+with code 1, docs 2, notes 2 loaders (5 in all); the autoscaled run may move them within a budget of 5
+(code 1-3, docs 1-2, notes 1-2). The job stops when a source runs out.
+Each run is a ``mixflow run`` on the broker at $KAFKA_BOOTSTRAP_SERVERS (default 127.0.0.1:9092). Reported,
+medians over the runs:
+
+- **stall fraction**: steps whose draw waited for a sample that was produced after the previous step was
+  written (``pipeline/autoscale/stalls.py``: a count read from the topics, a lower bound);
+- **tokens/s end to end**: tokens written to the rank topics / seconds from the start of ``mixflow run`` to
+  the last step's state record (process start-up included, the same for both);
+- **loader CPU-s per 1k tokens**: CPU seconds of every loader process (user + system, threads included, as
+  each writes at exit) per thousand tokens the loaders committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from _table import add_markdown_flag, print_table  # noqa: E402
+
+from pipeline.autoscale.stalls import job_stalls  # noqa: E402
+from pipeline.spec import load_spec  # noqa: E402
+from tests.autoscale_support import (  # noqa: E402
+    build_job_data,
+    decisions,
+    job_folder,
+    run_job,
+    write_job_spec,
+)
+from topics.log_reader import read_to_end  # noqa: E402
+from topics.names import JobTopics  # noqa: E402
+
+LOADERS = {"code": 1, "docs": 2, "notes": 2}
+BUDGET = 5
+BOUNDS = {"code": (1, 3), "docs": (1, 2), "notes": (1, 2)}
+SCALING = {
+    "interval_s": 1.0,
+    "low_watermark_s": 5,
+    "high_watermark_s": 10,
+    "scale_down_after_s": 2,
+    "lookahead_s": 10,
+    "max_total_loaders": BUDGET,
+}
+
+
+@dataclass
+class RunResult:
+    steps: int
+    stalled: int
+    tokens: int
+    seconds: float
+    loader_cpu_s: float
+    loader_tokens: int
+    peak: dict[str, int]
+
+    @property
+    def stall_fraction(self) -> float:
+        return self.stalled / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def cpu_ms_per_ktoken(self) -> float:
+        return 1e6 * self.loader_cpu_s / max(self.loader_tokens, 1)
+
+
+def last_json(path: Path) -> dict:
+    for line in reversed(path.read_text(errors="replace").splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {}
+
+
+def run_once(data: Path, bootstrap: str, autoscale: bool, cost: int, kind: str, folder: Path) -> RunResult:
+    job = f"asb{uuid.uuid4().hex[:8]}"
+    scaling, bounds = (SCALING, BOUNDS) if autoscale else (None, None)
+    spec_path = write_job_spec(
+        folder / job, job, bootstrap, data, LOADERS, scaling, bounds, costs={"code": f"{kind}{cost}"}
+    )
+    cpu_log = folder / job / "cpu"
+    cpu_log.mkdir(parents=True)
+    os.environ["MIXFLOW_CPU_LOG"] = str(cpu_log)
+    began_ms = time.time() * 1000
+    try:
+        run = run_job(spec_path, folder / job / "state", timeout_s=900)
+    finally:
+        del os.environ["MIXFLOW_CPU_LOG"]
+    if run.returncode != 0:
+        msg = f"mixflow run of {job} exited {run.returncode}:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+        raise RuntimeError(msg)
+    spec = load_spec(spec_path)
+    config = spec.kafka.client_config()
+    states = read_to_end(config, JobTopics(job).state)
+    stalls = job_stalls(config, spec)
+    logs = job_folder(folder / job / "state")
+    constructed = last_json(logs / "construct.log")
+    loader_tokens = sum(last_json(p).get("tokens", 0) for p in logs.glob("load-*.log"))
+    cpu = [json.loads(p.read_text()) for p in cpu_log.glob("*.json")]
+    loader_cpu = sum(c["cpu_seconds"] for c in cpu if "load" in c["argv"])
+    made = decisions(folder / job / "state")
+    peak = {s: max([d["running"] for d in made if d["source"] == s] or [n]) for s, n in LOADERS.items()}
+    return RunResult(
+        steps=stalls.steps,
+        stalled=stalls.stalled,
+        tokens=int(constructed.get("tokens", 0)),
+        seconds=(states[-1].timestamp()[1] - began_ms) / 1000,
+        loader_cpu_s=loader_cpu,
+        loader_tokens=loader_tokens,
+        peak=peak,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each allocation (default: %(default)s)")
+    parser.add_argument("--cost", type=int, default=1500, help="microseconds per token (wait) or times over (costly)")
+    parser.add_argument(
+        "--kind",
+        choices=["costly", "wait"],
+        default="wait",
+        help="wait: the expensive source sleeps per token (a loader with a machine of its own); costly: it "
+        "burns this machine's CPU",
+    )
+    parser.add_argument("--files", type=int, nargs=3, default=[30, 200, 200], metavar=("CODE", "DOCS", "NOTES"))
+    add_markdown_flag(parser)
+    args = parser.parse_args()
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+    with tempfile.TemporaryDirectory(prefix="autoscale-bench-") as tmp:
+        folder = Path(tmp)
+        data = build_job_data(folder / "data", dict(zip(("code", "docs", "notes"), args.files, strict=True)))
+        results: dict[str, list[RunResult]] = {"fixed": [], "autoscaled": []}
+        for _ in range(args.repeats):  # interleaved, so that both see the same load on the machine
+            for name in results:
+                results[name].append(run_once(data, bootstrap, name == "autoscaled", args.cost, args.kind, folder))
+                r = results[name][-1]
+                print(
+                    f"{name}: {r.steps} steps, {r.stalled} stalled, {r.tokens} tokens in {r.seconds:.1f} s, "
+                    f"loader CPU {r.loader_cpu_s:.1f} s for {r.loader_tokens} tokens, peak loaders {r.peak}",
+                    file=sys.stderr,
+                )
+
+    def median(name: str, value) -> float:  # type: ignore[no-untyped-def]
+        return statistics.median(value(r) for r in results[name])
+
+    rows = [
+        ["stall fraction (steps that waited)", *(f"{median(n, lambda r: r.stall_fraction):.1%}" for n in results)],
+        ["steps", *(f"{median(n, lambda r: r.steps):.0f}" for n in results)],
+        ["end-to-end tokens/s", *(f"{median(n, lambda r: r.tokens_per_second):.0f}" for n in results)],
+        ["seconds to the last step", *(f"{median(n, lambda r: r.seconds):.1f}" for n in results)],
+        ["loader CPU-ms per 1k tokens", *(f"{median(n, lambda r: r.cpu_ms_per_ktoken):.1f}" for n in results)],
+        [
+            "peak loaders code/docs/notes",
+            *("/".join(str(max(r.peak[s] for r in results[n])) for s in LOADERS) for n in results),
+        ],
+    ]
+    title = (
+        f"Fixed allocation against autoscaling, budget {BUDGET} loaders, code {args.kind} {args.cost}, "
+        f"files {args.files}, medians of {args.repeats} runs each"
+    )
+    print_table(["", "fixed (1/2/2)", f"autoscaled (budget {BUDGET})"], rows, title=title, markdown=args.markdown)
+
+
+if __name__ == "__main__":
+    main()

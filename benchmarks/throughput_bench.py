@@ -1,0 +1,561 @@
+"""The constructor's throughput at 8 to 1,024 ranks, next to Kafka's own limits on the same broker.
+
+    .venv/bin/python benchmarks/throughput_bench.py [--repeats 3] [--shapes 8x64x8192,...] [--tokens 40000000]
+        [--steps 8] [--baseline-tree DIR] [--kafka-config KEY=VALUE ...] [--composition]
+        [--data-job NAME] [--keep-data] [--profile SHAPE] [--bootstrap-servers HOST:PORT] [--markdown]
+
+Data: synthetic pre-tokenized samples (log-normal lengths around 1,000 tokens, at most the smallest
+micro-batch capacity of the shapes; Zipf token ids below 50,257) written once, straight to four
+``<job>.src.<source>`` topics in the loaders' format (``encode_sample``, lz4, transactions), shared by every
+arm and repeat (``--data-job`` reuses a job written by an earlier ``--keep-data`` run). The default shapes
+keep a global batch of 4.2M tokens, as a 7B model's training would at 8 to 1,024 GPUs.
+
+Per shape (ranks x micro-batches x tokens per micro-batch) and repeat, back to back on the same broker:
+
+- **constructor**: ``DataConstructor`` reading the data job into a fresh ``--output-job`` (its topics created
+  beforehand, outside the timing), in a child process, for as many steps as the data fills (at most
+  ``--steps``), the in-order draw (``composition: null``) unless ``--composition``. Timed from its first
+  step's commit to its last (steady state: start-up, the lease and the first fetch are left out);
+  ``cores`` = the child's CPU seconds (every thread) / its seconds in ``run()``.
+- **baseline tree** (``--baseline-tree DIR``, e.g. ``git archive <rev> | tar -x -C DIR``): the same
+  constructor run with that copy of the code, in the same repeat.
+- **raw**: a tuned confluent-kafka pipeline that moves the same bytes: it consumes the same source records
+  (read_committed, large fetches) and, per step, produces the constructor's step payload as one message
+  per rank topic (the consumed values' bytes, cut to the rank batches' mean size), in one transaction with
+  the source offsets, begun, produced and committed on a thread while the next step is read; the
+  constructor's producer settings.
+- **ProducerPerformance** / **ConsumerPerformance**: Kafka's own tools (``org.apache.kafka:kafka-tools``,
+  the broker's version, resolved with Maven from ``benchmarks/kafka-tools/pom.xml``), ``acks=all``, no
+  compression, records of the rank batches' mean size (at least 128 MB of them) into and out of a fresh
+  one-partition topic. ConsumerPerformance's rate is its fetch rate (the group join left out).
+
+Payload MB/s counts the rank batches' values (Arrow IPC, before Kafka's compression), 10^6 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+REPO = Path(__file__).resolve().parent.parent
+# The constructor's child process imports mixflow from --baseline-tree's copy when it runs the baseline.
+sys.path.insert(0, os.environ.get("TBENCH_TREE", str(REPO)))
+
+from _table import add_markdown_flag, print_table  # noqa: E402
+
+from pipeline.kafka_clients import (  # noqa: E402
+    commit_or_abort,
+    produce,
+    read_committed_consumer,
+    send_offsets,
+    transactional_producer,
+)
+from topics.admin import TopicSpec, delete_job_topics, ensure_job_topics, ensure_topics  # noqa: E402
+from topics.errors import MixflowError  # noqa: E402
+from topics.log_reader import read_to_end  # noqa: E402
+from topics.names import JobTopics  # noqa: E402
+from topics.sample import Sample  # noqa: E402
+from topics.sample_codec import encode_sample  # noqa: E402
+
+TOOLS_POM = Path(__file__).resolve().parent / "kafka-tools" / "pom.xml"
+SOURCES = {"web": 0.5, "code": 0.25, "books": 0.15, "math": 0.1}
+DEFAULT_SHAPES = "8x64x8192,64x8x8192,256x2x8192,1024x1x4096"
+VOCAB = 50_257
+MEAN_LENGTH = 1_000
+
+
+@dataclass(frozen=True)
+class Shape:
+    ranks: int
+    micro_batches: int
+    capacity: int
+
+    @property
+    def tokens(self) -> int:
+        return self.ranks * self.micro_batches * self.capacity
+
+    def __str__(self) -> str:
+        return f"{self.ranks}x{self.micro_batches}x{self.capacity}"
+
+    @classmethod
+    def parse(cls, text: str) -> Shape:
+        match = re.fullmatch(r"(\d+)x(\d+)x(\d+)", text.strip())
+        if not match:
+            msg = f"a shape is RANKSxMICRO_BATCHESxTOKENS, e.g. 256x2x8192, not {text!r}"
+            raise argparse.ArgumentTypeError(msg)
+        return cls(*(int(g) for g in match.groups()))
+
+
+# -- the data ------------------------------------------------------------------------------------------
+
+
+def sample_lengths(rng: np.random.Generator, tokens: int, max_length: int) -> np.ndarray:
+    """Log-normal lengths around MEAN_LENGTH, in [16, max_length], until they sum to ``tokens``."""
+    sigma = 1.0
+    mu = np.log(MEAN_LENGTH) - sigma**2 / 2
+    lengths = np.clip(rng.lognormal(mu, sigma, size=2 * tokens // MEAN_LENGTH + 16), 16, max_length).astype(np.int64)
+    return lengths[: int(np.searchsorted(np.cumsum(lengths), tokens)) + 1]
+
+
+def token_ids(rng: np.random.Generator, count: int) -> np.ndarray:
+    """Token ids with text's skew: Zipf ranks below VOCAB (lz4 shrinks them about 1.9x; uniform ids would
+    not compress, real text of a 50k vocabulary is in between, code more)."""
+    ids = rng.zipf(1.2, size=2 * count + 1024)
+    return (ids[ids < VOCAB][:count] - 1).astype(np.int32)
+
+
+def write_data(config: dict, job: str, tokens: int, max_length: int, seed: int = 0) -> dict[str, int]:
+    """Write about ``tokens`` tokens of samples to the job's source topics, split by SOURCES' shares."""
+    topics = JobTopics(job)
+    ensure_job_topics(config, job, list(SOURCES), 1, timeout_s=600)
+    rng = np.random.default_rng(seed)
+    producer = transactional_producer(config, f"{job}.bench-data")
+    counts = {}
+    for source, share in SOURCES.items():
+        lengths = sample_lengths(rng, int(tokens * share), max_length)
+        ids = token_ids(rng, int(lengths.sum()))
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        producer.begin_transaction()
+        for i in range(len(lengths)):
+            sample = Sample(f"{source}/synthetic/{i}", source, ids[offsets[i] : offsets[i + 1]])
+            value, headers = encode_sample(sample)
+            produce(producer, topics.src(source), value, key=sample.sample_id.encode(), headers=headers)
+            if i % 2000 == 1999:
+                commit_or_abort(producer)
+                producer.begin_transaction()
+        commit_or_abort(producer)
+        counts[source] = int(lengths.sum())
+    producer.flush(60)
+    return counts
+
+
+def data_tokens(config: dict, job: str, max_length: int) -> int | None:
+    """The tokens a data job written by ``write_data`` holds (from its description record), or None when it
+    has none or its samples may be longer than ``max_length``."""
+    try:
+        records = read_to_end(config, JobTopics(job).control, timeout_s=30)
+    except (KafkaException, MixflowError):  # no such topic
+        return None
+    found = [json.loads(m.value()) for m in records if m.key() == b"bench-data"]
+    if not found or found[-1].get("max_length", max_length + 1) > max_length:
+        return None
+    return int(found[-1]["tokens"])
+
+
+def describe_data(config: dict, job: str, counts: dict[str, int], max_length: int) -> None:
+    producer = transactional_producer(config, f"{job}.bench-data")
+    producer.begin_transaction()
+    body = {"tokens": sum(counts.values()), "sources": counts, "max_length": max_length}
+    produce(producer, JobTopics(job).control, json.dumps(body).encode(), key=b"bench-data")
+    commit_or_abort(producer)
+
+
+def write_spec(folder: Path, job: str, shape: Shape, composition: bool, kafka: dict | None = None) -> Path:
+    empty = folder / "no-files"
+    empty.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "job": job,
+        "kafka": {"config": dict(kafka or {})},
+        "sources": [
+            {"name": s, "reader": "parquet", "path": str(empty), "pretokenized": True, "field": "tokens"}
+            for s in SOURCES
+        ],
+        "mixture": {"weights": dict(SOURCES)},
+        "step": {"ranks": shape.ranks, "micro_batches": shape.micro_batches, "tokens_per_micro_batch": shape.capacity},
+        "cost": {"hidden_size": 4096, "num_layers": 32},
+        "on_exhausted": "stop",
+        "seed": 1,
+    }
+    if not composition:
+        spec["composition"] = None
+    path = folder / f"spec-{shape}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def steps_for(shape: Shape, data: int, composition: bool) -> int:
+    """Steps the data fills with room to spare (a draw takes 5% more than a step; composition waits for
+    8 steps of every source ahead)."""
+    ahead = 9 if composition else 1
+    return max(2, int(data / (shape.tokens * 1.06)) - ahead)
+
+
+# -- the constructor, in a child process ---------------------------------------------------------------
+
+
+def child_constructor(spec_path: Path, output_job: str, max_steps: int, bootstrap: str, profile: Path | None) -> None:
+    """Run the constructor in this process and print its timings as one JSON line."""
+    import pipeline.constructor.role as role
+    from pipeline.constructor import ConstructorOptions, DataConstructor
+    from pipeline.spec import load_spec
+
+    payload = [0]
+    encode = role.encode_batch
+
+    def counting_encode(batch: Any) -> tuple[bytes, bytes, Any]:
+        key, value, headers = encode(batch)
+        payload[0] += len(value)
+        return key, value, headers
+
+    role.encode_batch = counting_encode
+    committed: list[tuple[float, int]] = []
+
+    class Timed(DataConstructor):
+        def _record(self, assembled: Any, state_bytes: int) -> None:
+            super()._record(assembled, state_bytes)
+            committed.append((time.monotonic(), assembled.tokens))
+
+    spec = load_spec(spec_path)
+    constructor = Timed(spec, spec.kafka.client_config(bootstrap), ConstructorOptions(output_job, max_steps))
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    began = time.monotonic()
+    if profile is not None:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.runcall(constructor.run)
+        profiler.dump_stats(profile)
+    else:
+        constructor.run()
+    wall = time.monotonic() - began
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    times = [t for t, _ in committed]
+    result = {
+        "steps": len(committed),
+        "tokens": sum(n for _, n in committed),
+        "payload": payload[0],
+        "wall": wall,
+        "cpu": cpu,
+        "first": times[0] - began if times else None,
+        "steady_s": times[-1] - times[0] if len(times) > 1 else None,
+        "steady_tokens": sum(n for _, n in committed[1:]),
+    }
+    print(json.dumps(result), flush=True)
+
+
+# -- the raw pipeline: the same bytes, no mixflow work ---------------------------------------------------
+
+
+def run_raw(config: dict, data_job: str, out_job: str, shape: Shape, steps: int, step_payload: int) -> dict:
+    """Consume the data job's samples and, per step, produce ``step_payload`` of their bytes as one message
+    per rank topic of ``out_job`` in one transaction with the source offsets; each transaction produced and
+    committed on a thread while the next step is read (as the constructor pipelines)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sources = JobTopics(data_job)
+    consumer = read_committed_consumer(config, f"{out_job}.raw", **RAW_CONSUMER)
+    consumer.assign([TopicPartition(sources.src(s), 0, 0) for s in SOURCES])
+    producer = transactional_producer(config, f"{out_job}.raw")
+    out = JobTopics(out_job)
+    size = step_payload // shape.ranks
+
+    def transaction(values: bytes, offsets: list[TopicPartition]) -> float:
+        producer.begin_transaction()
+        for r in range(shape.ranks):
+            produce(producer, out.rank(r), values[r * size : (r + 1) * size], key=b"0")
+        send_offsets(producer, consumer, offsets)
+        commit_or_abort(producer)
+        return time.monotonic()
+
+    committed = []
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    began = time.monotonic()
+    with ThreadPoolExecutor(1) as committer:
+        in_flight = None
+        next_offsets: dict[str, int] = {}
+        ends: set[str] = set()  # sources read to their end and nothing since
+        pending = bytearray()  # bytes read and not produced yet: a consume call can overshoot a step
+        need = size * shape.ranks
+        for _ in range(steps):
+            while len(pending) < need:
+                if len(ends) == len(SOURCES):
+                    raise SystemExit(f"raw pipeline: the data ran out ({len(pending)} of {need} bytes of a step)")
+                for message in consumer.consume(5000, timeout=1.0):
+                    if message.error():
+                        if message.error().code() == KafkaError._PARTITION_EOF:
+                            ends.add(message.topic())
+                            continue
+                        raise SystemExit(f"raw pipeline: {message.error()}")
+                    ends.discard(message.topic())
+                    pending += message.value()
+                    next_offsets[message.topic()] = message.offset() + 1
+            values = bytes(pending[:need])
+            del pending[:need]
+            offsets = [TopicPartition(t, 0, o) for t, o in next_offsets.items()]
+            if in_flight is not None:
+                committed.append(in_flight.result())
+            in_flight = committer.submit(transaction, values, offsets)
+        committed.append(in_flight.result())
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    consumer.close()
+    wall = time.monotonic() - began
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {
+        "steady_s": committed[-1] - committed[0],
+        "steady_bytes": size * shape.ranks * (steps - 1),
+        "cores": cpu / wall,
+    }
+
+
+RAW_CONSUMER = {
+    "enable.partition.eof": True,
+    # Large fetches: the source samples are read as fast as the broker serves them.
+    "fetch.max.bytes": 64 << 20,
+    "max.partition.fetch.bytes": 16 << 20,
+    "queued.max.messages.kbytes": 256 << 10,
+}
+
+
+# -- Kafka's own tools ---------------------------------------------------------------------------------
+
+
+def tools_classpath() -> str:
+    from pipeline.stack.jars import pom_text, resolve_jars
+
+    text = TOOLS_POM.read_text()
+    version = re.search(r"<kafka.version>([^<]+)</kafka.version>", text)
+    broker = re.search(r"<kafka.version>([^<]+)</kafka.version>", pom_text())
+    if version is None or broker is None or version.group(1) != broker.group(1):
+        msg = f"{TOOLS_POM} and pipeline/stack/pom.xml must name the same kafka.version"
+        raise SystemExit(msg)
+    libs = resolve_jars(text, "kafka-tools", "kafka-tools-*.jar", "Kafka's tools (org.apache.kafka:kafka-tools)")
+    return str(libs / "*")
+
+
+def producer_performance(classpath: str, bootstrap: str, topic: str, records: int, size: int) -> float:
+    """ProducerPerformance's bytes/s (10^6 bytes) for ``records`` of ``size`` bytes, acks=all."""
+    props = [
+        f"bootstrap.servers={bootstrap}",
+        "acks=all",
+        "linger.ms=5",
+        "batch.size=1048576",
+        "compression.type=none",
+        "max.request.size=67108864",
+        "buffer.memory=536870912",
+    ]
+    command = ["java", "-Xmx1g", "-cp", classpath, "org.apache.kafka.tools.ProducerPerformance"]
+    command += ["--topic", topic, "--num-records", str(records), "--record-size", str(size), "--throughput", "-1"]
+    result = subprocess.run([*command, "--producer-props", *props], capture_output=True, text=True, timeout=600)
+    match = re.search(r"records sent, ([\d.]+) records/sec", result.stdout)
+    if result.returncode != 0 or match is None:
+        msg = f"ProducerPerformance failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+        raise SystemExit(msg)
+    return float(match.group(1)) * size
+
+
+def consumer_performance(classpath: str, bootstrap: str, topic: str, records: int) -> float:
+    """ConsumerPerformance's bytes/s (10^6 bytes) reading ``records`` from ``topic``, its fetch time only."""
+    command = ["java", "-Xmx1g", "-cp", classpath, "org.apache.kafka.tools.ConsumerPerformance"]
+    command += ["--bootstrap-server", bootstrap, "--topic", topic, "--messages", str(records), "--timeout", "60000"]
+    result = subprocess.run([*command, "--hide-header"], capture_output=True, text=True, timeout=600)
+    fields = result.stdout.strip().splitlines()[-1].split(",") if result.stdout.strip() else []
+    if result.returncode != 0 or len(fields) < 10:
+        msg = f"ConsumerPerformance failed ({result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+        raise SystemExit(msg)
+    return float(fields[8]) * 1024 * 1024  # fetch.MB.sec, in MiB
+
+
+# -- one shape, one repeat -----------------------------------------------------------------------------
+
+
+def constructor_run(
+    spec: Path, out_job: str, steps: int, bootstrap: str, profile: Path | None = None, tree: Path | None = None
+) -> dict:
+    """Run the constructor in a child process, with the code of ``tree`` (default: this one)."""
+    command = [sys.executable, __file__, "--child", str(spec), out_job, str(steps), bootstrap]
+    command += [str(profile)] if profile else []
+    env = {**os.environ, "TBENCH_TREE": str(tree or REPO)}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tree or REPO, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"the constructor failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_shape(args: argparse.Namespace, config: dict, data: int, shape: Shape, classpath: str, folder: Path) -> list:
+    spec = write_spec(folder, args.data_job, shape, args.composition, args.kafka_config)
+    steps = min(args.steps, steps_for(shape, data, args.composition))
+    rows = []
+    for repeat in range(args.repeats):
+        out = f"{args.data_job}-{shape}-{uuid.uuid4().hex[:6]}"
+        ensure_job_topics(config, out, list(SOURCES), shape.ranks, timeout_s=600)
+        try:
+            base = None
+            if args.baseline_tree is not None:
+                ensure_job_topics(config, f"{out}-base", list(SOURCES), shape.ranks, timeout_s=600)
+                base = constructor_run(spec, f"{out}-base", steps, args.bootstrap_servers, tree=args.baseline_tree)
+                delete_job_topics(config, f"{out}-base")
+            built = constructor_run(spec, out, steps, args.bootstrap_servers)
+            step_payload = built["payload"] // built["steps"]
+            raw = run_raw({**config, **args.kafka_config}, args.data_job, out, shape, steps, step_payload)
+            size = step_payload // shape.ranks
+            records = max(built["payload"], 128_000_000) // size
+            topic = f"{out}.pp"
+            ensure_topics(config, [TopicSpec(topic, 1, {"max.message.bytes": str(64 << 20)})], timeout_s=600)
+            pp = producer_performance(classpath, args.bootstrap_servers, topic, records, size)
+            cp = consumer_performance(classpath, args.bootstrap_servers, topic, records)
+        finally:
+            delete_job_topics(config, out)
+            AdminClient(config).delete_topics([f"{out}.pp"], operation_timeout=30)  # not a job topic kind
+        steady_payload = built["payload"] * built["steady_tokens"] / built["tokens"]
+        row = {
+            "shape": shape,
+            "steps": built["steps"],
+            "size": size,
+            "step_tokens": built["tokens"] / built["steps"],
+            "mbs": steady_payload / built["steady_s"],
+            "tokens_s": built["steady_tokens"] / built["steady_s"],
+            "cores": built["cpu"] / built["wall"],
+            "raw": raw["steady_bytes"] / raw["steady_s"],
+            "raw_cores": raw["cores"],
+            "pp": pp,
+            "cp": cp,
+            "base": base["payload"] * base["steady_tokens"] / base["tokens"] / base["steady_s"] if base else None,
+        }
+        rows.append(row)
+        print(
+            f"{shape} repeat {repeat}: constructor {row['mbs'] / 1e6:.1f} MB/s ({row['tokens_s'] / 1e6:.2f}M tokens/s, "
+            f"{row['cores']:.2f} cores), baseline tree {(row['base'] or 0) / 1e6:.1f} MB/s, "
+            f"raw {row['raw'] / 1e6:.1f} MB/s, ProducerPerformance {pp / 1e6:.1f} MB/s, "
+            f"ConsumerPerformance {cp / 1e6:.1f} MB/s",
+            flush=True,
+        )
+    return rows
+
+
+def summarize(shape_rows: list[list[dict]], markdown: bool) -> None:
+    def med(rows: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    def spread(rows: list[dict], key: str, scale: float, fmt: str) -> str:
+        values = sorted(r[key] / scale for r in rows)
+        return f"{statistics.median(values):{fmt}} [{values[0]:{fmt}}-{values[-1]:{fmt}}]"
+
+    table = []
+    for rows in shape_rows:
+        ratios = [r["mbs"] / r["pp"] for r in rows]
+        raw_ratios = [r["raw"] / r["pp"] for r in rows]
+        table.append(
+            [
+                str(rows[0]["shape"]),
+                f"{med(rows, 'step_tokens') / 1e6:.2f}M",
+                f"{med(rows, 'size') / 1e3:,.0f}",
+                str(rows[0]["steps"]),
+                spread(rows, "mbs", 1e6, ".1f"),
+                f"{med(rows, 'tokens_s') / 1e6:.2f}",
+                f"{med(rows, 'cores'):.2f}",
+                f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]",
+                spread(rows, "raw", 1e6, ".1f"),
+                f"{med(rows, 'raw_cores'):.2f}",
+                f"{statistics.median(raw_ratios):.2f}",
+                spread(rows, "pp", 1e6, ".1f"),
+                spread(rows, "cp", 1e6, ".1f"),
+            ]
+        )
+        if rows[0]["base"] is not None:
+            table[-1].insert(5, spread(rows, "base", 1e6, ".1f"))
+    headers = [
+        "R x M x C",
+        "tokens/step",
+        "rank batch KB",
+        "steps",
+        "constructor MB/s",
+        "Mtokens/s",
+        "cores",
+        "/ PP",
+        "raw MB/s",
+        "raw cores",
+        "raw / PP",
+        "ProducerPerf MB/s",
+        "ConsumerPerf MB/s",
+    ]
+    if shape_rows[0][0]["base"] is not None:
+        headers.insert(5, "baseline tree MB/s")
+    repeats = len(shape_rows[0])
+    print_table(headers, table, title=f"medians [min-max] of {repeats} repeats; MB = 10^6 bytes", markdown=markdown)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        spec, out, steps, bootstrap, *profile = sys.argv[2:]
+        child_constructor(Path(spec), out, int(steps), bootstrap, Path(profile[0]) if profile else None)
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="RANKSxMICRO_BATCHESxTOKENS, comma-separated")
+    parser.add_argument("--tokens", type=int, default=40_000_000, help="tokens of data to write (a new data job)")
+    parser.add_argument("--steps", type=int, default=8, help="at most this many steps per constructor run")
+    parser.add_argument("--composition", action="store_true", help="step composition on (needs 8 steps of data ahead)")
+    parser.add_argument("--data-job", help="reuse this data job (written by an earlier run with --keep-data)")
+    parser.add_argument("--keep-data", action="store_true", help="keep the data job for a later --data-job")
+    parser.add_argument("--profile", type=Shape.parse, help="only profile one constructor run at this shape (cProfile)")
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="also run the constructor with this copy of mixflow's code (e.g. `git archive HEAD | tar -x -C DIR`)",
+    )
+    parser.add_argument(
+        "--kafka-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a librdkafka setting for the constructor's and the raw arm's clients, e.g. compression.type=none",
+    )
+    parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    add_markdown_flag(parser)
+    args = parser.parse_args()
+    args.kafka_config = dict(item.split("=", 1) for item in args.kafka_config)
+    logging.basicConfig(level=logging.WARNING)
+    shapes = [Shape.parse(s) for s in args.shapes.split(",")]
+    config = {"bootstrap.servers": args.bootstrap_servers}
+    fresh = args.data_job is None
+    args.data_job = args.data_job or f"tbench-{uuid.uuid4().hex[:6]}"
+    folder = Path(tempfile.mkdtemp(prefix="tbench-"))
+    try:
+        max_length = min(s.capacity for s in shapes)
+        data = None if fresh else data_tokens(config, args.data_job, max_length)
+        if data is None:
+            print(f"writing {args.tokens:,} tokens of samples to job {args.data_job} ...", flush=True)
+            counts = write_data(config, args.data_job, args.tokens, max_length)
+            describe_data(config, args.data_job, counts, max_length)
+            data = sum(counts.values())
+        if args.profile is not None:
+            spec = write_spec(folder, args.data_job, args.profile, args.composition)
+            out = f"{args.data_job}-profile-{uuid.uuid4().hex[:6]}"
+            ensure_job_topics(config, out, list(SOURCES), args.profile.ranks, timeout_s=600)
+            try:
+                steps = min(args.steps, steps_for(args.profile, data, args.composition))
+                print(constructor_run(spec, out, steps, args.bootstrap_servers, folder / "constructor.prof"))
+            finally:
+                delete_job_topics(config, out)
+            print(f"cProfile output: {folder / 'constructor.prof'}")
+            return 0
+        classpath = tools_classpath()
+        shape_rows = [run_shape(args, config, data, shape, classpath, folder) for shape in shapes]
+        summarize(shape_rows, args.markdown)
+    finally:
+        if fresh and not args.keep_data:
+            delete_job_topics(config, args.data_job)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""`mixflow autoscale --spec SPEC --metrics-port P`: run the autoscaling policy on a running job and export
+each source's desired loaders as Prometheus gauges, for Kubernetes (a KEDA ScaledObject scales each source's
+loader Deployment on ``mixflow_autoscaler_desired_loaders``). It starts and stops nothing itself; loaders are
+counted as the members of each source's loader group."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from confluent_kafka import KafkaException
+from prometheus_client import Gauge, start_http_server
+
+from pipeline.autoscale import Autoscaler, JobProbe, PolicySettings
+from pipeline.cli.command import Command
+from pipeline.spec import load_spec
+from topics.errors import MixflowError
+
+log = logging.getLogger(__name__)
+
+DESIRED = Gauge("mixflow_autoscaler_desired_loaders", "Loaders the autoscaler wants per source", ["job", "source"])
+LOADERS = Gauge("mixflow_autoscaler_loaders", "Loaders seen in each source's loader group", ["job", "source"])
+DEMAND = Gauge(
+    "mixflow_autoscaler_demand_tokens_per_second",
+    "Tokens/s the constructor will take of each source, looked ahead on the mixture",
+    ["job", "source"],
+)
+SUPPLY = Gauge(
+    "mixflow_autoscaler_supply_tokens_per_second",
+    "Tokens/s each source's loaders make: loaders x measured per-loader rate",
+    ["job", "source"],
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec")
+    parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
+    parser.add_argument("--metrics-port", type=int, required=True, help="serve the gauges on this port")
+    parser.add_argument(
+        "--max-total-loaders", type=int, help="budget of loaders of all sources together (default: the spec's)"
+    )
+    parser.add_argument(
+        "--decisions", type=int, help="stop after this many decisions (default: run until SIGTERM or SIGINT)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    if args.max_total_loaders is not None and args.max_total_loaders < 1:
+        msg = f"--max-total-loaders must be at least 1, got {args.max_total_loaders}"
+        raise MixflowError(msg)
+    if not spec.autoscaling.enabled:
+        log.info("autoscaling.enabled is false in %s: exporting the decisions all the same", args.spec)
+    settings = PolicySettings.from_spec(spec.autoscaling, args.max_total_loaders)
+    autoscaler = Autoscaler(spec, settings)
+    stop = threading.Event()
+
+    def request_stop(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, request_stop)
+    start_http_server(args.metrics_port)
+    probe = JobProbe(spec.kafka.client_config(args.bootstrap_servers), spec.job, spec.source_names)
+    decided = 0
+    try:
+        while not stop.is_set() and (args.decisions is None or decided < args.decisions):
+            began = time.monotonic()
+            try:
+                loaders = probe.loaders()
+                for d in autoscaler.tick(probe, loaders, began):
+                    log.info("autoscale %s", d.line())
+                    DESIRED.labels(spec.job, d.source).set(d.desired)
+                    LOADERS.labels(spec.job, d.source).set(d.loaders)
+                    DEMAND.labels(spec.job, d.source).set(d.demand)
+                    SUPPLY.labels(spec.job, d.source).set(d.supply)
+                decided += 1
+            except (KafkaException, MixflowError, TimeoutError) as exc:  # the next interval tries again
+                log.warning("autoscaler: cannot read job %s now: %s", spec.job, exc)
+            stop.wait(max(spec.autoscaling.interval_s - (time.monotonic() - began), 0.0))
+    finally:
+        probe.close()
+    return 0
+
+
+COMMAND = Command(
+    name="autoscale",
+    help="run the loader autoscaling policy on a running job and export its decisions as Prometheus gauges",
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -1,0 +1,41 @@
+"""`mixflow report --spec SPEC --out DIR`: PNG plots and a Markdown summary of a job, from its topics."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.cli.command import Command
+from pipeline.spec import load_spec
+from topics.admin import topic_exists
+from topics.errors import MixflowError
+from topics.names import JobTopics
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the PNG plots and report.md")
+    parser.add_argument("--job", help="report on this job instead of the spec's (as `mixflow run --job` named it)")
+    parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    config = spec.kafka.client_config(args.bootstrap_servers)
+    job = args.job or spec.job
+    if not topic_exists(config, JobTopics(job).state):
+        msg = f"job {job!r} has no state topic {JobTopics(job).state} at {config['bootstrap.servers']}: no step written"
+        raise MixflowError(msg)
+    from pipeline.observe.report import write_report  # matplotlib loads only for this command
+
+    summary = write_report(config, spec, args.out, job)
+    print(f"report of job {job}: {summary} and the plots beside it")
+    return 0
+
+
+COMMAND = Command(
+    name="report",
+    help="write PNG plots (shares, imbalance, fill, throughput and backlog) and a Markdown summary of a job",
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -1,0 +1,135 @@
+"""The source loader's metrics: what its committed transactions held, and its source's work-unit lag."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+
+from confluent_kafka import Consumer, TopicPartition
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from pipeline.kafka_clients import KafkaConfig
+from pipeline.metrics.common import TRANSACTION_BUCKETS, count_reasons, dead_letters_counter
+from pipeline.metrics.reasons import DeadLetterReason, reason_class
+from pipeline.work_plan import WorkPlan, read_work_plan
+from topics.dead_letter import DeadLetter
+from topics.names import JobTopics
+
+log = logging.getLogger(__name__)
+
+# A scrape reads the work plan again at most this often (it is the merge of records on the control topic).
+PLAN_REFRESH_S = 5.0
+
+
+class LoaderMetrics:
+    """One loader process of one source. Dead letters are held until their transaction ends, so an
+    aborted (and redone) unit is counted once."""
+
+    def __init__(self, registry: CollectorRegistry, job: str, source: str) -> None:
+        labels = ["job", "source"]
+        self.job, self.source = job, source
+
+        def counter(name: str, help_text: str) -> Counter:
+            return Counter(name, help_text, labels, registry=registry).labels(job, source)
+
+        self.samples = counter("mixflow_loader_samples", "Samples committed to <job>.src.<source>")
+        self.tokens = counter("mixflow_loader_tokens", "Tokens of the samples committed to <job>.src.<source>")
+        self.work_units = counter("mixflow_loader_work_units", "Work units done (their offsets committed)")
+        self.aborted = counter(
+            "mixflow_loader_aborted_transactions",
+            "Transactions aborted and rewound: their units are redone (a rebalance or a retriable Kafka error)",
+        )
+        self.transaction_seconds = Histogram(
+            "mixflow_loader_transaction_seconds",
+            "Committed transactions: from begin to commit, reading, tokenizing and producing their units",
+            labels,
+            buckets=TRANSACTION_BUCKETS,
+            registry=registry,
+        ).labels(job, source)
+        self.dead_letters = dead_letters_counter(registry)
+        self._pending_reasons: list[DeadLetterReason] = []
+
+    def letters_produced(self, letters: Iterable[DeadLetter]) -> None:
+        """Dead letters produced in the open transaction."""
+        self._pending_reasons.extend(reason_class(letter.reason) for letter in letters)
+
+    def unit_committed(self, samples: int, tokens: int) -> None:
+        self.work_units.inc()
+        self.samples.inc(samples)
+        self.tokens.inc(tokens)
+
+    def transaction_ended(self, committed: bool, seconds: float) -> None:
+        if committed:
+            self.transaction_seconds.observe(seconds)
+            count_reasons(self.dead_letters, self.job, ((self.source, r) for r in self._pending_reasons))
+        else:
+            self.aborted.inc()
+        self._pending_reasons.clear()
+
+
+def work_unit_lag(ends: Mapping[int, int], committed: Mapping[int, int]) -> int:
+    """Offsets of a work plan its group has not committed: per partition the plan's end minus the
+    committed offset (a partition without one counts from 0)."""
+    return sum(max(0, end - max(committed.get(p, 0), 0)) for p, end in ends.items())
+
+
+class WorkUnitLag(Collector):
+    """``mixflow_loader_work_units_lag`` at each scrape: the source's work plan against its loader
+    group's committed offsets, asked by a consumer of its own that never joins the group."""
+
+    NAME = "mixflow_loader_work_units_lag"
+    HELP = (
+        "Work units of the source not done yet: its work plan's end offsets minus its loader group's committed "
+        "offsets, over the work topic's partitions (the same for every loader of the source)"
+    )
+
+    def __init__(self, config: KafkaConfig, topics: JobTopics, source: str) -> None:
+        self.config = config
+        self.topics = topics
+        self.source = source
+        self._lock = threading.Lock()  # scrapes may come on several threads
+        self._consumer: Consumer | None = None
+        self._plan: WorkPlan | None = None
+        self._plan_read_at = -PLAN_REFRESH_S
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            try:
+                lag = self._lag()
+            except Exception as exc:  # a broker away leaves the value out of this scrape, nothing more
+                log.debug("work-unit lag of %s not measured: %s", self.source, exc)
+                return
+        family = self._family()
+        if lag is not None:
+            family.add_metric([self.topics.job, self.source], lag)
+        yield family
+
+    def close(self) -> None:
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self.NAME, self.HELP, labels=["job", "source"])
+
+    def _lag(self) -> int | None:
+        if time.monotonic() - self._plan_read_at > PLAN_REFRESH_S:
+            self._plan = read_work_plan(self.config, self.topics, self.source)
+            self._plan_read_at = time.monotonic()
+        if self._plan is None:
+            return None
+        if self._consumer is None:
+            group = f"{self.topics.job}.loaders.{self.source}"
+            self._consumer = Consumer({**self.config, "group.id": group, "enable.auto.commit": False})
+        work = self.topics.work(self.source)
+        asked = [TopicPartition(work, p) for p in sorted(self._plan.ends)]
+        committed = {tp.partition: tp.offset for tp in self._consumer.committed(asked, timeout=5)}
+        return work_unit_lag(self._plan.ends, committed)
