@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from topics.errors import MixflowError
-from topics.retry import KAFKA_RETRY
+from topics.retry import KAFKA_RETRY, KafkaUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,18 @@ class KafkaClientStuckError(MixflowError):
     process; the new one fences this one's transactional.id and nothing is lost or repeated."""
 
 
+class ProducerUnusableError(KafkaClientStuckError):
+    """The producer hit a fatal error (the broker aborted its transaction after the transaction timeout
+    while it was away, say) and cannot write again. As for a stuck client, the role exits (code 3) so
+    that a new process, with a new producer, takes over from the committed offsets."""
+
+
+def raise_if_fatal(error: KafkaError, what: str) -> None:
+    if error.fatal():
+        msg = f"{what}: the producer hit a fatal error ({error.str()}); exiting so that a new process takes over"
+        raise ProducerUnusableError(msg)
+
+
 SEND_OFFSETS_CALL_S = 15.0
 """librdkafka's timeout for one attempt at adding offsets to a transaction."""
 STUCK_MARGIN_S = 10.0
@@ -144,6 +156,10 @@ def send_offsets(
         try:
             retry_retriable(attempt, "adding offsets to a transaction", timeout_s)
             outcome.append(None)
+        except KafkaUnavailableError as exc:
+            # Seen after a broker restart: every attempt times out on a coordinator connection that
+            # never sends its request again (librdkafka#5511), so a new process is the way out.
+            outcome.append(KafkaClientStuckError(f"{exc}; exiting so that a new process takes over"))
         except BaseException as exc:  # handed to the caller's thread
             outcome.append(exc)
 
@@ -175,7 +191,8 @@ def commit_or_abort(producer: Producer, timeout_s: float = 60.0) -> bool:
             abort(producer, timeout_s)
             return False
         raise_if_fenced(error, "this producer")
-        msg = f"transaction cannot commit: {error} (fatal={error.fatal()})"
+        raise_if_fatal(error, "committing the transaction")
+        msg = f"transaction cannot commit: {error}"
         raise MixflowError(msg) from exc
 
 
@@ -184,5 +201,6 @@ def abort(producer: Producer, timeout_s: float = 60.0) -> None:
         retry_retriable(lambda: producer.abort_transaction(timeout_s), "aborting the transaction", timeout_s)
     except KafkaException as exc:
         raise_if_fenced(exc.args[0], "this producer")
+        raise_if_fatal(exc.args[0], "aborting the transaction")
         msg = f"transaction cannot abort: {exc.args[0]}"
         raise MixflowError(msg) from exc

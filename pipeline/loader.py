@@ -22,7 +22,13 @@ from prometheus_client import CollectorRegistry
 
 from connectors import Document, WorkUnit
 from pipeline.control import UnitCost, read_unit_cost
-from pipeline.kafka_clients import KafkaConfig, produce, read_committed_consumer
+from pipeline.kafka_clients import (
+    KafkaConfig,
+    ProducerFencedError,
+    ProducerUnusableError,
+    produce,
+    read_committed_consumer,
+)
 from pipeline.metrics import LoaderMetrics
 from pipeline.role_protocol import TransactionalRole, closing_unless_stuck
 from pipeline.source_runtime import COST_SAMPLE_BYTES, TARGET_UNIT_SECONDS, SourceRuntime
@@ -174,7 +180,12 @@ class SourceLoader(TransactionalRole):
             # Closing the consumer leaves the group, so the other loaders take the units at once.
             with closing_unless_stuck(consumer.close, lambda: producer.flush(30)):
                 consumer.subscribe([self.topics.work(self.source)], on_revoke=self._on_revoke, on_lost=self._on_revoke)
-                self._loop(consumer, producer)
+                try:
+                    self._loop(consumer, producer)
+                except ProducerFencedError as exc:
+                    # Also what a loader sees when the broker aborted its transaction after the timeout
+                    # while it was away: a new process goes on from the committed units.
+                    raise ProducerUnusableError(str(exc)) from exc
         finally:
             self.stats.seconds = time.monotonic() - began
         log.info(

@@ -22,6 +22,7 @@ from pipeline.kafka_clients import (
     KafkaConfig,
     abort,
     commit_or_abort,
+    raise_if_fatal,
     raise_if_fenced,
     send_offsets,
     transactional_producer,
@@ -96,6 +97,7 @@ class TransactionalRole:
             producer.begin_transaction()
         except KafkaException as exc:
             raise_if_fenced(exc.args[0], self.transactional_id)
+            raise_if_fatal(exc.args[0], f"{self.kind} {self.transactional_id}: beginning a transaction")
             raise
         try:
             offsets = work()
@@ -110,8 +112,7 @@ class TransactionalRole:
         except KafkaException as exc:
             error = exc.args[0]
             raise_if_fenced(error, self.transactional_id)
-            if error.fatal():
-                raise
+            raise_if_fatal(error, f"{self.kind} {self.transactional_id}: {what}")
             if not (error.txn_requires_abort() or error.retriable()):
                 abort(producer)
                 raise
@@ -134,7 +135,10 @@ def closing_unless_stuck(*close: Callable[[], object]) -> Iterator[None]:
         raise
     except BaseException:
         for call in close:
-            call()
+            try:
+                call()
+            except Exception:  # the error the block raised is the one to report
+                log.exception("closing a Kafka client after an error failed as well")
         raise
     for call in close:
         call()

@@ -15,14 +15,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 from pipeline.stack.local_broker import LocalBroker, free_port_pair
 
 # Property tests draw the same examples on every run, so a red CI run is reproducible and a green one
 # stays green; `--hypothesis-profile default` draws new ones.
-settings.register_profile("deterministic", derandomize=True)
+# Input generation and example run times are not checked: CI machines are shared and often loaded.
+settings.register_profile(
+    "deterministic", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.load_profile("deterministic")
+
+# Tests check the batches the constructor builds (trusted in production) as fully as any other.
+os.environ.setdefault("MIXFLOW_CHECK_TRUSTED_BATCHES", "1")
 
 log = logging.getLogger(__name__)
 

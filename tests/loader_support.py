@@ -90,10 +90,15 @@ def wait_all(processes: list[subprocess.Popen], timeout_s: float, log_dir: Path)
         except subprocess.TimeoutExpired:
             for other in processes:
                 other.kill()
-            logs = "\n".join(p.read_text()[-2000:] for p in sorted(log_dir.glob("loader-*.log")))
-            msg = f"loaders did not finish within {timeout_s} s; their logs end with:\n{logs}"
+            msg = f"loaders did not finish within {timeout_s} s; their logs end with:\n{_log_tails(log_dir)}"
             raise AssertionError(msg) from None
-        assert process.returncode == 0, f"loader {process.args} exited {process.returncode}"
+        if process.returncode != 0:
+            msg = f"loader {process.args} exited {process.returncode}; logs end with:\n{_log_tails(log_dir)}"
+            raise AssertionError(msg)
+
+
+def _log_tails(log_dir: Path) -> str:
+    return "\n".join(f"{p.name}:\n{p.read_text()[-3000:]}" for p in sorted(log_dir.glob("loader-*.log")))
 
 
 def committed_sample_ids(bootstrap: str, topics: JobTopics, source: str) -> list[str]:

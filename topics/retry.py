@@ -43,8 +43,10 @@ class KafkaUnavailableError(MixflowError):
 
 
 def is_retriable(error: KafkaError) -> bool:
-    """Whether the call that failed with ``error`` may succeed if made again."""
-    return not error.fatal() and (error.retriable() or error.code() in _NOT_NOW)
+    """Whether the call that failed with ``error`` may succeed if made again. Never an error that needs
+    the open transaction aborted (messages that timed out in a broker's absence, say): the caller must
+    abort and redo the transaction's work, however transient the cause."""
+    return not error.fatal() and not error.txn_requires_abort() and (error.retriable() or error.code() in _NOT_NOW)
 
 
 @dataclass(frozen=True)
