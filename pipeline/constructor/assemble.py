@@ -68,6 +68,7 @@ def build_batches(step: int, plan: StepPlan, samples: Sequence[Sample], lengths:
                 micro_batch=micro_batch,
                 offsets=offsets,
                 tokens=tokens,
+                trusted=True,  # the plan places at most capacity tokens a micro-batch, in micro-batch order
             )
         )
     return batches

@@ -277,9 +277,15 @@ class DataConstructor(TransactionalRole):
         last_lag_log = time.monotonic()
         assert self._lease is not None
         while not self.stopping and self._lease.poll():
+            if not writer.poll():  # the step in flight was aborted: what is prepared since is dropped
+                log.warning("the step in flight was aborted; resuming from the last committed step")
+                return
             self.metrics.look_at_pool(pool)
             written = len(self.stats.steps) + writer.in_flight
             if self.options.max_steps is not None and written >= self.options.max_steps:
+                if not writer.wait():  # the last step aborted: redo it before stopping
+                    log.warning("the last step was aborted; resuming from the last committed step")
+                    return
                 self._stopping = True
                 return
             if waiting := pool.waiting_for_deferred():
@@ -357,7 +363,9 @@ class DataConstructor(TransactionalRole):
                 log.warning("ignoring a broken control record: %s", record.problem)
             elif record.change is not None:
                 change = record.change
-                if reason := refusal(change, next_step, self.spec.source_names):
+                # This lane builds no step between its last one and its next: a change from any of them
+                # is in time for it.
+                if reason := refusal(change, next_step - self.lanes + 1, self.spec.source_names):
                     log.warning("refusing mixture change %s from step %d: %s", change.id, change.from_step, reason)
                     self._refused = (*self._refused, change.id)[-MAX_REFUSED:]
                 else:
@@ -377,8 +385,9 @@ class DataConstructor(TransactionalRole):
         exhausted: set[str],
         finished: bool,
     ) -> bool:
-        """Hand one step (or, with ``assembled`` None, only the final state) to the writer. False when it
-        or the step before it was aborted."""
+        """Hand one step (or, with ``assembled`` None, only the final state) to the writer, whose thread
+        writes it while this one prepares the next. False when the step before it was aborted: this one is
+        dropped, and the caller resumes from the last committed state."""
         positions = {**pool.positions(), **self._dormant}
         state = ConstructorState(
             mixer,
@@ -412,7 +421,7 @@ class DataConstructor(TransactionalRole):
             if assembled is not None:
                 self._record(assembled, len(state_bytes))
 
-        def committed() -> None:  # on the commit thread at once: the metrics do not wait for the next step
+        def committed() -> None:  # on the writer thread at once: the metrics do not wait for the next step
             self.metrics.step_committed(assembled, letters)
 
         written = mixer.step - self.lanes

@@ -1,0 +1,134 @@
+"""The constructor's ``StepWriter`` against the real broker: each step's whole transaction runs on the
+writer's thread, one after another; an aborted step makes the next hand-over refuse (the caller rewinds
+to the last committed step), and fencing reaches the main thread."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from pipeline.constructor.writer import PreparedStep, StepWriter
+from pipeline.kafka_clients import (
+    KafkaConfig,
+    ProducerFencedError,
+    abort,
+    read_committed_consumer,
+    transactional_producer,
+)
+from pipeline.role_protocol import TransactionalRole
+from tests.kafka_support import create_topic, read_to_end
+
+
+class AbortingRole(TransactionalRole):
+    """A role whose transactions abort, on the broker, once each for the steps named in ``abort_once``,
+    as ``open_transaction`` aborts on a retriable or abortable Kafka error."""
+
+    kind = "test"
+
+    def __init__(self, config: KafkaConfig, transactional_id: str, abort_once: set[str]) -> None:
+        super().__init__(config, transaction_timeout_ms=60_000)
+        self._transactional_id = transactional_id
+        self.abort_once = abort_once
+
+    @property
+    def transactional_id(self) -> str:
+        return self._transactional_id
+
+    def open_transaction(
+        self, producer: Producer, consumer: Consumer | None, work: Callable[[], list[TopicPartition]], what: str
+    ) -> bool:
+        if not super().open_transaction(producer, consumer, work, what):
+            return False
+        if what in self.abort_once:
+            self.abort_once.discard(what)
+            abort(producer)
+            return False
+        return True
+
+
+def _step(topic: str, source: str, k: int, records: int, done: list[int]) -> PreparedStep:
+    values = [(topic, f"{k}:{i}".encode(), str(k).encode(), [("step", str(k).encode())], 0) for i in range(records)]
+    return PreparedStep(f"step {k}", values, [TopicPartition(source, 0, k + 1)], done=lambda: done.append(k))
+
+
+@pytest.fixture
+def writing(kafka_bootstrap: str, unique_name: str):
+    config = {"bootstrap.servers": kafka_bootstrap}
+    topic, source, group = f"{unique_name}.out", f"{unique_name}.src", f"{unique_name}.writer"
+    create_topic(kafka_bootstrap, topic)
+    create_topic(kafka_bootstrap, source)
+    producer = transactional_producer(config, group, transaction_timeout_ms=60_000)
+    consumer = read_committed_consumer(config, group)
+    yield config, topic, source, group, producer, consumer
+    consumer.close()
+
+
+@pytest.mark.parametrize(
+    ("steps", "records", "aborted"),
+    [(6, 1, set()), (6, 40, {0}), (8, 5, {3}), (8, 17, {1, 2, 6}), (5, 200, {4})],
+)
+def test_steps_commit_in_order_and_an_abort_rewinds_to_the_last_committed(writing, steps, records, aborted) -> None:
+    config, topic, source, group, producer, consumer = writing
+    role = AbortingRole(config, group, {f"step {k}" for k in aborted})
+    ended: list[bool] = []
+    writer = StepWriter(role, producer, consumer, lambda committed, seconds: ended.append(committed))
+    done: list[int] = []
+    k, refused = 0, 0
+    deadline = time.monotonic() + 60
+    while k < steps:
+        assert time.monotonic() < deadline, f"steps did not finish in 60 s: done {done}"
+        if writer.write(_step(topic, source, k, records, done)):
+            k += 1
+        else:  # as the constructor does: drop the prepared step, resume after the last committed one
+            refused += 1
+            k = done[-1] + 1 if done else 0
+    if not writer.wait():
+        refused += 1
+        k = done[-1] + 1 if done else 0
+        while k < steps:
+            assert writer.write(_step(topic, source, k, records, done))
+            k += 1
+        assert writer.wait()
+    writer.close()
+
+    assert done == list(range(steps))
+    assert refused == len(aborted)
+    assert sorted(ended) == [False] * len(aborted) + [True] * steps
+    values = [m.value().decode() for m in read_to_end(config["bootstrap.servers"], topic)]
+    assert values == [f"{s}:{i}" for s in range(steps) for i in range(records)]
+    [committed] = consumer.committed([TopicPartition(source, 0)], timeout=30)
+    assert committed.offset == steps
+
+
+def test_an_aborted_step_is_seen_without_handing_over_another(writing) -> None:
+    config, topic, source, group, producer, consumer = writing
+    writer = StepWriter(AbortingRole(config, group, {"step 1"}), producer, consumer)
+    done: list[int] = []
+    assert writer.write(_step(topic, source, 0, 3, done))
+    assert writer.write(_step(topic, source, 1, 3, done))
+    assert done == [0]
+    deadline = time.monotonic() + 30
+    while (settled := writer.poll()) and writer.in_flight:
+        assert time.monotonic() < deadline, "the transaction of step 1 did not end in 30 s"
+        time.sleep(0.01)  # poll interval
+    assert not settled and not writer.in_flight
+    assert writer.wait()  # nothing in flight any more
+    writer.close()
+    assert [m.value().decode() for m in read_to_end(config["bootstrap.servers"], topic)] == ["0:0", "0:1", "0:2"]
+
+
+def test_a_fenced_writer_raises_on_the_main_thread_and_writes_nothing_more(writing) -> None:
+    config, topic, source, group, producer, consumer = writing
+    writer = StepWriter(AbortingRole(config, group, set()), producer, consumer)
+    done: list[int] = []
+    assert writer.write(_step(topic, source, 0, 2, done)) and writer.wait()
+    transactional_producer(config, group, transaction_timeout_ms=60_000)  # a newer process of the role
+    assert writer.write(_step(topic, source, 1, 2, done))
+    with pytest.raises(ProducerFencedError, match="fenced"):
+        writer.wait()
+    writer.close()
+    assert done == [0]
+    assert [m.value().decode() for m in read_to_end(config["bootstrap.servers"], topic)] == ["0:0", "0:1"]
