@@ -15,9 +15,9 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from pydantic import ConfigDict, TypeAdapter, ValidationError
@@ -29,6 +29,9 @@ from topics.errors import DecodeError, MixflowError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
 from topics.validation import describe_errors
+
+if TYPE_CHECKING:  # pipeline.constructor imports this module
+    from pipeline.constructor.state import ConstructorState
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,29 @@ def publish_mixture_change(config: KafkaConfig, topics: JobTopics, change: Mixtu
         msg = f"publishing mixture change {change.id} to {topics.control} failed: {errors[:1] or 'timed out'}"
         raise MixflowError(msg)
     return offsets[0]
+
+
+def first_changeable_step(states: Sequence[ConstructorState | None]) -> int:
+    """The first step a mixture change may start from so that every constructor lane accepts it, from each
+    lane's last state (None: the lane has written nothing yet). A lane refuses a change from a step it
+    has written or an earlier one (its state's step is the next it builds, its last plus the number of
+    lanes), so this is just past the highest step any lane has written."""
+    return max((s.step - len(states) + 1 for s in states if s is not None), default=0)
+
+
+def lanes_finished(states: Sequence[ConstructorState | None]) -> bool:
+    """Every lane has written its last step (a job without lanes: its constructor has)."""
+    return bool(states) and all(s is not None and s.finished for s in states)
+
+
+def change_answer(states: Sequence[ConstructorState | None], change_id: str) -> str | None:
+    """``refused`` once any lane's state says it refused the change; ``accepted`` once every lane that has
+    not finished (and at least one lane) says it accepted it; None while some lane has not read it yet."""
+    if any(s is not None and change_id in s.refused for s in states):
+        return "refused"
+    accepted = [s is not None and any(c.id == change_id for c in s.changes) for s in states]
+    open_lanes = [took for took, s in zip(accepted, states, strict=True) if s is None or not s.finished]
+    return "accepted" if any(accepted) and all(open_lanes) else None
 
 
 @dataclass(frozen=True)

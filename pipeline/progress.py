@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 from typing import IO
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -16,11 +16,17 @@ from pipeline.delivery import RECEIVED_FILE
 from pipeline.kafka_clients import KafkaConfig
 from topics.names import JobTopics
 
+# How long one redraw may wait for the state topic's partitions before it exists.
+LOOKUP_TIMEOUT_S = 1.0
+
 
 class _StepsWritten:
-    """The constructor's committed steps, from the keys of ``<job>.state`` (read_committed)."""
+    """The constructor's committed steps, from the keys of ``<job>.state`` (read_committed) in every
+    partition (one per constructor lane): one past the highest step any lane has written. The topic's
+    partitions are looked up until it exists (the constructor creates it)."""
 
     def __init__(self, config: KafkaConfig, job: str) -> None:
+        self.topic = JobTopics(job).state
         self.consumer = Consumer(
             {
                 **config,
@@ -29,10 +35,23 @@ class _StepsWritten:
                 "isolation.level": "read_committed",
             }
         )
-        self.consumer.assign([TopicPartition(JobTopics(job).state, 0, OFFSET_BEGINNING)])
+        self.assigned = False
         self.steps = 0
 
+    def _assign(self) -> None:
+        try:
+            described = self.consumer.list_topics(self.topic, timeout=LOOKUP_TIMEOUT_S).topics.get(self.topic)
+        except KafkaException:
+            return
+        if described is not None and described.error is None and described.partitions:
+            self.consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in described.partitions])
+            self.assigned = True
+
     def poll(self) -> int:
+        if not self.assigned:
+            self._assign()
+            if not self.assigned:
+                return self.steps
         for message in self.consumer.consume(num_messages=10_000, timeout=0):
             if message.error() is None and message.key() is not None and message.key().isdigit():
                 self.steps = max(self.steps, int(message.key()) + 1)

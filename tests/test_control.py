@@ -12,13 +12,24 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipeline.constructor.state import ConstructorState
 from pipeline.constructor.state_topic import read_last_state
-from pipeline.control import decode_mixture_change, encode_mixture_change, publish_mixture_change, shares_from_arguments
-from pipeline.mixing import MixtureChange, MixtureTimeline, Schedule, refusal
+from pipeline.control import (
+    change_answer,
+    decode_mixture_change,
+    encode_mixture_change,
+    first_changeable_step,
+    lanes_finished,
+    publish_mixture_change,
+    shares_from_arguments,
+)
+from pipeline.mixing import MixerState, MixtureChange, MixtureTimeline, Schedule, refusal
 from tests.loader_support import REPO, build_example_data, load_sources, start_constructor, write_spec
 from topics.errors import DecodeError, MixflowError
+from topics.lanes import first_step_at_or_after
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
 
@@ -80,6 +91,70 @@ def test_mixture_change_records_round_trip_and_bad_ones_say_why() -> None:
         decode_mixture_change(b'{"kind":"mixture-change","id":"x","from_step":-1,"shares":{"a":1}}')
     with pytest.raises(DecodeError, match="share above 0"):
         decode_mixture_change(b'{"kind":"mixture-change","id":"x","from_step":1,"shares":{"a":0}}')
+
+
+@st.composite
+def lanes_at(draw: st.DrawFn) -> tuple[int, list[int | None]]:
+    """A lane count and each lane's last written step (None: it has written nothing yet)."""
+    lanes = draw(st.integers(1, 6))
+    base = draw(st.integers(0, 300))
+    spread = draw(st.sampled_from([0, 3, 40]))
+    last = [
+        None if draw(st.integers(0, 5)) == 0 else first_step_at_or_after(base + draw(st.integers(0, spread)), j, lanes)
+        for j in range(lanes)
+    ]
+    return lanes, last
+
+
+def _lane_state(last: int | None, lanes: int, **fields: object) -> ConstructorState | None:
+    """A lane's state after writing ``last``: its next step is ``last + lanes``."""
+    return None if last is None else ConstructorState(MixerState(last + lanes), **fields)
+
+
+@given(lanes_at(), st.integers(0, 400))
+def test_set_mixture_takes_a_step_after_every_lane_s_last_and_no_lane_refuses_it(job, from_step: int) -> None:
+    lanes, last = job
+    states = [_lane_state(k, lanes) for k in last]
+    first = first_changeable_step(states)
+    written = [k for k in last if k is not None]
+    assert first > max(written, default=-1)
+    change = MixtureChange("c", from_step, {"code": 1.0})
+    allowed = refusal(change, first, ["code"]) is None
+    # What set-mixture lets through, no lane refuses when it reads it (a lane refuses a step it wrote, or
+    # an earlier one: before its next step less the lanes' other steps in between).
+    lanes_refusing = [
+        j for j, s in enumerate(states) if s is not None and refusal(change, s.step - lanes + 1, ["code"])
+    ]
+    assert allowed == (not lanes_refusing)
+    assert not lanes_finished(states) or all(s is not None for s in states)
+
+
+@given(lanes_at(), st.data())
+def test_a_change_is_answered_once_every_open_lane_accepted_it_or_one_refused_it(job, data: st.DataObject) -> None:
+    lanes, last = job
+    change = MixtureChange("c", 500, {"code": 1.0})
+    kinds = st.sampled_from(["accepted", "refused", "unread", "finished", "accepted, finished"])
+    drawn = data.draw(st.lists(kinds, min_size=lanes, max_size=lanes))
+    answers = [a if k is not None else "unread" for k, a in zip(last, drawn, strict=True)]  # no state: no answer
+    states = []
+    for k, answer in zip(last, answers, strict=True):
+        fields = {
+            "accepted": {"changes": (change,)},
+            "refused": {"refused": ("c",)},
+            "unread": {},
+            "finished": {"finished": True},
+            "accepted, finished": {"changes": (change,), "finished": True},
+        }[answer]
+        states.append(_lane_state(k, lanes, **fields))
+    open_lanes = [a for a in answers if "finished" not in a]
+    expected = None
+    if "refused" in answers:
+        expected = "refused"
+    elif any(a.startswith("accepted") for a in answers) and all(a == "accepted" for a in open_lanes):
+        expected = "accepted"
+    assert change_answer(states, "c") == expected
+    said = [a for k, a in zip(last, answers, strict=True) if k is not None]
+    assert lanes_finished(states) == (len(said) == lanes and all("finished" in a for a in said))
 
 
 def test_state_records_keep_changes_and_old_records_without_them_still_decode() -> None:

@@ -26,10 +26,12 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pipeline.autoscale.policy import Decision
 from pipeline.constructor.assemble import assemble_step
 from pipeline.constructor.pool import Candidate, SamplePool
 from pipeline.constructor.state import ConstructorState, SampleRef, SourcePosition
 from pipeline.metrics import (
+    AutoscalerMetrics,
     ConstructorMetrics,
     DeadLetterReason,
     LoaderMetrics,
@@ -71,6 +73,7 @@ def job_spec(sources: tuple[str, ...]) -> SimpleNamespace:
 LABELS = {"job", "source", "rank", "reason", "role"}
 # What a name may end with: the unit or the thing counted.
 GAUGE_ENDINGS = ("_seconds", "_bytes", "_tokens", "_samples", "_ratio", "_cost", "_step", "_active", "_lag")
+GAUGE_ENDINGS += ("_loaders", "_per_second")
 COUNTER_ENDINGS = ("_samples", "_tokens", "_units", "_transactions", "_steps", "_letters", "_takeovers", "_fencings")
 COUNTER_ENDINGS += ("_restarts", "_batches")
 
@@ -154,6 +157,9 @@ def all_role_registries() -> list[tuple[CollectorRegistry, tuple]]:
     SinkMetrics(r, "j", 0)
     out.append((r, ()))
     r = CollectorRegistry()
+    AutoscalerMetrics(r, "j").decided(Decision("code", 1, 2, 10.0, 5.0, 0.5, "behind"))
+    out.append((r, ()))
+    r = CollectorRegistry()
     out.append((r, (RoleRestarts("j", [SimpleNamespace(name="load-code-0", restarts=2)]),)))
     return out
 
@@ -169,7 +175,7 @@ def test_every_metric_follows_the_prometheus_conventions() -> None:
             if family.type == "gauge" and name.endswith("_created"):
                 continue  # prometheus-client's creation time of a counter or histogram
             seen.add(name)
-            assert re.fullmatch(r"mixflow_(loader|constructor|sink|run|dead_letters)[a-z_]*", name), name
+            assert re.fullmatch(r"mixflow_(loader|constructor|sink|run|autoscaler|dead_letters)[a-z_]*", name), name
             assert "_total" not in name, f"{name}: the family name carries no _total (its samples do)"
             for sample in family.samples:
                 assert set(sample.labels) <= LABELS | {"le"}, (name, sample.labels)
@@ -206,8 +212,48 @@ def test_every_metric_follows_the_prometheus_conventions() -> None:
         "mixflow_sink_wait_seconds",
         "mixflow_sink_prefetch_bytes",
         "mixflow_run_role_restarts",
+        "mixflow_autoscaler_desired_loaders",
+        "mixflow_autoscaler_loaders",
+        "mixflow_autoscaler_demand_tokens_per_second",
+        "mixflow_autoscaler_supply_tokens_per_second",
     ):
         assert wanted in seen, wanted
+
+
+decisions = st.builds(
+    Decision,
+    source=st.sampled_from(["code", "docs", "web"]),
+    loaders=st.integers(0, 64),
+    desired=st.integers(0, 64),
+    demand=st.floats(0, 1e9),
+    supply=st.floats(0, 1e9),
+    backlog_s=st.floats(0, 1e4),
+    reason=st.text(max_size=20),
+)
+
+
+@given(st.lists(decisions, max_size=12))
+def test_the_autoscaler_gauges_hold_each_source_s_latest_decision_in_a_registry_of_their_own(
+    history: list[Decision],
+) -> None:
+    first, second = CollectorRegistry(), CollectorRegistry()
+    metrics = AutoscalerMetrics(first, "j")
+    AutoscalerMetrics(second, "other")  # a second autoscaler in the same process: no clash
+    latest = {}
+    for decision in history:
+        metrics.decided(decision)
+        latest[decision.source] = decision
+    exposed = samples_of(generate_latest(first).decode())
+    assert len(exposed) == 4 * len(latest)
+    for source, d in latest.items():
+        for name, expected in (
+            ("mixflow_autoscaler_desired_loaders", d.desired),
+            ("mixflow_autoscaler_loaders", d.loaders),
+            ("mixflow_autoscaler_demand_tokens_per_second", d.demand),
+            ("mixflow_autoscaler_supply_tokens_per_second", d.supply),
+        ):
+            assert value(exposed, name, job="j", source=source) == pytest.approx(expected), name
+    assert samples_of(generate_latest(second).decode()) == {}
 
 
 def test_a_role_registry_holds_the_process_metrics() -> None:

@@ -8,10 +8,12 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,18 +21,27 @@ from matplotlib.image import imread
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from rich.console import Console
 
+from pipeline.cli.control import _wait_for_answer
+from pipeline.constructor.state import ConstructorState, SourcePosition
 from pipeline.metrics.endpoints import METRICS_FILE, Endpoint
+from pipeline.mixing import MixerState, MixtureChange
+from pipeline.observe.collector import JobCollector
 from pipeline.observe.endpoints import run_endpoints, scrape_sink_steps, sink_steps_in
-from pipeline.observe.frame import DEAD_LETTER_ROWS, JobFacts, SourceFacts, build_frame, render_frame
+from pipeline.observe.frame import DEAD_LETTER_ROWS, Frame, JobFacts, SourceFacts, build_frame, render_frame
+from pipeline.observe.history import read_history
+from pipeline.observe.lanes import LaneStates
 from pipeline.observe.step_stats import step_stats
 from pipeline.observe.tally import StepTally
+from pipeline.progress import _StepsWritten
 from pipeline.scheduler.cost import CostModel
 from pipeline.spec import load_spec
 from tests.kafka_support import read_to_end
-from tests.loader_support import REPO, build_example_data, write_spec
+from tests.loader_support import REPO, build_example_data, start_constructor, start_loader, wait_all, write_spec
 from tests.observe_support import SOURCES, steps
+from topics.admin import ensure_job_topics
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import MixflowError
+from topics.lanes import first_step_at_or_after
 from topics.names import JobTopics
 
 COST = CostModel(alpha=1.0, beta=100.0)
@@ -137,8 +148,60 @@ def test_tally_counts_a_step_once_every_rank_arrived_in_any_order(job, seed: int
     samples = Counter(s for batches in job if batches[0].step not in missing for b in batches for s in b.sources)
     np.testing.assert_array_equal(tally.samples, [samples[s] for s in SOURCES])
     np.testing.assert_allclose(tally.scheduled, WEIGHTS * tokens.sum())
-    assert len(tally.recent) == min(3, len(counted))
+    # The highest complete steps, whatever order they came in (lanes write steps side by side).
+    assert [s.step for s in tally.recent] == sorted(s.step for s in counted)[-3:]
     assert set(tally.pending) == (missing if len(job[0]) > 1 else set())  # one rank: nothing arrived
+
+
+@st.composite
+def lane_states(draw: st.DrawFn) -> tuple[LaneStates, dict[int, int | None], dict[int, int]]:
+    """Lanes of a job at one moment: each lane's last written step (None: no state record yet), whether it
+    finished, and its position in partition ``p`` of source ``code``; and that partition's end."""
+    lanes = draw(st.integers(1, 6))
+    base = draw(st.integers(0, 500))
+    spread = draw(st.sampled_from([0, 2, 50]))  # lanes close together, or one far behind
+    written: dict[int, int | None] = {}
+    states = {}
+    ends = {}
+    for j in range(lanes):
+        ends[j] = draw(st.integers(0, 10**6))
+        if draw(st.integers(0, 4)) == 0:
+            written[j] = None
+            continue
+        last = first_step_at_or_after(base + draw(st.integers(0, spread)), j, lanes)
+        low = draw(st.integers(0, ends[j] + 5))  # a lane's position may be past an end read a moment earlier
+        used = tuple(sorted(draw(st.sets(st.integers(low + 1, low + 40), max_size=5))))
+        position = {"code": SourcePosition(low, used)} if draw(st.booleans()) else {}
+        finished = draw(st.booleans())
+        states[j] = ConstructorState(MixerState(last + lanes), position, finished=finished)
+        written[j] = last
+    return LaneStates(lanes, states), written, ends
+
+
+@settings(max_examples=60, deadline=None)
+@given(lane_states())
+def test_lane_states_give_the_job_s_steps_written_finish_and_delivered_offsets(drawn) -> None:
+    lanes, written, ends = drawn
+    done = [k for k in written.values() if k is not None]
+    assert lanes.next_step == (max(done) + 1 if done else 0)
+    assert lanes.finished == (len(done) == lanes.lanes and all(s.finished for s in lanes.states.values()))
+    positions = {j: s.positions["code"] for j, s in lanes.states.items() if "code" in s.positions}
+    delivered = lanes.delivered("code", ends)
+    if not positions:
+        assert delivered is None
+    else:
+        assert delivered == sum(min(ends[j], p.low + len(p.used)) for j, p in positions.items())
+        backlog = sum(ends.values()) - delivered  # what top shows: per partition, the end less what its lane took
+        assert backlog == sum(max(0, ends[j] - (p.low + len(p.used) if (p := positions.get(j)) else 0)) for j in ends)
+
+
+def test_lane_states_take_the_changes_of_the_lane_that_read_the_most_control_records() -> None:
+    early = MixtureChange("a", 10, {"code": 1.0})
+    late = MixtureChange("b", 20, {"topics": 1.0})
+    behind = ConstructorState(MixerState(9), control_offset=1, changes=(early,))
+    ahead = ConstructorState(MixerState(4), control_offset=2, changes=(early, late))
+    assert LaneStates(2, {0: ahead, 1: behind}).changes == (early, late)
+    assert LaneStates(2, {}).changes == () and LaneStates(2, {}).next_step == 0
 
 
 def test_sink_steps_from_metrics_files_and_endpoints(tmp_path: Path) -> None:
@@ -264,3 +327,134 @@ def test_top_and_report_agree_with_the_job_topics(kafka_bootstrap: str, unique_n
         assert imread(png).shape[0] > 100
     for source in spec.source_names:
         assert re.search(rf"\| {source} \| {tokens[source]:,} \|", summary), summary
+
+
+# -- a job of lanes ------------------------------------------------------------------------------------
+
+LANES, LANE_RANKS = 2, 2
+
+
+def _run_lanes(spec: Path, job: str, folder: Path, *extra_by_lane: tuple[str, ...]) -> None:
+    log = folder / "constructors.log"
+    processes = [
+        start_constructor(spec, job, "--lane", str(j), *extra, log=log) for j, extra in enumerate(extra_by_lane)
+    ]
+    for process in processes:
+        try:
+            code = process.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            for other in processes:
+                other.kill()
+            raise AssertionError(f"the lanes did not stop in 240 s; the log ends:\n{log.read_text()[-3000:]}") from None
+        assert code == 0, log.read_text()[-3000:]
+
+
+def _check_top_against_topics(facts: JobFacts, bootstrap: str, job: str, window_s: float) -> Frame:
+    """Top's numbers from what every partition of the job's topics holds: steps written, per source
+    backlog (each partition's end less what its lane's last state says it consumed), samples, tokens."""
+    frame = build_frame(facts)
+    topics = JobTopics(job)
+    batches = [
+        decode_batch_message(m)
+        for r in range(LANE_RANKS)
+        for m in read_to_end(bootstrap, topics.rank(r))
+        if end_of_data_steps(m.headers()) is None
+    ]
+    steps = sorted({b.step for b in batches})
+    assert {b.step % LANES for b in batches} == set(range(LANES)), "both lanes wrote steps"
+    states = {m.partition(): ConstructorState.from_bytes(m.value()) for m in read_to_end(bootstrap, topics.state)}
+    c = frame.constructor
+    assert c.steps_written == steps[-1] + 1, (c, steps)
+    assert c.steps_per_s * window_s == pytest.approx(len(steps)), "every lane's steps were committed in the window"
+    assert c.finished == (len(states) == LANES and all(s.finished for s in states.values()))
+    assert [s.step for s in facts.recent] == steps[-len(facts.recent) :] and facts.recent
+    samples = Counter(s for b in batches for s in b.sources)
+    tokens = Counter()
+    for b in batches:
+        for s, n in zip(b.sources, b.lengths.tolist(), strict=True):
+            tokens[s] += n
+    for row in frame.sources:
+        ends = {}
+        for m in read_to_end(bootstrap, topics.src(row.name)):
+            ends[m.partition()] = m.offset() + 1  # past the partition's last committed sample
+        consumed = {p: s.positions[row.name] for p, s in states.items() if row.name in s.positions}
+        taken = {p: position.low + len(position.used) for p, position in consumed.items()}
+        backlog = sum(end - taken.get(p, 0) for p, end in ends.items())
+        assert row.backlog == backlog, (row, ends, consumed)
+        assert row.samples == samples[row.name] and row.tokens == tokens[row.name], row
+    return frame
+
+
+def _progress_steps(config: dict, job: str, expected: int, timeout_s: float = 30.0) -> int:
+    """The steps ``mixflow run``'s progress shows as written, once it shows ``expected`` or ``timeout_s`` passed."""
+    written = _StepsWritten(config, job)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while (steps := written.poll()) != expected and time.monotonic() < deadline:
+            time.sleep(0.1)  # the progress line polls without waiting: so does this
+        return steps
+    finally:
+        written.close()
+
+
+def _set_mixture(spec: Path, from_step: int, *shares: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "pipeline.cli", "control", "set-mixture", "--spec", str(spec)]
+    command += ["--from-step", str(from_step), "--wait-s", "0", *shares]
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+@pytest.mark.kafka
+def test_top_and_set_mixture_follow_every_lane_of_a_job(kafka_bootstrap: str, unique_name: str, tmp_path: Path) -> None:
+    data = build_example_data(tmp_path / "data", limit=8)
+    for path in (data / "code").glob("*.parquet"):  # row groups of 2 rows: units enough for every lane
+        pq.write_table(pq.read_table(path), path, row_group_size=2)
+    step = {"ranks": LANE_RANKS, "micro_batches": 1, "tokens_per_micro_batch": 512}
+    spec_path = write_spec(
+        tmp_path, unique_name, kafka_bootstrap, data, on_exhausted="renormalize", step=step, constructor={"lanes": 2}
+    )
+    spec = load_spec(spec_path)
+    config = spec.kafka.client_config(kafka_bootstrap)
+    ensure_job_topics(kafka_bootstrap, unique_name, spec.source_names, LANE_RANKS, lanes=LANES, timeout_s=120)
+    loaders = [start_loader(spec_path, s, 0, tmp_path, "--unit-seconds", "0.005") for s in spec.source_names]
+    wait_all(loaders, 240, tmp_path)
+    window_s = 3600.0  # every step of the test falls in it
+    collector = JobCollector(config, spec, window_s=window_s)
+    try:
+        # Lanes that stopped at different steps: lane 0 wrote steps 0, 2 and 4, lane 1 step 1 only.
+        _run_lanes(spec_path, unique_name, tmp_path, ("--max-steps", "3"), ("--max-steps", "1"))
+        frame = _check_top_against_topics(collector.collect(budget_s=120), kafka_bootstrap, unique_name, window_s)
+        assert frame.constructor.steps_written == 5 and not frame.constructor.finished
+        assert _progress_steps(config, unique_name, 5) == 5  # `mixflow run`'s progress line counts every lane
+        assert sum(r.backlog for r in frame.sources) > 0, "the lanes stopped with samples left in both partitions"
+
+        # Lane 0 wrote step 4: a change from step 4 is too late for it; from 5, every lane takes it in time.
+        late = _set_mixture(spec_path, 4, "code=1")
+        assert late.returncode == 2 and "a constructor lane is past step 4" in late.stderr, late.stderr
+        published = _set_mixture(spec_path, 5, "code=1")
+        assert published.returncode == 0, published.stderr
+        change = json.loads(published.stdout.splitlines()[-1])["change"]
+
+        _run_lanes(spec_path, unique_name, tmp_path, (), ())
+        facts = collector.collect(budget_s=120)
+        frame = _check_top_against_topics(facts, kafka_bootstrap, unique_name, window_s)
+        assert frame.constructor.finished
+        states = {m.partition(): m.value() for m in read_to_end(kafka_bootstrap, JobTopics(unique_name).state)}
+        for lane, state in states.items():
+            changes = ConstructorState.from_bytes(state).changes
+            assert [(c.id, c.from_step) for c in changes] == [(change, 5)], f"lane {lane}: {changes}"
+        assert _wait_for_answer(config, JobTopics(unique_name), change, 5, lanes=LANES) == "accepted"
+        assert facts.schedule_now == {"code": 1.0, "docstrings": 0.0, "topics": 0.0}
+        # The report's backlog at the last step counts every lane's deliveries, as top does (less a commit
+        # marker after each partition's last sample, which top leaves out).
+        history = read_history(config, spec)
+        rank_0 = read_to_end(kafka_bootstrap, JobTopics(unique_name).rank(0))
+        steps = sorted(decode_batch_message(m).step for m in rank_0 if end_of_data_steps(m.headers()) is None)
+        assert [s.step for s in history.stats] == steps
+        for i, row in enumerate(frame.sources):
+            assert 0 <= history.backlog[-1][i] - row.backlog <= LANES, (history.backlog[-1], frame.sources)
+        steps_written = frame.constructor.steps_written
+        assert _progress_steps(config, unique_name, steps_written) == steps_written
+        finished = _set_mixture(spec_path, 10**6, "code=1")
+        assert finished.returncode == 2 and f"finished at step {frame.constructor.steps_written}" in finished.stderr
+    finally:
+        collector.close()

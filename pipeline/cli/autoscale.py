@@ -14,27 +14,14 @@ from pathlib import Path
 from types import FrameType
 
 from confluent_kafka import KafkaException
-from prometheus_client import Gauge, start_http_server
 
 from pipeline.autoscale import Autoscaler, JobProbe, PolicySettings
 from pipeline.cli.command import Command
+from pipeline.metrics import AutoscalerMetrics, role_registry, serve_metrics
 from pipeline.spec import load_spec
 from topics.errors import MixflowError
 
 log = logging.getLogger(__name__)
-
-DESIRED = Gauge("mixflow_autoscaler_desired_loaders", "Loaders the autoscaler wants per source", ["job", "source"])
-LOADERS = Gauge("mixflow_autoscaler_loaders", "Loaders seen in each source's loader group", ["job", "source"])
-DEMAND = Gauge(
-    "mixflow_autoscaler_demand_tokens_per_second",
-    "Tokens/s the constructor will take of each source, looked ahead on the mixture",
-    ["job", "source"],
-)
-SUPPLY = Gauge(
-    "mixflow_autoscaler_supply_tokens_per_second",
-    "Tokens/s each source's loaders make: loaders x measured per-loader rate",
-    ["job", "source"],
-)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, request_stop)
-    start_http_server(args.metrics_port)
+    registry = role_registry()
+    metrics = AutoscalerMetrics(registry, spec.job)
+    server = serve_metrics(registry, args.metrics_port, f"autoscaler of {spec.job}")
     probe = JobProbe(spec.kafka.client_config(args.bootstrap_servers), spec.job, spec.source_names)
     decided = 0
     try:
@@ -75,16 +64,15 @@ def run(args: argparse.Namespace) -> int:
                 loaders = probe.loaders()
                 for d in autoscaler.tick(probe, loaders, began):
                     log.info("autoscale %s", d.line())
-                    DESIRED.labels(spec.job, d.source).set(d.desired)
-                    LOADERS.labels(spec.job, d.source).set(d.loaders)
-                    DEMAND.labels(spec.job, d.source).set(d.demand)
-                    SUPPLY.labels(spec.job, d.source).set(d.supply)
+                    metrics.decided(d)
                 decided += 1
             except (KafkaException, MixflowError, TimeoutError) as exc:  # the next interval tries again
                 log.warning("autoscaler: cannot read job %s now: %s", spec.job, exc)
             stop.wait(max(spec.autoscaling.interval_s - (time.monotonic() - began), 0.0))
     finally:
         probe.close()
+        if server is not None:
+            server.close()
     return 0
 
 

@@ -7,13 +7,25 @@ import json
 import time
 from pathlib import Path
 
+from confluent_kafka import Message
+
 from pipeline.cli.command import Command
-from pipeline.constructor.state_topic import read_last_state
-from pipeline.control import new_change_id, publish_mixture_change, shares_from_arguments
+from pipeline.constructor.state import ConstructorState
+from pipeline.constructor.state_topic import STATE_TAIL
+from pipeline.control import (
+    change_answer,
+    first_changeable_step,
+    lanes_finished,
+    new_change_id,
+    publish_mixture_change,
+    shares_from_arguments,
+)
+from pipeline.kafka_clients import KafkaConfig
 from pipeline.mixing import MixtureChange, refusal
 from pipeline.spec import load_spec
 from topics.admin import topic_exists
-from topics.errors import MixflowError
+from topics.errors import DecodeError, MixflowError
+from topics.log_reader import read_to_end
 from topics.names import JobTopics
 
 
@@ -40,37 +52,52 @@ def _set_mixture(args: argparse.Namespace) -> int:
     if not topic_exists(config, topics.control):
         msg = f"job {topics.job} does not exist yet (no topic {topics.control}); change its spec before it starts"
         raise MixflowError(msg)
-    state = read_last_state(config, topics)
-    next_step = state.step if state is not None else 0
-    if state is not None and state.finished:
-        msg = f"job {topics.job} finished at step {state.step}; there is no later step to change"
+    states = read_lane_states(config, topics, spec.constructor.lanes)
+    if lanes_finished(states):
+        steps = first_changeable_step(states)  # one past the highest step written
+        msg = f"job {topics.job} finished at step {steps}; there is no later step to change"
         raise MixflowError(msg)
-    if reason := refusal(change, next_step, spec.source_names):
+    first = first_changeable_step(states)
+    if reason := refusal(change, first, spec.source_names):
+        if len(states) > 1 and change.from_step < first:
+            reason = f"a constructor lane is past step {change.from_step} (every lane can change step {first} on)"
         msg = f"cannot change the mixture of {topics.job} from step {args.from_step}: {reason}"
         raise MixflowError(msg)
     offset = publish_mixture_change(config, topics, change)
     outcome = {"job": topics.job, "change": change.id, "from_step": change.from_step, "shares": shares}
-    outcome["status"] = _wait_for_answer(config, topics, change.id, args.wait_s)
+    outcome["status"] = _wait_for_answer(config, topics, change.id, args.wait_s, spec.constructor.lanes)
     print(json.dumps({**outcome, "control_offset": offset}))
     if outcome["status"] == "refused":
         print(
-            f"mixflow control: the constructor refused change {change.id}: it had written step {change.from_step} "
+            f"mixflow control: the constructor refused change {change.id}: it had gone past step {change.from_step} "
             "before it read the change; publish it again with a later --from-step",
         )
         return 1
     return 0
 
 
-def _wait_for_answer(config: dict, topics: JobTopics, change_id: str, wait_s: float) -> str:
-    """``accepted`` or ``refused`` once a state record says so, ``published`` if none did in ``wait_s``."""
+def read_lane_states(config: KafkaConfig, topics: JobTopics, lanes: int) -> list[ConstructorState | None]:
+    """The last committed state of each of the job's ``lanes`` constructor lanes (None: none yet)."""
+    last: dict[int, Message] = {}
+    for record in read_to_end(config, topics.state, tail=STATE_TAIL):
+        last[record.partition()] = record  # in offset order: the last of each partition wins
+    states: list[ConstructorState | None] = []
+    for lane in range(lanes):
+        record = last.get(lane)
+        try:
+            states.append(ConstructorState.from_bytes(record.value()) if record is not None else None)
+        except DecodeError as exc:
+            raise exc.at(record.topic(), record.partition(), record.offset()) from exc
+    return states
+
+
+def _wait_for_answer(config: KafkaConfig, topics: JobTopics, change_id: str, wait_s: float, lanes: int = 1) -> str:
+    """``accepted`` once every lane's state record says so, ``refused`` once one says that, ``published``
+    if neither happened in ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        state = read_last_state(config, topics)
-        if state is not None:
-            if any(c.id == change_id for c in state.changes):
-                return "accepted"
-            if change_id in state.refused:
-                return "refused"
+        if answer := change_answer(read_lane_states(config, topics, lanes), change_id):
+            return answer
         time.sleep(0.5)  # polling another process's progress on the state topic
     return "published"
 

@@ -7,6 +7,7 @@ Names follow Prometheus conventions: ``mixflow_<role>_<what>_total`` counters, `
 of its own (``role_registry``), served on its ``--metrics-port``; a role made without one keeps its
 metrics in a private registry nobody serves, so tests and replays in one process never collide."""
 
+from pipeline.metrics.autoscaler import AutoscalerMetrics
 from pipeline.metrics.constructor import ConstructorMetrics, SourceBacklog
 from pipeline.metrics.endpoints import METRICS_FILE, Endpoint, RunMetrics, read_endpoints
 from pipeline.metrics.loader import LoaderMetrics, WorkUnitLag
@@ -15,6 +16,7 @@ from pipeline.metrics.serving import MetricsServer, role_registry, serve_metrics
 
 __all__ = [
     "METRICS_FILE",
+    "AutoscalerMetrics",
     "ConstructorMetrics",
     "DeadLetterReason",
     "Endpoint",

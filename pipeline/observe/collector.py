@@ -19,6 +19,7 @@ from pipeline.mixing.changes import MixtureTimeline
 from pipeline.observe.endpoints import run_endpoints, scrape_sink_steps
 from pipeline.observe.follow import TopicFollower
 from pipeline.observe.frame import JobFacts, SourceFacts
+from pipeline.observe.lanes import LaneStates
 from pipeline.observe.offsets import OffsetProbe
 from pipeline.observe.tally import StepTally
 from pipeline.spec import JobSpec
@@ -84,65 +85,65 @@ class JobCollector:
         """The facts now; the rank and dead-letter topics are read for at most ``budget_s`` each."""
         now_ms = int(time.time() * 1000)
         since_ms = now_ms - int(self.window_s * 1000)
-        state, recent_state_steps = self._state(since_ms)
-        if state is not None:
-            self.timeline = MixtureTimeline(self.schedule, state.changes)
+        lanes, recent_state_steps = self._lane_states(since_ms)
+        if lanes.started:
+            self.timeline = MixtureTimeline(self.schedule, lanes.changes)
         self.ranks.catch_up(budget_s)
         self.dlq.catch_up(budget_s)
-        sources = [self._source(i, s, state, since_ms) for i, s in enumerate(self.spec.source_names)]
-        next_step = state.step if state is not None else 0
+        sources = [self._source(i, s, lanes, since_ms) for i, s in enumerate(self.spec.source_names)]
         endpoints = run_endpoints(self.run_folder) if self.run_folder is not None else []
         return JobFacts(
             job=self.job,
             window_s=self.window_s,
             sources=sources,
-            schedule_now=self.timeline.weights_at(next_step),
-            next_step=next_step,
+            schedule_now=self.timeline.weights_at(lanes.next_step),
+            next_step=lanes.next_step,
             recent_state_steps=recent_state_steps,
-            finished=state is not None and state.finished,
+            finished=lanes.finished,
             recent=sorted(self.tally.recent, key=lambda s: s.step),
             sink_steps=scrape_sink_steps(endpoints),
             dead_letters=dict(self.dead_letters),
         )
 
-    def _state(self, since_ms: int) -> tuple[ConstructorState | None, int]:
-        """The last committed state, and how many steps were committed since ``since_ms``."""
+    def _lane_states(self, since_ms: int) -> tuple[LaneStates, int]:
+        """The last committed state of every lane, and how many steps (of all lanes) were committed since
+        ``since_ms``."""
         topic = self.topics.state
-        end = self.probe.end(topic)
-        if not end:
-            return None, 0
-        first = self.probe.at_time([topic], since_ms)[topic]
-        records = self.probe.tail(topic, max(STATE_TAIL, end - first))
-        if not records:
-            return None, 0
-        last = records[-1]
-        try:
-            state = ConstructorState.from_bytes(last.value())
-        except DecodeError as exc:
-            raise exc.at(last.topic(), last.partition(), last.offset()) from exc
+        lanes = self.spec.constructor.lanes
+        ends = self.probe.partition_ends(topic)
+        if not any(ends.values()):
+            return LaneStates(lanes, {}), 0
+        firsts = self.probe.partitions_at_time(topic, since_ms)
+        window = max(end - firsts.get(p, end) for p, end in ends.items())
+        records = self.probe.tail(topic, max(STATE_TAIL, window))
+        last = {r.partition(): r for r in records}  # in offset order: the last record of each partition wins
+        states = {}
+        for p, record in last.items():
+            try:
+                states[p] = ConstructorState.from_bytes(record.value())
+            except DecodeError as exc:
+                raise exc.at(record.topic(), record.partition(), record.offset()) from exc
         recent = {r.key() for r in records if r.timestamp()[1] >= since_ms}
-        return state, len(recent)
+        return LaneStates(lanes, states), len(recent)
 
-    def _source(self, i: int, source: str, state: ConstructorState | None, since_ms: int) -> SourceFacts:
+    def _source(self, i: int, source: str, lanes: LaneStates, since_ms: int) -> SourceFacts:
         topic = self.topics.src(source)
-        end = self.probe.end(topic)
+        ends = self.probe.partition_ends(topic)
         recent = 0
         mean_tokens = None
-        if end:
-            recent = end - self.probe.at_time([topic], since_ms)[topic]
+        if any(ends.values()):
+            recent = sum(ends.values()) - sum(self.probe.partitions_at_time(topic, since_ms).values())
             latest = self.probe.tail(topic, LENGTH_SAMPLE)
             if latest:
                 mean_tokens = float(np.mean([decode_sample_message(m).tokens.size for m in latest]))
-                end = latest[-1].offset() + 1  # past the last committed sample, not its commit marker
-        delivered = None
-        if state is not None and (position := state.positions.get(source)) is not None:
-            delivered = position.low + len(position.used)
+                for m in latest:  # past each partition's last committed sample, not its commit marker
+                    ends[m.partition()] = m.offset() + 1
         return SourceFacts(
             name=source,
-            end_offset=end,
+            end_offset=sum(ends.values()) if ends else None,
             recent_records=recent,
             mean_sample_tokens=mean_tokens,
-            delivered_offsets=delivered,
+            delivered_offsets=lanes.delivered(source, ends),
             loaders=self._loaders(source),
             samples=int(self.tally.samples[i]),
             tokens=int(self.tally.tokens[i]),

@@ -25,10 +25,10 @@ REASON_WIDTH = 80
 @dataclass(frozen=True)
 class SourceFacts:
     name: str
-    end_offset: int | None  # past the source topic's last committed record; None before it exists
-    recent_records: int  # records written to the source topic in the last window
+    end_offset: int | None  # past each partition's last committed record, summed; None before the topic exists
+    recent_records: int  # records written to the source topic (all partitions) in the last window
     mean_sample_tokens: float | None  # over the latest samples of the topic; None when it is empty
-    delivered_offsets: int | None  # offsets the last state record says are delivered; None before step 0
+    delivered_offsets: int | None  # offsets the lanes' last state records say are delivered; None before any
     loaders: int | None  # members of the source's loader group; None when it could not be described
     samples: int  # samples of the source in the rank topics so far
     tokens: int  # their tokens
@@ -41,8 +41,8 @@ class JobFacts:
     window_s: float
     sources: Sequence[SourceFacts]
     schedule_now: Mapping[str, float]  # each source's share at the next step
-    next_step: int  # the next step to write: the steps written so far
-    recent_state_steps: int  # steps committed in the last window
+    next_step: int  # one past the highest step any lane has written: the steps written so far
+    recent_state_steps: int  # steps committed in the last window, by every lane
     finished: bool
     recent: Sequence[StepStats]  # the latest complete steps in the rank topics, oldest first
     sink_steps: Sequence[int] | None  # the step each rank's sink is at; None when no endpoint said

@@ -99,7 +99,7 @@ def read_history(config: KafkaConfig, spec: JobSpec, job: str | None = None) -> 
         msg = f"{JobTopics(job).state} holds no state record of steps {missing} written to the rank topics"
         raise MixflowError(msg)
     first_out = next((r.step for r in written if r.state.exhausted), len(written))
-    times, backlog = _backlog(config, job, sources, written)
+    times, backlog = _backlog(config, job, sources, written, spec.constructor.lanes)
     return JobHistory(
         job=job,
         sources=sources,
@@ -113,16 +113,23 @@ def read_history(config: KafkaConfig, spec: JobSpec, job: str | None = None) -> 
 
 
 def _backlog(
-    config: KafkaConfig, job: str, sources: list[str], written: list[StateRecord]
+    config: KafkaConfig, job: str, sources: list[str], written: list[StateRecord], lanes: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """At up to ``MAX_BACKLOG_POINTS`` state records: the time, and per source the records written to its
-    topic by then less those the state says are delivered (transaction markers count as records)."""
+    topic by then (all partitions) less those the latest state record of every lane says are delivered
+    (transaction markers count as records). Lane ``j`` writes the steps ``k`` with ``k mod lanes == j``."""
     topics = JobTopics(job)
-    chosen = written[:: max(1, -(-len(written) // MAX_BACKLOG_POINTS))]
+    every = max(1, -(-len(written) // MAX_BACKLOG_POINTS))
+    latest: dict[int, StateRecord] = {}  # per lane, its last record so far
+    chosen: list[tuple[float, dict[str, int]]] = []
+    for i, record in enumerate(written):
+        latest[record.step % lanes] = record
+        if i % every == 0:
+            delivered = {s: sum(r.delivered.get(s, 0) for r in latest.values()) for s in sources}
+            chosen.append((record.time_s, delivered))
     backlog = np.zeros((len(chosen), len(sources)))
     with OffsetProbe(config) as probe:
-        for i, record in enumerate(chosen):
-            produced = probe.at_time([topics.src(s) for s in sources], int(record.time_s * 1000))
-            delivered = record.delivered
-            backlog[i] = [max(0, produced[topics.src(s)] - delivered.get(s, 0)) for s in sources]
-    return np.array([r.time_s for r in chosen]), backlog
+        for i, (time_s, delivered) in enumerate(chosen):
+            produced = probe.at_time([topics.src(s) for s in sources], int(time_s * 1000))
+            backlog[i] = [max(0, produced[topics.src(s)] - delivered[s]) for s in sources]
+    return np.array([time_s for time_s, _ in chosen]), backlog

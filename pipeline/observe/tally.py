@@ -4,7 +4,7 @@ Pure: no Kafka."""
 
 from __future__ import annotations
 
-from collections import deque
+import bisect
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -16,7 +16,8 @@ from topics.batch import Batch
 
 class StepTally:
     """A step counts once the batch of every rank has arrived. ``weights_at(step)`` (S,) gives the
-    schedule's shares at a step, for the tokens the schedule asked of each source."""
+    schedule's shares at a step, for the tokens the schedule asked of each source. ``recent`` holds the
+    ``recent`` highest complete steps, by step: steps of several constructor lanes arrive out of order."""
 
     def __init__(
         self,
@@ -35,7 +36,8 @@ class StepTally:
         self.samples = np.zeros(len(self.sources), dtype=np.int64)
         self.tokens = np.zeros(len(self.sources), dtype=np.int64)
         self.scheduled = np.zeros(len(self.sources))
-        self.recent: deque[StepStats] = deque(maxlen=recent)
+        self.recent_steps = recent
+        self.recent: list[StepStats] = []
 
     def add(self, batch: Batch) -> StepStats | None:
         """Take one rank's batch; the step's numbers once it is complete."""
@@ -54,5 +56,7 @@ class StepTally:
         self.samples += np.bincount(of_sample, minlength=len(self.sources))
         self.tokens += stats.tokens_by_source
         self.scheduled += self.weights_at(stats.step) * stats.tokens
-        self.recent.append(stats)
+        bisect.insort(self.recent, stats, key=lambda s: s.step)
+        if len(self.recent) > self.recent_steps:
+            del self.recent[0]
         return stats
