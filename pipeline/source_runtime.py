@@ -14,6 +14,9 @@ from pipeline.spec import JobSpec, SourceSpec
 TARGET_UNIT_SECONDS = 0.5
 # Content bytes the planner times its tokenizer on.
 COST_SAMPLE_BYTES = 1 << 18
+# When the job autoscales, the planner times a few KiB once: every source's loaders wait for the plan, and
+# an expensive source's full measurement would starve the constructor longer than a rough unit size costs.
+QUICK_COST_SAMPLE_BYTES = 1 << 13
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,7 @@ class SourceRuntime:
     spec: SourceSpec
     reader: Reader
     builder: SampleBuilder
+    quick_cost: bool = False  # measure the cost on QUICK_COST_SAMPLE_BYTES, once (an autoscaled job)
 
     @classmethod
     def from_spec(cls, job: JobSpec, source: str) -> SourceRuntime:
@@ -38,11 +42,15 @@ class SourceRuntime:
         tokenizer = None if spec.pretokenized else TextTokenizer.from_file(spec.tokenizer)  # type: ignore[arg-type]
         max_length = spec.max_sample_length or job.step.tokens_per_micro_batch
         builder = SampleBuilder(tokenizer, max_length=max_length, eod_id=spec.eod_token_id)
-        return cls(spec, reader, builder)
+        return cls(spec, reader, builder, quick_cost=job.autoscaling.enabled)
 
     def measure_cost(self, layouts: list[FileLayout] | None = None) -> float:
         """Seconds per byte to tokenize the source, timed on a sample of its files."""
         # A quarter MiB, timed twice, sizes units well enough; planning is paid once per job.
+        if self.quick_cost:
+            return measure_cost_per_byte(
+                self.reader, self.builder, sample_bytes=QUICK_COST_SAMPLE_BYTES, max_files=2, repeats=1, layouts=layouts
+            )
         return measure_cost_per_byte(
             self.reader, self.builder, sample_bytes=COST_SAMPLE_BYTES, repeats=2, layouts=layouts
         )

@@ -32,8 +32,10 @@ from pipeline.autoscale import (
     decide,
     horizon_shares,
 )
+from pipeline.autoscale.autoscaler import LOADER_START_S
 from pipeline.autoscale.stalls import SourceLog, count_stalls, file_times
 from pipeline.constructor.state import ConstructorState
+from pipeline.source_runtime import SourceRuntime
 from pipeline.spec import SpecError, load_spec
 from tests.autoscale_support import REPO, SOURCES, build_job_data, decisions, job_folder, run_job, write_job_spec
 from tests.loader_support import committed_sample_ids, expected_sample_ids
@@ -457,3 +459,66 @@ def test_a_source_the_constructor_waits_for_gets_one_more_loader_each_decision_e
         r = reading(loaders=2, demand=demand, per_loader_rate=500.0, blocking=True)
         [d], _ = decide([r], SETTINGS, PolicyState(), 0)
         assert d.desired == 3 and "scaling up" in d.reason, d  # ceil(2 x 500 x 1.2 / 500)
+
+
+@given(loaders=st.integers(1, 8), max_loaders=st.integers(1, 8), units_left=st.one_of(st.none(), st.integers(0, 12)))
+def test_a_starving_source_gets_one_more_loader_per_decision_before_its_rate_is_measured(
+    loaders: int, max_loaders: int, units_left: int | None
+):
+    loaders = min(loaders, max_loaders)
+    for demand in (None, 1000.0):
+        r = reading(
+            loaders=loaders,
+            max_loaders=max_loaders,
+            demand=demand,
+            per_loader_rate=None,
+            blocking=True,
+            units_left=units_left,
+        )
+        [d], _ = decide([r], SETTINGS, PolicyState(), 0)
+        room = units_left is None or units_left > loaders
+        assert d.desired == (min(loaders + 1, max_loaders) if room else loaders), d
+    # Not starving: it holds until measured (the warm-up rule never scales down or moves a fed source).
+    [d], _ = decide(
+        [reading(loaders=loaders, max_loaders=max_loaders, per_loader_rate=None)], SETTINGS, PolicyState(), 0
+    )
+    assert d.desired == loaders
+
+
+def test_a_source_with_nothing_yet_while_others_have_samples_gets_loaders_one_start_up_apart(tmp_path: Path):
+    spec = load_spec(
+        write_spec(
+            tmp_path,
+            mixture={"weights": {"cheap": 1, "costly": 1}},
+            scaling={"interval_s": 1},
+            sources={"cheap": {"loaders": 2, "autoscale": BOUNDS}, "costly": {"loaders": 1, "autoscale": BOUNDS}},
+        )
+    )
+    scaler = Autoscaler(spec)
+    empty = {s: SourceSnapshot(0, 0, None, None) for s in ("cheap", "costly")}
+    decided = scaler.observe(JobSnapshot(None, (), empty), {"cheap": 2, "costly": 1}, 0.0)
+    assert [d.desired for d in decided] == [2, 1], decided  # nothing made anywhere yet: no one starves
+    fed = {"cheap": SourceSnapshot(5000, 0, 1.0, 100), "costly": SourceSnapshot(0, 0, None, 100)}
+    counts = {"cheap": 2, "costly": 1}
+    raised = []
+    for now in np.arange(1.0, 30.0, 1.0).tolist():
+        decided = {d.source: d for d in scaler.observe(JobSnapshot(None, (), fed), counts, now)}
+        assert decided["cheap"].desired == 2, decided  # fed, not measured: held
+        if decided["costly"].desired > counts["costly"]:
+            raised.append(now)
+        counts["costly"] = decided["costly"].desired
+    # One more each time the last one had LOADER_START_S to start, from the first decision that may, up to max.
+    assert counts["costly"] == BOUNDS["max"] and raised[0] == LOADER_START_S, raised
+    assert all(b - a >= LOADER_START_S for a, b in itertools.pairwise(raised)), raised
+
+
+def test_the_planner_measures_its_cost_on_a_few_kib_only_when_the_job_autoscales(tmp_path: Path):
+    spec_path = write_spec(tmp_path, mixture={"weights": {"a": 1}}, scaling={}, sources={"a": {"loaders": 1}})
+    (tmp_path / "data" / "part.jsonl").write_text("".join(f'{{"text": [{i}, 1, 2]}}\n' for i in range(50)))
+    body = yaml.safe_load(spec_path.read_text())
+    for enabled in (True, False):
+        body["autoscaling"]["enabled"] = enabled
+        spec_path.write_text(yaml.safe_dump(body))
+        runtime = SourceRuntime.from_spec(load_spec(spec_path), "a")
+        assert runtime.quick_cost is enabled
+        assert runtime.measure_cost() > 0

@@ -49,6 +49,7 @@ class Autoscaler:
         self.state = PolicyState()
         self.tracks = {s: _SourceTrack(SmoothedRate(self.scaling.smoothing)) for s in spec.source_names}
         self.window_tokens = window_tokens(spec)
+        self.last_step: int | None = None  # the constructor's step at the last reading
 
     def tick(self, probe: JobProbe, loaders: Mapping[str, int], now: float) -> list[Decision]:
         """Read the job and decide (``Decision.line()`` says why, for the caller to log)."""
@@ -65,6 +66,8 @@ class Autoscaler:
         if snapshot.step is not None and steps_per_second is not None:
             tokens_per_step = self.spec.step.tokens_per_step
             demands = source_demands(mixer, snapshot.step, steps_per_second, tokens_per_step, self.scaling.lookahead_s)
+        stuck = snapshot.step is None or snapshot.step == self.last_step
+        self.last_step = snapshot.step
         readings = []
         for source in self.spec.source_names:
             spec = self.spec.source(source)
@@ -86,11 +89,24 @@ class Autoscaler:
                     per_loader_rate=per_loader * tokens if per_loader is not None and tokens else None,
                     backlog_tokens=max(seen.backlog_offsets * tokens - held.get(source, 0.0), 0.0),
                     units_left=seen.units_left,
-                    blocking=bool(tokens) and seen.backlog_offsets * tokens < held.get(source, 0.0),
+                    # Before its rate is measured the policy adds a loader per decision to a blocking source:
+                    # only while the constructor is stuck (no step since the last reading), and once the
+                    # loaders started so far had time to make something, so that it does not run ahead of them.
+                    blocking=self._blocking(source, snapshot, tokens, held.get(source, 0.0))
+                    and (per_loader is not None or (stuck and now - track.changed_at >= LOADER_START_S)),
                 )
             )
         decisions, self.state = decide(readings, self.settings, self.state, now)
         return decisions
+
+    @staticmethod
+    def _blocking(source: str, snapshot: JobSnapshot, tokens_per_offset: float, held: float) -> bool:
+        """The constructor cannot draw for want of ``source``: its backlog is under what a draw holds, or,
+        before its first sample (no tokens per offset yet), its topic is empty while another's is not."""
+        seen = snapshot.sources[source]
+        if tokens_per_offset:
+            return seen.backlog_offsets * tokens_per_offset < held
+        return seen.end_offset == 0 and any(s.end_offset > 0 for s in snapshot.sources.values())
 
     def _per_loader_offsets(
         self, track: _SourceTrack, loaders: int, end_offset: int, units_left: int | None, now: float

@@ -140,6 +140,16 @@ def _decide_source(
         desired = min(max(desired, r.min_loaders), r.max_loaders)
         return Decision(r.source, r.loaders, desired, demand or 0.0, supply, backlog_s, reason)
 
+    if rate is None and r.blocking:
+        # Warm-up: the constructor starves on this source before its loaders' rate can be measured. One more
+        # loader per decision, within bounds, budget and the units left; once measured the policy below decides.
+        if r.units_left is not None and r.units_left <= r.loaders:
+            return decision(
+                r.loaders, "holding: the constructor waits for it, but no unit is left to share"
+            ), above_since
+        return decision(
+            r.loaders + 1, "scaling up: the constructor waits for it; its rate is not measured yet"
+        ), above_since
     if demand is None:
         return decision(r.loaders, "holding: the constructor's consumption is not measured yet"), above_since
     if rate is None:

@@ -14,7 +14,7 @@ for every run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,8 +112,9 @@ def step_needs(spec: JobSpec) -> Callable[[int], dict[str, float]]:
     return need
 
 
-def job_stalls(config: KafkaConfig, spec: JobSpec) -> StallCount:
-    """The stalls of the job ``spec`` names, read from its topics (a single-lane job)."""
+def job_stalls(config: KafkaConfig, spec: JobSpec, since_ms: Sequence[float] = ()) -> list[StallCount]:
+    """The stalls of the job ``spec`` names, read from its topics (a single-lane job): over all its steps,
+    then over the steps drawn after each time of ``since_ms`` (epoch milliseconds), one count each."""
     topics = JobTopics(spec.job)
     states = [
         (record.timestamp()[1], ConstructorState.from_bytes(record.value()))
@@ -130,4 +131,9 @@ def job_stalls(config: KafkaConfig, spec: JobSpec) -> StallCount:
             np.array([sample.length for _, sample, _ in samples], dtype=np.int64),
             file_times([sample.sample_id for _, sample, _ in samples], produced),
         )
-    return count_stalls(states, logs, step_needs(spec))
+    need = step_needs(spec)
+    # A step is drawn once the previous step's state record is written: judge those written after the time.
+    return [
+        count_stalls(states, logs, need),
+        *(count_stalls([x for x in states if x[0] >= t], logs, need) for t in since_ms),
+    ]
