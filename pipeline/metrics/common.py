@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 
+from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from pipeline.metrics.reasons import DeadLetterReason
 
@@ -24,3 +28,27 @@ def dead_letters_counter(registry: CollectorRegistry) -> Counter:
 def count_reasons(counter: Counter, job: str, source_reasons: Iterable[tuple[str, DeadLetterReason]]) -> None:
     for source, reason in source_reasons:
         counter.labels(job, source, reason.value).inc()
+
+
+class SourceGaugeAtScrape(Collector):
+    """A gauge per ``{job, source}`` measured when scraped, with a Kafka consumer of its own (made by the
+    subclass on first use, closed by ``close``); scrapes may come on several threads."""
+
+    NAME = ""
+    HELP = ""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._consumer: Consumer | None = None
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self.NAME, self.HELP, labels=["job", "source"])

@@ -4,7 +4,6 @@ what the constructor reads from and holds of each source, and whether this insta
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -12,11 +11,15 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.core import Metric
 
 from pipeline.kafka_clients import KafkaConfig
-from pipeline.metrics.common import TRANSACTION_BUCKETS, count_reasons, dead_letters_counter
+from pipeline.metrics.common import (
+    TRANSACTION_BUCKETS,
+    SourceGaugeAtScrape,
+    count_reasons,
+    dead_letters_counter,
+)
 from pipeline.metrics.reasons import DeadLetterReason
 from topics.dead_letter import DeadLetter
 from topics.names import JobTopics
@@ -209,7 +212,7 @@ class ConstructorMetrics:
             self.aborted.inc()
 
 
-class SourceBacklog(Collector):
+class SourceBacklog(SourceGaugeAtScrape):
     """``mixflow_constructor_backlog_tokens`` at each scrape: what the pool holds (``ConstructorMetrics
     .holdings``) plus the source topic's records not read yet, at their mean length so far; the end
     offsets are asked by a consumer of its own."""
@@ -234,11 +237,7 @@ class SourceBacklog(Collector):
         self.topics = topics
         self.sources = list(sources)
         self.metrics = metrics
-        self._lock = threading.Lock()  # scrapes may come on several threads
-        self._consumer: Consumer | None = None
-
-    def describe(self) -> Iterator[Metric]:
-        yield self._family()
+        super().__init__()
 
     def collect(self) -> Iterator[Metric]:
         family = self._family()
@@ -254,15 +253,6 @@ class SourceBacklog(Collector):
                     continue
                 family.add_metric([self.metrics.job, source], backlog_tokens(holding, end))
         yield family
-
-    def close(self) -> None:
-        with self._lock:
-            if self._consumer is not None:
-                self._consumer.close()
-                self._consumer = None
-
-    def _family(self) -> GaugeMetricFamily:
-        return GaugeMetricFamily(self.NAME, self.HELP, labels=["job", "source"])
 
     def _end_offset(self, source: str) -> int:
         if self._consumer is None:

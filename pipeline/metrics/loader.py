@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.core import Metric
 
 from pipeline.kafka_clients import KafkaConfig
-from pipeline.metrics.common import TRANSACTION_BUCKETS, count_reasons, dead_letters_counter
+from pipeline.metrics.common import (
+    TRANSACTION_BUCKETS,
+    SourceGaugeAtScrape,
+    count_reasons,
+    dead_letters_counter,
+)
 from pipeline.metrics.reasons import DeadLetterReason, reason_class
 from pipeline.work_plan import WorkPlan, read_work_plan
 from topics.dead_letter import DeadLetter
@@ -77,7 +80,7 @@ def work_unit_lag(ends: Mapping[int, int], committed: Mapping[int, int]) -> int:
     return sum(max(0, end - max(committed.get(p, 0), 0)) for p, end in ends.items())
 
 
-class WorkUnitLag(Collector):
+class WorkUnitLag(SourceGaugeAtScrape):
     """``mixflow_loader_work_units_lag`` at each scrape: the source's work plan against its loader
     group's committed offsets, asked by a consumer of its own that never joins the group."""
 
@@ -91,13 +94,9 @@ class WorkUnitLag(Collector):
         self.config = config
         self.topics = topics
         self.source = source
-        self._lock = threading.Lock()  # scrapes may come on several threads
-        self._consumer: Consumer | None = None
+        super().__init__()
         self._plan: WorkPlan | None = None
         self._plan_read_at = -PLAN_REFRESH_S
-
-    def describe(self) -> Iterator[Metric]:
-        yield self._family()
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
@@ -110,15 +109,6 @@ class WorkUnitLag(Collector):
         if lag is not None:
             family.add_metric([self.topics.job, self.source], lag)
         yield family
-
-    def close(self) -> None:
-        with self._lock:
-            if self._consumer is not None:
-                self._consumer.close()
-                self._consumer = None
-
-    def _family(self) -> GaugeMetricFamily:
-        return GaugeMetricFamily(self.NAME, self.HELP, labels=["job", "source"])
 
     def _lag(self) -> int | None:
         if time.monotonic() - self._plan_read_at > PLAN_REFRESH_S:
