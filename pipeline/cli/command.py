@@ -7,6 +7,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
+def add_metrics_port(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics; one port per process (0: off, the default)",
+    )
+
+
 def no_arguments(parser: argparse.ArgumentParser) -> None:
     """For a command that takes no arguments of its own."""
 

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pipeline.cli.command import Command
+from pipeline.cli.command import Command, add_metrics_port
 from pipeline.constructor import ConstructorOptions, DataConstructor
 from pipeline.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS
 from pipeline.metrics import ConstructorMetrics, SourceBacklog, role_registry, serve_metrics
@@ -30,12 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how soon a shadow instance takes over from a dead active one (default: %(default)s)",
     )
     parser.add_argument("--instance", default="", help="this instance's name in logs (default: host-pid)")
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=0,
-        help="serve Prometheus metrics at http://HOST:PORT/metrics; one port per process (0: off, the default)",
-    )
+    add_metrics_port(parser)
     parser.add_argument(
         "--lane",
         type=int,

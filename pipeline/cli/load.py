@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.cli.command import Command
+from pipeline.cli.command import Command, add_metrics_port
 from pipeline.loader import LoaderOptions, SourceLoader
 from pipeline.metrics import LoaderMetrics, WorkUnitLag, role_registry, serve_metrics
 from pipeline.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
@@ -32,12 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="exit once every work unit of the source is done (default: keep waiting for units)",
     )
     parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=0,
-        help="serve Prometheus metrics at http://HOST:PORT/metrics; one port per process (0: off, the default)",
-    )
+    add_metrics_port(parser)
     parser.add_argument(
         "--transaction-timeout-ms",
         type=int,
