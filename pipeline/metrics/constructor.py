@@ -67,7 +67,13 @@ class ConstructorMetrics:
         def gauge(name: str, help_text: str) -> Gauge:
             return Gauge(name, help_text, j, registry=registry).labels(job)
 
-        self.steps = Counter("mixflow_constructor_steps", "Steps committed", j, registry=registry).labels(job)
+        def counter(name: str, help_text: str) -> Counter:
+            return Counter(name, help_text, j, registry=registry).labels(job)
+
+        def histogram(name: str, help_text: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(name, help_text, j, buckets=buckets, registry=registry).labels(job)
+
+        self.steps = counter("mixflow_constructor_steps", "Steps committed")
         self.last_step = gauge(
             "mixflow_constructor_last_step",
             "The last step this process committed (-1: none yet); minus a rank's mixflow_sink_step it is the "
@@ -84,12 +90,10 @@ class ConstructorMetrics:
             js,
             registry=registry,
         )
-        self.deferred = Counter(
+        self.deferred = counter(
             "mixflow_constructor_deferred_samples",
             "Samples a step deferred to a later step (a sample deferred twice counts twice)",
-            j,
-            registry=registry,
-        ).labels(job)
+        )
         self.waiting_deferred = gauge(
             "mixflow_constructor_waiting_deferred_samples", "Deferred samples waiting for the next step"
         )
@@ -105,44 +109,28 @@ class ConstructorMetrics:
             "mixflow_constructor_last_step_fill_ratio",
             "The last step's tokens over its capacity (ranks x micro-batches x tokens per micro-batch)",
         )
-        self.imbalance = Histogram(
+        self.imbalance = histogram(
             "mixflow_constructor_step_imbalance_ratio",
             "Steps by max over mean rank cost (1: balanced)",
-            j,
-            buckets=IMBALANCE_BUCKETS,
-            registry=registry,
-        ).labels(job)
-        self.fill = Histogram(
-            "mixflow_constructor_step_fill_ratio",
-            "Steps by tokens over capacity",
-            j,
-            buckets=FILL_BUCKETS,
-            registry=registry,
-        ).labels(job)
-        self.transaction_seconds = Histogram(
+            IMBALANCE_BUCKETS,
+        )
+        self.fill = histogram("mixflow_constructor_step_fill_ratio", "Steps by tokens over capacity", FILL_BUCKETS)
+        self.transaction_seconds = histogram(
             "mixflow_constructor_transaction_seconds",
             "Committed step transactions: from begin (producing the step's batches and state) to the commit's answer",
-            j,
-            buckets=TRANSACTION_BUCKETS,
-            registry=registry,
-        ).labels(job)
-        self.aborted = Counter(
+            TRANSACTION_BUCKETS,
+        )
+        self.aborted = counter(
             "mixflow_constructor_aborted_transactions",
             "Step transactions aborted: the constructor resumes from its last committed step",
-            j,
-            registry=registry,
-        ).labels(job)
+        )
         self.dead_letters = dead_letters_counter(registry)
         for source in sources:  # each source's series exists from the start, at 0
             for counter in (self.samples, self.tokens, self.consumed_tokens):
                 counter.labels(job, source)
         self.active = gauge("mixflow_constructor_active", "1 while this instance is the active one, 0 as a shadow")
-        self.takeovers = Counter(
-            "mixflow_constructor_takeovers", "Times this instance became the active one", j, registry=registry
-        ).labels(job)
-        self.fenced = Counter(
-            "mixflow_constructor_fencings", "Times a newer instance fenced this one", j, registry=registry
-        ).labels(job)
+        self.takeovers = counter("mixflow_constructor_takeovers", "Times this instance became the active one")
+        self.fenced = counter("mixflow_constructor_fencings", "Times a newer instance fenced this one")
 
     # -- hooks of the role ------------------------------------------------------------------------
 
