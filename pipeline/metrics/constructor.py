@@ -126,8 +126,8 @@ class ConstructorMetrics:
         )
         self.dead_letters = dead_letters_counter(registry)
         for source in sources:  # each source's series exists from the start, at 0
-            for counter in (self.samples, self.tokens, self.consumed_tokens):
-                counter.labels(job, source)
+            for series in (self.samples, self.tokens, self.consumed_tokens):
+                series.labels(job, source)
         self.active = gauge("mixflow_constructor_active", "1 while this instance is the active one, 0 as a shadow")
         self.takeovers = counter("mixflow_constructor_takeovers", "Times this instance became the active one")
         self.fenced = counter("mixflow_constructor_fencings", "Times a newer instance fenced this one")
