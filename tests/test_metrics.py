@@ -49,6 +49,7 @@ from pipeline.metrics.loader import work_unit_lag
 from pipeline.mixing import MixerState
 from pipeline.scheduler.cost import CostModel
 from pipeline.spec.sections import StepSpec
+from pipeline.stack.local_broker import free_port_block
 from tests.loader_support import REPO, build_example_data, start_constructor, write_spec
 from topics.batch_codec import decode_batch_message
 from topics.dead_letter import DeadLetter, decode_dead_letter_message
@@ -103,21 +104,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
-
-
-def free_port_block(n: int) -> int:
-    """The first of ``n`` consecutive ports that are free now."""
-    for _ in range(100):
-        base = free_port()
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(base, base + n):
-                    s = held.enter_context(socket.socket())
-                    s.bind(("", port))
-            except OSError:
-                continue
-            return base
-    raise AssertionError(f"no {n} consecutive free ports")
 
 
 def wait_until(

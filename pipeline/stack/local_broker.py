@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -69,16 +70,29 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def free_port_block(count: int, host: str = DEFAULT_HOST) -> int:
+    """A free port whose ``count - 1`` next ports are free too, below the kernel's ephemeral range: the
+    client and controller ports of ``count // 2`` nodes. Outside that range no client's outgoing connection
+    takes the port of a node that is down, so a node restarted on the same ports finds them free."""
+    ephemeral_start = _ephemeral_port_range_start()
+    for _ in range(200):
+        port = random.randrange(10_000, ephemeral_start - count)
+        if all(port_is_free(host, port + k) for k in range(count)):
+            return port
+    msg = f"found no {count} consecutive free ports on {host} between 10000 and {ephemeral_start}"
+    raise MixflowError(msg)
+
+
 def free_port_pair(host: str = DEFAULT_HOST) -> int:
     """A free port whose next port is free too: for a broker's client port and its controller's."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind((host, 0))
-            port = sock.getsockname()[1]
-        if port < 65535 and port_is_free(host, port + 1):
-            return port
-    msg = f"found no two consecutive free ports on {host}"
-    raise MixflowError(msg)
+    return free_port_block(2, host)
+
+
+def _ephemeral_port_range_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; elsewhere a guess
 
 
 def java_major_version(java: str) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import signal
 import subprocess
 import time
@@ -302,26 +301,6 @@ class LocalCluster:
                         f"choose another base port with --port (node i uses port + 2(i-1) and the port after)"
                     )
                     raise MixflowError(msg)
-
-
-def free_port_block(count: int, host: str = DEFAULT_HOST) -> int:
-    """A free port whose ``count - 1`` next ports are free too, below the kernel's ephemeral range: a base
-    ``--port`` for a cluster of ``count // 2`` nodes. Outside that range no client's outgoing connection
-    takes the port of a node that is down (a test that kills a node starts it again on the same ports)."""
-    ephemeral_start = _ephemeral_port_range_start()
-    for _ in range(200):
-        port = random.randrange(10_000, ephemeral_start - count)
-        if all(port_is_free(host, port + k) for k in range(count)):
-            return port
-    msg = f"found no {count} consecutive free ports on {host} between 10000 and {ephemeral_start}"
-    raise MixflowError(msg)
-
-
-def _ephemeral_port_range_start() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default; elsewhere a guess
 
 
 def live_brokers(bootstrap: str, timeout_s: float = 2.0) -> int | None:
