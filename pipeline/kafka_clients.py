@@ -177,6 +177,28 @@ def send_offsets(
         raise outcome[0]
 
 
+def close_within(close: Callable[[], object], timeout_s: float, what: str) -> None:
+    """``close()`` on a watchdog thread: a client in a bad state can hang in it, and then
+    KafkaClientStuckError ends the role so that a new process takes over."""
+    outcome: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            close()
+            outcome.append(None)
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=call, name="close-client", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if not outcome:
+        msg = f"{what} did not return in {timeout_s:.0f} s (the Kafka client is stuck); exiting for a new process"
+        raise KafkaClientStuckError(msg)
+    if outcome[0] is not None:
+        raise outcome[0]
+
+
 def commit_or_abort(producer: Producer, timeout_s: float = 60.0) -> bool:
     """Commit the open transaction. True when committed; False when it had to be aborted (the caller
     redoes its work); raises MixflowError on a fatal error (the producer is fenced or broken and the

@@ -22,10 +22,12 @@ from prometheus_client import CollectorRegistry
 
 from connectors import Document, WorkUnit
 from pipeline.control import UnitCost, read_unit_cost
+from pipeline.group_membership import DEFAULT_REJOIN_AFTER_S, MembershipWatch
 from pipeline.kafka_clients import (
     KafkaConfig,
     ProducerFencedError,
     ProducerUnusableError,
+    close_within,
     produce,
     read_committed_consumer,
 )
@@ -63,6 +65,7 @@ class LoaderStats:
     aborted: int = 0
     seconds: float = 0.0
     busy_seconds: float = 0.0  # inside transactions: reading, tokenizing, encoding, producing, committing
+    rejoins: int = 0  # consumers replaced after the group left this loader without partitions too long
     by_epoch: dict[int, int] = field(default_factory=dict)
 
     def tokens_per_second(self) -> float:
@@ -78,6 +81,8 @@ class LoaderOptions:
     # back to a restarted instance at once, but a static member cannot leave the group when it exits,
     # so every clean exit would stall the others for this long, and a broker restart fences it.)
     session_timeout_ms: int = 10_000
+    # A loader without an assignment this long replaces its consumer (see pipeline.group_membership).
+    rejoin_after_s: float = DEFAULT_REJOIN_AFTER_S
     poll_timeout_s: float = 1.0
     plan_wait_s: float = 600.0
     unit_seconds: float = TARGET_UNIT_SECONDS
@@ -112,6 +117,8 @@ class SourceLoader(TransactionalRole):
         self.options = options
         self.stats = LoaderStats()
         self._revoked = False  # set when a rebalance takes partitions away during a transaction
+        self._membership = MembershipWatch(options.rejoin_after_s)
+        self._consumer: Consumer | None = None  # the work group's consumer; replaced when its membership is stuck
         self.metrics = metrics or LoaderMetrics(CollectorRegistry(), topics.job, self.source)
         self._lanes: int | None = None  # partitions of the source topic, read at the first unit
         self._plan = WorkPlan(self.source, 0, {})  # the source's plan as last read or extended
@@ -162,6 +169,33 @@ class SourceLoader(TransactionalRole):
             cost = read_unit_cost(self.config, self.topics, self.source)
             self.sizer = UnitSizer(self.runtime.reader, target, cost, self.transactional_id)
         producer = self.new_producer()
+        self._join_work_group()
+        began = time.monotonic()
+        try:
+            # Closing the consumer leaves the group, so the other loaders take the units at once.
+            with closing_unless_stuck(lambda: self._work_consumer().close(), lambda: producer.flush(30)):
+                try:
+                    self._loop(producer)
+                except ProducerFencedError as exc:
+                    # Also what a loader sees when the broker aborted its transaction after the timeout
+                    # while it was away: a new process goes on from the committed units.
+                    raise ProducerUnusableError(str(exc)) from exc
+        finally:
+            self.stats.seconds = time.monotonic() - began
+        log.info(
+            "loader %s: %d units, %d samples, %d tokens (%.0f tokens/s), %d dead letters, %d aborted, %d rejoins",
+            self.transactional_id,
+            self.stats.units,
+            self.stats.samples,
+            self.stats.tokens,
+            self.stats.tokens_per_second(),
+            self.stats.dead_letters,
+            self.stats.aborted,
+            self.stats.rejoins,
+        )
+        return self.stats
+
+    def _join_work_group(self) -> Consumer:
         consumer = read_committed_consumer(
             self.config,
             self.group_id,
@@ -175,33 +209,47 @@ class SourceLoader(TransactionalRole):
                 "max.poll.interval.ms": 600_000,
             },
         )
-        began = time.monotonic()
-        try:
-            # Closing the consumer leaves the group, so the other loaders take the units at once.
-            with closing_unless_stuck(consumer.close, lambda: producer.flush(30)):
-                consumer.subscribe([self.topics.work(self.source)], on_revoke=self._on_revoke, on_lost=self._on_revoke)
-                try:
-                    self._loop(consumer, producer)
-                except ProducerFencedError as exc:
-                    # Also what a loader sees when the broker aborted its transaction after the timeout
-                    # while it was away: a new process goes on from the committed units.
-                    raise ProducerUnusableError(str(exc)) from exc
-        finally:
-            self.stats.seconds = time.monotonic() - began
-        log.info(
-            "loader %s: %d units, %d samples, %d tokens (%.0f tokens/s), %d dead letters, %d aborted",
-            self.transactional_id,
-            self.stats.units,
-            self.stats.samples,
-            self.stats.tokens,
-            self.stats.tokens_per_second(),
-            self.stats.dead_letters,
-            self.stats.aborted,
+        self._membership.joining()
+        consumer.subscribe(
+            [self.topics.work(self.source)],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_revoke,
         )
-        return self.stats
+        self._consumer = consumer
+        return consumer
 
-    def _loop(self, consumer: Consumer, producer: Producer) -> None:
+    def _work_consumer(self) -> Consumer:
+        assert self._consumer is not None, "run() joins the work group first"
+        return self._consumer
+
+    def _brokers_answer(self, consumer: Consumer) -> bool:
+        """Whether the cluster answers a metadata request: while it does not, a new consumer would not
+        join either, and closing the old one would only wait on the missing broker."""
+        try:
+            consumer.list_topics(self.topics.work(self.source), timeout=5.0)
+        except KafkaException:
+            return False
+        return True
+
+    def _rejoin_work_group(self) -> Consumer:
+        """Replace a consumer that has been without partitions for ``rejoin_after_s``: librdkafka can fail to
+        rejoin after its session lapsed while the broker was away, and would then poll forever."""
+        log.warning(
+            "loader %s: no assignment from group %s for %.0f s; closing the consumer and joining as a new member",
+            self.transactional_id,
+            self.group_id,
+            self._membership.seconds_without(),
+        )
+        close_within(self._work_consumer().close, 30.0, f"loader {self.transactional_id}: closing its work consumer")
+        self.stats.rejoins += 1
+        return self._join_work_group()
+
+    def _loop(self, producer: Producer) -> None:
+        consumer = self._work_consumer()
         while not self.stopping:
+            if self._membership.stuck() and self._brokers_answer(consumer):
+                consumer = self._rejoin_work_group()
             message = consumer.poll(self.options.poll_timeout_s)
             if message is None:
                 if self.options.next_epoch:
@@ -312,7 +360,11 @@ class SourceLoader(TransactionalRole):
             ends[(m.topic(), m.partition())] = m.offset() + 1
         return [TopicPartition(topic, partition, end) for (topic, partition), end in ends.items()]
 
+    def _on_assign(self, _consumer: Consumer, _partitions: list[TopicPartition]) -> None:
+        self._membership.assigned()
+
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._membership.lost()
         if partitions:
             self._revoked = True
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import pytest
 
 from pipeline.spec import load_spec
 from pipeline.stack.local_broker import LocalBroker
+from pipeline.work_plan import read_work_plan, request_epoch
 from tests.loader_support import (
     build_example_data,
     committed_sample_ids,
@@ -49,3 +52,57 @@ def test_a_loader_survives_a_broker_restart(
     got = committed_sample_ids(bootstrap, JobTopics(unique_name), "code")
     assert len(got) == len(set(got)), "a sample was delivered twice"
     assert set(got) == set(expected_sample_ids(load_spec(spec), bootstrap, "code"))
+
+
+@pytest.mark.kafka  # starts a broker of its own (not the session's), which it stops for longer than a session
+def test_idle_loaders_come_back_to_their_group_after_a_long_outage_and_take_new_work(
+    private_broker: tuple[LocalBroker, str], tmp_path: Path, unique_name: str
+) -> None:
+    """The chaos run's failure: loaders whose session lapsed while the broker was away never got their
+    work partitions back, and the next epoch's units lay untouched. Each loader now replaces a consumer
+    left without an assignment (here after 3 s) once the broker answers."""
+    broker, bootstrap = private_broker
+    data = build_example_data(tmp_path / "data", limit=12)
+    spec = write_spec(tmp_path, unique_name, bootstrap, data, on_exhausted="next_epoch")
+    topics = JobTopics(unique_name)
+    extra = ("--bootstrap-servers", bootstrap, "--rejoin-after-s", "3")
+    loaders = [start_loader(spec, "code", i, tmp_path, *extra) for i in range(2)]
+    try:
+        wait_for_every_unit(spec, bootstrap, loaders, tmp_path, epochs=1)
+
+        # Longer than the loaders' 10 s session: their membership lapses while the broker is away.
+        broker.down()
+        time.sleep(12.0)
+        assert broker.up() == bootstrap
+        request_epoch({"bootstrap.servers": bootstrap}, topics, "code", 1)
+        wait_for_every_unit(spec, bootstrap, loaders, tmp_path, epochs=2)
+    finally:
+        for loader in loaders:
+            loader.send_signal(signal.SIGTERM)
+    wait_all(loaders, timeout_s=60, log_dir=tmp_path)
+    got = committed_sample_ids(bootstrap, topics, "code")
+    assert len(got) == len(set(got)), "a sample was delivered twice"
+    assert set(got) == set(expected_sample_ids(load_spec(spec), bootstrap, "code"))
+    logs = "".join((tmp_path / f"loader-code-{i}.log").read_text() for i in range(2))
+    assert "joining as a new member" in logs, "no loader had to replace its consumer: the outage did not test it"
+
+
+def wait_for_every_unit(
+    spec: Path, bootstrap: str, loaders: list[subprocess.Popen], log_dir: Path, epochs: int, timeout_s: float = 180
+) -> None:
+    """Until the source's plan has ``epochs`` epochs and the source topic holds every sample of them."""
+    job = load_spec(spec)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        plan = read_work_plan({"bootstrap.servers": bootstrap}, JobTopics(job.job), "code")
+        planned = plan is not None and plan.epochs_planned(1) >= epochs
+        if planned and set(committed_sample_ids(bootstrap, JobTopics(job.job), "code")) == set(
+            expected_sample_ids(job, bootstrap, "code")
+        ):
+            return
+        exited = [f"loader {i} exited {p.returncode}" for i, p in enumerate(loaders) if p.poll() is not None]
+        if exited or time.monotonic() > deadline:
+            why = ", ".join(exited) or f"not every unit of {epochs} epoch(s) done within {timeout_s:.0f} s"
+            tails = "\n".join((log_dir / f"loader-code-{i}.log").read_text()[-2500:] for i in range(len(loaders)))
+            raise AssertionError(f"{why}; the loader logs end with:\n{tails}")
+        time.sleep(0.5)  # a topic watched from outside: nothing to block on

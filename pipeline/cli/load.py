@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from pipeline.cli.command import Command, add_metrics_port
+from pipeline.group_membership import DEFAULT_REJOIN_AFTER_S
 from pipeline.loader import LoaderOptions, SourceLoader
 from pipeline.metrics import LoaderMetrics, WorkUnitLag, role_registry, serve_metrics
 from pipeline.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
@@ -46,6 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="when this loader plans the source: seconds of work per unit (default: %(default)s)",
     )
     parser.add_argument(
+        "--rejoin-after-s",
+        type=float,
+        default=DEFAULT_REJOIN_AFTER_S,
+        help="replace the consumer when the source's group has left this loader without an assignment this "
+        "long while the brokers answer (a librdkafka consumer can fail to rejoin after a broker restart) "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
         "--max-units", type=int, help="leave the group after this many units, e.g. to scale down (default: none)"
     )
 
@@ -73,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         transaction_timeout_ms=args.transaction_timeout_ms,
         unit_seconds=args.unit_seconds,
         max_units=args.max_units,
+        rejoin_after_s=args.rejoin_after_s,
         # Under next_epoch the job streams on: the loaders stay to plan and load the epochs asked for.
         next_epoch=spec.on_exhausted is OnExhausted.NEXT_EPOCH,
     )
@@ -90,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         "tokens": stats.tokens,
         "dead_letters": stats.dead_letters,
         "aborted": stats.aborted,
+        "rejoins": stats.rejoins,
         "seconds": round(stats.seconds, 3),
         "busy_seconds": round(stats.busy_seconds, 3),
         "tokens_per_second": round(stats.tokens_per_second()),
