@@ -134,12 +134,15 @@ def test_two_constructors_over_the_same_sources_write_identical_batches(
     _assert_identical(a, b)
 
 
+@pytest.mark.parametrize("per_transaction", [1, 3], ids=["step-per-transaction", "3-steps-per-transaction"])
 def test_every_sample_is_delivered_exactly_once_while_the_constructor_is_killed(
-    kafka_bootstrap: str, loaded_job: tuple[str, Path], tmp_path: Path, unique_name: str
+    kafka_bootstrap: str, loaded_job: tuple[str, Path], tmp_path: Path, unique_name: str, per_transaction: int
 ) -> None:
-    spec = _spec(tmp_path, kafka_bootstrap, loaded_job)
+    (tmp_path / "ref").mkdir()
     reference = f"{unique_name}-ref"
-    _run(spec, reference)
+    _run(_spec(tmp_path / "ref", kafka_bootstrap, loaded_job), reference)  # one step a transaction
+    # Groups of steps a transaction must write the same bytes, and resume after the last committed group.
+    spec = _spec(tmp_path, kafka_bootstrap, loaded_job, constructor={"steps_per_transaction": per_transaction})
     killed = f"{unique_name}-kill"
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)

@@ -42,11 +42,18 @@ class AbortingRole(TransactionalRole):
     ) -> bool:
         if not super().open_transaction(producer, consumer, work, what):
             return False
-        if what in self.abort_once:
-            self.abort_once.discard(what)
+        if named := self.abort_once & _steps_named(what):
+            self.abort_once.discard(min(named, key=lambda n: int(n.split()[1])))
             abort(producer)
             return False
         return True
+
+
+def _steps_named(what: str) -> set[str]:
+    """The steps of a transaction: "step 3", or "step 3 to step 5" for a group."""
+    first, _, last = what.partition(" to ")
+    a, b = int(first.split()[1]), int((last or first).split()[1])
+    return {f"step {k}" for k in range(a, b + 1)}
 
 
 def _step(topic: str, source: str, k: int, records: int, done: list[int]) -> PreparedStep:
@@ -67,36 +74,46 @@ def writing(kafka_bootstrap: str, unique_name: str):
 
 
 @pytest.mark.parametrize(
-    ("steps", "records", "aborted"),
-    [(6, 1, set()), (6, 40, {0}), (8, 5, {3}), (8, 17, {1, 2, 6}), (5, 200, {4})],
+    ("steps", "records", "aborted", "per_transaction"),
+    [
+        (6, 1, set(), 1),
+        (6, 40, {0}, 1),
+        (8, 5, {3}, 1),
+        (8, 17, {1, 2, 6}, 1),
+        (5, 200, {4}, 1),
+        (7, 3, set(), 3),
+        (8, 17, {1, 2, 6}, 3),
+        (9, 5, {8}, 4),
+        (6, 20, {0, 5}, 6),
+    ],
 )
-def test_steps_commit_in_order_and_an_abort_rewinds_to_the_last_committed(writing, steps, records, aborted) -> None:
+def test_steps_commit_in_order_and_an_abort_rewinds_to_the_last_committed(
+    writing, steps: int, records: int, aborted: set[int], per_transaction: int
+) -> None:
     config, topic, source, group, producer, consumer = writing
     role = AbortingRole(config, group, {f"step {k}" for k in aborted})
     ended: list[bool] = []
-    writer = StepWriter(role, producer, consumer, lambda committed, seconds: ended.append(committed))
+    writer = StepWriter(role, producer, consumer, lambda committed, seconds: ended.append(committed), per_transaction)
     done: list[int] = []
     k, refused = 0, 0
     deadline = time.monotonic() + 60
-    while k < steps:
-        assert time.monotonic() < deadline, f"steps did not finish in 60 s: done {done}"
-        if writer.write(_step(topic, source, k, records, done)):
-            k += 1
-        else:  # as the constructor does: drop the prepared step, resume after the last committed one
-            refused += 1
-            k = done[-1] + 1 if done else 0
-    if not writer.wait():
+    while True:
+        while k < steps:
+            assert time.monotonic() < deadline, f"steps did not finish in 60 s: done {done}"
+            if writer.write(_step(topic, source, k, records, done)):
+                k += 1
+            else:  # as the constructor does: drop the prepared steps, resume after the last committed one
+                refused += 1
+                k = done[-1] + 1 if done else 0
+        if writer.wait():
+            break
         refused += 1
         k = done[-1] + 1 if done else 0
-        while k < steps:
-            assert writer.write(_step(topic, source, k, records, done))
-            k += 1
-        assert writer.wait()
     writer.close()
 
     assert done == list(range(steps))
     assert refused == len(aborted)
-    assert sorted(ended) == [False] * len(aborted) + [True] * steps
+    assert sorted(ended) == [False] * len(aborted) + [True] * -(-steps // per_transaction)
     values = [m.value().decode() for m in read_to_end(config["bootstrap.servers"], topic)]
     assert values == [f"{s}:{i}" for s in range(steps) for i in range(records)]
     [committed] = consumer.committed([TopicPartition(source, 0)], timeout=30)
@@ -132,3 +149,27 @@ def test_a_fenced_writer_raises_on_the_main_thread_and_writes_nothing_more(writi
     writer.close()
     assert done == [0]
     assert [m.value().decode() for m in read_to_end(config["bootstrap.servers"], topic)] == ["0:0", "0:1"]
+
+
+def test_a_partial_group_goes_out_on_flush_and_waits_for_the_group_before(writing) -> None:
+    config, topic, source, group, producer, consumer = writing
+    writer = StepWriter(AbortingRole(config, group, set()), producer, consumer, steps_per_transaction=4)
+    done: list[int] = []
+    for k in range(2):
+        assert writer.write(_step(topic, source, k, 2, done))
+    assert writer.in_flight == 2 and done == []
+    assert writer.flush()  # the writer thread is free: steps 0 and 1 go out as one transaction
+    for k in range(2, 5):
+        assert writer.write(_step(topic, source, k, 2, done))
+    assert writer.in_flight == 5
+    deadline = time.monotonic() + 30
+    while done != [0, 1]:
+        assert time.monotonic() < deadline, "the flushed transaction of steps 0 and 1 did not end in 30 s"
+        assert writer.poll()
+        time.sleep(0.01)  # poll interval
+    assert writer.wait() and done == [0, 1, 2, 3, 4]
+    writer.close()
+    values = [m.value().decode() for m in read_to_end(config["bootstrap.servers"], topic)]
+    assert values == [f"{s}:{i}" for s in range(5) for i in range(2)]
+    [committed] = consumer.committed([TopicPartition(source, 0)], timeout=30)
+    assert committed.offset == 5

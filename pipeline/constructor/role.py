@@ -263,7 +263,8 @@ class DataConstructor(TransactionalRole):
         if self.options.replay_changes is None:
             self._control = ControlReader(self.config, self.out, self._control_offset)
             closes.append(self._control.close)
-        writer = StepWriter(self, producer, consumer, self.metrics.transaction_ended)
+        per_transaction = self.spec.constructor.transaction_steps(self.spec.step.ranks)
+        writer = StepWriter(self, producer, consumer, self.metrics.transaction_ended, per_transaction)
         closes.insert(0, writer.close)
         with closing_unless_stuck(*closes):
             try:
@@ -289,6 +290,9 @@ class DataConstructor(TransactionalRole):
                 self._stopping = True
                 return
             if waiting := pool.waiting_for_deferred():
+                if not writer.flush():
+                    log.warning("a transaction of steps was aborted; resuming from the last committed step")
+                    return
                 feed.fill(waiting)
                 continue
             self._read_control(mixer_state.step)
@@ -306,6 +310,9 @@ class DataConstructor(TransactionalRole):
                 mixer_state = next_mixer
                 continue
             if draw.status is DrawStatus.WAITING:
+                if not writer.flush():  # steps of a group not yet full go out while this one waits
+                    log.warning("a transaction of steps was aborted; resuming from the last committed step")
+                    return
                 if self.spec.on_exhausted is OnExhausted.NEXT_EPOCH:
                     # A source that ran out starts another pass: its loaders plan the next epoch.
                     for s in draw.waiting_for:

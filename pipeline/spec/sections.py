@@ -172,6 +172,10 @@ class CompositionSpec(BaseModel):
     )
 
 
+RANKS_PER_TRANSACTION_STEP = 256
+"""By default a transaction holds one more step per this many ranks."""
+
+
 class ConstructorSpec(BaseModel):
     """How the job's steps are built: ``lanes`` constructors side by side, lane ``j`` building the steps
     ``k`` with ``k mod lanes == j`` from partition ``j`` of every source topic (``topics/lanes.py``)."""
@@ -181,6 +185,19 @@ class ConstructorSpec(BaseModel):
     lanes: int = Field(
         1, ge=1, le=256, description="Constructor lanes; source, rank and state topics get this many partitions."
     )
+    steps_per_transaction: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Consecutive steps written in one transaction (a commit marks every rank topic it wrote, "
+        "which dominates at a thousand ranks). Default: one per 256 ranks, rounded up, at most 16.",
+    )
+
+    def transaction_steps(self, ranks: int) -> int:
+        """Steps a transaction of a job of ``ranks`` ranks holds."""
+        if self.steps_per_transaction is not None:
+            return self.steps_per_transaction
+        return min(16, -(-ranks // RANKS_PER_TRANSACTION_STEP))
 
 
 class LongContextSpec(BaseModel):
