@@ -54,6 +54,8 @@ from topics.log_reader import read_to_end  # noqa: E402
 from topics.names import JobTopics  # noqa: E402
 
 BUDGET = 5
+TRAINER_STALL = 0.1
+"""A trainer's step stalled when it waited for its data more than this share of its compute."""
 SCALING = {
     "interval_s": 1.0,
     "low_watermark_s": 5,
@@ -86,6 +88,20 @@ class RunResult:
     loader_cpu_s: float
     loader_tokens: int
     peak: dict[str, int]
+    trainer_waits: list[float]  # with --trainer-step-s: per settled step, the seconds the trainer waited
+    trainer_step_s: float
+
+    @property
+    def trainer_stall_fraction(self) -> float:
+        """Settled steps the trainer waited for more than a tenth of its compute."""
+        waits = self.trainer_waits
+        return sum(w > TRAINER_STALL * self.trainer_step_s for w in waits) / len(waits) if waits else 0.0
+
+    @property
+    def trainer_idle_share(self) -> float:
+        """Of the trainer's settled time, the share it waited for data (a GPU's idle)."""
+        waited = sum(self.trainer_waits)
+        return waited / (waited + self.trainer_step_s * len(self.trainer_waits)) if self.trainer_waits else 0.0
 
     @property
     def stall_fraction(self) -> float:
@@ -112,7 +128,16 @@ def last_json(path: Path) -> dict:
 
 
 def run_once(
-    data: Path, bootstrap: str, autoscale: bool, cost: int, kind: str, settle_s: float, budget: int, folder: Path
+    data: Path,
+    bootstrap: str,
+    autoscale: bool,
+    cost: int,
+    kind: str,
+    settle_s: float,
+    budget: int,
+    folder: Path,
+    trainer_step_s: float | None = None,
+    lead: int = 8,
 ) -> RunResult:
     job = f"asb{uuid.uuid4().hex[:8]}"
     loaders, bounds = allocation(budget)
@@ -126,13 +151,18 @@ def run_once(
         scaling,
         bounds if autoscale else None,
         costs={"code": f"{kind}{cost}"},
+        constructor={"max_lead_steps": lead} if trainer_step_s else None,
     )
+    trainer = None
+    if trainer_step_s:
+        script = REPO / "benchmarks" / "paced_trainer.py"
+        trainer = f"{{python}} {script} --spec {{spec}} --out {{out}} --step-s {trainer_step_s}"
     cpu_log = folder / job / "cpu"
     cpu_log.mkdir(parents=True)
     os.environ["MIXFLOW_CPU_LOG"] = str(cpu_log)
     began_ms = time.time() * 1000
     try:
-        run = run_job(spec_path, folder / job / "state", timeout_s=900)
+        run = run_job(spec_path, folder / job / "state", timeout_s=900, trainer=trainer)
     finally:
         del os.environ["MIXFLOW_CPU_LOG"]
     if run.returncode != 0:
@@ -149,6 +179,11 @@ def run_once(
     loader_cpu = sum(c["cpu_seconds"] for c in cpu if "load" in c["argv"])
     made = decisions(folder / job / "state")
     peak = {s: max([d["running"] for d in made if d["source"] == s] or [n]) for s, n in loaders.items()}
+    waits: list[float] = []
+    if trainer_step_s:
+        paced = json.loads((logs / "train" / "paced-trainer.json").read_text())
+        settled_from = began_ms + 1000 * settle_s
+        waits = [w for w, at in zip(paced["waits_s"], paced["starts_ms"], strict=True) if at >= settled_from]
     return RunResult(
         steps=stalls.steps,
         stalled=stalls.stalled,
@@ -160,6 +195,8 @@ def run_once(
         loader_cpu_s=loader_cpu,
         loader_tokens=loader_tokens,
         peak=peak,
+        trainer_waits=waits,
+        trainer_step_s=trainer_step_s or 0.0,
     )
 
 
@@ -179,6 +216,15 @@ def main() -> None:
         "--settle-s", type=float, default=20.0, help="the warm-up left out of the settled stall fraction (seconds)"
     )
     parser.add_argument("--budget", type=int, default=BUDGET, help="loaders of all sources (default: %(default)s)")
+    parser.add_argument(
+        "--trainer-step-s",
+        type=float,
+        help="run a paced trainer (benchmarks/paced_trainer.py: every rank, this many seconds of compute a step) "
+        "and bound the constructor's lead over it (--lead); reports the trainer's stalls (default: no trainer)",
+    )
+    parser.add_argument(
+        "--lead", type=int, default=8, help="constructor.max_lead_steps with a trainer (default: %(default)s)"
+    )
     add_markdown_flag(parser)
     args = parser.parse_args()
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
@@ -191,22 +237,52 @@ def main() -> None:
             for name in results:
                 results[name].append(
                     run_once(
-                        data, bootstrap, name == "autoscaled", args.cost, args.kind, args.settle_s, args.budget, folder
+                        data,
+                        bootstrap,
+                        name == "autoscaled",
+                        args.cost,
+                        args.kind,
+                        args.settle_s,
+                        args.budget,
+                        folder,
+                        args.trainer_step_s,
+                        args.lead,
                     )
                 )
                 r = results[name][-1]
                 print(
                     f"{name}: {r.steps} steps, {r.stalled} stalled ({r.settled_stalled} of {r.settled_steps} after "
                     f"{args.settle_s:g} s, waiting for {r.settled_by_source}), {r.tokens} tokens in {r.seconds:.1f} s, "
-                    f"loader CPU {r.loader_cpu_s:.1f} s for {r.loader_tokens} tokens, peak loaders {r.peak}",
+                    f"loader CPU {r.loader_cpu_s:.1f} s for {r.loader_tokens} tokens, peak loaders {r.peak}"
+                    + (
+                        f", trainer stalled {r.trainer_stall_fraction:.1%} of {len(r.trainer_waits)} settled steps, "
+                        f"idle {r.trainer_idle_share:.1%}"
+                        if args.trainer_step_s
+                        else ""
+                    ),
                     file=sys.stderr,
                 )
 
     def median(name: str, value) -> float:  # type: ignore[no-untyped-def]
         return statistics.median(value(r) for r in results[name])
 
-    rows = [
-        ["stall fraction (steps that waited)", *(f"{median(n, lambda r: r.stall_fraction):.1%}" for n in results)],
+    rows = []
+    if args.trainer_step_s:
+        rows += [
+            [
+                f"trainer stall fraction after {args.settle_s:g} s (waited > {TRAINER_STALL:.0%} of its step)",
+                *(f"{median(n, lambda r: r.trainer_stall_fraction):.1%}" for n in results),
+            ],
+            [
+                f"trainer idle share after {args.settle_s:g} s",
+                *(f"{median(n, lambda r: r.trainer_idle_share):.1%}" for n in results),
+            ],
+        ]
+    rows += [
+        [
+            "constructor stall fraction (steps that waited)",
+            *(f"{median(n, lambda r: r.stall_fraction):.1%}" for n in results),
+        ],
         [
             f"stall fraction after the first {args.settle_s:g} s",
             *(f"{median(n, lambda r: r.settled_stall_fraction):.1%}" for n in results),

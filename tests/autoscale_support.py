@@ -88,6 +88,7 @@ def write_job_spec(
     weights: dict[str, float] | None = None,
     costs: dict[str, str] | None = None,
     on_exhausted: str = "stop",
+    constructor: dict | None = None,
 ) -> Path:
     """The heterogeneous job: ``loaders`` to start per source, autoscaled within ``bounds`` when
     ``autoscaling`` (the spec's section) is given; a source in ``costs`` (default ``COSTS``) is tokenized
@@ -114,15 +115,19 @@ def write_job_spec(
     }
     if autoscaling is not None:
         spec["autoscaling"] = {"enabled": True, **autoscaling}
+    if constructor is not None:
+        spec["constructor"] = constructor
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{job}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
 
-def run_job(spec: Path, state_dir: Path, timeout_s: float) -> subprocess.CompletedProcess:
-    """``mixflow run`` of ``spec`` (its own job name), with the tokenizer wrapper loaded."""
+def run_job(spec: Path, state_dir: Path, timeout_s: float, trainer: str | None = None) -> subprocess.CompletedProcess:
+    """``mixflow run`` of ``spec`` (its own job name), with the tokenizer wrapper loaded; ``trainer`` is
+    its ``--trainer`` command."""
     command = [sys.executable, "-m", "pipeline.cli", "run", "--spec", str(spec), "--state-dir", str(state_dir)]
+    command += ["--trainer", trainer] if trainer else []
     return subprocess.run(
         command, cwd=REPO, env=wrapper_env(), capture_output=True, text=True, timeout=timeout_s, check=False
     )

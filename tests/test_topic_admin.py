@@ -41,10 +41,12 @@ def test_layout_without_a_broker() -> None:
         "j.state": 1,
         "j.control": 1,
         "j.dlq": 1,
+        "j.progress": 1,
     }
     for spec in layout.values():
         assert spec.config["retention.ms"] == spec.config["retention.bytes"] == "-1"
-        assert spec.config["cleanup.policy"] == "delete"
+        # Only each rank's latest progress report matters; everything else is kept whole, in order.
+        assert spec.config["cleanup.policy"] == ("compact" if spec.name == "j.progress" else "delete")
     assert layout["j.rank.1"].config["max.message.bytes"] == str(LARGE_MESSAGE_BYTES)
     assert layout["j.src.web"].config["max.message.bytes"] == str(LARGE_MESSAGE_BYTES)
     assert "max.message.bytes" not in layout["j.work.web"].config

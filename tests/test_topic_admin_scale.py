@@ -16,7 +16,7 @@ from topics.errors import TopicLayoutError
 from topics.names import JobTopics
 
 SOURCES = ["web", "code"]
-RANKS = 1196  # 2 sources x (src, work) + 1,196 rank topics + state, control, dlq = 1,203 topics
+RANKS = 1195  # 2 sources x (src, work) + 1,195 rank topics + state, control, dlq, progress = 1,203 topics
 BATCH = 500  # three batches: 500, 500, 203
 TIMEOUT_S = 60.0  # a batch of 500 topics takes 10-25 s on the 2-core test machine's shared broker
 

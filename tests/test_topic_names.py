@@ -32,10 +32,11 @@ def test_names_of_a_job() -> None:
     assert topics.src("web") == "pretrain-7b.src.web"
     assert topics.work("web") == "pretrain-7b.work.web"
     assert topics.rank(3) == "pretrain-7b.rank.3"
-    assert (topics.state, topics.control, topics.dlq) == (
+    assert (topics.state, topics.control, topics.dlq, topics.progress) == (
         "pretrain-7b.state",
         "pretrain-7b.control",
         "pretrain-7b.dlq",
+        "pretrain-7b.progress",
     )
     assert topics.all(["a", "b"], 2) == [
         "pretrain-7b.src.a",
@@ -47,6 +48,7 @@ def test_names_of_a_job() -> None:
         "pretrain-7b.state",
         "pretrain-7b.control",
         "pretrain-7b.dlq",
+        "pretrain-7b.progress",
     ]
 
 
@@ -61,6 +63,7 @@ def test_every_valid_name_fits_kafka_and_parses_back(job: str, source: str, rank
         topics.state: TopicName(job, TopicKind.STATE),
         topics.control: TopicName(job, TopicKind.CONTROL),
         topics.dlq: TopicName(job, TopicKind.DLQ),
+        topics.progress: TopicName(job, TopicKind.PROGRESS),
     }
     for name, parts in expected.items():
         assert len(name) <= MAX_TOPIC_LENGTH

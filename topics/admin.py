@@ -35,6 +35,12 @@ _KEEP_FOR_REPLAY = {
     # Records are never superseded by key; compaction would drop samples and steps that share a key.
     "cleanup.policy": "delete",
 }
+_LATEST_PER_KEY = {
+    # The progress topic: only each rank's latest report matters, and old ones may go.
+    "cleanup.policy": "compact",
+    "retention.ms": "-1",
+    "retention.bytes": "-1",
+}
 _LARGE_MESSAGES = {
     # A rank's batch, a long document's sample or a bad record's raw payload can be tens of MiB.
     "max.message.bytes": str(LARGE_MESSAGE_BYTES),
@@ -109,7 +115,8 @@ def job_layout(
         if kind in (TopicKind.SRC, TopicKind.RANK, TopicKind.STATE):
             partitions = lanes
         large = kind in (TopicKind.SRC, TopicKind.RANK, TopicKind.DLQ)
-        specs.append(TopicSpec(name, partitions, {**_KEEP_FOR_REPLAY, **(_LARGE_MESSAGES if large else {}), **extra}))
+        kept = _LATEST_PER_KEY if kind is TopicKind.PROGRESS else _KEEP_FOR_REPLAY
+        specs.append(TopicSpec(name, partitions, {**kept, **(_LARGE_MESSAGES if large else {}), **extra}))
     return specs
 
 

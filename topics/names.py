@@ -1,5 +1,5 @@
 """Topic names of a job: ``<job>.src.<source>``, ``<job>.work.<source>``, ``<job>.rank.<r>``,
-``<job>.state``, ``<job>.control`` and ``<job>.dlq``.
+``<job>.state``, ``<job>.control``, ``<job>.dlq`` and ``<job>.progress``.
 
 Job and source names may hold only ``[a-zA-Z0-9_-]``: Kafka's legal topic characters less ``.``, which
 is reserved as the separator so that every topic name splits back into its parts without ambiguity
@@ -39,10 +39,11 @@ class TopicKind(StrEnum):
     STATE = "state"
     CONTROL = "control"
     DLQ = "dlq"
+    PROGRESS = "progress"
 
 
 _PER_SOURCE = (TopicKind.SRC, TopicKind.WORK)
-_SINGLE = (TopicKind.STATE, TopicKind.CONTROL, TopicKind.DLQ)
+_SINGLE = (TopicKind.STATE, TopicKind.CONTROL, TopicKind.DLQ, TopicKind.PROGRESS)
 
 
 def _validate_part(what: str, name: object, max_length: int) -> str:
@@ -125,6 +126,11 @@ class JobTopics:
         return f"{self.job}.dlq"
 
     @property
+    def progress(self) -> str:
+        """The trainers' progress: the step each rank's sink has handed out, keyed by rank (compacted)."""
+        return f"{self.job}.progress"
+
+    @property
     def prefix(self) -> str:
         """Every topic of this job, and no other job's, starts with this."""
         return f"{self.job}."
@@ -136,7 +142,7 @@ class JobTopics:
             raise ValueError(msg)
         names = [self.src(s) for s in sources] + [self.work(s) for s in sources]
         names += [self.rank(r) for r in range(ranks)]
-        return [*names, self.state, self.control, self.dlq]
+        return [*names, self.state, self.control, self.dlq, self.progress]
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +169,6 @@ def parse_topic(topic: str) -> TopicName:
         raise InvalidNameError(msg) from exc
     msg = (
         f"{topic!r} is not a mixflow topic name; expected <job>.src.<source>, <job>.work.<source>, "
-        f"<job>.rank.<r>, <job>.state, <job>.control or <job>.dlq"
+        f"<job>.rank.<r>, <job>.state, <job>.control, <job>.dlq or <job>.progress"
     )
     raise InvalidNameError(msg)

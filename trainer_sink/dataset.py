@@ -19,6 +19,7 @@ from trainer_sink.device import to_device
 from trainer_sink.metrics import SinkMetrics
 from trainer_sink.parallel import ParallelLayout, rank_from_environment
 from trainer_sink.position import SinkPosition
+from trainer_sink.progress import ProgressReporter
 from trainer_sink.reader import RankTopicReader, ReadOptions
 from trainer_sink.tensors import Layout, MicroBatch
 
@@ -61,6 +62,10 @@ class KafkaBatchDataset(IterableDataset):
     a registry of the dataset's, which iterating serves at ``http://<host>:<metrics_port>/metrics`` when
     ``metrics_port`` is given (one port per process: under torchrun, a base port plus ``LOCAL_RANK``).
 
+    With ``report_progress`` (the default) the dataset reports on ``<job>.progress`` each step its trainer
+    has taken whole (``trainer_sink/progress.py``), so that a constructor with ``max_lead_steps`` stays
+    at most that many steps ahead; a failure to report is logged, never raised.
+
     When the constructor is behind, the reader waits, logging every ``wait_log_interval_s`` which step
     it waits for, and raises ``SinkTimeoutError`` after ``wait_timeout_s``. A batch that does not decode
     raises ``DecodeError`` naming topic, partition and offset.
@@ -89,6 +94,7 @@ class KafkaBatchDataset(IterableDataset):
         wait_log_interval_s: float = 30.0,
         metrics_port: int | None = None,
         metrics_registry: CollectorRegistry | None = None,
+        report_progress: bool = True,
     ) -> None:
         super().__init__()
         source = _source(spec, job, bootstrap_servers, kafka_config)
@@ -122,6 +128,7 @@ class KafkaBatchDataset(IterableDataset):
         self.metrics = SinkMetrics(metrics_registry or CollectorRegistry(), self.job, self.rank)
         self.metrics.measure_prefetch(lambda: self._reader.queue.used_bytes if self._reader is not None else 0)
         self._metrics_port = metrics_port
+        self._report_progress = report_progress
 
     # -- Stateful ------------------------------------------------------------------------------------
 
@@ -166,7 +173,8 @@ class KafkaBatchDataset(IterableDataset):
         if self._metrics_port:
             self.metrics.serve(self._metrics_port)
         self._reader = RankTopicReader(self.kafka_config, self._position, self.rank, self.options).start()
-        return _SinkIterator(self, self._reader)
+        progress = ProgressReporter(self.kafka_config, self.job, self.rank) if self._report_progress else None
+        return _SinkIterator(self, self._reader, progress)
 
     @property
     def peak_prefetch_bytes(self) -> int:
@@ -184,9 +192,10 @@ class _SinkIterator(Iterator[MicroBatch]):
     """One pass over the stream. It moves the dataset's position as it hands micro-batches out, and
     stops the reader when it ends, is closed, or is dropped."""
 
-    def __init__(self, dataset: KafkaBatchDataset, reader: RankTopicReader) -> None:
+    def __init__(self, dataset: KafkaBatchDataset, reader: RankTopicReader, progress: ProgressReporter | None) -> None:
         self._dataset = dataset
         self._reader = reader
+        self._progress = progress
         deliveries = dataset.metrics.noting_tokens(reader.deliveries())
         if dataset.device is not None and dataset.device.type == "cuda":
             deliveries = to_device(deliveries, dataset.device)
@@ -207,6 +216,8 @@ class _SinkIterator(Iterator[MicroBatch]):
             delivery.offset, delivery.step, delivery.micro_batch, delivery.micro_batches, delivery.ranks
         )
         dataset.metrics.handed_out(delivery, time.perf_counter() - began)
+        if self._progress is not None:
+            self._progress.handed_out(delivery.step, delivery.micro_batch, delivery.micro_batches)
         return delivery.tensors
 
     def close(self) -> None:
@@ -214,6 +225,8 @@ class _SinkIterator(Iterator[MicroBatch]):
         if not self._closed:
             self._closed = True
             self._reader.close()
+            if self._progress is not None:
+                self._progress.close()
             self._dataset._release(self._reader)
 
     def __del__(self) -> None:

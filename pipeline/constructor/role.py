@@ -30,6 +30,7 @@ from confluent_kafka import KafkaException, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from pipeline.constructor.assemble import AssembledStep, assemble_step
+from pipeline.constructor.lead import ProgressReader, lead_allows, slowest_rank
 from pipeline.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS, ConstructorLease
 from pipeline.constructor.pool import SamplePool
 from pipeline.constructor.sources import SourceTopicFeed
@@ -128,6 +129,8 @@ class DataConstructor(TransactionalRole):
         self.instance = options.instance or f"{socket.gethostname()}-{os.getpid()}"
         self._lease: ConstructorLease | None = None
         self._control: ControlReader | None = None
+        self._progress: ProgressReader | None = None  # with max_lead_steps: the trainers' reports
+        self._last_lead_log = 0.0
         # The control part of the state record being built: accepted changes, next offset, refused ids.
         self._changes: tuple[MixtureChange, ...] = ()
         self._control_offset = 0
@@ -264,6 +267,10 @@ class DataConstructor(TransactionalRole):
             self._control = ControlReader(self.config, self.out, self._control_offset)
             closes.append(self._control.close)
         per_transaction = self.spec.constructor.transaction_steps(self.spec.step.ranks)
+        self._progress = None
+        if self.spec.constructor.max_lead_steps is not None:
+            self._progress = ProgressReader(self.config, self.out.job)
+            closes.append(self._progress.close)
         writer = StepWriter(self, producer, consumer, self.metrics.transaction_ended, per_transaction)
         closes.insert(0, writer.close)
         with closing_unless_stuck(*closes):
@@ -289,6 +296,11 @@ class DataConstructor(TransactionalRole):
                     return
                 self._stopping = True
                 return
+            if not self._trainers_allow(mixer_state.step):
+                if not writer.flush():  # what is prepared goes out while the trainers catch up
+                    log.warning("a transaction of steps was aborted; resuming from the last committed step")
+                    return
+                continue
             if waiting := pool.waiting_for_deferred():
                 if not writer.flush():
                     log.warning("a transaction of steps was aborted; resuming from the last committed step")
@@ -345,6 +357,10 @@ class DataConstructor(TransactionalRole):
         all_out = set(exhausted) >= set(pool.sources) or all(feed.is_exhausted(s) for s in pool.sources)
         if self.spec.on_exhausted is not OnExhausted.STOP and all_out:
             while not pool.empty():
+                while not self._trainers_allow(mixer_state.step):
+                    assert self._lease is not None
+                    if self.stopping or not self._lease.poll() or not writer.flush():
+                        return
                 candidates = pool.take_everything()
                 assembled = assemble_step(mixer_state.step, candidates, self.spec.step, self.cost_model)
                 if not assembled.delivered:
@@ -359,6 +375,31 @@ class DataConstructor(TransactionalRole):
         if self._write(writer, feed, pool, None, mixer_state, exhausted, True) and writer.wait():
             self.stats.finished = True
             log.info("job %s finished after step %d", self.out.job, last)
+
+    def _trainers_allow(self, step: int) -> bool:
+        """With ``max_lead_steps``: whether ``step`` is close enough ahead of the slowest trainer to be drawn.
+        Reports are read only when the last ones say no (they only grow, so old ones never allow too much);
+        then this waits up to 0.2 s for news."""
+        lead, progress = self.spec.constructor.max_lead_steps, self._progress
+        if lead is None or progress is None:
+            return True
+        ranks = self.spec.step.ranks
+        if lead_allows(step, progress.reported, ranks, lead):
+            return True
+        progress.read(0.2)
+        if lead_allows(step, progress.reported, ranks, lead):
+            return True
+        if time.monotonic() - self._last_lead_log > self.options.lag_log_interval_s:
+            rank, reached = slowest_rank(progress.reported, ranks)
+            log.info(
+                "step %d waits for the trainers: rank %d holds step %d, and max_lead_steps is %d",
+                step,
+                rank,
+                reached,
+                lead,
+            )
+            self._last_lead_log = time.monotonic()
+        return False
 
     def _read_control(self, next_step: int) -> None:
         """Accept or refuse the mixture changes published since the last look; what is decided goes

@@ -193,6 +193,14 @@ class ConstructorSpec(BaseModel):
         "which dominates at a thousand ranks). Default: one per 256 ranks, rounded up, at most 16.",
     )
 
+    max_lead_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Draw a step only while it is at most this many steps ahead of the slowest rank's trainer "
+        "(as its sink reports on <job>.progress). Default: no limit, the constructor runs as far ahead as "
+        "its sources allow.",
+    )
+
     def transaction_steps(self, ranks: int) -> int:
         """Steps a transaction of a job of ``ranks`` ranks holds."""
         if self.steps_per_transaction is not None:

@@ -1,0 +1,115 @@
+"""A sink's reports of how far its trainer has got, on ``<job>.progress`` (``topics/progress.py``).
+
+A constructor with ``constructor.max_lead_steps`` reads them to stay at most that many steps ahead of the
+slowest rank. A report goes out at the end of each step the trainer takes, at most every
+``REPORT_INTERVAL_S``. Failures to report are logged once and never raised: a trainer must not stop
+because the constructor cannot hear from it (a constructor that cannot hear waits, and says so)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from topics.names import JobTopics
+from topics.progress import encode_progress
+
+log = logging.getLogger(__name__)
+
+REPORT_INTERVAL_S = 0.5
+"""A rank reports at most this often; a constructor waiting on it hears within about this long."""
+
+
+class ProgressReporter:
+    def __init__(self, kafka_config: Mapping[str, object], job: str, rank: int) -> None:
+        self.topic = JobTopics(job).progress
+        self.rank = rank
+        consumer_only = ("group.", "isolation.", "enable.auto", "auto.offset", "fetch.", "max.partition")
+        self._producer = Producer(
+            {
+                **{k: v for k, v in kafka_config.items() if not k.startswith(consumer_only)},
+                "linger.ms": 20,
+                "acks": 1,
+                "error_cb": self._on_error,
+            }
+        )
+        self._warned = False
+        self._disabled = not self._topic_exists()
+        self._reported = -1
+        self._pending: int | None = None  # a finished step not reported yet (the interval had not passed)
+        self._last_sent = -REPORT_INTERVAL_S
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None  # started at the first report held back
+
+    def _topic_exists(self) -> bool:
+        """False for a job written before progress topics existed: reports would only time out."""
+        try:
+            metadata = self._producer.list_topics(self.topic, timeout=10)
+        except KafkaException as exc:
+            self._warn(f"cannot look up the progress topic: {exc}")
+            return False
+        if (topic := metadata.topics.get(self.topic)) is None or topic.error is not None:
+            log.info("rank %d: no topic %s (a job of an older mixflow); reporting no progress", self.rank, self.topic)
+            return False
+        return True
+
+    def handed_out(self, step: int, micro_batch: int, micro_batches: int) -> None:
+        """The trainer has taken micro-batch ``micro_batch`` of ``micro_batches`` of ``step``: once it is
+        the step's last, the trainer holds the step whole, and the report goes out within the interval
+        (from the reporter's thread if the trainer does not come back: it may be waiting for a step that
+        the constructor holds back until it hears of this one)."""
+        if self._disabled or micro_batch != micro_batches - 1:
+            return
+        with self._lock:
+            if step > self._reported:
+                self._pending = step
+        if time.monotonic() - self._last_sent >= REPORT_INTERVAL_S:
+            self._send_pending()
+        elif self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"mixflow-progress-{self.rank}", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(REPORT_INTERVAL_S / 2):
+            self._send_pending()
+            self._producer.poll(0)
+
+    def _send_pending(self) -> None:
+        with self._lock:
+            step, self._pending = self._pending, None
+            if step is None or step <= self._reported:
+                return
+            key, value = encode_progress(self.rank, step)
+            try:
+                self._producer.produce(self.topic, value, key=key, on_delivery=self._delivered)
+            except (BufferError, KafkaException) as exc:
+                self._warn(f"cannot queue a progress report: {exc}")
+                return
+            self._reported, self._last_sent = step, time.monotonic()
+        self._producer.poll(0)
+
+    def _delivered(self, error: KafkaError | None, _message: object) -> None:
+        if error is not None:
+            self._warn(f"a progress report was not delivered: {error}")
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self._warn(f"the progress producer failed: {error}")
+
+    def _warn(self, what: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("rank %d: %s (on %s; a constructor with max_lead_steps waits)", self.rank, what, self.topic)
+
+    def close(self) -> None:
+        """Send a finished step still held back by the interval, and wait briefly for delivery."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if not self._disabled:
+            self._send_pending()
+        self._producer.flush(2)
