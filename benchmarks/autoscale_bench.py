@@ -284,7 +284,7 @@ def main() -> None:
             *(f"{median(n, lambda r: r.stall_fraction):.1%}" for n in results),
         ],
         [
-            f"stall fraction after the first {args.settle_s:g} s",
+            f"constructor stall fraction after the first {args.settle_s:g} s",
             *(f"{median(n, lambda r: r.settled_stall_fraction):.1%}" for n in results),
         ],
         [

@@ -6,6 +6,8 @@ of "compute", recording how long each step waited for its data.
 Run by ``mixflow run --trainer``; it reads each rank with the trainer sink (``KafkaBatchDataset``, which
 reports each step taken on ``<job>.progress``) and writes ``DIR/paced-trainer.json``: per step, the
 seconds the trainer waited for the micro-batches of every rank (what a GPU would idle), and the total.
+It records what each rank received in ``DIR/received-rank<r>.jsonl``, as ``examples/train.py`` does, so
+that ``mixflow run`` audits the delivery.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pipeline.delivery import RECEIVED_FILE, tokens_sha256
 from pipeline.spec import load_spec
 from trainer_sink import KafkaBatchDataset
 
@@ -31,6 +34,8 @@ def main() -> None:
     spec = load_spec(args.spec)
     datasets = [KafkaBatchDataset(args.spec, rank=r, wait_timeout_s=600) for r in range(spec.step.ranks)]
     iterators = [iter(d) for d in datasets]
+    args.out.mkdir(parents=True, exist_ok=True)
+    received = [(args.out / RECEIVED_FILE.format(rank=r)).open("w") for r in range(spec.step.ranks)]
     waits: list[float] = []
     starts_ms: list[float] = []  # wall clock, to leave a warm-up out
     began = time.monotonic()
@@ -38,14 +43,22 @@ def main() -> None:
         while True:
             start = time.monotonic()
             starts_ms.append(time.time() * 1000)
-            for it in iterators:
-                for _ in range(spec.step.micro_batches):
-                    next(it)
+            got = [[next(it) for _ in range(spec.step.micro_batches)] for it in iterators]
             waits.append(time.monotonic() - start)
+            for file, micro_batches in zip(received, got, strict=True):
+                for mb in micro_batches:
+                    line = {
+                        "step": mb["step"],
+                        "micro_batch": mb["micro_batch"],
+                        "sample_ids": list(mb["sample_ids"]),
+                        "tokens_sha256": tokens_sha256(mb["input_ids"].numpy()),
+                    }
+                    file.write(json.dumps(line) + "\n")
             time.sleep(args.step_s)  # the step's compute
     except StopIteration:
         pass
-    args.out.mkdir(parents=True, exist_ok=True)
+    for file in received:
+        file.close()
     result = {
         "step_s": args.step_s,
         "steps": len(waits),
