@@ -297,13 +297,11 @@ class DataConstructor(TransactionalRole):
                 self._stopping = True
                 return
             if not self._trainers_allow(mixer_state.step):
-                if not writer.flush():  # what is prepared goes out while the trainers catch up
-                    log.warning("a transaction of steps was aborted; resuming from the last committed step")
+                if not self._flush(writer):  # what is prepared goes out while the trainers catch up
                     return
                 continue
             if waiting := pool.waiting_for_deferred():
-                if not writer.flush():
-                    log.warning("a transaction of steps was aborted; resuming from the last committed step")
+                if not self._flush(writer):
                     return
                 feed.fill(waiting)
                 continue
@@ -322,8 +320,7 @@ class DataConstructor(TransactionalRole):
                 mixer_state = next_mixer
                 continue
             if draw.status is DrawStatus.WAITING:
-                if not writer.flush():  # steps of a group not yet full go out while this one waits
-                    log.warning("a transaction of steps was aborted; resuming from the last committed step")
+                if not self._flush(writer):  # steps of a group not yet full go out while this one waits
                     return
                 if self.spec.on_exhausted is OnExhausted.NEXT_EPOCH:
                     # A source that ran out starts another pass: its loaders plan the next epoch.
@@ -359,7 +356,7 @@ class DataConstructor(TransactionalRole):
             while not pool.empty():
                 while not self._trainers_allow(mixer_state.step):
                     assert self._lease is not None
-                    if self.stopping or not self._lease.poll() or not writer.flush():
+                    if self.stopping or not self._lease.poll() or not self._flush(writer):
                         return
                 candidates = pool.take_everything()
                 assembled = assemble_step(mixer_state.step, candidates, self.spec.step, self.cost_model)
@@ -376,10 +373,18 @@ class DataConstructor(TransactionalRole):
             self.stats.finished = True
             log.info("job %s finished after step %d", self.out.job, last)
 
+    @staticmethod
+    def _flush(writer: StepWriter) -> bool:
+        """Write the steps handed over while this one waits; False (logged) when a transaction aborted."""
+        if writer.flush():
+            return True
+        log.warning("a transaction of steps was aborted; resuming from the last committed step")
+        return False
+
     def _trainers_allow(self, step: int) -> bool:
         """With ``max_lead_steps``: whether ``step`` is close enough ahead of the slowest trainer to be drawn.
-        Reports are read only when the last ones say no (they only grow, so old ones never allow too much);
-        then this waits up to 0.2 s for news."""
+        Reports are read only when the last ones say no, then this waits up to 0.2 s for news (a trainer
+        resumed from an older checkpoint is heard the next time the constructor waits)."""
         lead, progress = self.spec.constructor.max_lead_steps, self._progress
         if lead is None or progress is None:
             return True
