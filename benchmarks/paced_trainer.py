@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.delivery import RECEIVED_FILE, tokens_sha256
+from pipeline.delivery import RECEIVED_FILE, received_line
 from pipeline.spec import load_spec
 from trainer_sink import KafkaBatchDataset
 
@@ -46,14 +46,7 @@ def main() -> None:
             got = [[next(it) for _ in range(spec.step.micro_batches)] for it in iterators]
             waits.append(time.monotonic() - start)
             for file, micro_batches in zip(received, got, strict=True):
-                for mb in micro_batches:
-                    line = {
-                        "step": mb["step"],
-                        "micro_batch": mb["micro_batch"],
-                        "sample_ids": list(mb["sample_ids"]),
-                        "tokens_sha256": tokens_sha256(mb["input_ids"].numpy()),
-                    }
-                    file.write(json.dumps(line) + "\n")
+                file.writelines(received_line(mb) for mb in micro_batches)
             time.sleep(args.step_s)  # the step's compute
     except StopIteration:
         pass

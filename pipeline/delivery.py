@@ -7,8 +7,10 @@ import bisect
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +35,17 @@ RECEIVED_FILE = "received-rank{rank}.jsonl"
 def tokens_sha256(token_ids: np.ndarray) -> str:
     """The digest a trainer records for a micro-batch's token ids."""
     return hashlib.sha256(np.ascontiguousarray(token_ids, dtype="<i4").tobytes()).hexdigest()
+
+
+def received_line(micro_batch: Mapping[str, Any]) -> str:
+    """The line of a received file (``RECEIVED_FILE``) a trainer writes for a micro-batch the sink yielded."""
+    line = {
+        "step": micro_batch["step"],
+        "micro_batch": micro_batch["micro_batch"],
+        "sample_ids": list(micro_batch["sample_ids"]),
+        "tokens_sha256": tokens_sha256(micro_batch["input_ids"].numpy()),
+    }
+    return json.dumps(line) + "\n"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from pipeline.chaos.sink_state import CHECKPOINT_FILE, SinkCheckpoint
-from pipeline.delivery import RECEIVED_FILE, tokens_sha256
+from pipeline.delivery import RECEIVED_FILE, received_line
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -46,13 +46,7 @@ def run_sink(spec: Path, rank: int, out: Path, bootstrap: str | None, wait_timeo
             dataset.load_state_dict(checkpoint.state)
         size, steps, lines = checkpoint.received_bytes, checkpoint.steps, []
         for micro_batch in dataset:
-            line = {
-                "step": micro_batch["step"],
-                "micro_batch": micro_batch["micro_batch"],
-                "sample_ids": list(micro_batch["sample_ids"]),
-                "tokens_sha256": tokens_sha256(micro_batch["input_ids"].numpy()),
-            }
-            lines.append(json.dumps(line) + "\n")
+            lines.append(received_line(micro_batch))
             if micro_batch["micro_batch"] == micro_batch["micro_batches"] - 1:
                 data = "".join(lines).encode()
                 _write_all(fd, data)
