@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from confluent_kafka import Producer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from matplotlib.image import imread
@@ -43,6 +44,7 @@ from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import MixflowError
 from topics.lanes import first_step_at_or_after
 from topics.names import JobTopics
+from topics.progress import encode_progress
 
 COST = CostModel(alpha=1.0, beta=100.0)
 WEIGHTS = np.array([0.5, 0.3, 0.2])
@@ -458,3 +460,24 @@ def test_top_and_set_mixture_follow_every_lane_of_a_job(kafka_bootstrap: str, un
         assert finished.returncode == 2 and f"finished at step {frame.constructor.steps_written}" in finished.stderr
     finally:
         collector.close()
+
+
+@pytest.mark.kafka
+def test_without_sink_endpoints_the_lead_comes_from_the_progress_reports(
+    kafka_bootstrap: str, unique_name: str, tmp_path: Path
+) -> None:
+    data = build_example_data(tmp_path / "data", limit=2)
+    step = {"ranks": 3, "micro_batches": 1, "tokens_per_micro_batch": 512}
+    spec = load_spec(write_spec(tmp_path, unique_name, kafka_bootstrap, data, step=step))
+    ensure_job_topics(kafka_bootstrap, unique_name, spec.source_names, 3)
+    collector = JobCollector(spec.kafka.client_config(kafka_bootstrap), spec)
+    assert collector.collect(budget_s=30).sink_steps is None  # no endpoint, no report: the lead is unknown
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for rank, step in [(0, 2), (1, 4), (0, 6), (2, 9), (2, 5)]:  # the latest report of a rank counts
+        key, value = encode_progress(rank, step)
+        producer.produce(JobTopics(unique_name).progress, value, key=key)
+    producer.produce(JobTopics(unique_name).progress, b"not json", key=b"7")  # left out
+    assert producer.flush(30) == 0
+    deadline = time.monotonic() + 60
+    while (steps := collector.collect(budget_s=30).sink_steps) != [6, 4, 5]:
+        assert time.monotonic() < deadline, f"the reports did not arrive within 60 s: {steps}"

@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient
 from pipeline.constructor import ConstructorState
 from pipeline.constructor.state_topic import STATE_TAIL
 from pipeline.kafka_clients import KafkaConfig
+from pipeline.metrics.endpoints import Endpoint
 from pipeline.mixing import Schedule
 from pipeline.mixing.changes import MixtureTimeline
 from pipeline.observe.endpoints import run_endpoints, scrape_sink_steps
@@ -27,6 +28,7 @@ from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.dead_letter import decode_dead_letter_message
 from topics.errors import DecodeError
 from topics.names import JobTopics
+from topics.progress import decode_progress
 from topics.sample_codec import decode_sample_message
 
 # The latest samples of a source whose mean length turns its record rate into a token rate.
@@ -68,6 +70,8 @@ class JobCollector:
         rank_topics = [self.topics.rank(r) for r in range(spec.step.ranks)]
         self.ranks = TopicFollower(config, rank_topics, self._on_batch)
         self.dlq = TopicFollower(config, [self.topics.dlq], self._on_dead_letter)
+        self.reported: dict[int, int] = {}  # per rank, the last step its sink reported on <job>.progress
+        self.progress = TopicFollower(config, [self.topics.progress], self._on_progress)
 
     def _weights_at(self, step: int) -> np.ndarray:
         shares = self.timeline.weights_at(step)
@@ -81,6 +85,21 @@ class JobCollector:
         letter = decode_dead_letter_message(message)
         self.dead_letters[(letter.source, letter.reason)] += 1
 
+    def _on_progress(self, message: Message) -> None:
+        try:
+            rank, step = decode_progress(message.value())
+        except DecodeError:
+            return  # the constructor logs a broken report; the view just leaves it out
+        self.reported[rank] = step
+
+    def sink_steps(self, endpoints: list[Endpoint]) -> list[int] | None:
+        """The sinks' steps: scraped from their metrics endpoints when any answers, else the steps they
+        reported on ``<job>.progress`` (a rank that reported nothing counts as -1); None when neither."""
+        scraped = scrape_sink_steps(endpoints)
+        if scraped is not None or not self.reported:
+            return scraped
+        return [self.reported.get(r, -1) for r in range(self.spec.step.ranks)]
+
     def collect(self, budget_s: float = 5.0) -> JobFacts:
         """The facts now; the rank and dead-letter topics are read for at most ``budget_s`` each."""
         now_ms = int(time.time() * 1000)
@@ -90,6 +109,7 @@ class JobCollector:
             self.timeline = MixtureTimeline(self.schedule, lanes.changes)
         self.ranks.catch_up(budget_s)
         self.dlq.catch_up(budget_s)
+        self.progress.catch_up(budget_s)
         sources = [self._source(i, s, lanes, since_ms) for i, s in enumerate(self.spec.source_names)]
         endpoints = run_endpoints(self.run_folder) if self.run_folder is not None else []
         return JobFacts(
@@ -101,7 +121,7 @@ class JobCollector:
             recent_state_steps=recent_state_steps,
             finished=lanes.finished,
             recent=sorted(self.tally.recent, key=lambda s: s.step),
-            sink_steps=scrape_sink_steps(endpoints),
+            sink_steps=self.sink_steps(endpoints),
             dead_letters=dict(self.dead_letters),
         )
 
