@@ -28,7 +28,7 @@ class ProgressReporter:
         self.topic = JobTopics(job).progress
         self.rank = rank
         consumer_only = ("group.", "isolation.", "enable.auto", "auto.offset", "fetch.", "max.partition")
-        self._producer = Producer(
+        self._producer: Producer | None = Producer(
             {
                 **{k: v for k, v in kafka_config.items() if not k.startswith(consumer_only)},
                 "linger.ms": 20,
@@ -47,6 +47,7 @@ class ProgressReporter:
 
     def _topic_exists(self) -> bool:
         """False for a job written before progress topics existed: reports would only time out."""
+        assert self._producer is not None
         try:
             metadata = self._producer.list_topics(self.topic, timeout=10)
         except KafkaException as exc:
@@ -76,12 +77,11 @@ class ProgressReporter:
     def _run(self) -> None:
         while not self._stop.wait(REPORT_INTERVAL_S / 2):
             self._send_pending()
-            self._producer.poll(0)
 
     def _send_pending(self) -> None:
         with self._lock:
             step, self._pending = self._pending, None
-            if step is None or step <= self._reported:
+            if step is None or step <= self._reported or self._producer is None:
                 return
             key, value = encode_progress(self.rank, step)
             try:
@@ -90,7 +90,7 @@ class ProgressReporter:
                 self._warn(f"cannot queue a progress report: {exc}")
                 return
             self._reported, self._last_sent = step, time.monotonic()
-        self._producer.poll(0)
+            self._producer.poll(0)
 
     def _delivered(self, error: KafkaError | None, _message: object) -> None:
         if error is not None:
@@ -106,10 +106,15 @@ class ProgressReporter:
             log.warning("rank %d: %s (on %s; a constructor with max_lead_steps waits)", self.rank, what, self.topic)
 
     def close(self) -> None:
-        """Send a finished step still held back by the interval, and wait briefly for delivery."""
+        """Send a finished step still held back by the interval, wait briefly for delivery, and free the
+        client now: its callbacks hold this object, so only the cycle collector would, maybe in a process
+        forked later (a DataLoader worker), where destroying a Kafka client crashes."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if not self._disabled:
             self._send_pending()
-        self._producer.flush(2)
+        self._disabled = True
+        if (producer := self._producer) is not None:
+            self._producer = None
+            producer.flush(2)
