@@ -119,6 +119,7 @@ class SourceLoader(TransactionalRole):
         self._revoked = False  # set when a rebalance takes partitions away during a transaction
         self._membership = MembershipWatch(options.rejoin_after_s)
         self._consumer: Consumer | None = None  # the work group's consumer; replaced when its membership is stuck
+        self._admin: AdminClient | None = None  # asks whether the brokers answer, when the membership is stuck
         self.metrics = metrics or LoaderMetrics(CollectorRegistry(), topics.job, self.source)
         self._lanes: int | None = None  # partitions of the source topic, read at the first unit
         self._plan = WorkPlan(self.source, 0, {})  # the source's plan as last read or extended
@@ -223,11 +224,14 @@ class SourceLoader(TransactionalRole):
         assert self._consumer is not None, "run() joins the work group first"
         return self._consumer
 
-    def _brokers_answer(self, consumer: Consumer) -> bool:
-        """Whether the cluster answers a metadata request: while it does not, a new consumer would not
-        join either, and closing the old one would only wait on the missing broker."""
+    def _brokers_answer(self) -> bool:
+        """Whether the cluster answers a metadata request, asked on a client of its own (the stuck consumer's
+        connections may be what is wedged): while it does not, a new consumer would not join either, and
+        closing the old one would only wait on the missing broker."""
+        if self._admin is None:
+            self._admin = AdminClient({**self.config, "log_level": 0})
         try:
-            consumer.list_topics(self.topics.work(self.source), timeout=5.0)
+            self._admin.list_topics(self.topics.work(self.source), timeout=5.0)
         except KafkaException:
             return False
         return True
@@ -248,7 +252,9 @@ class SourceLoader(TransactionalRole):
     def _loop(self, producer: Producer) -> None:
         consumer = self._work_consumer()
         while not self.stopping:
-            if self._membership.stuck() and self._brokers_answer(consumer):
+            if consumer.memberid() is None:  # librdkafka drops the member id when its session lapses
+                self._membership.lost()
+            if self._membership.stuck() and self._brokers_answer():
                 consumer = self._rejoin_work_group()
             message = consumer.poll(self.options.poll_timeout_s)
             if message is None:

@@ -190,17 +190,30 @@ class _Admin:
         out: dict[str, dict[str, str]] = {}
         for batch in batched(names, self.batch_topics):
             self.restart_clock()
-            resources = [ConfigResource(ResourceType.TOPIC, name) for name in batch]
-            for resource, future in self.client.describe_configs(resources, request_timeout=self.left()).items():
-                try:
-                    entries = future.result(timeout=self.left())
-                except (KafkaException, TimeoutError) as exc:
-                    raise self.fail(f"describe the config of topic {resource.name}", exc) from exc
-                out[resource.name] = {
-                    key: entry.value
-                    for key, entry in entries.items()
-                    if not overrides_only or entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
-                }
+            pending = list(batch)
+            while pending:
+                resources = [ConfigResource(ResourceType.TOPIC, name) for name in pending]
+                pending = []
+                for resource, future in self.client.describe_configs(resources, request_timeout=self.left()).items():
+                    try:
+                        entries = future.result(timeout=self.left())
+                    except (KafkaException, TimeoutError) as exc:
+                        # A topic just created can be in the controller's metadata before the broker asked
+                        # knows it (seen on a loaded 3-node cluster): ask again within the batch's time.
+                        unknown = (
+                            isinstance(exc, KafkaException) and _error_code(exc) == KafkaError.UNKNOWN_TOPIC_OR_PART
+                        )
+                        if unknown and self.left() > 0.5:
+                            pending.append(resource.name)
+                            continue
+                        raise self.fail(f"describe the config of topic {resource.name}", exc) from exc
+                    out[resource.name] = {
+                        key: entry.value
+                        for key, entry in entries.items()
+                        if not overrides_only or entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+                    }
+                if pending:
+                    time.sleep(0.2)  # backoff before asking again
         return out
 
 
