@@ -47,7 +47,7 @@ from topics.dead_letter import DeadLetter, encode_dead_letter
 from topics.errors import DecodeError, MixflowError
 from topics.lanes import unit_partition
 from topics.names import JobTopics
-from topics.retry import KAFKA_RETRY
+from topics.retry import KAFKA_RETRY, KafkaUnavailableError
 from topics.sample_codec import encode_sample
 
 log = logging.getLogger(__name__)
@@ -260,7 +260,10 @@ class SourceLoader(TransactionalRole):
             if message is None:
                 if self.options.next_epoch:
                     if self.options.instance == 0:
-                        self._plan = self._plan_requested_epochs(self._plan)
+                        try:
+                            self._plan = self._plan_requested_epochs(self._plan)
+                        except KafkaUnavailableError as exc:  # the brokers are away: look again later
+                            log.warning("loader %s: cannot read the epochs asked for: %s", self.transactional_id, exc)
                     continue
                 if self.options.until_drained and self._drained(consumer):
                     log.info("loader %s: every unit of %s is done", self.transactional_id, self.source)

@@ -75,10 +75,18 @@ def _end_offset(consumer: Consumer, partition: TopicPartition, deadline: float) 
     policy = replace(
         KAFKA_RETRY, deadline_s=max(0.1, deadline - time.monotonic()), backoff_s=0.05, also=_SETTLING_ERRORS
     )
-    return policy.call(
-        lambda: consumer.get_watermark_offsets(partition, timeout=max(0.1, deadline - time.monotonic()))[1],
-        f"reading the end of {partition.topic}[{partition.partition}]",
-    )
+    attempts = [0]
+
+    def high_watermark() -> int:
+        left = max(0.1, deadline - time.monotonic())
+        if attempts[0]:
+            # After a broker restart the client can hold metadata without the partition ("Local: Unknown
+            # partition") and keep it: ask for the topic again before the next try.
+            consumer.list_topics(partition.topic, timeout=min(left, 5.0))
+        attempts[0] += 1
+        return consumer.get_watermark_offsets(partition, timeout=left)[1]
+
+    return policy.call(high_watermark, f"reading the end of {partition.topic}[{partition.partition}]")
 
 
 def _partitions(consumer: Consumer, topic: str, deadline: float) -> list[int]:
