@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from pipeline.constructor.assemble import build_batches
 from pipeline.scheduler import CostModel, plan_step
+from tests.length_families import FAMILIES, draw_lengths
 from topics.batch import CHECK_TRUSTED_ENV, Batch
 from topics.batch_codec import decode_batch, encode_batch
 from topics.sample import Sample
@@ -17,7 +18,7 @@ from topics.sample import Sample
 FIELDS = ("step", "rank", "ranks", "micro_batches", "capacity")
 
 
-@pytest.mark.parametrize("distribution", ["uniform", "lognormal", "bimodal", "one-long"])
+@pytest.mark.parametrize("distribution", FAMILIES)
 @pytest.mark.parametrize("seed", range(4))
 def test_constructor_batches_pass_every_check(distribution: str, seed: int, monkeypatch) -> None:
     """What ``build_batches`` makes unchecked passes ``Batch``'s full check and is what the checked path makes."""
@@ -25,12 +26,7 @@ def test_constructor_batches_pass_every_check(distribution: str, seed: int, monk
     rng = np.random.default_rng(seed)
     ranks, micro_batches, capacity = int(rng.integers(1, 64)), int(rng.integers(1, 5)), int(rng.integers(64, 4096))
     count = int(rng.integers(0, ranks * micro_batches * 6 + 2))
-    lengths = {
-        "uniform": lambda: rng.integers(1, capacity + 1, count),
-        "lognormal": lambda: np.clip(rng.lognormal(np.log(capacity / 8), 1.0, count), 1, capacity),
-        "bimodal": lambda: np.where(rng.random(count) < 0.1, capacity, rng.integers(1, 64, count)),
-        "one-long": lambda: np.concatenate([[capacity], np.ones(max(count - 1, 0))])[:count],
-    }[distribution]().astype(np.int64)
+    lengths = draw_lengths(distribution, rng, count, capacity)
     samples = [
         Sample(f"s/{i}", ["web", "code", "m"][int(rng.integers(0, 3))], rng.integers(0, 50_000, int(n), dtype=np.int32))
         for i, n in enumerate(lengths)

@@ -19,6 +19,7 @@ from pipeline.constructor.pool import SamplePool, SourceFifo
 from pipeline.constructor.state import ConstructorState, SourcePosition
 from pipeline.mixing import MixerState
 from pipeline.scheduler import CostModel, plan_step, rank_order
+from tests.length_families import FAMILIES, draw_lengths
 from topics.batch import Batch
 from topics.batch_codec import encode_batch
 from topics.errors import DecodeError
@@ -84,19 +85,14 @@ def test_sample_decoding_agrees_with_fastavro(sample_id, source, tokens, metadat
     np.testing.assert_array_equal(decoded.tokens, np.frombuffer(record["tokens"], "<i4"))
 
 
-@pytest.mark.parametrize("distribution", ["uniform", "lognormal", "bimodal", "one-long"])
+@pytest.mark.parametrize("distribution", FAMILIES)
 @pytest.mark.parametrize("seed", range(4))
 def test_batches_are_those_of_from_samples(distribution: str, seed: int) -> None:
     """Byte for byte what ``Batch.from_samples`` gives for each rank's micro-batches in ``rank_order``."""
     rng = np.random.default_rng(seed)
     ranks, micro_batches, capacity = int(rng.integers(1, 48)), int(rng.integers(1, 5)), int(rng.integers(64, 4096))
     count = int(rng.integers(0, ranks * micro_batches * 6 + 2))
-    lengths = {
-        "uniform": lambda: rng.integers(1, capacity + 1, count),
-        "lognormal": lambda: np.clip(rng.lognormal(np.log(capacity / 8), 1.0, count), 1, capacity),
-        "bimodal": lambda: np.where(rng.random(count) < 0.1, capacity, rng.integers(1, 64, count)),
-        "one-long": lambda: np.concatenate([[capacity], np.ones(max(count - 1, 0))])[:count],
-    }[distribution]().astype(np.int64)
+    lengths = draw_lengths(distribution, rng, count, capacity)
     sources = ["web", "code", "bücher", "m"]
     samples = [
         Sample(f"s/{i}", sources[int(rng.integers(0, 4))], rng.integers(0, 50_000, int(n), dtype=np.int32))
