@@ -19,15 +19,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from pipeline.kafka_clients import KafkaConfig, produce, read_committed_consumer
+from pipeline.kafka_clients import KafkaConfig, produce, read_committed_settings
 from pipeline.mixing import MixtureChange
 from pipeline.mixing.changes import MixtureChangeDocument
 from topics.errors import DecodeError, MixflowError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
+from topics.renewing_consumer import RenewingConsumer
 from topics.validation import describe_errors
 
 if TYPE_CHECKING:  # pipeline.constructor imports this module
@@ -121,8 +122,8 @@ class ControlReader:
 
     def __init__(self, config: KafkaConfig, topics: JobTopics, offset: int) -> None:
         self.topic = topics.control
-        self.consumer: Consumer = read_committed_consumer(
-            config, f"{topics.job}.constructor.control", **{"enable.partition.eof": True}
+        self.consumer = RenewingConsumer(
+            read_committed_settings(config, f"{topics.job}.constructor.control", **{"enable.partition.eof": True})
         )
         self.consumer.assign([TopicPartition(self.topic, 0, offset)])
         self.next_offset = offset

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from topics.errors import MixflowError
+from topics.renewing_consumer import RenewingConsumer
 from topics.retry import KAFKA_RETRY, KafkaUnavailableError
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ TRANSACTIONAL_PRODUCER_SETTINGS: dict[str, Any] = {
     "message.max.bytes": 67_108_864,
 }
 """Defaults of every transactional producer; a role's base config (the spec's ``kafka.config``) wins."""
+
+# A consumer whose group metadata a transaction commits its offsets under.
+GroupConsumer = Consumer | RenewingConsumer
 
 
 def transactional_producer(
@@ -65,7 +69,11 @@ def transactional_producer(
 
 
 def read_committed_consumer(base: KafkaConfig, group_id: str, **overrides: Any) -> Consumer:
-    config = {
+    return Consumer(read_committed_settings(base, group_id, **overrides))
+
+
+def read_committed_settings(base: KafkaConfig, group_id: str, **overrides: Any) -> dict[str, Any]:
+    return {
         **base,
         "group.id": group_id,
         # Offsets are committed inside the producer's transactions, never on their own.
@@ -76,7 +84,6 @@ def read_committed_consumer(base: KafkaConfig, group_id: str, **overrides: Any) 
         "auto.offset.reset": "earliest",
         **overrides,
     }
-    return Consumer(config)
 
 
 def produce(producer: Producer, topic: str, value: bytes, **kwargs: Any) -> None:
@@ -131,7 +138,7 @@ STUCK_MARGIN_S = 10.0
 
 
 def send_offsets(
-    producer: Producer, consumer: Consumer, offsets: list[TopicPartition], timeout_s: float = 60.0
+    producer: Producer, consumer: GroupConsumer, offsets: list[TopicPartition], timeout_s: float = 60.0
 ) -> None:
     """Add consumed offsets to the open transaction, riding out a broker that is briefly away.
 

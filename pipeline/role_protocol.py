@@ -15,9 +15,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from pipeline.kafka_clients import (
+    GroupConsumer,
     KafkaClientStuckError,
     KafkaConfig,
     abort,
@@ -78,13 +79,13 @@ class TransactionalRole:
         )
 
     def transaction(
-        self, producer: Producer, consumer: Consumer | None, work: Callable[[], list[TopicPartition]], what: str
+        self, producer: Producer, consumer: GroupConsumer | None, work: Callable[[], list[TopicPartition]], what: str
     ) -> bool:
         """``open_transaction`` then ``commit_or_abort``: True when committed, False when aborted."""
         return self.open_transaction(producer, consumer, work, what) and commit_or_abort(producer)
 
     def open_transaction(
-        self, producer: Producer, consumer: Consumer | None, work: Callable[[], list[TopicPartition]], what: str
+        self, producer: Producer, consumer: GroupConsumer | None, work: Callable[[], list[TopicPartition]], what: str
     ) -> bool:
         """Begin a transaction in which ``work()`` produces with ``producer`` and returns the offsets it
         consumed through ``consumer``'s group (None when it consumes nothing), which are added to it. The

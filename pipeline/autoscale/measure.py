@@ -5,7 +5,6 @@ units each source's loaders have not taken yet. A thin Kafka shell; the arithmet
 from __future__ import annotations
 
 import contextlib
-import uuid
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -19,6 +18,7 @@ from topics.errors import DecodeError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
 from topics.sample_codec import decode_sample_message
+from topics.watermarks import EndOffsets
 
 # Records at the end of each source topic read for its tokens per offset.
 LENGTH_TAIL = 64
@@ -53,7 +53,7 @@ class JobProbe:
         self.sources = list(sources)
         self._plans: dict[str, WorkPlan] = {}
         # Reads watermarks and committed offsets only: it never subscribes, so it never joins a group.
-        self._watermarks = Consumer({**config, "group.id": f"mixflow-autoscale-{uuid.uuid4().hex[:12]}"})
+        self._ends = EndOffsets(config)
         self._groups: dict[str, Consumer] = {}
 
     def snapshot(self) -> JobSnapshot:
@@ -82,16 +82,11 @@ class JobProbe:
                 states.append(ConstructorState.from_bytes(record.value()))  # type: ignore[attr-defined]
         return states
 
-    def _partitions(self, topic: str) -> list[int]:
-        metadata = self._watermarks.list_topics(topic, timeout=WATERMARK_TIMEOUT_S)
-        found = metadata.topics.get(topic)
-        return sorted(found.partitions) if found is not None and found.error is None else []
-
     def _end_offset(self, topic: str) -> int:
         total = 0
-        for p in self._partitions(topic):
+        for p in self._ends.partitions(topic, WATERMARK_TIMEOUT_S):
             with contextlib.suppress(KafkaException):  # leader not known yet: the partition counts as empty
-                total += self._watermarks.get_watermark_offsets(TopicPartition(topic, p), WATERMARK_TIMEOUT_S)[1]
+                total += self._ends.end(TopicPartition(topic, p), WATERMARK_TIMEOUT_S)
         return total
 
     def _tokens_per_offset(self, topic: str) -> float | None:
@@ -139,6 +134,6 @@ class JobProbe:
         return {s: len(futures[g].result(timeout=WATERMARK_TIMEOUT_S).members) for s, g in groups.items()}
 
     def close(self) -> None:
-        self._watermarks.close()
+        self._ends.close()
         for group in self._groups.values():
             group.close()

@@ -9,11 +9,13 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka_clients import KafkaConfig
 from topics.names import JobTopics
+from topics.renewing_consumer import RenewingConsumer
+from topics.watermarks import EndOffsets
 
 # The run's own clients. Connection errors while the broker restarts are expected. Without
 # metadata.recovery.strategy=none, librdkafka forgets a single broker that went away ("re-bootstrap") and
@@ -35,9 +37,9 @@ class StateWatch:
             **CLIENT_SETTINGS,
         }
         self.partition = TopicPartition(JobTopics(job).state, 0)
-        self._consumer = Consumer(settings)
+        self._consumer = RenewingConsumer(settings)  # a step written is a step seen, broker restarts or not
         self._consumer.assign([TopicPartition(self.partition.topic, 0, OFFSET_BEGINNING)])
-        self._ends = Consumer(settings)  # for the main thread's end-offset questions
+        self._ends = EndOffsets(settings)  # for the main thread's end-offset questions
         self._offsets: list[int] = []
         self._arrivals: list[float] = []
         self._steps = 0
@@ -58,7 +60,7 @@ class StateWatch:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                return self._ends.get_watermark_offsets(self.partition, timeout=2.0)[1]
+                return self._ends.end(self.partition, timeout_s=2.0)
             except KafkaException:
                 if time.monotonic() > deadline:
                     raise

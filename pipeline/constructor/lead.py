@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from topics.errors import DecodeError
 from topics.names import JobTopics
 from topics.progress import decode_progress
+from topics.renewing_consumer import RenewingConsumer
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class ProgressReader:
     def __init__(self, config: Mapping[str, object], job: str) -> None:
         self.topic = JobTopics(job).progress
         self.reported: dict[int, int] = {}
-        self._consumer = Consumer({**config, "group.id": f"{job}.progress-reader", "enable.auto.commit": False})
+        self._consumer = RenewingConsumer({**config, "group.id": f"{job}.progress-reader", "enable.auto.commit": False})
         self._consumer.assign([TopicPartition(self.topic, 0, 0)])  # compacted: every rank's latest is there
 
     def read(self, timeout_s: float) -> None:

@@ -39,7 +39,7 @@ from pipeline.constructor.state import MAX_REFUSED, ConstructorState, SourcePosi
 from pipeline.constructor.state_topic import read_last_state, written_shape
 from pipeline.constructor.writer import PreparedStep, Record, StepWriter
 from pipeline.control import ControlReader
-from pipeline.kafka_clients import KafkaConfig, ProducerFencedError, read_committed_consumer
+from pipeline.kafka_clients import KafkaConfig, ProducerFencedError, read_committed_settings
 from pipeline.metrics import ConstructorMetrics
 from pipeline.mixing import DrawStatus, Mixer, MixerState, MixtureChange, refusal
 from pipeline.role_protocol import TransactionalRole, closing_unless_stuck
@@ -50,6 +50,7 @@ from topics.batch_codec import batch_key, encode_batch, encode_end_of_data
 from topics.dead_letter import encode_dead_letter
 from topics.errors import MixflowError
 from topics.names import JobTopics
+from topics.renewing_consumer import RenewingConsumer
 from topics.retry import KafkaUnavailableError
 
 log = logging.getLogger(__name__)
@@ -254,10 +255,12 @@ class DataConstructor(TransactionalRole):
             return
         log.info("constructor %s: resuming at step %d", self.transactional_id, state.step)
         pool = SamplePool(state)
-        consumer = read_committed_consumer(
-            self.config,
-            self.transactional_id,
-            **{"enable.partition.eof": True},  # tells when a source has been read to its end
+        consumer = RenewingConsumer(
+            read_committed_settings(
+                self.config,
+                self.transactional_id,
+                **{"enable.partition.eof": True},  # tells when a source has been read to its end
+            )
         )
         budget = self.mixer.budget_tokens
         feed = SourceTopicFeed(consumer, self.config, self.sources_topics, pool, budget, self.lane)

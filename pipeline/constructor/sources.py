@@ -14,6 +14,7 @@ from pipeline.work_plan import WorkPlan, plan_is_complete, read_work_plan, reque
 from topics.dead_letter import DeadLetter
 from topics.errors import DecodeError
 from topics.names import JobTopics, parse_topic
+from topics.renewing_consumer import RenewingConsumer
 from topics.retry import KAFKA_RETRY
 from topics.sample_codec import decode_sample_message
 
@@ -30,7 +31,7 @@ class SourceTopicFeed:
 
     def __init__(
         self,
-        consumer: Consumer,
+        consumer: RenewingConsumer,
         config: KafkaConfig,
         topics: JobTopics,
         pool: SamplePool,

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
-from pipeline.kafka_clients import commit_or_abort, produce
+from pipeline.kafka_clients import GroupConsumer, commit_or_abort, produce
 from pipeline.role_protocol import TransactionalRole
 
 Record = tuple[str, bytes, bytes, list[tuple[str, bytes]] | None, int]  # topic, value, key, headers, partition
@@ -47,7 +47,7 @@ class StepWriter:
         self,
         role: TransactionalRole,
         producer: Producer,
-        consumer: Consumer,
+        consumer: GroupConsumer,
         ended: Callable[[bool, float], None] = lambda committed, seconds: None,
         steps_per_transaction: int = 1,
     ) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import Metric
 
@@ -23,6 +23,7 @@ from pipeline.metrics.common import (
 from pipeline.metrics.reasons import DeadLetterReason
 from topics.dead_letter import DeadLetter
 from topics.names import JobTopics
+from topics.watermarks import EndOffsets
 
 if TYPE_CHECKING:
     from pipeline.constructor.assemble import AssembledStep
@@ -226,6 +227,7 @@ class SourceBacklog(SourceGaugeAtScrape):
         self.sources = list(sources)
         self.metrics = metrics
         super().__init__()
+        self._ends = EndOffsets(config)
 
     def collect(self) -> Iterator[Metric]:
         family = self._family()
@@ -243,11 +245,8 @@ class SourceBacklog(SourceGaugeAtScrape):
         yield family
 
     def _end_offset(self, source: str) -> int:
-        if self._consumer is None:
-            # Only asks for watermarks; the group is never joined.
-            self._consumer = Consumer(
-                {**self.config, "group.id": f"{self.topics.job}.metrics", "enable.auto.commit": False}
-            )
-        return self._consumer.get_watermark_offsets(TopicPartition(self.topics.src(source), self.partition), timeout=5)[
-            1
-        ]
+        return self._ends.end(TopicPartition(self.topics.src(source), self.partition), timeout_s=5)
+
+    def close(self) -> None:
+        with self._lock:
+            self._ends.close()

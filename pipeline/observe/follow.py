@@ -7,9 +7,10 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
 from pipeline.kafka_clients import KafkaConfig
+from topics.renewing_consumer import RenewingConsumer
 
 
 class TopicFollower:
@@ -20,7 +21,7 @@ class TopicFollower:
     def __init__(self, config: KafkaConfig, topics: Sequence[str], on_record: Callable[[Message], None]) -> None:
         self.topics = list(topics)
         self.on_record = on_record
-        self.consumer = Consumer(
+        self.consumer = RenewingConsumer(
             {
                 **config,
                 "group.id": f"mixflow-top-{uuid.uuid4().hex[:12]}",  # assigned, never joins or commits

@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from pipeline.kafka_clients import KafkaConfig
 from topics.errors import MixflowError
+from topics.watermarks import EndOffsets
 
 
 class OffsetProbe:
@@ -20,6 +21,7 @@ class OffsetProbe:
     def __init__(self, config: KafkaConfig, timeout_s: float = 10.0) -> None:
         self.timeout_s = timeout_s
         self.where = config.get("bootstrap.servers")
+        self.ends = EndOffsets(config, isolation="read_committed")
         self.consumer = Consumer(
             {
                 **config,
@@ -34,20 +36,14 @@ class OffsetProbe:
     def partitions(self, topic: str) -> list[int]:
         """The topic's partitions; none when it does not exist (yet)."""
         try:
-            described = self.consumer.list_topics(topic, timeout=self.timeout_s).topics.get(topic)
+            return self.ends.partitions(topic, self.timeout_s)
         except KafkaException:
             return []
-        if described is None or described.error is not None:
-            return []
-        return sorted(described.partitions)
 
     def partition_ends(self, topic: str) -> dict[int, int]:
         """Each partition's high watermark; empty when the topic does not exist (yet)."""
         try:
-            return {
-                p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=self.timeout_s)[1]
-                for p in self.partitions(topic)
-            }
+            return {p: self.ends.end(TopicPartition(topic, p), self.timeout_s) for p in self.partitions(topic)}
         except KafkaException:
             return {}
 
@@ -104,6 +100,7 @@ class OffsetProbe:
         return out
 
     def close(self) -> None:
+        self.ends.close()
         self.consumer.close()
 
     def __enter__(self) -> OffsetProbe:

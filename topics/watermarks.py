@@ -1,0 +1,66 @@
+"""Where partitions end, asked on a client of its own that is replaced when its metadata goes stale.
+
+After a broker restart, a librdkafka client can keep a partition's leader as unknown for good and then
+answer "Local: Unknown partition" to every question about it, however often it is asked and however
+healthy the broker is again (confluentinc/librdkafka#5430; seen here after single-broker restarts). A new
+client asks the brokers afresh, so a failed question drops the client and the next one builds another."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypeVar
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+log = logging.getLogger("mixflow.kafka")
+
+Isolation = Literal["read_committed", "read_uncommitted"]
+T = TypeVar("T")
+
+
+class EndOffsets:
+    """``end()`` is a partition's high watermark, or its last stable offset under read_committed: the
+    offset a consumer with that isolation stands at once it has read everything there is."""
+
+    def __init__(self, config: Mapping[str, Any], isolation: Isolation = "read_committed") -> None:
+        self._settings = {
+            **config,
+            "group.id": f"mixflow-ends-{uuid.uuid4().hex[:12]}",  # asks for watermarks only: never joined
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+        }
+        self._client: Consumer | None = None
+        self.replaced = 0  # clients dropped after a failed question
+
+    def end(self, partition: TopicPartition, timeout_s: float) -> int:
+        return self.watermarks(partition, timeout_s)[1]
+
+    def watermarks(self, partition: TopicPartition, timeout_s: float) -> tuple[int, int]:
+        """Where the partition's log starts and where it ends."""
+        return self._ask(lambda c: c.get_watermark_offsets(partition, timeout=timeout_s))
+
+    def partitions(self, topic: str, timeout_s: float) -> list[int]:
+        """The topic's partitions; none while it does not exist."""
+
+        def described(client: Consumer) -> list[int]:
+            found = client.list_topics(topic, timeout=timeout_s).topics.get(topic)
+            return sorted(found.partitions) if found is not None and found.error is None else []
+
+        return self._ask(described)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def _ask(self, question: Callable[[Consumer], T]) -> T:
+        if self._client is None:
+            self._client = Consumer(self._settings)
+        try:
+            return question(self._client)
+        except KafkaException:
+            self.close()
+            self.replaced += 1
+            raise
