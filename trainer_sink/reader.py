@@ -29,6 +29,7 @@ from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import DecodeError, MixflowError
 from topics.lanes import LaneOrder, first_step_at_or_after
+from topics.renewing_consumer import RenewingConsumer
 from topics.step_index import locate_step
 from trainer_sink.buffer import ByteBoundedQueue, Closed
 from trainer_sink.position import SinkPosition
@@ -138,7 +139,7 @@ class RankTopicReader:
             self._hand_over(exc)
             return
         try:
-            consumer = Consumer(self._config)
+            consumer = RenewingConsumer(self._config)
         except KafkaException as exc:
             self._hand_over(MixflowError(f"bad Kafka settings for the sink of {self.position.topic}: {exc}"))
             return
@@ -209,7 +210,7 @@ class RankTopicReader:
         with contextlib.suppress(Closed):
             self.queue.put(item, 0)
 
-    def _read(self, consumer: Consumer) -> None:
+    def _read(self, consumer: RenewingConsumer) -> None:
         self._hand_over_all(self._messages(consumer))
 
     def _hand_over_all(self, messages: Iterator[Message]) -> None:
@@ -243,7 +244,7 @@ class RankTopicReader:
             delivery = Delivery(tensors, offset, batch.step, m, batch.micro_batches, batch.ranks)
             self.queue.put(delivery, nbytes(tensors))
 
-    def _hand_over_lanes(self, consumer: Consumer, lanes: int) -> None:
+    def _hand_over_lanes(self, consumer: RenewingConsumer, lanes: int) -> None:
         """``_hand_over_all`` for a topic of several lanes: step ``k`` from partition ``k mod lanes``, a lane
         dropping out at its end-of-data record, the end once every lane has ended."""
         order = LaneOrder(lanes, self.position.step or 0)
@@ -283,7 +284,7 @@ class RankTopicReader:
             self._queue_micro_batches(batch, None)
         self.queue.put(EndOfData(last_step + 1 if last_step is not None else order.next_step), 0)
 
-    def _messages(self, consumer: Consumer) -> Iterator[Message]:
+    def _messages(self, consumer: RenewingConsumer) -> Iterator[Message]:
         """The topic's committed records, waiting (and logging) while there are none, up to the timeout."""
         waiting_since = last_log = time.monotonic()
         while not self._stop.is_set():
@@ -360,7 +361,7 @@ class RankTopicReader:
             msg = f"the job ended after {steps} steps, but the next step due here is {expected}"
             raise DecodeError(msg, topic=message.topic(), partition=message.partition(), offset=message.offset())
 
-    def _waiting(self, consumer: Consumer, seconds: float) -> str:
+    def _waiting(self, consumer: RenewingConsumer, seconds: float) -> str:
         topic, partition = self.position.topic, self.position.partition
         last_step = self.last_step
         if last_step is not None:
