@@ -3,6 +3,7 @@ the constructor stays at most that many steps ahead of the slowest rank."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -131,3 +132,56 @@ def test_without_reports_the_constructor_waits_after_its_lead(
     # No rank has reported (-1), so steps 0 .. LEAD - 1 are written, and no more.
     assert seen == [LEAD], f"{seen} steps written when the constructor said it waits (expected {LEAD})"
     assert _steps_written(kafka_bootstrap, unique_name) == LEAD
+
+
+@pytest.mark.kafka
+def test_a_resumed_trainer_reports_the_steps_its_checkpoint_holds_before_taking_another(
+    kafka_bootstrap: str, unique_name: str, tmp_path: Path
+) -> None:
+    """The reports of a trainer killed before they were delivered are lost; the constructor, at its lead,
+    waits for them. The trainer resumed from its checkpoint must report first, or both wait for ever."""
+    spec = _job(tmp_path, unique_name, kafka_bootstrap)
+    outcome: dict[str, object] = {}
+
+    def trainers() -> None:
+        try:
+            lost = [KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=r, wait_timeout_s=60,
+                                      report_progress=False) for r in range(RANKS)]  # fmt: skip
+            for dataset in lost:
+                iterator = iter(dataset)
+                for _ in range(LEAD * spec.step.micro_batches):  # every step the constructor writes, unheard
+                    next(iterator)
+                iterator.close()
+            outcome["checkpoints"] = checkpoints = [dataset.state_dict() for dataset in lost]
+            iterators = []
+            for rank, checkpoint in enumerate(checkpoints):
+                resumed = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=rank,
+                                            wait_timeout_s=60)  # fmt: skip
+                resumed.load_state_dict(checkpoint)
+                iterators.append(iter(resumed))
+            taken = [0] * RANKS
+            with contextlib.suppress(StopIteration):  # SinkTimeoutError after 60 s if the constructor never hears
+                while True:  # the ranks in lockstep, a step at a time
+                    for rank, iterator in enumerate(iterators):
+                        for _ in range(spec.step.micro_batches):
+                            next(iterator)
+                            taken[rank] += 1
+            for iterator in iterators:  # the last rank ran out with the first
+                taken[iterators.index(iterator)] += sum(1 for _ in iterator)
+            outcome["taken"] = taken
+        except BaseException as exc:  # reported by the test's thread
+            outcome["error"] = exc
+            constructor.request_stop()
+
+    constructor = DataConstructor(spec, spec.kafka.client_config(), ConstructorOptions(transaction_timeout_ms=10_000))
+    thread = threading.Thread(target=trainers, daemon=True)
+    thread.start()
+    stats = constructor.run()
+    thread.join(timeout=120)
+    assert "error" not in outcome, f"a trainer failed: {outcome.get('error')!r}"
+    assert not thread.is_alive(), "the trainers did not reach the end within 120 s of the constructor"
+    assert stats.finished
+    assert [c["step"] for c in outcome["checkpoints"]] == [LEAD] * RANKS  # type: ignore[union-attr]
+    steps, end = steps_of(kafka_bootstrap, unique_name, RANKS)
+    assert len(steps) == end > 2 * LEAD
+    assert outcome["taken"] == [(end - LEAD) * spec.step.micro_batches] * RANKS

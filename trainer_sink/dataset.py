@@ -174,6 +174,10 @@ class KafkaBatchDataset(IterableDataset):
             self.metrics.serve(self._metrics_port)
         self._reader = RankTopicReader(self.kafka_config, self._position, self.rank, self.options).start()
         progress = ProgressReporter(self.kafka_config, self.job, self.rank) if self._report_progress else None
+        if progress is not None and self._position.step is not None:
+            # Resumed: the checkpoint holds the steps before its own. Their report may have been lost with
+            # the trainer that took them, and the constructor may wait for it before writing the next.
+            progress.holds(self._position.step - 1)
         return _SinkIterator(self, self._reader, progress)
 
     @property

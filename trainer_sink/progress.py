@@ -2,8 +2,11 @@
 
 A constructor with ``constructor.max_lead_steps`` reads them to stay at most that many steps ahead of the
 slowest rank. A report goes out at the end of each step the trainer takes, at most every
-``REPORT_INTERVAL_S``. Failures to report are logged once and never raised: a trainer must not stop
-because the constructor cannot hear from it (a constructor that cannot hear waits, and says so)."""
+``REPORT_INTERVAL_S``, and the latest goes out again every ``REPEAT_S``: a report lost on the way (a sink
+killed before it was delivered, a producer that a broker restart left unable to deliver) is made good, and
+a resumed trainer reports the step its checkpoint holds before it takes another. Failures to report are
+logged once and never raised: a trainer must not stop because the constructor cannot hear from it (a
+constructor that cannot hear waits, and says so)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,10 @@ log = logging.getLogger(__name__)
 
 REPORT_INTERVAL_S = 0.5
 """A rank reports at most this often; a constructor waiting on it hears within about this long."""
+REPEAT_S = 5.0
+"""The latest report goes out again this often (the topic is compacted: repeats cost nothing there)."""
+DELIVERY_TIMEOUT_MS = 10_000
+"""A report not delivered within this long fails, and the next goes out on a new producer."""
 
 
 class ProgressReporter:
@@ -28,14 +35,16 @@ class ProgressReporter:
         self.topic = JobTopics(job).progress
         self.rank = rank
         consumer_only = ("group.", "isolation.", "enable.auto", "auto.offset", "fetch.", "max.partition")
-        self._producer: Producer | None = Producer(
-            {
-                **{k: v for k, v in kafka_config.items() if not k.startswith(consumer_only)},
-                "linger.ms": 20,
-                "acks": 1,
-                "error_cb": self._on_error,
-            }
-        )
+        self._settings = {
+            **{k: v for k, v in kafka_config.items() if not k.startswith(consumer_only)},
+            "linger.ms": 20,
+            "acks": 1,
+            "message.timeout.ms": DELIVERY_TIMEOUT_MS,
+            "error_cb": self._on_error,
+        }
+        self._producer: Producer | None = Producer(self._settings)
+        self._undelivered = False  # a report failed: the producer is replaced before the next
+        self.producers = 1
         self._warned = False
         self._disabled = not self._topic_exists()
         self._reported = -1
@@ -60,29 +69,38 @@ class ProgressReporter:
 
     def handed_out(self, step: int, micro_batch: int, micro_batches: int) -> None:
         """The trainer has taken micro-batch ``micro_batch`` of ``micro_batches`` of ``step``: once it is
-        the step's last, the trainer holds the step whole, and the report goes out within the interval
-        (from the reporter's thread if the trainer does not come back: it may be waiting for a step that
-        the constructor holds back until it hears of this one)."""
-        if self._disabled or micro_batch != micro_batches - 1:
+        the step's last, the trainer holds the step whole."""
+        if micro_batch == micro_batches - 1:
+            self.holds(step)
+
+    def holds(self, step: int) -> None:
+        """The trainer holds every step up to ``step`` whole (taken, or in the checkpoint it resumed from):
+        the report goes out within the interval, from the reporter's thread if the trainer does not come
+        back (it may be waiting for a step that the constructor holds back until it hears of this one)."""
+        if self._disabled or step < 0:
             return
         with self._lock:
             if step > self._reported:
                 self._pending = step
         if time.monotonic() - self._last_sent >= REPORT_INTERVAL_S:
             self._send_pending()
-        elif self._thread is None:
+        if self._thread is None:  # sends what the interval held back, and repeats the latest
             self._thread = threading.Thread(target=self._run, name=f"mixflow-progress-{self.rank}", daemon=True)
             self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(REPORT_INTERVAL_S / 2):
             self._send_pending()
+            if time.monotonic() - self._last_sent >= REPEAT_S:
+                self._send_pending(again=True)
 
-    def _send_pending(self) -> None:
+    def _send_pending(self, again: bool = False) -> None:
         with self._lock:
-            step, self._pending = self._pending, None
-            if step is None or step <= self._reported or self._producer is None:
+            step, self._pending = (self._reported, self._pending) if again else (self._pending, None)
+            if step is None or step < 0 or (step <= self._reported and not again) or self._producer is None:
                 return
+            if self._undelivered:
+                self._replace_producer()
             key, value = encode_progress(self.rank, step)
             try:
                 self._producer.produce(self.topic, value, key=key, on_delivery=self._delivered)
@@ -94,7 +112,18 @@ class ProgressReporter:
 
     def _delivered(self, error: KafkaError | None, _message: object) -> None:
         if error is not None:
+            self._undelivered = True
             self._warn(f"a progress report was not delivered: {error}")
+
+    def _replace_producer(self) -> None:
+        """After a report failed: a producer that a broker restart left unable to deliver stays so
+        (confluentinc/librdkafka#5430), and a new one asks the brokers afresh."""
+        if (old := self._producer) is not None:
+            old.purge()
+            old.flush(0)
+        self._producer = Producer(self._settings)
+        self._undelivered = False
+        self.producers += 1
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
