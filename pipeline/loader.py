@@ -45,8 +45,10 @@ from pipeline.work_plan import (
 )
 from topics.dead_letter import DeadLetter, encode_dead_letter
 from topics.errors import DecodeError, MixflowError
+from topics.fetch_stall import FetchStallWatch
 from topics.lanes import unit_partition
 from topics.names import JobTopics
+from topics.offset_lookup import OffsetLookup
 from topics.retry import KAFKA_RETRY, KafkaUnavailableError
 from topics.sample_codec import encode_sample
 
@@ -120,6 +122,9 @@ class SourceLoader(TransactionalRole):
         self._membership = MembershipWatch(options.rejoin_after_s)
         self._consumer: Consumer | None = None  # the work group's consumer; replaced when its membership is stuck
         self._admin: AdminClient | None = None  # asks whether the brokers answer, when the membership is stuck
+        # Ends and the group's committed offsets, on a client of its own that never joins the group.
+        self._offsets = OffsetLookup(config, group=self.group_id)
+        self._fetch = FetchStallWatch(self._offsets)  # a consumer that stopped fetching is replaced too
         self.metrics = metrics or LoaderMetrics(CollectorRegistry(), topics.job, self.source)
         self._lanes: int | None = None  # partitions of the source topic, read at the first unit
         self._plan = WorkPlan(self.source, 0, {})  # the source's plan as last read or extended
@@ -174,7 +179,8 @@ class SourceLoader(TransactionalRole):
         began = time.monotonic()
         try:
             # Closing the consumer leaves the group, so the other loaders take the units at once.
-            with closing_unless_stuck(lambda: self._work_consumer().close(), lambda: producer.flush(30)):
+            closes = (lambda: self._work_consumer().close(), lambda: producer.flush(30), self._offsets.close)
+            with closing_unless_stuck(*closes):
                 try:
                     self._loop(producer)
                 except ProducerFencedError as exc:
@@ -208,9 +214,12 @@ class SourceLoader(TransactionalRole):
                 "partition.assignment.strategy": "roundrobin",
                 # A unit can take a while to tokenize; the group must not evict us for that.
                 "max.poll.interval.ms": 600_000,
+                # Where a partition's fetching stands at its end: a stall shows against it.
+                "enable.partition.eof": True,
             },
         )
         self._membership.joining()
+        self._fetch.assign([])
         consumer.subscribe(
             [self.topics.work(self.source)],
             on_assign=self._on_assign,
@@ -236,14 +245,15 @@ class SourceLoader(TransactionalRole):
             return False
         return True
 
-    def _rejoin_work_group(self) -> Consumer:
-        """Replace a consumer that has been without partitions for ``rejoin_after_s``: librdkafka can fail to
-        rejoin after its session lapsed while the broker was away, and would then poll forever."""
+    def _rejoin_work_group(self, why: str) -> Consumer:
+        """Replace a consumer that has been without partitions for ``rejoin_after_s`` (librdkafka can fail to
+        rejoin after its session lapsed while the broker was away, and would then poll forever), or whose
+        fetching stalled (``topics.fetch_stall``)."""
         log.warning(
-            "loader %s: no assignment from group %s for %.0f s; closing the consumer and joining as a new member",
+            "loader %s: %s; closing the consumer and joining group %s as a new member",
             self.transactional_id,
+            why,
             self.group_id,
-            self._membership.seconds_without(),
         )
         close_within(self._work_consumer().close, 30.0, f"loader {self.transactional_id}: closing its work consumer")
         self.stats.rejoins += 1
@@ -255,9 +265,15 @@ class SourceLoader(TransactionalRole):
             if consumer.memberid() is None:  # librdkafka drops the member id when its session lapses
                 self._membership.lost()
             if self._membership.stuck() and self._brokers_answer():
-                consumer = self._rejoin_work_group()
+                consumer = self._rejoin_work_group(f"no assignment for {self._membership.seconds_without():.0f} s")
+            self._fetch.consuming()
             message = consumer.poll(self.options.poll_timeout_s)
+            if message is not None and self._fetch.saw(message):
+                message = None  # the end of a partition
             if message is None:
+                if (stall := self._fetch.stall()) is not None and self._brokers_answer():
+                    consumer = self._rejoin_work_group(stall.describe())
+                    continue
                 if self.options.next_epoch:
                     if self.options.instance == 0:
                         try:
@@ -265,7 +281,7 @@ class SourceLoader(TransactionalRole):
                         except KafkaUnavailableError as exc:  # the brokers are away: look again later
                             log.warning("loader %s: cannot read the epochs asked for: %s", self.transactional_id, exc)
                     continue
-                if self.options.until_drained and self._drained(consumer):
+                if self.options.until_drained and self._drained():
                     log.info("loader %s: every unit of %s is done", self.transactional_id, self.source)
                     return
                 continue
@@ -277,9 +293,9 @@ class SourceLoader(TransactionalRole):
                 log.info("loader %s: did its %d units; leaving", self.transactional_id, self.stats.units)
                 return
 
-    def _drained(self, consumer: Consumer) -> bool:
+    def _drained(self) -> bool:
         """Every unit of the source is done, finer units split off by any loader included."""
-        done, self._plan = plan_is_complete(self.config, self.topics, consumer, self._plan)
+        done, self._plan = plan_is_complete(self.config, self.topics, self._offsets, self._plan)
         return done
 
     def _plan_requested_epochs(self, plan: WorkPlan) -> WorkPlan:
@@ -369,11 +385,13 @@ class SourceLoader(TransactionalRole):
             ends[(m.topic(), m.partition())] = m.offset() + 1
         return [TopicPartition(topic, partition, end) for (topic, partition), end in ends.items()]
 
-    def _on_assign(self, _consumer: Consumer, _partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._membership.assigned()
+        self._fetch.assign(partitions)
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._membership.lost()
+        self._fetch.assign([])
         if partitions:
             self._revoked = True
 
@@ -384,6 +402,8 @@ class SourceLoader(TransactionalRole):
         if self.options.max_units is not None and self.stats.units + units >= self.options.max_units:
             return None
         message = consumer.poll(0)
+        if message is not None and self._fetch.saw(message):
+            return None  # the end of a partition
         if message is not None and message.error():
             self._on_consumer_error(message.error())
             return None
@@ -401,6 +421,7 @@ class SourceLoader(TransactionalRole):
             if (topic, partition) in assigned:
                 try:
                     consumer.seek(TopicPartition(topic, partition, offset))
+                    self._fetch.add([TopicPartition(topic, partition, offset)])
                 except KafkaException as exc:  # revoked between the two calls
                     log.info("loader %s: not rewinding %s[%d]: %s", self.transactional_id, topic, partition, exc)
         self._aborted()

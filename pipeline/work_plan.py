@@ -29,10 +29,13 @@ from pipeline.kafka_clients import KafkaConfig, commit_or_abort, produce, transa
 from topics.errors import DecodeError, MixflowError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
+from topics.offset_lookup import OffsetLookup
 from topics.retry import KAFKA_RETRY
 from topics.validation import describe_errors
 
 log = logging.getLogger(__name__)
+# What can say which offsets a loader group has committed: a member of it, or a lookup that never joins.
+GroupOffsets = Consumer | OffsetLookup
 
 PLAN_KIND = "work-plan"
 
@@ -243,18 +246,18 @@ def requested_epoch(config: KafkaConfig, topics: JobTopics, source: str) -> int 
     return wanted
 
 
-def plan_is_done(consumer: Consumer, work_topic: str, plan: WorkPlan, timeout_s: float = 10.0) -> bool:
-    """True when the group of ``consumer`` has committed every unit of ``plan`` (as read: see
-    :func:`plan_is_complete` for a plan that may have grown by splits since)."""
+def plan_is_done(group: GroupOffsets, work_topic: str, plan: WorkPlan, timeout_s: float = 10.0) -> bool:
+    """True when ``group`` (the loaders' group, or a lookup of its offsets) has committed every unit of
+    ``plan`` (as read: see :func:`plan_is_complete` for a plan that may have grown by splits since)."""
     wanted = [TopicPartition(work_topic, p) for p in sorted(plan.ends)]
     committed = KAFKA_RETRY.call(
-        lambda: consumer.committed(wanted, timeout=timeout_s), f"reading the committed offsets of {work_topic}"
+        lambda: group.committed(wanted, timeout_s), f"reading the committed offsets of {work_topic}"
     )
     return all(tp.offset >= plan.ends[tp.partition] for tp in committed)
 
 
 def plan_is_complete(
-    config: KafkaConfig, topics: JobTopics, consumer: Consumer, plan: WorkPlan
+    config: KafkaConfig, topics: JobTopics, group: GroupOffsets, plan: WorkPlan
 ) -> tuple[bool, WorkPlan]:
     """Whether every unit of the source is done, and its plan as last read.
 
@@ -263,7 +266,7 @@ def plan_is_complete(
     the plan is read again after the offsets, and the check repeats until the plan read is the one the
     offsets were checked against."""
     work_topic = topics.work(plan.source)
-    while plan_is_done(consumer, work_topic, plan):
+    while plan_is_done(group, work_topic, plan):
         latest = read_work_plan(config, topics, plan.source)
         if latest is None or latest.merged(plan).ends == plan.ends:
             return True, plan

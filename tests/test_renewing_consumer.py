@@ -13,8 +13,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from tests.kafka_support import create_topic
+from topics.offset_lookup import OffsetLookup
 from topics.renewing_consumer import RenewingConsumer
-from topics.watermarks import EndOffsets
 
 STALL_S = 5.0
 TIMEOUT_S = 60.0
@@ -170,7 +170,7 @@ def test_an_end_offset_client_that_failed_is_replaced_by_one_that_answers(
 ) -> None:
     create_topic(kafka_bootstrap, unique_name)
     transactional_records(kafka_bootstrap, unique_name, 1, 3)
-    ends = EndOffsets({"bootstrap.servers": kafka_bootstrap})
+    ends = OffsetLookup({"bootstrap.servers": kafka_bootstrap})
     try:
         with pytest.raises(KafkaException):
             ends.end(TopicPartition(unique_name, 7), timeout_s=5)  # no such partition

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from pipeline.constructor.state import ConstructorState
@@ -17,8 +17,8 @@ from pipeline.work_plan import WorkPlan, read_work_plan
 from topics.errors import DecodeError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
+from topics.offset_lookup import OffsetLookup
 from topics.sample_codec import decode_sample_message
-from topics.watermarks import EndOffsets
 
 # Records at the end of each source topic read for its tokens per offset.
 LENGTH_TAIL = 64
@@ -53,8 +53,8 @@ class JobProbe:
         self.sources = list(sources)
         self._plans: dict[str, WorkPlan] = {}
         # Reads watermarks and committed offsets only: it never subscribes, so it never joins a group.
-        self._ends = EndOffsets(config)
-        self._groups: dict[str, Consumer] = {}
+        self._ends = OffsetLookup(config)
+        self._groups: dict[str, OffsetLookup] = {}
 
     def snapshot(self) -> JobSnapshot:
         states = self._last_states()
@@ -113,13 +113,10 @@ class JobProbe:
                 return None
             self._plans[source] = plan
         group = self._groups.get(source)
-        if group is None:
-            # The loaders' group, to read its committed offsets; it never subscribes, so it never joins.
-            group_id = f"{self.topics.job}.loaders.{source}"
-            group = Consumer({**self.config, "group.id": group_id, "enable.auto.commit": False})
-            self._groups[source] = group
+        if group is None:  # the loaders' committed offsets, asked without joining their group
+            group = self._groups[source] = OffsetLookup(self.config, group=f"{self.topics.job}.loaders.{source}")
         work = self.topics.work(source)
-        committed = group.committed([TopicPartition(work, p) for p in sorted(plan.ends)], timeout=WATERMARK_TIMEOUT_S)
+        committed = group.committed([TopicPartition(work, p) for p in sorted(plan.ends)], WATERMARK_TIMEOUT_S)
         left = sum(max(plan.ends[tp.partition] - max(tp.offset, 0), 0) for tp in committed)
         if left == 0:
             self._plans.pop(source)  # read the plan again next time: it may have grown (splits, epochs)

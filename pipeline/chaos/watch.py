@@ -14,8 +14,8 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka_clients import KafkaConfig
 from topics.names import JobTopics
+from topics.offset_lookup import OffsetLookup
 from topics.renewing_consumer import RenewingConsumer
-from topics.watermarks import EndOffsets
 
 # The run's own clients. Connection errors while the broker restarts are expected. Without
 # metadata.recovery.strategy=none, librdkafka forgets a single broker that went away ("re-bootstrap") and
@@ -39,7 +39,7 @@ class StateWatch:
         self.partition = TopicPartition(JobTopics(job).state, 0)
         self._consumer = RenewingConsumer(settings)  # a step written is a step seen, broker restarts or not
         self._consumer.assign([TopicPartition(self.partition.topic, 0, OFFSET_BEGINNING)])
-        self._ends = EndOffsets(settings)  # for the main thread's end-offset questions
+        self._ends = OffsetLookup(settings)  # for the main thread's end-offset questions
         self._offsets: list[int] = []
         self._arrivals: list[float] = []
         self._steps = 0

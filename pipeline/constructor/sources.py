@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Collection
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from pipeline.constructor.pool import SamplePool
 from pipeline.kafka_clients import KafkaConfig
@@ -14,6 +14,7 @@ from pipeline.work_plan import WorkPlan, plan_is_complete, read_work_plan, reque
 from topics.dead_letter import DeadLetter
 from topics.errors import DecodeError
 from topics.names import JobTopics, parse_topic
+from topics.offset_lookup import OffsetLookup
 from topics.renewing_consumer import RenewingConsumer
 from topics.retry import KAFKA_RETRY
 from topics.sample_codec import decode_sample_message
@@ -51,7 +52,7 @@ class SourceTopicFeed:
         self._paused: set[str] = set()
         self._plans: dict[str, WorkPlan] = {}
         self._asked: dict[str, int] = {}  # the epoch last asked for, per source
-        self._loader_groups: dict[str, Consumer] = {}
+        self._loader_groups: dict[str, OffsetLookup] = {}
         self._source_of: dict[str, str] = {}  # topic name -> source, parsed once per topic
         positions = pool.positions()
         consumer.assign([TopicPartition(topics.src(s), partition, positions[s].low) for s in pool.sources])
@@ -136,8 +137,7 @@ class SourceTopicFeed:
             return False
         self._plans[source] = plan
         if source not in self._loader_groups:
-            group = f"{self.topics.job}.loaders.{source}"  # asks for its offsets; never joins it
-            self._loader_groups[source] = Consumer({**self.config, "group.id": group, "enable.auto.commit": False})
+            self._loader_groups[source] = OffsetLookup(self.config, group=f"{self.topics.job}.loaders.{source}")
         # Loaders may have split units since the plan was read: the plan's ends grow with them.
         done, self._plans[source] = plan_is_complete(self.config, self.topics, self._loader_groups[source], plan)
         return done

@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator
 
-from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from pipeline.metrics.reasons import DeadLetterReason
+from topics.offset_lookup import OffsetLookup
 
 # Seconds of one transaction: from a few milliseconds (a constructor step) to minutes (a big work unit).
 TRANSACTION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -31,24 +31,22 @@ def count_reasons(counter: Counter, job: str, source_reasons: Iterable[tuple[str
 
 
 class SourceGaugeAtScrape(Collector):
-    """A gauge per ``{job, source}`` measured when scraped, with a Kafka consumer of its own (made by the
-    subclass on first use, closed by ``close``); scrapes may come on several threads."""
+    """A gauge per ``{job, source}`` measured when scraped, with an offset lookup of its own (closed by
+    ``close``); scrapes may come on several threads."""
 
     NAME = ""
     HELP = ""
 
-    def __init__(self) -> None:
+    def __init__(self, lookup: OffsetLookup) -> None:
         self._lock = threading.Lock()
-        self._consumer: Consumer | None = None
+        self._lookup = lookup
 
     def describe(self) -> Iterator[Metric]:
         yield self._family()
 
     def close(self) -> None:
         with self._lock:
-            if self._consumer is not None:
-                self._consumer.close()
-                self._consumer = None
+            self._lookup.close()
 
     def _family(self) -> GaugeMetricFamily:
         return GaugeMetricFamily(self.NAME, self.HELP, labels=["job", "source"])

@@ -23,7 +23,7 @@ from pipeline.metrics.common import (
 from pipeline.metrics.reasons import DeadLetterReason
 from topics.dead_letter import DeadLetter
 from topics.names import JobTopics
-from topics.watermarks import EndOffsets
+from topics.offset_lookup import OffsetLookup
 
 if TYPE_CHECKING:
     from pipeline.constructor.assemble import AssembledStep
@@ -226,8 +226,7 @@ class SourceBacklog(SourceGaugeAtScrape):
         self.topics = topics
         self.sources = list(sources)
         self.metrics = metrics
-        super().__init__()
-        self._ends = EndOffsets(config)
+        super().__init__(OffsetLookup(config))
 
     def collect(self) -> Iterator[Metric]:
         family = self._family()
@@ -245,8 +244,4 @@ class SourceBacklog(SourceGaugeAtScrape):
         yield family
 
     def _end_offset(self, source: str) -> int:
-        return self._ends.end(TopicPartition(self.topics.src(source), self.partition), timeout_s=5)
-
-    def close(self) -> None:
-        with self._lock:
-            self._ends.close()
+        return self._lookup.end(TopicPartition(self.topics.src(source), self.partition), timeout_s=5)

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import Metric
 
@@ -21,6 +21,7 @@ from pipeline.metrics.reasons import DeadLetterReason, reason_class
 from pipeline.work_plan import WorkPlan, read_work_plan
 from topics.dead_letter import DeadLetter
 from topics.names import JobTopics
+from topics.offset_lookup import OffsetLookup
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class WorkUnitLag(SourceGaugeAtScrape):
         self.config = config
         self.topics = topics
         self.source = source
-        super().__init__()
+        super().__init__(OffsetLookup(config, group=f"{topics.job}.loaders.{source}"))
         self._plan: WorkPlan | None = None
         self._plan_read_at = -PLAN_REFRESH_S
 
@@ -116,10 +117,7 @@ class WorkUnitLag(SourceGaugeAtScrape):
             self._plan_read_at = time.monotonic()
         if self._plan is None:
             return None
-        if self._consumer is None:
-            group = f"{self.topics.job}.loaders.{self.source}"
-            self._consumer = Consumer({**self.config, "group.id": group, "enable.auto.commit": False})
         work = self.topics.work(self.source)
         asked = [TopicPartition(work, p) for p in sorted(self._plan.ends)]
-        committed = {tp.partition: tp.offset for tp in self._consumer.committed(asked, timeout=5)}
+        committed = {tp.partition: tp.offset for tp in self._lookup.committed(asked, timeout_s=5)}
         return work_unit_lag(self._plan.ends, committed)

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from pipeline.kafka_clients import KafkaConfig
 from topics.errors import MixflowError
-from topics.watermarks import EndOffsets
+from topics.offset_lookup import OffsetLookup
 
 
 class OffsetProbe:
@@ -21,7 +21,7 @@ class OffsetProbe:
     def __init__(self, config: KafkaConfig, timeout_s: float = 10.0) -> None:
         self.timeout_s = timeout_s
         self.where = config.get("bootstrap.servers")
-        self.ends = EndOffsets(config, isolation="read_committed")
+        self.ends = OffsetLookup(config, isolation="read_committed")
         self.consumer = Consumer(
             {
                 **config,

@@ -1,9 +1,11 @@
-"""Where partitions end, asked on a client of its own that is replaced when its metadata goes stale.
+"""Where partitions end and what a group has committed, asked on a client of its own that is replaced
+when it goes stale.
 
 After a broker restart, a librdkafka client can keep a partition's leader as unknown for good and then
 answer "Local: Unknown partition" to every question about it, however often it is asked and however
-healthy the broker is again (confluentinc/librdkafka#5430; seen here after single-broker restarts). A new
-client asks the brokers afresh, so a failed question drops the client and the next one builds another."""
+healthy the broker is again (confluentinc/librdkafka#5430; seen here after single-broker restarts); a
+group member's questions to its coordinator can time out for good the same way. A new client asks the
+brokers afresh, so a failed question drops the client and the next one builds another."""
 
 from __future__ import annotations
 
@@ -20,14 +22,17 @@ Isolation = Literal["read_committed", "read_uncommitted"]
 T = TypeVar("T")
 
 
-class EndOffsets:
+class OffsetLookup:
     """``end()`` is a partition's high watermark, or its last stable offset under read_committed: the
-    offset a consumer with that isolation stands at once it has read everything there is."""
+    offset a consumer with that isolation stands at once it has read everything there is. ``committed()``
+    is what ``group`` has committed; the lookup never joins the group."""
 
-    def __init__(self, config: Mapping[str, Any], isolation: Isolation = "read_committed") -> None:
+    def __init__(
+        self, config: Mapping[str, Any], isolation: Isolation = "read_committed", group: str | None = None
+    ) -> None:
         self._settings = {
             **config,
-            "group.id": f"mixflow-ends-{uuid.uuid4().hex[:12]}",  # asks for watermarks only: never joined
+            "group.id": group or f"mixflow-ends-{uuid.uuid4().hex[:12]}",  # asked, never joined
             "enable.auto.commit": False,
             "isolation.level": isolation,
         }
@@ -40,6 +45,9 @@ class EndOffsets:
     def watermarks(self, partition: TopicPartition, timeout_s: float) -> tuple[int, int]:
         """Where the partition's log starts and where it ends."""
         return self._ask(lambda c: c.get_watermark_offsets(partition, timeout=timeout_s))
+
+    def committed(self, partitions: list[TopicPartition], timeout_s: float) -> list[TopicPartition]:
+        return self._ask(lambda c: c.committed(partitions, timeout=timeout_s))
 
     def partitions(self, topic: str, timeout_s: float) -> list[int]:
         """The topic's partitions; none while it does not exist."""
