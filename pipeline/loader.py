@@ -250,7 +250,7 @@ class SourceLoader(TransactionalRole):
         rejoin after its session lapsed while the broker was away, and would then poll forever), or whose
         fetching stalled (``topics.fetch_stall``)."""
         log.warning(
-            "loader %s: %s; closing the consumer and joining group %s as a new member",
+            "loader %s: %s; closing the consumer and joining as a new member of group %s",
             self.transactional_id,
             why,
             self.group_id,
