@@ -8,17 +8,10 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.fake_clock import FakeClock
 from topics.fetch_stall import FetchStallWatch
 
 STALL_S = 10.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Ends:
@@ -58,12 +51,12 @@ class Event:
         return self.at
 
 
-def watch() -> tuple[FetchStallWatch, Clock, Ends]:
-    clock, ends = Clock(), Ends()
+def watch() -> tuple[FetchStallWatch, FakeClock, Ends]:
+    clock, ends = FakeClock(), Ends()
     return FetchStallWatch(ends, STALL_S, clock), clock, ends  # type: ignore[arg-type]
 
 
-def wait(fetch: FetchStallWatch, clock: Clock, seconds: float, step: float = 1.0):
+def wait(fetch: FetchStallWatch, clock: FakeClock, seconds: float, step: float = 1.0):
     """Consume for ``seconds`` with nothing arriving; the first stall named, if any."""
     end = clock.now + seconds
     while clock.now < end:

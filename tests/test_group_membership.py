@@ -6,15 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.group_membership import MembershipWatch
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.fake_clock import FakeClock
 
 EVENTS = st.lists(
     st.tuples(st.sampled_from(["assigned", "lost", "joining", "wait"]), st.floats(0.0, 30.0)), max_size=40
@@ -23,7 +15,7 @@ EVENTS = st.lists(
 
 @given(EVENTS, st.floats(1.0, 60.0))
 def test_stuck_exactly_when_without_an_assignment_for_the_limit(events: list[tuple[str, float]], limit: float) -> None:
-    clock = Clock()
+    clock = FakeClock()
     watch = MembershipWatch(limit, clock)
     without_since: float | None = clock.now  # a new consumer waits for its first assignment
     for event, seconds in events:
@@ -44,7 +36,7 @@ def test_stuck_exactly_when_without_an_assignment_for_the_limit(events: list[tup
 
 
 def test_a_second_loss_does_not_restart_the_count() -> None:
-    clock = Clock()
+    clock = FakeClock()
     watch = MembershipWatch(10.0, clock)
     watch.assigned()
     watch.lost()

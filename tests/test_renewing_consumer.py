@@ -6,28 +6,21 @@ demand; a client paused behind the wrapper's back stops fetching in the same sil
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from tests.fake_clock import FakeClock
 from tests.kafka_support import create_topic
 from topics.offset_lookup import OffsetLookup
 from topics.renewing_consumer import RenewingConsumer
 
 STALL_S = 5.0
 TIMEOUT_S = 60.0
-
-
-class FakeClock:
-    """The wrapper's time: the test says how much of it passes between two calls."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def transactional_records(bootstrap: str, topic: str, partitions: int, per_partition: int, *, abort: bool = False):
@@ -75,6 +68,17 @@ def idle(consumer: RenewingConsumer, clock: FakeClock, calls: int, step_s: float
     return out
 
 
+@contextlib.contextmanager
+def reading_from_the_start(bootstrap: str, topic: str, partitions: int) -> Iterator[tuple[RenewingConsumer, FakeClock]]:
+    clock = FakeClock()
+    consumer = RenewingConsumer(settings(bootstrap), stall_after_s=STALL_S, clock=clock)
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        yield consumer, clock
+    finally:
+        consumer.close()
+
+
 def expected(partitions: int, start: int, stop: int) -> list[bytes]:
     return [f"{p}:{i}".encode() for p in range(partitions) for i in range(start, stop)]
 
@@ -84,10 +88,7 @@ def test_a_client_that_stops_fetching_is_replaced_and_reading_goes_on_where_it_s
 ) -> None:
     create_topic(kafka_bootstrap, unique_name, partitions=2)
     transactional_records(kafka_bootstrap, unique_name, 2, 10)
-    clock = FakeClock()
-    consumer = RenewingConsumer(settings(kafka_bootstrap), stall_after_s=STALL_S, clock=clock)
-    try:
-        consumer.assign([TopicPartition(unique_name, p, 0) for p in range(2)])
+    with reading_from_the_start(kafka_bootstrap, unique_name, 2) as (consumer, clock):
         got: list[bytes] = []
         read(consumer, clock, 20, 0.5, got)
         # The client stops fetching one partition and says nothing, as librdkafka#5430 leaves it.
@@ -95,12 +96,10 @@ def test_a_client_that_stops_fetching_is_replaced_and_reading_goes_on_where_it_s
         transactional_records(kafka_bootstrap, unique_name, 2, 10)
         read(consumer, clock, 40, 0.5, got)
         assert consumer.renewals == 1
-        assert sorted(got) == sorted(expected(2, 0, 10) * 2), "a record was skipped or read twice"
-        for p in range(2):
-            in_order = [f"{p}:{i}".encode() for i in range(10)] * 2
-            assert [v for v in got if v.startswith(f"{p}:".encode())] == in_order
-    finally:
-        consumer.close()
+    assert sorted(got) == sorted(expected(2, 0, 10) * 2), "a record was skipped or read twice"
+    for p in range(2):
+        in_order = [f"{p}:{i}".encode() for i in range(10)] * 2
+        assert [v for v in got if v.startswith(f"{p}:".encode())] == in_order
 
 
 def test_a_client_at_the_end_is_kept_however_long_it_waits_past_markers_and_aborted_transactions(
@@ -109,25 +108,16 @@ def test_a_client_at_the_end_is_kept_however_long_it_waits_past_markers_and_abor
     create_topic(kafka_bootstrap, unique_name, partitions=2)
     transactional_records(kafka_bootstrap, unique_name, 2, 7)
     transactional_records(kafka_bootstrap, unique_name, 2, 4, abort=True)  # the log ends in aborted ones
-    clock = FakeClock()
-    consumer = RenewingConsumer(settings(kafka_bootstrap), stall_after_s=STALL_S, clock=clock)
-    try:
-        consumer.assign([TopicPartition(unique_name, p, 0) for p in range(2)])
-        got: list[bytes] = []
-        read(consumer, clock, 14, 0.5, got)
+    with reading_from_the_start(kafka_bootstrap, unique_name, 2) as (consumer, clock):
+        read(consumer, clock, 14, 0.5, [])
         assert idle(consumer, clock, 60, 1.0) == []  # 60 s of its time waiting at the end
         assert consumer.renewals == 0
-    finally:
-        consumer.close()
 
 
 def test_a_paused_partition_or_a_caller_busy_elsewhere_is_no_stall(kafka_bootstrap: str, unique_name: str) -> None:
     create_topic(kafka_bootstrap, unique_name)
-    clock = FakeClock()
-    consumer = RenewingConsumer(settings(kafka_bootstrap), stall_after_s=STALL_S, clock=clock)
     partition = TopicPartition(unique_name, 0)
-    try:
-        consumer.assign([TopicPartition(unique_name, 0, 0)])
+    with reading_from_the_start(kafka_bootstrap, unique_name, 1) as (consumer, clock):
         consumer.pause([partition])
         transactional_records(kafka_bootstrap, unique_name, 1, 5)
         assert idle(consumer, clock, 30, 1.0) == []
@@ -138,9 +128,7 @@ def test_a_paused_partition_or_a_caller_busy_elsewhere_is_no_stall(kafka_bootstr
         clock.now += 10 * STALL_S  # the caller did other work: records waiting now were not waited for
         read(consumer, clock, 10, 0.5, got)
         assert consumer.renewals == 0
-        assert got == expected(1, 0, 5) * 2
-    finally:
-        consumer.close()
+    assert got == expected(1, 0, 5) * 2
 
 
 def test_end_of_partition_events_reach_only_a_caller_that_asked(kafka_bootstrap: str, unique_name: str) -> None:
