@@ -138,15 +138,17 @@ class SourceLoader(TransactionalRole):
     def group_id(self) -> str:
         return f"{self.topics.job}.loaders.{self.source}"
 
-    def ensure_plan(self) -> WorkPlan:
+    def ensure_plan(self) -> WorkPlan | None:
         """The source's work plan. Instance 0 publishes it when there is none yet; the other instances
-        wait for it, so two planners never race."""
+        wait for it, so two planners never race. None when asked to stop while waiting."""
         deadline = time.monotonic() + self.options.plan_wait_s
         backoff = 0.05
         while (plan := read_work_plan(self.config, self.topics, self.source)) is None:
             if self.options.instance == 0:
                 return self._publish_plan()
-            if self.stopping or time.monotonic() > deadline:
+            if self.stopping:
+                return None
+            if time.monotonic() > deadline:
                 msg = (
                     f"loader {self.transactional_id}: no work plan for {self.source} on {self.topics.control} "
                     f"after {self.options.plan_wait_s:.0f} s; loader instance 0 of the source publishes it"
@@ -170,7 +172,10 @@ class SourceLoader(TransactionalRole):
 
     def run(self) -> LoaderStats:
         self.stop_on_signals()
-        self._plan = self.ensure_plan()
+        if (plan := self.ensure_plan()) is None:
+            log.info("loader %s: asked to stop while waiting for the work plan", self.transactional_id)
+            return self.stats
+        self._plan = plan
         if (target := self.runtime.spec.unit_target_s) is not None:
             cost = read_unit_cost(self.config, self.topics, self.source)
             self.sizer = UnitSizer(self.runtime.reader, target, cost, self.transactional_id)

@@ -113,7 +113,8 @@ class Supervisor:
                 continue
             if role.process is None or (code := role.process.poll()) is None:
                 continue
-            if code == 0 and (role.finite or role.stopping):
+            # -SIGTERM after a stop was asked: it was still starting, before it handles the signal.
+            if (code == 0 and role.finite) or (role.stopping and code in (0, -signal.SIGTERM)):
                 role.done = True
                 continue
             failure = Failure(role.name, role.process.pid, code, role.tail())
