@@ -145,7 +145,10 @@ def test_a_fenced_writer_raises_on_the_main_thread_and_writes_nothing_more(writi
     transactional_producer(config, group, transaction_timeout_ms=60_000)  # a newer process of the role
     assert writer.write(_step(topic, source, 1, 2, done))
     with pytest.raises(ProducerFencedError, match="fenced"):
-        writer.wait()
+        writer.write(_step(topic, source, 2, 2, done))  # handed over while the transaction before fails
+    # The constructor's cleanup waits for the writer while the error goes up: it starts nothing more on the
+    # fenced producer (that raised a conflicting-call error, which hid the fencing from the caller).
+    assert writer.wait()
     writer.close()
     assert done == [0]
     assert [m.value().decode() for m in read_to_end(config["bootstrap.servers"], topic)] == ["0:0", "0:1"]

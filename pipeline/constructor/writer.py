@@ -134,7 +134,14 @@ class StepWriter:
             return True
         steps, transaction = self._in_flight
         self._in_flight = None
-        if not transaction.result():
+        try:
+            committed = transaction.result()
+        except BaseException:
+            # Fenced, or the client failed: nothing handed over since is written, and a later wait()
+            # (the caller's cleanup) must not start a transaction on that producer.
+            self._pending.clear()
+            raise
+        if not committed:
             return False
         for step in steps:
             step.done()
