@@ -343,6 +343,11 @@ class LocalBroker:
                 why = "exited" if exited else f"did not answer within {timeout_s:.0f} s"
                 tail = self.log_tail()
                 msg = f"the Kafka broker (pid {pid}) {why}; last lines of {self.log_file}:\n{tail}"
+                if not exited:
+                    msg += (
+                        f"\nIt is still starting: a state folder holding many partitions ({self.data_dir}) loads "
+                        "slowly. Wait longer (--timeout), or stop it and remove the folder for an empty broker."
+                    )
                 raise MixflowError(msg)
 
     def log_tail(self, lines: int = 15) -> str:
