@@ -86,6 +86,7 @@ def main() -> int:
         "--kinds", default=",".join(FaultKind), help="kinds of fault, comma-separated (default: every kind)"
     )
     parser.add_argument("--out", type=Path, help="logs and report.json (default: a temporary folder)")
+    parser.add_argument("--max-lead-steps", type=int, help="constructor.max_lead_steps (default: the spec's)")
     add_markdown_flag(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -97,6 +98,7 @@ def main() -> int:
         out=out,
         shadows=args.shadows,
         kinds=tuple(FaultKind(kind) for kind in args.kinds.split(",")),
+        max_lead_steps=args.max_lead_steps,
     )
     report = run_chaos(options)
     print(f"\nchaos run on {len(report.planned)} faults, seed {args.seed}; logs and report.json in {out}")

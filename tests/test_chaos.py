@@ -200,12 +200,12 @@ def test_a_job_survives_a_fault_of_every_kind_with_nothing_lost_or_repeated(tmp_
     )
     body = yaml.safe_load(spec.read_text())
     body["sources"][1]["loaders"] = 2  # two loaders share the docstrings
-    # The constructor stays within 2 steps of the sinks (their progress reports), so sink kills and restarts
-    # pace it under every fault.
-    body["constructor"] = {"max_lead_steps": 2}
     spec.write_text(yaml.safe_dump(body, sort_keys=False))
 
-    report = run_chaos(ChaosOptions(spec=spec, faults=7, seed=12, out=tmp_path / "chaos", shadows=1))
+    # The constructor stays within 2 steps of the sinks (their progress reports), so sink kills and restarts
+    # pace it under every fault.
+    options = ChaosOptions(spec=spec, faults=7, seed=12, out=tmp_path / "chaos", shadows=1, max_lead_steps=2)
+    report = run_chaos(options)
     print("\n".join(report.lines()))
     assert report.ok, "\n".join(report.lines())
     assert {kind for kind, (injected, survived) in report.by_kind().items() if injected == survived} == set(FaultKind)

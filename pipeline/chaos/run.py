@@ -55,6 +55,7 @@ class ChaosOptions:
     drain_timeout_s: float = 600.0  # for the job to end once the faults are over
     max_pause_s: float = 2.0  # before each fault, once the previous one was survived
     max_down_s: float = 3.0  # a restarted broker stays down up to this long
+    max_lead_steps: int | None = None  # overrides the spec's constructor.max_lead_steps (the sinks pace it)
 
 
 def run_chaos(options: ChaosOptions) -> ChaosReport:
@@ -88,7 +89,7 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
     broker = None if options.bootstrap else LocalBroker(folder / "broker", port=free_port_pair())
     try:
         bootstrap = broker.up() if broker is not None else str(options.bootstrap)
-        spec, streaming, draining = _write_specs(options.spec, job, bootstrap, folder)
+        spec, streaming, draining = _write_specs(options.spec, job, bootstrap, folder, options.max_lead_steps)
         config = spec.kafka.client_config(bootstrap)
         ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks, lanes=spec.constructor.lanes)
         live = LiveJob(options, spec, config, folder, broker)
@@ -110,11 +111,15 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
     return report
 
 
-def _write_specs(spec_path: Path, job: str, bootstrap: str, folder: Path) -> tuple[JobSpec, Path, Path]:
+def _write_specs(
+    spec_path: Path, job: str, bootstrap: str, folder: Path, max_lead_steps: int | None
+) -> tuple[JobSpec, Path, Path]:
     """The spec under ``job`` on ``bootstrap``, streaming (``spec.yaml``), and for the drain."""
     body = load_spec(spec_path).model_dump(mode="json", exclude_none=True)
     body["job"] = job
     body["kafka"] = {**body.get("kafka", {}), "bootstrap_servers": bootstrap}
+    if max_lead_steps is not None:
+        body["constructor"] = {**body.get("constructor", {}), "max_lead_steps": max_lead_steps}
     paths = []
     for name, policy in (("spec.yaml", "next_epoch"), ("drain-spec.yaml", "renormalize")):
         path = folder / name

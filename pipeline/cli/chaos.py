@@ -34,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the kinds of fault, comma-separated (default: all of " + ", ".join(FaultKind) + ")",
     )
     parser.add_argument(
+        "--max-lead-steps",
+        type=int,
+        help="the constructor stays at most this many steps ahead of the slowest sink (constructor.max_lead_steps; "
+        "default: the spec's)",
+    )
+    parser.add_argument(
         "--fault-timeout-s",
         type=float,
         default=120.0,
@@ -65,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         bootstrap=args.bootstrap_servers,
         kinds=args.kinds,
         fault_timeout_s=args.fault_timeout_s,
+        max_lead_steps=args.max_lead_steps,
     )
     report = run_chaos(options)
     for line in report.lines():
