@@ -45,7 +45,7 @@ from pipeline.work_plan import (
 )
 from topics.dead_letter import DeadLetter, encode_dead_letter
 from topics.errors import DecodeError, MixflowError
-from topics.fetch_stall import FetchStallWatch
+from topics.fetch_stall import STALL_AFTER_S, FetchStallWatch
 from topics.lanes import unit_partition
 from topics.names import JobTopics
 from topics.offset_lookup import OffsetLookup
@@ -85,6 +85,8 @@ class LoaderOptions:
     session_timeout_ms: int = 10_000
     # A loader without an assignment this long replaces its consumer (see pipeline.group_membership).
     rejoin_after_s: float = DEFAULT_REJOIN_AFTER_S
+    # A loader whose work partition delivers nothing this long while units lie past it rejoins (topics.fetch_stall).
+    stall_after_s: float = STALL_AFTER_S
     poll_timeout_s: float = 1.0
     plan_wait_s: float = 600.0
     unit_seconds: float = TARGET_UNIT_SECONDS
@@ -124,7 +126,7 @@ class SourceLoader(TransactionalRole):
         self._admin: AdminClient | None = None  # asks whether the brokers answer, when the membership is stuck
         # Ends and the group's committed offsets, on a client of its own that never joins the group.
         self._offsets = OffsetLookup(config, group=self.group_id)
-        self._fetch = FetchStallWatch(self._offsets)  # a consumer that stopped fetching is replaced too
+        self._fetch = FetchStallWatch(self._offsets, options.stall_after_s)  # a stalled consumer is replaced too
         self.metrics = metrics or LoaderMetrics(CollectorRegistry(), topics.job, self.source)
         self._lanes: int | None = None  # partitions of the source topic, read at the first unit
         self._plan = WorkPlan(self.source, 0, {})  # the source's plan as last read or extended
