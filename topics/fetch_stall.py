@@ -54,6 +54,7 @@ class FetchStallWatch:
         self.next: dict[Key, int] = {}  # per partition read, the offset of the next record to hand on
         self.paused: set[Key] = set()
         self._quiet_since: dict[Key, float] = {}
+        self._heard: set[Key] = set()  # partitions that said something since the clock was last read
         self._checked_at: dict[Key, float] = {}
         self._last_call = clock()
 
@@ -87,7 +88,7 @@ class FetchStallWatch:
 
     def consuming(self) -> None:
         """The caller is about to consume."""
-        now = self._clock()
+        now = self._hear(self._clock())
         if now - self._last_call > _CONSUMING_GAP_S:
             self._quiet_since = dict.fromkeys(self.next, now)
         self._last_call = now
@@ -99,13 +100,19 @@ class FetchStallWatch:
         key = (message.topic(), message.partition())
         if (error is None or eof) and key in self.next:
             self.next[key] = message.offset() if eof else message.offset() + 1
-            self._quiet_since[key] = self._clock()
+            self._heard.add(key)  # the clock is read once per batch, not per record
         return eof
+
+    def _hear(self, now: float) -> float:
+        for key in self._heard:
+            self._quiet_since[key] = now
+        self._heard.clear()
+        return now
 
     def stall(self) -> Stall | None:
         """A partition, not paused, quiet for ``stall_after_s`` of consuming while committed records lie
         past where it is read; each partition is asked about at most once per ``stall_after_s``."""
-        now = self._clock()
+        now = self._hear(self._clock())
         for key, since in self._quiet_since.items():
             if key not in self.next or key in self.paused or now - since < self.stall_after_s:
                 continue

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka_clients import KafkaConfig
 from topics.errors import MixflowError
@@ -44,6 +45,7 @@ class ConstructorLease:
         self.session_timeout_ms = session_timeout_ms
         self._held = False
         self._assignments = 0
+        self._admin: AdminClient | None = None  # asks the brokers whether this instance is a member
         self.consumer = self._join()
 
     def _join(self) -> Consumer:
@@ -109,6 +111,24 @@ class ConstructorLease:
         if partitions and self._held:
             self._held = False
             log.warning("%s lost the constructor lease of %s", self.instance, self.group)
+
+    def in_group(self, timeout_s: float = 5.0) -> bool:
+        """Whether the brokers count this instance among the group's members. After a broker restart a
+        lease consumer whose session lapsed can stay outside for good, polling, while its shadow loop sees
+        the job move on (the active instance writes steps) and so has nothing to wait for. True when the
+        brokers cannot say (they are away: then nobody can join)."""
+        member = self.consumer.memberid()
+        if not member:
+            return False
+        if self._admin is None:
+            self._admin = AdminClient({**self.config, "log_level": 0})
+        future = self._admin.describe_consumer_groups([self.group], request_timeout=timeout_s)[self.group]
+        try:
+            description = future.result(timeout=timeout_s + 1)
+        except (KafkaException, TimeoutError):
+            self._admin = None  # the next question goes to a new client
+            return True
+        return any(m.member_id == member for m in description.members)
 
     def rejoin(self) -> None:
         """Leave the group and join it again as a new member: after this instance was fenced, its view of

@@ -191,14 +191,23 @@ class DataConstructor(TransactionalRole):
         if self._lease.wait_for_first_assignment(timeout_s=10.0):
             return True
         log.info("constructor %s of %s: shadow, waiting for the lease", self.instance, self.out.job)
-        last_look = 0.0
+        last_look = last_member_look = 0.0
         seen_step, seen_at = -1, time.monotonic()
+        outside_since: float | None = None
         # A lease consumer can miss its way back into the group after a broker restart: when the job has
-        # not moved for this long, join again as a new member (harmless if an active one merely waits).
+        # not moved for this long, or the brokers have not counted this instance a member for this long,
+        # join again as a new member (harmless if an active one merely waits).
         stalled_s = max(15.0, 10 * self.options.lease_session_timeout_ms / 1000)
         while not self.stopping:
             if self._lease.poll(0.2):
                 return True
+            if time.monotonic() - last_member_look > stalled_s / 3:
+                last_member_look = now = time.monotonic()
+                outside_since = None if self._lease.in_group() else (outside_since or now)
+                if outside_since is not None and now - outside_since > stalled_s:
+                    log.info("shadow %s: not in the lease group for %.0f s; joining again", self.instance, stalled_s)
+                    self._lease.rejoin()
+                    outside_since = None
             if time.monotonic() - last_look > 2.0:
                 last_look = time.monotonic()
                 try:
