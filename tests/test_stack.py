@@ -43,6 +43,14 @@ def test_up_is_idempotent_and_down_stops_the_broker(tmp_path: Path) -> None:
     assert _mixflow("stack", "status", "--state-dir", str(state)).returncode == 1
     assert "no broker of ours" in _mixflow("stack", "down", "--state-dir", str(state)).stdout
 
+    stranger = tmp_path / "not-a-stack"
+    stranger.mkdir()
+    (stranger / "keep.txt").write_text("mine")
+    refused = _mixflow("stack", "down", "--wipe", "--state-dir", str(stranger))
+    assert refused.returncode != 0 and "not deleting it" in refused.stderr and (stranger / "keep.txt").exists()
+    wiped = _mixflow("stack", "down", "--wipe", "--state-dir", str(state))
+    assert wiped.returncode == 0 and f"wiped {state}" in wiped.stdout and not state.exists()
+
 
 def test_up_refuses_a_port_another_process_holds(tmp_path: Path) -> None:
     with socket.socket() as holder:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 from pipeline.cli.command import Command
@@ -86,6 +87,15 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_down_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_stack_arguments(parser)
+    parser.add_argument(
+        "--wipe",
+        action="store_true",
+        help="then delete the state folder (every topic and log in it): the next `up` starts an empty broker",
+    )
+
+
 def _down(args: argparse.Namespace) -> int:
     stack = _stack(args)
     if isinstance(stack, LocalCluster):
@@ -93,7 +103,21 @@ def _down(args: argparse.Namespace) -> int:
         print(f"stopped nodes {', '.join(map(str, stopped))}" if stopped else "no node of ours was running")
     else:
         print("stopped" if stack.down() else "no broker of ours was running")
+    if args.wipe:
+        _wipe(stack.state_dir)
     return 0
+
+
+def _wipe(state_dir: Path) -> None:
+    """Delete a stopped stack's state folder, only if it is one (``up`` wrote its config there)."""
+    if not state_dir.exists():
+        print(f"nothing to wipe at {state_dir}")
+        return
+    if not (is_cluster_state_dir(state_dir) or (state_dir / "config" / "server.properties").exists()):
+        msg = f"{state_dir} does not look like a stack's state folder (no broker config in it); not deleting it"
+        raise MixflowError(msg)
+    shutil.rmtree(state_dir)
+    print(f"wiped {state_dir}")
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -148,8 +172,8 @@ COMMAND = Command(
         ),
         Command(
             name="down",
-            help="stop the broker or every node of the cluster started from this state folder",
-            add_arguments=_add_stack_arguments,
+            help="stop the broker or every node of the cluster started from this state folder (--wipe: and delete it)",
+            add_arguments=_add_down_arguments,
             run=_down,
         ),
         Command(name="status", help="say what runs where", add_arguments=_add_stack_arguments, run=_status),
