@@ -123,7 +123,6 @@ class SourceLoader(TransactionalRole):
         self._revoked = False  # set when a rebalance takes partitions away during a transaction
         self._membership = MembershipWatch(options.rejoin_after_s)
         self._consumer: Consumer | None = None  # the work group's consumer; replaced when its membership is stuck
-        self._admin: AdminClient | None = None  # asks whether the brokers answer, when the membership is stuck
         # Ends and the group's committed offsets, on a client of its own that never joins the group.
         self._offsets = OffsetLookup(config, group=self.group_id)
         self._fetch = FetchStallWatch(self._offsets, options.stall_after_s)  # a stalled consumer is replaced too
@@ -244,10 +243,8 @@ class SourceLoader(TransactionalRole):
         """Whether the cluster answers a metadata request, asked on a client of its own (the stuck consumer's
         connections may be what is wedged): while it does not, a new consumer would not join either, and
         closing the old one would only wait on the missing broker."""
-        if self._admin is None:
-            self._admin = AdminClient({**self.config, "log_level": 0})
         try:
-            self._admin.list_topics(self.topics.work(self.source), timeout=5.0)
+            self._offsets.partitions(self.topics.work(self.source), timeout_s=5.0)
         except KafkaException:
             return False
         return True

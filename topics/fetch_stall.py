@@ -10,7 +10,7 @@ committed records lie past where it is read, is stalled."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
@@ -23,6 +23,11 @@ STALL_AFTER_S = 15.0
 _CONSUMING_GAP_S = 2.0
 
 Key = tuple[str, int]
+
+
+def is_end_of_partition(message: Message) -> bool:
+    error = message.error()
+    return error is not None and error.code() == KafkaError._PARTITION_EOF
 
 
 @dataclass(frozen=True)
@@ -95,13 +100,34 @@ class FetchStallWatch:
 
     def saw(self, message: Message) -> bool:
         """Note where ``message`` says its partition is read; whether it is an end-of-partition event."""
-        error = message.error()
-        eof = error is not None and error.code() == KafkaError._PARTITION_EOF
+        eof = is_end_of_partition(message)
         key = (message.topic(), message.partition())
-        if (error is None or eof) and key in self.next:
-            self.next[key] = message.offset() if eof else message.offset() + 1
-            self._heard.add(key)  # the clock is read once per batch, not per record
+        if (message.error() is None or eof) and key in self.next:
+            self._note(key, message, eof)
         return eof
+
+    def saw_all(self, messages: Sequence[Message]) -> None:
+        """``saw`` for a batch: only each partition's last event counts, so the batch is read from its end
+        and no further once every partition read has been met (after a few records, when all deliver)."""
+        unmet = len(self.next)
+        met: set[Key] = set()
+        for message in reversed(messages):
+            if not unmet:
+                return
+            key = (message.topic(), message.partition())
+            if key in met:
+                continue
+            eof = is_end_of_partition(message)
+            if message.error() is not None and not eof:
+                continue
+            met.add(key)
+            if key in self.next:
+                self._note(key, message, eof)
+                unmet -= 1
+
+    def _note(self, key: Key, message: Message, eof: bool) -> None:
+        self.next[key] = message.offset() if eof else message.offset() + 1
+        self._heard.add(key)  # the clock is read once per batch, not per record
 
     def _hear(self, now: float) -> float:
         for key in self._heard:

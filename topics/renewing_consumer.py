@@ -12,7 +12,7 @@ from typing import Any
 from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.admin import ClusterMetadata
 
-from topics.fetch_stall import STALL_AFTER_S, FetchStallWatch
+from topics.fetch_stall import STALL_AFTER_S, FetchStallWatch, is_end_of_partition
 from topics.offset_lookup import OffsetLookup
 
 log = logging.getLogger("mixflow.kafka")
@@ -52,9 +52,11 @@ class RenewingConsumer:
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
         self._watch.consuming()
         messages = self._client.consume(num_messages=num_messages, timeout=timeout)
-        handed = [m for m in messages if not self._watch.saw(m) or self._hand_on_eof]
+        self._watch.saw_all(messages)
+        if not self._hand_on_eof:
+            messages = [m for m in messages if not is_end_of_partition(m)]
         self._renew_if_stalled()
-        return handed
+        return messages
 
     def poll(self, timeout: float = -1) -> Message | None:
         self._watch.consuming()

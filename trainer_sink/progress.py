@@ -92,23 +92,29 @@ class ProgressReporter:
         while not self._stop.wait(REPORT_INTERVAL_S / 2):
             self._send_pending()
             if time.monotonic() - self._last_sent >= REPEAT_S:
-                self._send_pending(again=True)
+                with self._lock:
+                    self._send(self._reported)
 
-    def _send_pending(self, again: bool = False) -> None:
+    def _send_pending(self) -> None:
         with self._lock:
-            step, self._pending = (self._reported, self._pending) if again else (self._pending, None)
-            if step is None or step < 0 or (step <= self._reported and not again) or self._producer is None:
-                return
-            if self._undelivered:
-                self._replace_producer()
-            key, value = encode_progress(self.rank, step)
-            try:
-                self._producer.produce(self.topic, value, key=key, on_delivery=self._delivered)
-            except (BufferError, KafkaException) as exc:
-                self._warn(f"cannot queue a progress report: {exc}")
-                return
-            self._reported, self._last_sent = step, time.monotonic()
-            self._producer.poll(0)
+            step, self._pending = self._pending, None
+            if step is not None and step > self._reported:
+                self._send(step)
+
+    def _send(self, step: int) -> None:
+        """Report ``step`` (the lock held)."""
+        if step < 0 or self._producer is None:
+            return
+        if self._undelivered:
+            self._replace_producer()
+        key, value = encode_progress(self.rank, step)
+        try:
+            self._producer.produce(self.topic, value, key=key, on_delivery=self._delivered)
+        except (BufferError, KafkaException) as exc:
+            self._warn(f"cannot queue a progress report: {exc}")
+            return
+        self._reported, self._last_sent = step, time.monotonic()
+        self._producer.poll(0)
 
     def _delivered(self, error: KafkaError | None, _message: object) -> None:
         if error is not None:
