@@ -161,8 +161,8 @@ def test_an_end_offset_client_that_failed_is_replaced_by_one_that_answers(
     ends = OffsetLookup({"bootstrap.servers": kafka_bootstrap})
     try:
         with pytest.raises(KafkaException):
-            ends.end(TopicPartition(unique_name, 7), timeout_s=5)  # no such partition
-        assert ends.replaced == 1
+            ends.end(TopicPartition(unique_name, 7), timeout_s=2)  # no such partition, asked until the timeout
+        assert ends.replaced >= 2
         assert ends.end(TopicPartition(unique_name, 0), timeout_s=10) == 4  # 3 records and the marker
         assert ends.partitions(unique_name, timeout_s=10) == [0]
         assert ends.partitions(f"{unique_name}-none", timeout_s=10) == []

@@ -5,21 +5,29 @@ After a broker restart, a librdkafka client can keep a partition's leader as unk
 answer "Local: Unknown partition" to every question about it, however often it is asked and however
 healthy the broker is again (confluentinc/librdkafka#5430; seen here after single-broker restarts); a
 group member's questions to its coordinator can time out for good the same way. A new client asks the
-brokers afresh, so a failed question drops the client and the next one builds another."""
+brokers afresh, so a failed question drops the client and the next one builds another.
+
+A partition just created, or one whose leader moved, answers "not leader" or "unknown partition" for a
+moment; such a question is asked again, on a new client, until its timeout is spent."""
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from topics.retry import is_retriable
 
 log = logging.getLogger("mixflow.kafka")
 
 Isolation = Literal["read_committed", "read_uncommitted"]
 T = TypeVar("T")
+
+FIRST_RETRY_S = 0.05
 
 
 class OffsetLookup:
@@ -44,31 +52,42 @@ class OffsetLookup:
 
     def watermarks(self, partition: TopicPartition, timeout_s: float) -> tuple[int, int]:
         """Where the partition's log starts and where it ends."""
-        return self._ask(lambda c: c.get_watermark_offsets(partition, timeout=timeout_s))
+        return self._ask(lambda c, left_s: c.get_watermark_offsets(partition, timeout=left_s), timeout_s)
 
     def committed(self, partitions: list[TopicPartition], timeout_s: float) -> list[TopicPartition]:
-        return self._ask(lambda c: c.committed(partitions, timeout=timeout_s))
+        return self._ask(lambda c, left_s: c.committed(partitions, timeout=left_s), timeout_s)
 
     def partitions(self, topic: str, timeout_s: float) -> list[int]:
         """The topic's partitions; none while it does not exist."""
 
-        def described(client: Consumer) -> list[int]:
-            found = client.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        def described(client: Consumer, left_s: float) -> list[int]:
+            found = client.list_topics(topic, timeout=left_s).topics.get(topic)
             return sorted(found.partitions) if found is not None and found.error is None else []
 
-        return self._ask(described)
+        return self._ask(described, timeout_s)
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
 
-    def _ask(self, question: Callable[[Consumer], T]) -> T:
-        if self._client is None:
-            self._client = Consumer(self._settings)
-        try:
-            return question(self._client)
-        except KafkaException:
-            self.close()
-            self.replaced += 1
-            raise
+    def _ask(self, question: Callable[[Consumer, float], T], timeout_s: float) -> T:
+        deadline = time.monotonic() + timeout_s
+        pause_s = FIRST_RETRY_S
+        while True:
+            if self._client is None:
+                self._client = Consumer(self._settings)
+            try:
+                return question(self._client, max(0.1, deadline - time.monotonic()))
+            except KafkaException as exc:
+                self.close()
+                self.replaced += 1
+                error = exc.args[0] if exc.args else None
+                passing = isinstance(error, KafkaError) and (
+                    is_retriable(error) or error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                )
+                if not passing or deadline - time.monotonic() < pause_s:
+                    raise
+                log.debug("asking again on a new client after %s", exc)
+            time.sleep(pause_s)
+            pause_s = min(2 * pause_s, 1.0)
