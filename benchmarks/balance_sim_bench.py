@@ -28,6 +28,7 @@ constructor's state record lists) and the most runs of consecutive offsets they 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -139,8 +140,14 @@ class Result:
     work_ms: float = 0.0  # the placed samples' own time, summed over ranks
     used: int = 0  # most delivered offsets above a source's low watermark (the state record lists them)
     runs: int = 0  # most runs of consecutive offsets they form
+    plans: list[list[list[list[int]]]] | None = None  # when kept: per step, rank and micro-batch, the lengths
 
-    def add(self, placed: np.ndarray, rank: np.ndarray, capacity: int) -> None:
+    def add(self, placed: np.ndarray, rank: np.ndarray, capacity: int, micro: np.ndarray, micro_batches: int) -> None:
+        if self.plans is not None:
+            step: list[list[list[int]]] = [[[] for _ in range(micro_batches)] for _ in range(RANKS)]
+            for length, r, m in zip(placed.tolist(), rank.tolist(), micro.tolist(), strict=True):
+                step[r][m].append(length)
+            self.plans.append(step)
         times = np.bincount(rank, weights=step_ms(placed), minlength=RANKS)
         self.work_ms += float(times.sum())
         self.tokens += int(placed.sum())
@@ -167,12 +174,14 @@ class Result:
         return (self.work_ms / self.tokens) / (float(step_ms(stream.lengths).sum()) / float(stream.lengths.sum()))
 
 
-def naive(stream: Stream, micro_batches: int, context: int, steps: int, warm_up: int) -> Result:
-    result = Result()
+def naive(
+    stream: Stream, micro_batches: int, context: int, steps: int, warm_up: int, keep_plans: bool = False
+) -> Result:
+    result = Result(plans=[] if keep_plans else None)
     shards = [stream.lengths[r::RANKS].tolist() for r in range(RANKS)]
     heads = [0] * RANKS
     for step in range(warm_up + steps):
-        placed, rank = [], []
+        placed, rank, micro = [], [], []
         for r in range(RANKS):
             held, shard, head = [0] * micro_batches, shards[r], heads[r]
             while head < len(shard):
@@ -183,10 +192,12 @@ def naive(stream: Stream, micro_batches: int, context: int, steps: int, warm_up:
                 held[slot] += length
                 placed.append(length)
                 rank.append(r)
+                micro.append(slot)
                 head += 1
             heads[r] = head
         if step >= warm_up:
-            result.add(np.array(placed, dtype=np.int64), np.array(rank), RANKS * micro_batches * context)
+            capacity = RANKS * micro_batches * context
+            result.add(np.array(placed, dtype=np.int64), np.array(rank), capacity, np.array(micro), micro_batches)
     return result
 
 
@@ -199,10 +210,11 @@ def mixflow(
     composed: bool,
     window: float = DEFAULT_WINDOW,
     due: float = DEFAULT_DUE,
+    keep_plans: bool = False,
 ) -> Result:
     """Steps drawn by ``draw_step`` (or ``compose_step``) and planned by ``plan_step``, as the constructor
     does: a FIFO of sample ids per source, the deferred ids first in the next step."""
-    result = Result()
+    result = Result(plans=[] if keep_plans else None)
     names = stream.names
     capacity = RANKS * micro_batches * context
     budget = step_budget(capacity)
@@ -249,7 +261,8 @@ def mixflow(
         plan = plan_step(stream.lengths[candidates], RANKS, micro_batches, context, COST_MODEL)
         placed = plan.placed_mask
         if step >= warm_up:
-            result.add(stream.lengths[candidates[placed]], plan.rank[placed], capacity)
+            placed_lengths = stream.lengths[candidates[placed]]
+            result.add(placed_lengths, plan.rank[placed], capacity, plan.micro[placed], micro_batches)
         if composed:
             result.max_wait = max(
                 [result.max_wait, *(step - entered.get(i, step) for i in candidates[placed].tolist())]
@@ -330,6 +343,42 @@ def run(
     return row
 
 
+def export_plans(
+    path: Path, mix: Mix, contexts: list[str], steps: int, warm_up: int, window: float, due: float
+) -> None:
+    """The micro-batches of ``steps`` steps after the warm-up, per method and context (seed 0), as JSON for
+    ``benchmarks/gpu_bench.py --plans`` to time real blocks over."""
+    out: dict[str, object] = {
+        "mix": mix.name,
+        "ranks": RANKS,
+        "fit_ms": {"alpha": ALPHA, "beta": BETA, "constant": CONSTANT},
+        "warm_up": warm_up,
+        "contexts": {},
+    }
+    for context_name in contexts:
+        micro_batches, context = SHAPES[context_name]
+        tokens = int(((steps + warm_up) * 1.3 + 3 * (window + 3)) * RANKS * micro_batches * context)
+        stream = make_stream(mix, context, tokens, np.random.default_rng([0, context]))
+        results = {
+            "naive": naive(stream, micro_batches, context, steps, warm_up, keep_plans=True),
+            "today": mixflow(stream, micro_batches, context, steps, warm_up, composed=False, keep_plans=True),
+            "composed": mixflow(
+                stream, micro_batches, context, steps, warm_up, composed=True, window=window, due=due, keep_plans=True
+            ),
+        }
+        out["contexts"][context_name] = {  # type: ignore[index]
+            "micro_batches": micro_batches,
+            "capacity": context,
+            "methods": {
+                name: {"plans": r.plans, "simulated_tokens_per_s": r.tokens_per_s} for name, r in results.items()
+            },
+        }
+        work = sum(r.work_ms for r in results.values())
+        print(f"{context_name}: {steps} steps, {work / 1e3:.0f} s of simulated block time over all methods and ranks")
+    path.write_text(json.dumps(out))
+    print(f"wrote {path} ({path.stat().st_size} bytes)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: two contexts, one mix and seed, few steps")
@@ -339,8 +388,15 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=DEFAULT_WINDOW, help="steps looked ahead")
     parser.add_argument("--due", type=float, default=DEFAULT_DUE, help="share of a step taken from FIFO heads")
     parser.add_argument("--mixes", default="", help="comma-separated mix names (default: all)")
+    parser.add_argument("--export-plans", type=Path, help="write the micro-batches for gpu_bench.py --plans, and stop")
+    parser.add_argument("--contexts", default=",".join(SHAPES), help="contexts for --export-plans")
     add_markdown_flag(parser)
     args = parser.parse_args()
+    if args.export_plans:
+        mix = next(m for m in MIXES if m.name == (args.mixes or MIXES[0].name))
+        contexts = args.contexts.split(",")
+        export_plans(args.export_plans, mix, contexts, args.steps, args.warm_up, args.window, args.due)
+        return
     mixes, contexts, steps, seeds, warm_up = MIXES, list(SHAPES), args.steps, args.seeds, args.warm_up
     if args.mixes:
         mixes = tuple(m for m in MIXES if m.name in args.mixes.split(","))

@@ -17,10 +17,18 @@
    256 to 64k, and the fit ``t(L) = alpha*L^2 + beta*L + gamma`` per sample plus a constant per
    micro-batch (the cost model the scheduler balances).
 
+3. **Planned steps on real blocks.** The micro-batches that naive per-rank loading, today's in-order draw
+   and composed steps give on the same arrival stream (``balance_sim_bench.py --export-plans``), each timed
+   as one forward and backward of the block above over its packed samples (varlen ``cu_seqlens``). A rank's
+   step time is the sum of its micro-batches', a step waits for its slowest rank. Reported per context and
+   method: tokens/s and its ratio to naive, the median max/mean rank time, fill, and the same from the cost
+   model's prediction for the same micro-batches (how far the simulator is from the GPU).
+
 Record on a machine with the broker, then run on the GPU machine:
 
     .venv/bin/python benchmarks/gpu_bench.py --record --job JOB --rank 0 --out .gpu/rank0.pkl
-    python3 benchmarks/gpu_bench.py --messages .gpu/rank0.pkl --out $OUT
+    .venv/bin/python benchmarks/balance_sim_bench.py --export-plans .gpu/plans.json --steps 8
+    python3 benchmarks/gpu_bench.py --messages .gpu/rank0.pkl --plans .gpu/plans.json --out $OUT
 """
 
 from __future__ import annotations
@@ -194,6 +202,148 @@ def block_timings(lengths: list[int], tokens: int, repeats: int) -> dict[str, An
     }
 
 
+# -- 3. planned steps on real blocks ----------------------------------------------------------------------
+
+
+def planned_steps(
+    plans: dict[str, Any],
+    methods: list[str],
+    budget_s: float,
+    out: dict[str, Any],
+    save: Any,
+    device_name: str = "cuda",
+    shape: tuple[int, int] = (4096, 32),
+) -> None:
+    """Times every micro-batch of the exported plans, steps interleaved across methods so that a spent
+    ``budget_s`` (per context) leaves every method with the same steps; fills ``out[context]`` and calls
+    ``save()`` after each context. ``shape`` is the block's hidden size and heads."""
+    import numpy as np
+    import torch
+
+    from pipeline.calibrate.block import Block, attention_backend
+    from pipeline.calibrate.timing import DTYPES, time_micro_batch
+
+    device = torch.device(device_name)
+    dtype = DTYPES["bf16" if device.type == "cuda" else "fp32"]
+    torch.manual_seed(0)
+    block = Block(*shape, attention_backend(device, dtype)).to(device, dtype)
+    fit = plans["fit_ms"]
+    ranks = plans["ranks"]
+
+    def predicted_ms(lengths: list[int]) -> float:
+        as_array = np.asarray(lengths, dtype=np.float64)
+        return float((fit["alpha"] * as_array**2 + fit["beta"] * as_array + fit["constant"]).sum())
+
+    first = next(iter(plans["contexts"].values()))["methods"][methods[0]]["plans"][0]
+    for _ in range(2):  # warm-up: kernels, allocator
+        for micro_batch in first[0]:
+            if micro_batch:
+                time_micro_batch(block, micro_batch, device, dtype)
+    for context, entry in plans["contexts"].items():
+        began = time.perf_counter()
+        capacity = entry["micro_batches"] * entry["capacity"] * ranks
+        timed: dict[str, dict[str, list]] = {
+            m: {"measured": [], "predicted": [], "tokens": [], "errors": []} for m in methods
+        }
+        steps = min(len(entry["methods"][m]["plans"]) for m in methods)
+        for step in range(steps):
+            if time.perf_counter() - began > budget_s:
+                break
+            for method in methods:
+                measured, predicted = [], []
+                for rank in entry["methods"][method]["plans"][step]:
+                    rank_ms, rank_predicted = 0.0, 0.0
+                    for micro_batch in rank:
+                        if not micro_batch:
+                            continue
+                        ms = time_micro_batch(block, micro_batch, device, dtype)
+                        guess = predicted_ms(micro_batch)
+                        timed[method]["errors"].append(guess / ms - 1)
+                        rank_ms, rank_predicted = rank_ms + ms, rank_predicted + guess
+                    measured.append(rank_ms)
+                    predicted.append(rank_predicted)
+                timed[method]["measured"].append(measured)
+                timed[method]["predicted"].append(predicted)
+                timed[method]["tokens"].append(
+                    sum(sum(mb) for rank in entry["methods"][method]["plans"][step] for mb in rank)
+                )
+        summary = {}
+        for method, t in timed.items():
+            if not t["measured"]:
+                continue
+            row = {"steps": len(t["measured"]), "fill": sum(t["tokens"]) / (capacity * len(t["tokens"]))}
+            for kind in ("measured", "predicted"):
+                per_step = [np.asarray(r) for r in t[kind]]
+                row[f"{kind}_tokens_per_s"] = sum(t["tokens"]) / sum(float(r.max()) for r in per_step) * 1e3
+                row[f"{kind}_max_over_mean"] = statistics.median(float(r.max() / r.mean()) for r in per_step)
+            errors = np.abs(np.asarray(t["errors"]))
+            row["model_error_median"] = float(np.median(errors))
+            row["model_error_p95"] = float(np.quantile(errors, 0.95))
+            row["simulated_tokens_per_s_100_steps"] = entry["methods"][method]["simulated_tokens_per_s"]
+            summary[method] = row
+        if "naive" in summary:
+            for row in summary.values():
+                for kind in ("measured", "predicted"):
+                    row[f"{kind}_vs_naive"] = row[f"{kind}_tokens_per_s"] / summary["naive"][f"{kind}_tokens_per_s"]
+        out[context] = {"seconds": time.perf_counter() - began, "methods": summary, "raw": timed}
+        save()
+        for method, row in summary.items():
+            print(
+                f"plans {context} {method:9s} steps {row['steps']} "
+                f"measured {row['measured_tokens_per_s'] / 1e6:.3f} Mtok/s ({row.get('measured_vs_naive', 1):.2f}x) "
+                f"max/mean {row['measured_max_over_mean']:.3f} | predicted {row['predicted_tokens_per_s'] / 1e6:.3f} "
+                f"({row.get('predicted_vs_naive', 1):.2f}x) max/mean {row['predicted_max_over_mean']:.3f} | "
+                f"fill {row['fill']:.3f} | model error per micro-batch median {row['model_error_median']:.1%} "
+                f"p95 {row['model_error_p95']:.1%}",
+                flush=True,
+            )
+
+
+def repeated_micro_batches(
+    plans: dict[str, Any], per_context: int, repeats: int, contexts: list[str] | None = None
+) -> dict[str, Any]:
+    """Whether a micro-batch's time depends on what ran before it: ``per_context`` composed micro-batches of
+    each context, each timed ``repeats`` times in a row and once more with its tokens padded to a multiple of
+    2048 (a padding sample), against the cost model's prediction."""
+    import numpy as np
+    import torch
+
+    from pipeline.calibrate.block import Block, attention_backend
+    from pipeline.calibrate.timing import time_micro_batch
+
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    block = Block(4096, 32, attention_backend(device, dtype)).to(device, dtype)
+    fit = plans["fit_ms"]
+    rows = []
+    for context, entry in plans["contexts"].items():
+        if contexts and context not in contexts:
+            continue
+        chosen = [mb for step in entry["methods"]["composed"]["plans"] for rank in step for mb in rank if mb]
+        for micro_batch in chosen[:: max(1, len(chosen) // per_context)][:per_context]:
+            lengths = np.asarray(micro_batch, dtype=np.float64)
+            predicted = float((fit["alpha"] * lengths**2 + fit["beta"] * lengths + fit["constant"]).sum())
+            times = [time_micro_batch(block, micro_batch, device, dtype) for _ in range(repeats)]
+            pad = -int(lengths.sum()) % 2048
+            padded = time_micro_batch(block, [*micro_batch, pad] if pad else micro_batch, device, dtype)
+            rows.append(
+                {
+                    "context": context,
+                    "samples": len(micro_batch),
+                    "tokens": int(lengths.sum()),
+                    "predicted_ms": predicted,
+                    "ms": times,
+                    "padded_ms": padded,
+                }
+            )
+            print("repeat", json.dumps(rows[-1]), flush=True)
+    summary = {}
+    for k in range(repeats):
+        summary[f"repeat_{k}_error_median"] = float(np.median([r["predicted_ms"] / r["ms"][k] - 1 for r in rows]))
+    summary["padded_error_median"] = float(np.median([r["predicted_ms"] / r["padded_ms"] - 1 for r in rows]))
+    print("repeats", json.dumps(summary), flush=True)
+    return {"summary": summary, "rows": rows}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", action="store_true", help="record a rank topic (here, with a broker)")
@@ -207,6 +357,12 @@ def main() -> int:
     parser.add_argument("--block-lengths", default="256,512,1024,2048,4096,8192,16384,32768,65536")
     parser.add_argument("--block-tokens", type=int, default=65536)
     parser.add_argument("--skip-block", action="store_true")
+    parser.add_argument("--skip-sink", action="store_true")
+    parser.add_argument("--plans", type=Path, help="balance_sim_bench.py --export-plans output to time")
+    parser.add_argument("--methods", default="naive,composed")
+    parser.add_argument("--plans-budget-s", type=float, default=100.0, help="per context")
+    parser.add_argument("--repeat-probe", type=int, default=0, help="micro-batches per context to time repeatedly")
+    parser.add_argument("--probe-contexts", default="64k,32k")
     args = parser.parse_args()
     if args.record:
         record(args.job, args.rank, args.bootstrap_servers, args.out)
@@ -215,22 +371,43 @@ def main() -> int:
 
     name = torch.cuda.get_device_name()
     print(f"device: {name}, torch {torch.__version__}", flush=True)
-    rows = pickle.loads(args.messages.read_bytes())
     result: dict[str, Any] = {"device": name, "torch": torch.__version__}
     args.out.mkdir(parents=True, exist_ok=True)
-    parts = {"sink": lambda: sink_under_training(rows, args.rank, args.steps, args.repeats)}
+
+    def save() -> None:
+        (args.out / "gpu_bench.json").write_text(json.dumps(result, indent=1))
+
+    parts: dict[str, Any] = {}
+    if args.plans is not None:
+        plans = json.loads(args.plans.read_text())
+        planned = {"mix": plans["mix"], "ranks": plans["ranks"], "fit_ms": plans["fit_ms"], "contexts": {}}
+        result["plans"] = planned
+        if args.repeat_probe:
+            parts["repeats"] = lambda: repeated_micro_batches(
+                plans, args.repeat_probe, repeats=3, contexts=args.probe_contexts.split(",")
+            )
+        else:
+            parts["plans"] = lambda: planned_steps(
+                plans, args.methods.split(","), args.plans_budget_s, planned["contexts"], save
+            )
+    if not args.skip_sink:
+        rows = pickle.loads(args.messages.read_bytes())
+        parts["sink"] = lambda: sink_under_training(rows, args.rank, args.steps, args.repeats)
     if not args.skip_block:
         lengths = [int(x) for x in args.block_lengths.split(",")]
         parts["block"] = lambda: block_timings(lengths, args.block_tokens, repeats=5)
     failed = False
     for part, run in parts.items():
         try:
-            result[part] = run()
+            value = run()
+            if value is not None:
+                result[part] = value
+                print(part, json.dumps(value, indent=1), flush=True)
         except Exception:  # one part failing must not lose the other's numbers
             failed = True
             result[part] = {"error": traceback.format_exc()}
-        print(part, json.dumps(result[part], indent=1), flush=True)
-        (args.out / "gpu_bench.json").write_text(json.dumps(result, indent=1))
+            print(part, result[part]["error"], flush=True)
+        save()
     return 1 if failed else 0
 
 

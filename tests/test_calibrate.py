@@ -190,21 +190,31 @@ def test_cost_spec_refuses_a_bad_gamma(tmp_path: Path, cost: dict, problem: str)
 # -- the block and the command (torch, on the CPU) ------------------------------------------------------------
 
 
-def test_block_attends_causally_within_each_sample() -> None:
+@pytest.mark.parametrize("lengths", [(5, 5, 5), (1, 7, 3, 9), (12,)])
+def test_block_attends_causally_within_each_sample(lengths: tuple[int, ...]) -> None:
     torch = pytest.importorskip("torch")
     from pipeline.calibrate.block import SDPA, Block
 
     torch.manual_seed(0)
     block = Block(hidden=32, heads=4, attention=SDPA)
-    q, k, v = (torch.randn(3 * 5, 4, 8) for _ in range(3))
-    cu_seqlens = torch.tensor([0, 5, 10, 15], dtype=torch.int32)
-    out = block._attend(q, k, v, cu_seqlens, 5)
-    for start in (0, 5, 10):
-        rows = slice(start, start + 5)
+    q, k, v = (torch.randn(sum(lengths), 4, 8) for _ in range(3))
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    out = block._attend(q, k, v, torch.tensor(bounds, dtype=torch.int32), max(lengths))
+    for start, n in zip(bounds[:-1].tolist(), lengths, strict=True):
+        rows = slice(start, start + n)
         scores = torch.einsum("ihd,jhd->hij", q[rows], k[rows]) / 8**0.5
-        scores = scores.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
         expected = torch.einsum("hij,jhd->ihd", scores.softmax(-1), v[rows])
         torch.testing.assert_close(out[rows], expected)
+
+
+def test_a_planned_micro_batch_of_mixed_lengths_is_timed() -> None:
+    torch = pytest.importorskip("torch")
+    from pipeline.calibrate.block import SDPA, Block
+    from pipeline.calibrate.timing import time_micro_batch
+
+    block = Block(hidden=32, heads=4, attention=SDPA)
+    assert time_micro_batch(block, [3, 40, 1, 17], torch.device("cpu"), torch.float32) > 0
 
 
 def test_calibrate_prints_a_section_the_spec_accepts(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

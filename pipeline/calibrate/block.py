@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,7 +42,7 @@ class Block(nn.Module):
         self.up, self.down = nn.Linear(hidden, 4 * hidden, bias=False), nn.Linear(4 * hidden, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
-        """``x``: [tokens, hidden], samples of ``length`` tokens each, bounded by ``cu_seqlens`` (int32)."""
+        """``x``: [tokens, hidden], samples bounded by ``cu_seqlens`` (int32), the longest of ``length`` tokens."""
         q, k, v = self.qkv(self.norm1(x)).view(-1, 3, self.heads, self.hidden // self.heads).unbind(1)
         x = x + self.proj(self._attend(q, k, v, cu_seqlens, length).reshape(-1, self.hidden))
         return x + self.down(F.gelu(self.up(self.norm2(x))))
@@ -54,9 +56,19 @@ class Block(nn.Module):
             varlen_attn, causal = found
             return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, length, length, **causal)
         tokens, heads, head_dim = q.shape
+        if tokens == length * (len(cu_seqlens) - 1):  # samples of one length: one batched call
 
-        def batched(t: torch.Tensor) -> torch.Tensor:  # [samples, heads, length, head_dim]
-            return t.view(tokens // length, length, heads, head_dim).transpose(1, 2)
+            def batched(t: torch.Tensor) -> torch.Tensor:  # [samples, heads, length, head_dim]
+                return t.view(tokens // length, length, heads, head_dim).transpose(1, 2)
 
-        out = F.scaled_dot_product_attention(batched(q), batched(k), batched(v), is_causal=True)
-        return out.transpose(1, 2).reshape(tokens, heads, head_dim)
+            out = F.scaled_dot_product_attention(batched(q), batched(k), batched(v), is_causal=True)
+            return out.transpose(1, 2).reshape(tokens, heads, head_dim)
+        bounds = cu_seqlens.tolist()
+        return torch.cat(
+            [
+                F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)), is_causal=True).transpose(
+                    0, 1
+                )
+                for a, b in itertools.pairwise(bounds)
+            ]
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import platform
 import time
 from collections.abc import Callable, Sequence
@@ -74,15 +75,24 @@ def measure(
 
 def _time_once(block: Block, shape: MicroBatchShape, device: torch.device, dtype: torch.dtype) -> float:
     """ms of one forward and backward of ``block`` over a micro-batch of ``shape``."""
-    x = torch.randn(shape.tokens, block.hidden, device=device, dtype=dtype, requires_grad=True)
-    cu_seqlens = torch.arange(0, shape.tokens + 1, shape.length, dtype=torch.int32, device=device)
+    return time_micro_batch(block, [shape.length] * shape.samples, device, dtype)
+
+
+def time_micro_batch(block: Block, lengths: Sequence[int], device: torch.device, dtype: torch.dtype) -> float:
+    """ms of one forward and backward of ``block`` over one micro-batch: samples of ``lengths`` packed into
+    one sequence, causal attention within each (as the trainer runs a planned micro-batch)."""
+    tokens = int(sum(lengths))
+    x = torch.randn(tokens, block.hidden, device=device, dtype=dtype, requires_grad=True)
+    bounds = [0, *itertools.accumulate(int(n) for n in lengths)]
+    cu_seqlens = torch.tensor(bounds, dtype=torch.int32, device=device)
+    longest = int(max(lengths))
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        block(x, cu_seqlens, shape.length).sum().backward()
+        block(x, cu_seqlens, longest).sum().backward()
         end.record()
         torch.cuda.synchronize(device)
         return float(start.elapsed_time(end))
     began = time.perf_counter()
-    block(x, cu_seqlens, shape.length).sum().backward()
+    block(x, cu_seqlens, longest).sum().backward()
     return (time.perf_counter() - began) * 1000.0
