@@ -81,6 +81,36 @@ def test_padded_tensors_have_a_fixed_shape_and_a_block_causal_mask(seed: int, ca
         assert torch.equal(block_causal_mask(padded["segment_ids"]), padded["attention_mask"])
 
 
+@settings(deadline=None, max_examples=60)
+@given(seed=st.integers(0, 2**32 - 1), capacity=st.integers(1, 200), multiple=st.integers(1, 64))
+def test_packed_micro_batches_padded_to_a_multiple_keep_every_sample(seed: int, capacity: int, multiple: int) -> None:
+    batch = random_batch(np.random.default_rng(seed), 0, 0, 1, 3, capacity)
+    plain, padded = micro_batch_tensors(batch), micro_batch_tensors(batch, pad_to_multiple_of=multiple)
+    for before, after in zip(plain, padded, strict=True):
+        n, total = before["input_ids"].numel(), after["input_ids"].numel()
+        assert total % multiple == 0 and n <= total < n + multiple and (n > 0 or total == 0)
+        pad = total - n
+        assert after["padding_tokens"] == pad and before["padding_tokens"] == 0
+        for key in ("input_ids", "labels", "position_ids"):
+            assert torch.equal(after[key][:n], before[key]), key
+            assert after[key].dtype == before[key].dtype, key
+        assert (after["labels"][n:] == IGNORE_INDEX).all()
+        assert after["position_ids"][n:].tolist() == list(range(pad))
+        assert after["cu_seqlens"].tolist() == before["cu_seqlens"].tolist() + ([total] if pad else [])
+        assert after["max_seqlen"] == max(before["max_seqlen"], pad)
+        assert after["sample_ids"] == before["sample_ids"]
+    with pytest.raises(ValueError, match="pad_to_multiple_of"):
+        micro_batch_tensors(batch, pad_to_multiple_of=0)
+
+
+def test_padding_uses_the_pad_token() -> None:
+    batches = (random_batch(np.random.default_rng(seed), 0, 0, 1, 1, 50) for seed in itertools.count())
+    batch = next(b for b in batches if b.offsets[-1] > 0)
+    (padded,) = micro_batch_tensors(batch, pad_token_id=7, pad_to_multiple_of=64)
+    n = int(batch.offsets[-1])
+    assert padded["input_ids"].numel() == 64 and (padded["input_ids"][n:] == 7).all()
+
+
 @pytest.mark.parametrize("tensor,context,pipeline,data", [(1, 1, 1, 4), (2, 1, 1, 3), (2, 2, 2, 2), (4, 1, 2, 1)])
 def test_peers_of_a_data_parallel_rank_share_it(tensor: int, context: int, pipeline: int, data: int) -> None:
     world = tensor * context * pipeline * data
@@ -196,6 +226,19 @@ def test_every_micro_batch_arrives_once_in_order_and_the_iteration_ends(
         assert got == expected
         assert list(dataset) == []  # the end stays the end
         assert dataset.state_dict()["step"] == len(batches)
+
+
+@pytest.mark.kafka
+def test_the_dataset_pads_micro_batches_when_asked(
+    kafka_bootstrap: str, written_job: tuple[str, list[list[Batch]]]
+) -> None:
+    job, batches = written_job
+    with pytest.raises(MixflowError, match="pad_to_multiple_of"):
+        KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, pad_to_multiple_of=0)
+    dataset = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, pad_to_multiple_of=16)
+    got = [_fingerprint(mb) for mb in dataset]
+    assert got == [_fingerprint(mb) for step in batches for mb in micro_batch_tensors(step[0], pad_to_multiple_of=16)]
+    assert all(len(fingerprint[3]) % (16 * 4) == 0 for fingerprint in got)  # int32 input_ids
 
 
 @pytest.mark.kafka

@@ -51,6 +51,9 @@ class KafkaBatchDataset(IterableDataset):
     the dataset reads step ``k`` from partition ``k mod lanes`` and yields the steps in order, and its
     state holds the next step and micro-batch, found again in each partition by step number.
 
+    ``pad_to_multiple_of`` pads each packed micro-batch with one padding segment to a multiple of that many
+    tokens, which makes a GPU's matrix products faster (``trainer_sink.tensors``).
+
     A background thread reads and decodes ahead, up to ``prefetch_bytes``, pinning memory when CUDA is
     present. With ``device`` a CUDA device, the next micro-batch is copied there on a side stream while
     the current one trains. Use it without a DataLoader or under ``DataLoader(dataset,
@@ -87,6 +90,7 @@ class KafkaBatchDataset(IterableDataset):
         layout: Layout | str = Layout.PACKED,
         pad_token_id: int = 0,
         attention_mask: bool = True,
+        pad_to_multiple_of: int = 1,
         device: torch.device | str | None = None,
         pin_memory: bool | None = None,
         prefetch_bytes: int = 64 * 1024 * 1024,
@@ -111,12 +115,16 @@ class KafkaBatchDataset(IterableDataset):
         if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
             msg = f"device {self.device} was asked for, but CUDA is not available"
             raise MixflowError(msg)
+        if pad_to_multiple_of < 1:
+            msg = f"pad_to_multiple_of must be at least 1, got {pad_to_multiple_of}"
+            raise MixflowError(msg)
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
         self.options = ReadOptions(
             layout=Layout(layout),
             pad_token_id=pad_token_id,
             attention_mask=attention_mask,
+            pad_to_multiple_of=pad_to_multiple_of,
             pin_memory=bool(pin_memory),
             prefetch_bytes=prefetch_bytes,
             wait_timeout_s=wait_timeout_s,

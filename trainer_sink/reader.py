@@ -81,6 +81,7 @@ class ReadOptions:
     layout: Layout = Layout.PACKED
     pad_token_id: int = 0
     attention_mask: bool = True
+    pad_to_multiple_of: int = 1
     pin_memory: bool = False
     prefetch_bytes: int = 64 * 1024 * 1024
     wait_timeout_s: float = 600.0
@@ -235,6 +236,7 @@ class RankTopicReader:
                 self.options.layout,
                 pad_token_id=self.options.pad_token_id,
                 attention_mask=self.options.attention_mask,
+                pad_to_multiple_of=self.options.pad_to_multiple_of,
             )
         ):
             if not self.position.is_due(batch.step, m):
