@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from topics._headers import find_header, parse_decimal
 from topics.batch_codec import STEP_KEY, end_of_data_steps
 from topics.errors import DecodeError
+from topics.offset_lookup import OffsetLookup
 
 PROBE_TIMEOUT_S = 30.0
 
@@ -67,8 +68,9 @@ def locate_step(
             "fetch.wait.max.ms": 10,
         }
     )
+    ends = OffsetLookup(config, isolation="read_committed")
     try:
-        probe = _Probe(consumer, topic, partition, time.monotonic() + timeout_s)
+        probe = _Probe(consumer, ends, topic, partition, time.monotonic() + timeout_s)
         low, high = probe.watermarks()
         # Every committed record below low holds an earlier step; the first at or after high (None past
         # the end) holds step or a later one.
@@ -82,19 +84,21 @@ def locate_step(
                 low = record.offset + 1
         return StepLocation(low, found)
     finally:
+        ends.close()
         consumer.close()
 
 
 class _Probe:
-    def __init__(self, consumer: Consumer, topic: str, partition: int, deadline: float) -> None:
+    def __init__(self, consumer: Consumer, ends: OffsetLookup, topic: str, partition: int, deadline: float) -> None:
         self.consumer = consumer
+        self.ends = ends
         self.topic = topic
         self.partition = partition
         self.deadline = deadline
 
     def watermarks(self) -> tuple[int, int]:
         where = TopicPartition(self.topic, self.partition)
-        return self.consumer.get_watermark_offsets(where, timeout=max(0.1, self.deadline - time.monotonic()))
+        return self.ends.watermarks(where, timeout_s=max(0.1, self.deadline - time.monotonic()))
 
     def first_at(self, offset: int) -> StepRecord | None:
         """The first committed record at or after ``offset``, or None when the log ends before one."""
