@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +136,7 @@ class Result:
     ratios: list[float] | None = None
     max_wait: int = 0
     draw_s: float = 0.0
+    draw_times: list[float] = field(default_factory=list)  # seconds of each measured step's draw
     steps: int = 0
     work_ms: float = 0.0  # the placed samples' own time, summed over ranks
     used: int = 0  # most delivered offsets above a source's low watermark (the state record lists them)
@@ -250,7 +251,8 @@ def mixflow(
         else:
             draw = draw_step(state, stream.weights, budget, available, before)
         if step >= warm_up:
-            result.draw_s += time.perf_counter() - began
+            result.draw_times.append(time.perf_counter() - began)
+            result.draw_s += result.draw_times[-1]
         if draw.status is not DrawStatus.OK:
             msg = f"step {step}: {draw.status} for {draw.waiting_for}; make the stream longer"
             raise RuntimeError(msg)

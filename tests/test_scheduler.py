@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -263,3 +264,17 @@ def test_cost_model_from_transformer() -> None:
         CostModel.from_transformer(0, 2)
     with pytest.raises(ValueError, match="alpha"):
         CostModel(alpha=-1.0, beta=1.0)
+
+
+@settings(deadline=None, max_examples=80)
+@given(
+    st.lists(st.integers(1, 2**21), max_size=300),
+    st.sampled_from([(1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (8.78e-8, 1.92e-3, 0.0), (2.8e-6, 0.06, 0.4)]),
+)
+def test_total_cost_is_the_sum_of_the_costs(lengths: list[int], coefficients: tuple[float, float, float]) -> None:
+    model = CostModel(*coefficients)
+    as_array = np.array(lengths, dtype=np.int64)
+    exact = math.fsum(model.costs(as_array))
+    assert model.total(as_array) == pytest.approx(exact, rel=1e-12, abs=0.0)
+    huge = np.full(4, 2**31, dtype=np.int64)  # L**2 summed overflows int64: counted exactly all the same
+    assert model.total(huge) == pytest.approx(math.fsum(model.costs(huge)), rel=1e-12)

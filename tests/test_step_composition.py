@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.mixing import Draw, DrawStatus, MixerState, draw_step
-from pipeline.mixing._compose_select import Longs, StepShape, build_groups, pool_order
+from pipeline.mixing._compose_select import Longs, StepShape, build_groups, choose_option, pool_order, score
 from pipeline.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, HEADROOM, compose_step, waiting_bound
 from pipeline.scheduler import CostModel, plan_step, validate_plan
 from pipeline.spec import OnExhausted
@@ -447,3 +447,34 @@ def test_groups_respect_level_and_allowances(seed: int) -> None:
         mine = candidates.length[chosen & (candidates.source == k)]
         if len(mine):
             assert allowance[k] > 0 and mine.sum() - allowance[k] < mine.max()
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.integers(0, 2**32 - 1))
+def test_lazy_choice_is_the_choice_of_planning_every_option(seed: int) -> None:
+    """``choose_option`` picks what scoring every option would, whatever scores lie under the bounds; ties
+    and near-ties (within ``prefer_older``) are common, since composed options often score alike."""
+    rng = np.random.default_rng(seed)
+    n, prefer_older = int(rng.integers(1, 30)), float(rng.choice([0.0, 0.003, 0.05]))
+    uppers = rng.choice([0.95, 0.97, 0.99, 1.0], n) if rng.random() < 0.5 else rng.uniform(0.5, 1.0, n)
+    scores = uppers - rng.choice([0.0, 0.001, 0.002, 0.004, 0.1], n) * rng.random(n)
+    asked: list[int] = []
+
+    def score_of(i: int) -> float:
+        asked.append(i)
+        return float(scores[i])
+
+    chosen = choose_option(uppers.tolist(), score_of, prefer_older)
+    best = scores.max()
+    assert chosen == next(i for i in range(n) if scores[i] >= best - prefer_older)
+    assert asked == sorted(set(asked))  # each at most once, in order
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.sampled_from(sorted(FAMILIES)), shapes, st.integers(0, 2**16))
+def test_an_option_scores_at_most_the_share_of_capacity_it_draws(family: str, shape: Shape, seed: int) -> None:
+    step = StepShape(shape.ranks, shape.micro_batches, shape.capacity)
+    rng = np.random.default_rng(seed)
+    lengths = _lengths(family, rng, int(rng.integers(1, 60 * shape.ranks * shape.micro_batches)), shape.capacity)
+    for cost_model in (_cost_model(shape.capacity), CostModel(alpha=1.0, beta=0.0), CostModel(alpha=0.0, beta=1.0)):
+        assert score(lengths, step, cost_model) <= min(int(lengths.sum()), step.tokens) / step.tokens + 1e-9

@@ -13,14 +13,18 @@ the oldest ``ANCHORS`` long candidates of sources still behind their targets in 
 held too). Each option is planned with
 ``plan_step`` as the constructor will plan it (candidates in ``SamplePool.take``'s order; the deferred
 ones source by source); the first (oldest anchor) whose score (mean over largest rank cost, times the
-share of capacity placed) is within ``PREFER_OLDER`` of the best wins. Float sums that steer a choice use
-``math.fsum``, so a restarted constructor composes the same steps on any machine.
+share of capacity placed) is within ``PREFER_OLDER`` of the best wins. Sums that steer a choice are exact
+(``math.fsum``, ``CostModel.total``), so a restarted constructor composes the same steps on any machine.
+
+Planning is most of the cost, so options are planned lazily (``choose_option``): an option's score is at
+most the share of capacity it draws, which bounds what the options not planned yet can reach; the choice
+is the one planning every option would make, usually after planning the first.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -146,18 +150,52 @@ def score(lengths: np.ndarray, shape: StepShape, cost_model: CostModel) -> float
     return balance * float(lengths[plan.placed_mask].sum()) / shape.tokens
 
 
-def _fill(window: SourceWindow, is_long: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-    """Positions to take from one source: the due samples and the ``chosen`` ones, then short samples in
-    FIFO order, then other long ones in FIFO order, while the source's remaining tokens are not exceeded."""
-    picked = window.due | chosen
-    need = window.remaining - float(window.lengths[picked].sum())
-    for lane in (np.flatnonzero(~picked & ~is_long), np.flatnonzero(~picked & is_long)):
-        if need <= 0:
-            break
+def choose_option(uppers: Sequence[float], score_of: Callable[[int], float], prefer_older: float) -> int:
+    """The first option whose score is within ``prefer_older`` of the best score, where option ``i`` scores
+    ``score_of(i)`` and no more than ``uppers[i]``; ``score_of`` is called only for the options that could
+    change the answer, in order."""
+    scores: dict[int, float] = {}
+    best = -math.inf
+    for i, upper in enumerate(uppers):
+        if upper >= best - prefer_older:  # else it can be neither the choice nor the best
+            scores[i] = score_of(i)
+            best = max(best, scores[i])
+        chosen = next(j for j, value in scores.items() if value >= best - prefer_older)
+        if scores[chosen] >= max(uppers[i + 1 :], default=-math.inf) - prefer_older:
+            return chosen
+    return next(j for j, value in scores.items() if value >= best - prefer_older)
+
+
+@dataclass(frozen=True)
+class _FillOrder:
+    """What every option's fill of one source shares: the source's short samples that are not due (the
+    filler, in FIFO order) with their running token total, and the tokens of its due samples."""
+
+    short: np.ndarray
+    short_total: np.ndarray
+    due_tokens: int
+
+    @classmethod
+    def of(cls, window: SourceWindow, is_long: np.ndarray) -> _FillOrder:
+        short = np.flatnonzero(~window.due & ~is_long)
+        return cls(short, np.cumsum(window.lengths[short]), int(window.lengths[window.due].sum()))
+
+
+def _fill(window: SourceWindow, is_long: np.ndarray, chosen: np.ndarray, order: _FillOrder) -> np.ndarray:
+    """Positions to take from one source: the due samples and the ``chosen`` ones (long, not due), then
+    short samples in FIFO order, then other long ones in FIFO order, while the source's remaining tokens
+    are not exceeded."""
+    picked = window.due.copy()
+    picked[chosen] = True
+    need = window.remaining - float(order.due_tokens + int(window.lengths[chosen].sum()))
+    if need > 0:
+        n = int(np.searchsorted(order.short_total, need, side="right"))
+        picked[order.short[:n]] = True
+        need -= float(order.short_total[n - 1]) if n else 0.0
+    if need > 0:
+        lane = np.flatnonzero(~picked & is_long)
         total = np.cumsum(window.lengths[lane])
-        n = int(np.searchsorted(total, need, side="right"))
-        picked[lane[:n]] = True
-        need -= float(total[n - 1]) if n else 0.0
+        picked[lane[: int(np.searchsorted(total, need, side="right"))]] = True
     return np.flatnonzero(picked)
 
 
@@ -172,11 +210,11 @@ def compose_takes(
     source's deferred lengths; ``fixed``: what sources without a window give (drawn lengths)."""
     names = list(windows)
     every = np.concatenate([EMPTY, *(w.lengths for w in windows.values()), *before.values()])
-    per_token = math.fsum(cost_model.costs(every)) / max(int(every.sum()), 1)
+    per_token = cost_model.total(every) / max(int(every.sum()), 1)
     threshold = LONG_FRACTION * per_token * shape.micro_batches * shape.capacity
     long_in = {s: cost_model.costs(w.lengths) >= threshold for s, w in windows.items()}
     short = np.concatenate([EMPTY, *(w.lengths[~long_in[s]] for s, w in windows.items())])
-    rho = math.fsum(cost_model.costs(short)) / int(short.sum()) if short.sum() else per_token
+    rho = cost_model.total(short) / int(short.sum()) if short.sum() else per_token
 
     def longs(lengths: np.ndarray, source: np.ndarray) -> Longs:
         return Longs(cost_model.costs(lengths) - rho * lengths, lengths, source)
@@ -213,15 +251,17 @@ def compose_takes(
     options += [(max(seeds_level, float(candidates.excess[a])), a) for a in anchors.tolist()]
 
     deferred = list(before.values())
-    results: list[tuple[float, dict[str, np.ndarray]]] = []
+    fill_orders = {s: _FillOrder.of(w, long_in[s]) for s, w in windows.items()}
+    built: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
     for level, anchor in options:
         chosen, _ = build_groups(seeds, candidates, order, allowance, level, slack, shape, anchor)
         takes = {}
         for k, (s, w) in enumerate(windows.items()):
-            mine = np.zeros(len(w.lengths), dtype=bool)
-            mine[positions[chosen & (candidates.source == k)]] = True
-            takes[s] = _fill(w, long_in[s], mine)
+            mine = positions[chosen & (candidates.source == k)]
+            takes[s] = _fill(w, long_in[s], mine, fill_orders[s])
         drawn = [windows[s].lengths[takes[s]] if s in windows else fixed[s] for s in before]
-        results.append((score(pool_order(deferred, drawn), shape, cost_model), takes))
-    best = max(value for value, _ in results)
-    return next(takes for value, takes in results if value >= best - PREFER_OLDER)
+        built.append((pool_order(deferred, drawn), takes))
+    # A score is a balance (at most 1, give or take a rounding) times the share of capacity placed.
+    uppers = [min(int(lengths.sum()), shape.tokens) / shape.tokens + 1e-9 for lengths, _ in built]
+    winner = choose_option(uppers, lambda i: score(built[i][0], shape, cost_model), PREFER_OLDER)
+    return built[winner][1]
