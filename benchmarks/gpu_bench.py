@@ -213,10 +213,13 @@ def planned_steps(
     save: Any,
     device_name: str = "cuda",
     shape: tuple[int, int] = (4096, 32),
+    pad_to_multiple_of: int = 1,
 ) -> None:
     """Times every micro-batch of the exported plans, steps interleaved across methods so that a spent
     ``budget_s`` (per context) leaves every method with the same steps; fills ``out[context]`` and calls
-    ``save()`` after each context. ``shape`` is the block's hidden size and heads."""
+    ``save()`` after each context. ``shape`` is the block's hidden size and heads. With
+    ``pad_to_multiple_of``, each micro-batch is timed as the sink hands it over with that option: one
+    padding sample up to a multiple of that many tokens (the prediction counts the samples alone)."""
     import numpy as np
     import torch
 
@@ -256,7 +259,8 @@ def planned_steps(
                     for micro_batch in rank:
                         if not micro_batch:
                             continue
-                        ms = time_micro_batch(block, micro_batch, device, dtype)
+                        pad = -sum(micro_batch) % pad_to_multiple_of
+                        ms = time_micro_batch(block, [*micro_batch, pad] if pad else micro_batch, device, dtype)
                         guess = predicted_ms(micro_batch)
                         timed[method]["errors"].append(guess / ms - 1)
                         rank_ms, rank_predicted = rank_ms + ms, rank_predicted + guess
@@ -361,6 +365,7 @@ def main() -> int:
     parser.add_argument("--plans", type=Path, help="balance_sim_bench.py --export-plans output to time")
     parser.add_argument("--methods", default="naive,composed")
     parser.add_argument("--plans-budget-s", type=float, default=100.0, help="per context")
+    parser.add_argument("--pad-to-multiple-of", type=int, default=1, help="time micro-batches padded as the sink can")
     parser.add_argument("--repeat-probe", type=int, default=0, help="micro-batches per context to time repeatedly")
     parser.add_argument("--probe-contexts", default="64k,32k")
     args = parser.parse_args()
@@ -388,7 +393,12 @@ def main() -> int:
             )
         else:
             parts["plans"] = lambda: planned_steps(
-                plans, args.methods.split(","), args.plans_budget_s, planned["contexts"], save
+                plans,
+                args.methods.split(","),
+                args.plans_budget_s,
+                planned["contexts"],
+                save,
+                pad_to_multiple_of=args.pad_to_multiple_of,
             )
     if not args.skip_sink:
         rows = pickle.loads(args.messages.read_bytes())
