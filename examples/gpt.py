@@ -291,11 +291,13 @@ def loss(model: nn.Module, micro_batch: Mapping[str, Any]) -> torch.Tensor:
 def label_count(micro_batch: Mapping[str, Any]) -> int:
     """The labels that are not ``-100``. Counted on the labels when they are in host memory; on a
     device (where reading them would wait for the device) it is the tokens less the non-empty samples,
-    as every sample's last token has no label."""
+    as every sample's last token has no label, less the sink's padding segment if any (all ``-100``)."""
     labels = micro_batch["labels"]
     if labels.device.type == "cpu":
         return int((labels != IGNORE_INDEX).sum())
-    return int(micro_batch["input_ids"].numel()) - (int(micro_batch["cu_seqlens"].numel()) - 1)
+    padding = int(micro_batch.get("padding_tokens", 0))
+    samples = int(micro_batch["cu_seqlens"].numel()) - 1 - (1 if padding else 0)
+    return int(micro_batch["input_ids"].numel()) - padding - samples
 
 
 def describe(model: GPT) -> str:

@@ -461,3 +461,22 @@ def test_a_state_carried_to_a_topic_not_written_that_far_waits_for_its_step(
     write_steps(kafka_bootstrap, unique_name, wider[3:])
     expected = [_fingerprint(mb) for step in wider[5:] for mb in micro_batch_tensors(step[1])]
     assert [_fingerprint(mb) for mb in iterator] == expected
+
+
+@settings(deadline=None, max_examples=30)
+@given(seed=st.integers(0, 2**32 - 1), multiple=st.sampled_from([1, 8, 64]))
+def test_the_example_counts_labels_without_reading_them_padding_or_not(seed: int, multiple: int) -> None:
+    """``examples/gpt.label_count`` on a device infers the count from the shapes: it must agree with the
+    labels themselves, with the sink's padding segment or without."""
+    from examples import gpt
+
+    class OnDevice(torch.Tensor):  # the labels as a trainer sees them on a GPU: not to be read
+        @property
+        def device(self) -> torch.device:  # type: ignore[override]
+            return torch.device("meta")
+
+    batch = random_batch(np.random.default_rng(seed), 0, 0, 1, 3, 150)
+    for micro_batch in micro_batch_tensors(batch, pad_to_multiple_of=multiple):
+        counted = int((micro_batch["labels"] != IGNORE_INDEX).sum())
+        assert gpt.label_count(micro_batch) == counted
+        assert gpt.label_count({**micro_batch, "labels": micro_batch["labels"].as_subclass(OnDevice)}) == counted
