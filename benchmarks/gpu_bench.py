@@ -304,11 +304,16 @@ def planned_steps(
 
 
 def repeated_micro_batches(
-    plans: dict[str, Any], per_context: int, repeats: int, contexts: list[str] | None = None
+    plans: dict[str, Any],
+    per_context: int,
+    repeats: int,
+    contexts: list[str] | None = None,
+    multiples: tuple[int, ...] = (2048,),
 ) -> dict[str, Any]:
-    """Whether a micro-batch's time depends on what ran before it: ``per_context`` composed micro-batches of
-    each context, each timed ``repeats`` times in a row and once more with its tokens padded to a multiple of
-    2048 (a padding sample), against the cost model's prediction."""
+    """Whether a micro-batch's time depends on what ran before it, and on its token count being round:
+    ``per_context`` composed micro-batches of each context, each timed ``repeats`` times in a row and once
+    more per entry of ``multiples`` with its tokens padded to that multiple (a padding sample), against the
+    cost model's prediction."""
     import numpy as np
     import torch
 
@@ -327,8 +332,12 @@ def repeated_micro_batches(
             lengths = np.asarray(micro_batch, dtype=np.float64)
             predicted = float((fit["alpha"] * lengths**2 + fit["beta"] * lengths + fit["constant"]).sum())
             times = [time_micro_batch(block, micro_batch, device, dtype) for _ in range(repeats)]
-            pad = -int(lengths.sum()) % 2048
-            padded = time_micro_batch(block, [*micro_batch, pad] if pad else micro_batch, device, dtype)
+            padded = {}
+            for multiple in multiples:
+                pad = -int(lengths.sum()) % multiple
+                padded[str(multiple)] = time_micro_batch(
+                    block, [*micro_batch, pad] if pad else micro_batch, device, dtype
+                )
             rows.append(
                 {
                     "context": context,
@@ -343,7 +352,9 @@ def repeated_micro_batches(
     summary = {}
     for k in range(repeats):
         summary[f"repeat_{k}_error_median"] = float(np.median([r["predicted_ms"] / r["ms"][k] - 1 for r in rows]))
-    summary["padded_error_median"] = float(np.median([r["predicted_ms"] / r["padded_ms"] - 1 for r in rows]))
+    for multiple in multiples:
+        errors = [r["predicted_ms"] / r["padded_ms"][str(multiple)] - 1 for r in rows]
+        summary[f"padded_{multiple}_error_median"] = float(np.median(errors))
     print("repeats", json.dumps(summary), flush=True)
     return {"summary": summary, "rows": rows}
 
@@ -368,6 +379,7 @@ def main() -> int:
     parser.add_argument("--pad-to-multiple-of", type=int, default=1, help="time micro-batches padded as the sink can")
     parser.add_argument("--repeat-probe", type=int, default=0, help="micro-batches per context to time repeatedly")
     parser.add_argument("--probe-contexts", default="64k,32k")
+    parser.add_argument("--probe-multiples", default="64,256,2048", help="token multiples the probe pads to")
     args = parser.parse_args()
     if args.record:
         record(args.job, args.rank, args.bootstrap_servers, args.out)
@@ -389,7 +401,11 @@ def main() -> int:
         result["plans"] = planned
         if args.repeat_probe:
             parts["repeats"] = lambda: repeated_micro_batches(
-                plans, args.repeat_probe, repeats=3, contexts=args.probe_contexts.split(",")
+                plans,
+                args.repeat_probe,
+                repeats=3,
+                contexts=args.probe_contexts.split(","),
+                multiples=tuple(int(m) for m in args.probe_multiples.split(",")),
             )
         else:
             parts["plans"] = lambda: planned_steps(
