@@ -379,7 +379,7 @@ def main() -> int:
     parser.add_argument("--pad-to-multiple-of", type=int, default=1, help="time micro-batches padded as the sink can")
     parser.add_argument("--repeat-probe", type=int, default=0, help="micro-batches per context to time repeatedly")
     parser.add_argument("--probe-contexts", default="64k,32k")
-    parser.add_argument("--probe-multiples", default="64,256,2048", help="token multiples the probe pads to")
+    parser.add_argument("--probe-multiples", default="8,64,2048", help="token multiples the probe pads to")
     args = parser.parse_args()
     if args.record:
         record(args.job, args.rank, args.bootstrap_servers, args.out)
