@@ -287,7 +287,7 @@ def _create(admin: _Admin, specs: list[TopicSpec], replication_factor: int) -> l
         ]
         futures = admin.client.create_topics(new, operation_timeout=admin.left(), request_timeout=admin.left())
         # Another process created a topic after we listed them: its layout is checked like any other's.
-        created += _outcomes(admin, futures, "create", benign=KafkaError.TOPIC_ALREADY_EXISTS)
+        created += _outcomes(admin, futures, "create topic", benign=KafkaError.TOPIC_ALREADY_EXISTS)
     return created
 
 
@@ -299,8 +299,8 @@ def _replicated(replication_factor: int) -> dict[str, str]:
 
 
 def _outcomes(admin: _Admin, futures: Mapping[str, Any], verb: str, benign: int) -> list[str]:
-    """The topics whose create or delete succeeded; ``benign`` is the error that means another process
-    got there first (not a failure); anything else raises, naming the topic."""
+    """The names whose create or delete (``verb``, as "create topic") succeeded; ``benign`` is the error that
+    means another process got there first (not a failure); anything else raises, naming what failed."""
     done = []
     for name, future in futures.items():
         try:
@@ -308,9 +308,9 @@ def _outcomes(admin: _Admin, futures: Mapping[str, Any], verb: str, benign: int)
             done.append(name)
         except KafkaException as exc:
             if _error_code(exc) != benign:
-                raise admin.fail(f"{verb} topic {name}", exc) from exc
+                raise admin.fail(f"{verb} {name}", exc) from exc
         except TimeoutError as exc:
-            raise admin.fail(f"{verb} topic {name}", exc) from exc
+            raise admin.fail(f"{verb} {name}", exc) from exc
     return done
 
 
@@ -377,8 +377,52 @@ def delete_job_topics(
         admin.restart_clock()
         futures = admin.client.delete_topics(list(batch), operation_timeout=admin.left(), request_timeout=admin.left())
         # Someone else deleted a topic meanwhile: the outcome is the one we wanted.
-        deleted += _outcomes(admin, futures, "delete", benign=KafkaError.UNKNOWN_TOPIC_OR_PART)
+        deleted += _outcomes(admin, futures, "delete topic", benign=KafkaError.UNKNOWN_TOPIC_OR_PART)
     return sorted(deleted)
+
+
+def list_jobs(
+    bootstrap_or_config: str | Mapping[str, Any], *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> dict[str, dict[str, int]]:
+    """Every job that has mixflow topics on the cluster: its topics and their partition counts."""
+    jobs: dict[str, dict[str, int]] = {}
+    for name, partitions in sorted(_Admin(bootstrap_or_config, timeout_s).topics().items()):
+        try:
+            job = parse_topic(name).job
+        except MixflowError:
+            continue  # not a mixflow topic
+        jobs.setdefault(job, {})[name] = partitions
+    return jobs
+
+
+def job_groups(
+    bootstrap_or_config: str | Mapping[str, Any], job: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> dict[str, int]:
+    """The consumer groups of ``job`` (every group mixflow makes for a job is named ``<job>.<...>``, and a
+    job name has no dot) and how many members each has now."""
+    admin = _Admin(bootstrap_or_config, timeout_s)
+    try:
+        listed = admin.client.list_consumer_groups(request_timeout=admin.left()).result(timeout=admin.left())
+        ids = sorted(g.group_id for g in listed.valid if g.group_id.split(".", 1)[0] == job and "." in g.group_id)
+        if not ids:
+            return {}
+        described = admin.client.describe_consumer_groups(ids, request_timeout=admin.left())
+        return {group: len(future.result(timeout=admin.left()).members) for group, future in described.items()}
+    except (KafkaException, TimeoutError) as exc:
+        raise admin.fail(f"describe the consumer groups of job {job}", exc) from exc
+
+
+def delete_groups(
+    bootstrap_or_config: str | Mapping[str, Any], groups: Iterable[str], *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> list[str]:
+    """Delete the named consumer groups (their committed offsets); one already gone counts as deleted.
+    A group with members is refused by the broker, which raises naming it."""
+    admin = _Admin(bootstrap_or_config, timeout_s)
+    names = sorted(groups)
+    if not names:
+        return []
+    futures = admin.client.delete_consumer_groups(names, request_timeout=admin.left())
+    return sorted(_outcomes(admin, futures, "delete consumer group", benign=KafkaError.GROUP_ID_NOT_FOUND))
 
 
 def _is_job_topic(name: str, job: str) -> bool:

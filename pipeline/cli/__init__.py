@@ -27,6 +27,7 @@ from pipeline.cli import (
     spec,
     stack,
     top,
+    topics,
 )
 from pipeline.cli.command import Command, add_commands
 from pipeline.kafka_clients import KafkaClientStuckError
@@ -47,6 +48,7 @@ COMMANDS: tuple[Command, ...] = (
     run.COMMAND,
     autoscale.COMMAND,
     top.COMMAND,
+    topics.COMMAND,
     report_plots.COMMAND,
     chaos.COMMAND,
     deploy.COMMAND,
@@ -86,3 +88,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like, which stopped reading
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 0
