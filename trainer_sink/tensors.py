@@ -18,7 +18,7 @@ With ``pad_to_multiple_of=N`` a non-empty micro-batch gets one padding segment a
 that ``T`` is a multiple of N: ``pad_token_id`` tokens, ``labels`` ``-100``, ``position_ids`` from 0, and a
 last ``cu_seqlens`` entry (``k + 2`` entries; ``sample_ids`` still names the k samples). Matrix products
 over a token count that is a multiple of 8 run faster on tensor cores: on an H200, one transformer block ran
-12% slower (median) over other counts, and took 390 ms over 65,533 tokens against 344 ms over the same
+14% slower (median) over other counts, and took 390 ms over 65,533 tokens against 344 ms over the same
 tokens padded to 65,536 (benchmarks/README.md); 64 is a good N. ``T`` can exceed the micro-batch capacity
 when the capacity is not a multiple of N.
 
