@@ -168,35 +168,57 @@ def choose_option(uppers: Sequence[float], score_of: Callable[[int], float], pre
 
 @dataclass(frozen=True)
 class _FillOrder:
-    """What every option's fill of one source shares: the source's short samples that are not due (the
-    filler, in FIFO order) with their running token total, and the tokens of its due samples."""
+    """What every option's fill of one source shares: its due samples and their tokens, and its short
+    samples that are not due (the filler, in FIFO order) with their running token total (float64: exact
+    for any count of tokens below 2**53, and a float ``need`` then searches it without a cast)."""
 
+    due: np.ndarray
+    due_tokens: int
     short: np.ndarray
     short_total: np.ndarray
-    due_tokens: int
 
     @classmethod
     def of(cls, window: SourceWindow, is_long: np.ndarray) -> _FillOrder:
         short = np.flatnonzero(~window.due & ~is_long)
-        return cls(short, np.cumsum(window.lengths[short]), int(window.lengths[window.due].sum()))
+        total = np.cumsum(window.lengths[short]).astype(np.float64)
+        return cls(np.flatnonzero(window.due), int(window.lengths[window.due].sum()), short, total)
 
 
-def _fill(window: SourceWindow, is_long: np.ndarray, chosen: np.ndarray, order: _FillOrder) -> np.ndarray:
-    """Positions to take from one source: the due samples and the ``chosen`` ones (long, not due), then
-    short samples in FIFO order, then other long ones in FIFO order, while the source's remaining tokens
-    are not exceeded."""
-    picked = window.due.copy()
-    picked[chosen] = True
-    need = window.remaining - float(order.due_tokens + int(window.lengths[chosen].sum()))
+@dataclass(frozen=True)
+class _Fill:
+    """One option's take from one source, by part: its chosen long samples, the first ``shorts`` of the
+    filler, and other long samples (``extra``) when the filler ran out; ``tokens`` in all."""
+
+    chosen: np.ndarray
+    shorts: int
+    extra: np.ndarray
+    tokens: int
+
+    def positions(self, order: _FillOrder) -> np.ndarray:
+        """The positions taken, ascending (the parts are disjoint)."""
+        return np.sort(np.concatenate([order.due, self.chosen, order.short[: self.shorts], self.extra]))
+
+
+def _fill(window: SourceWindow, is_long: np.ndarray, chosen: np.ndarray, order: _FillOrder) -> _Fill:
+    """What to take from one source: the due samples and the ``chosen`` ones (long, not due), then short
+    samples in FIFO order, then other long ones in FIFO order, while the source's remaining tokens are
+    not exceeded."""
+    chosen_tokens = int(window.lengths[chosen].sum())
+    need = window.remaining - float(order.due_tokens + chosen_tokens)
+    n = 0
     if need > 0:
         n = int(np.searchsorted(order.short_total, need, side="right"))
-        picked[order.short[:n]] = True
         need -= float(order.short_total[n - 1]) if n else 0.0
+    extra = EMPTY
     if need > 0:
+        picked = window.due.copy()
+        picked[chosen] = True
+        picked[order.short[:n]] = True
         lane = np.flatnonzero(~picked & is_long)
         total = np.cumsum(window.lengths[lane])
-        picked[lane[: int(np.searchsorted(total, need, side="right"))]] = True
-    return np.flatnonzero(picked)
+        extra = lane[: int(np.searchsorted(total, need, side="right"))]
+    shorts = int(order.short_total[n - 1]) if n else 0
+    return _Fill(chosen, n, extra, order.due_tokens + chosen_tokens + shorts + int(window.lengths[extra].sum()))
 
 
 def compose_takes(
@@ -252,16 +274,30 @@ def compose_takes(
 
     deferred = list(before.values())
     fill_orders = {s: _FillOrder.of(w, long_in[s]) for s, w in windows.items()}
-    built: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
+    built: list[dict[str, _Fill]] = []
     for level, anchor in options:
         chosen, _ = build_groups(seeds, candidates, order, allowance, level, slack, shape, anchor)
-        takes = {}
-        for k, (s, w) in enumerate(windows.items()):
-            mine = positions[chosen & (candidates.source == k)]
-            takes[s] = _fill(w, long_in[s], mine, fill_orders[s])
-        drawn = [windows[s].lengths[takes[s]] if s in windows else fixed[s] for s in before]
-        built.append((pool_order(deferred, drawn), takes))
+        built.append(
+            {
+                s: _fill(w, long_in[s], positions[chosen & (candidates.source == k)], fill_orders[s])
+                for k, (s, w) in enumerate(windows.items())
+            }
+        )
+
+    def takes(i: int) -> dict[str, np.ndarray]:
+        return {s: fill.positions(fill_orders[s]) for s, fill in built[i].items()}
+
+    def drawn(i: int) -> list[np.ndarray]:
+        taken = takes(i)
+        return [windows[s].lengths[taken[s]] if s in windows else fixed[s] for s in before]
+
     # A score is a balance (at most 1, give or take a rounding) times the share of capacity placed.
-    uppers = [min(int(lengths.sum()), shape.tokens) / shape.tokens + 1e-9 for lengths, _ in built]
-    winner = choose_option(uppers, lambda i: score(built[i][0], shape, cost_model), PREFER_OLDER)
-    return built[winner][1]
+    fixed_tokens = sum(int(lengths.sum()) for lengths in deferred) + sum(
+        int(fixed[s].sum()) for s in before if s not in windows
+    )
+    uppers = [
+        min(fixed_tokens + sum(fill.tokens for fill in fills.values()), shape.tokens) / shape.tokens + 1e-9
+        for fills in built
+    ]
+    winner = choose_option(uppers, lambda i: score(pool_order(deferred, drawn(i)), shape, cost_model), PREFER_OLDER)
+    return takes(winner)
