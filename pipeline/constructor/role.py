@@ -296,6 +296,13 @@ class DataConstructor(TransactionalRole):
         mixer_state, exhausted = state.mixer, set(state.exhausted)
         last_lag_log = time.monotonic()
         assert self._lease is not None
+        # A source that ran out is drawn from as a whole (all that is left of it), so a constructor resuming
+        # after it ran out reads it to its end again first, as the one before it had: else it would draw
+        # from part of it, and the steps would differ from an uninterrupted run's.
+        while behind := sorted(s for s in exhausted if not feed.is_exhausted(s)):
+            if self.stopping or not self._lease.poll():
+                return
+            feed.fill(behind)
         while not self.stopping and self._lease.poll():
             if not writer.poll():  # the step in flight was aborted: what is prepared since is dropped
                 log.warning("the step in flight was aborted; resuming from the last committed step")
@@ -365,9 +372,22 @@ class DataConstructor(TransactionalRole):
         goes out in final steps, so every sample of finite sources is delivered exactly once."""
         all_out = set(exhausted) >= set(pool.sources) or all(feed.is_exhausted(s) for s in pool.sources)
         if self.spec.on_exhausted is not OnExhausted.STOP and all_out:
+            assert self._lease is not None
+            # A constructor that resumes here (its state says every source ran out) has not read again what
+            # lies past its sources' low watermarks: read each to its end, or those samples would be lost.
+            while not all(feed.is_exhausted(s) for s in pool.sources):
+                if self.stopping or not self._lease.poll():
+                    return
+                feed.fill(list(pool.sources))
             while not pool.empty():
+                if (
+                    self.options.max_steps is not None
+                    and len(self.stats.steps) + writer.in_flight >= self.options.max_steps
+                ):
+                    if writer.wait():
+                        self._stopping = True
+                    return
                 while not self._trainers_allow(mixer_state.step):
-                    assert self._lease is not None
                     if self.stopping or not self._lease.poll() or not self._flush(writer):
                         return
                 candidates = pool.take_everything()
