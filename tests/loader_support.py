@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -82,7 +83,40 @@ def start_loader(spec: Path, source: str, instance: int, log_dir: Path, *extra: 
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
 
 
-def wait_all(processes: list[subprocess.Popen], timeout_s: float, log_dir: Path) -> None:
+TAKE_OVER_EXIT = 3
+"""The exit code of a role whose Kafka client hit a fatal error: it exits so that a new process takes over,
+as `mixflow run` (and any supervisor) starts one."""
+
+
+def wait_all_restarting(
+    running: dict[tuple[str, int], subprocess.Popen],
+    restart: Callable[[tuple[str, int]], subprocess.Popen],
+    timeout_s: float,
+    log_dir: Path,
+    restarts: int = 3,
+) -> None:
+    """``wait_all``, but a loader that exits for a successor (``TAKE_OVER_EXIT``) is started again, as a
+    supervisor would, ``restarts`` times in all at most."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        wait_all(
+            [p for p in running.values() if p.poll() != TAKE_OVER_EXIT],
+            max(0.1, deadline - time.monotonic()),
+            log_dir,
+            allowed=(0, TAKE_OVER_EXIT),
+        )
+        successors = [key for key, p in running.items() if p.returncode == TAKE_OVER_EXIT]
+        if not successors:
+            return
+        assert restarts >= len(successors), f"loaders {successors} kept exiting for a successor"
+        restarts -= len(successors)
+        for key in successors:
+            running[key] = restart(key)
+
+
+def wait_all(
+    processes: list[subprocess.Popen], timeout_s: float, log_dir: Path, allowed: tuple[int, ...] = (0,)
+) -> None:
     deadline = time.monotonic() + timeout_s
     for process in processes:
         try:
@@ -92,7 +126,7 @@ def wait_all(processes: list[subprocess.Popen], timeout_s: float, log_dir: Path)
                 other.kill()
             msg = f"loaders did not finish within {timeout_s} s; their logs end with:\n{_log_tails(log_dir)}"
             raise AssertionError(msg) from None
-        if process.returncode != 0:
+        if process.returncode not in allowed:
             msg = f"loader {process.args} exited {process.returncode}; logs end with:\n{_log_tails(log_dir)}"
             raise AssertionError(msg)
 
