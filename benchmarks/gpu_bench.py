@@ -205,6 +205,12 @@ def block_timings(lengths: list[int], tokens: int, repeats: int) -> dict[str, An
 # -- 3. planned steps on real blocks ----------------------------------------------------------------------
 
 
+def _predicted_ms(fit: dict[str, float], lengths: list[int]) -> float:
+    """The cost model's time of one micro-batch: the fit per sample, summed."""
+    as_float = [float(n) for n in lengths]
+    return sum(fit["alpha"] * n * n + fit["beta"] * n + fit["constant"] for n in as_float)
+
+
 def planned_steps(
     plans: dict[str, Any],
     methods: list[str],
@@ -233,10 +239,6 @@ def planned_steps(
     fit = plans["fit_ms"]
     ranks = plans["ranks"]
 
-    def predicted_ms(lengths: list[int]) -> float:
-        as_array = np.asarray(lengths, dtype=np.float64)
-        return float((fit["alpha"] * as_array**2 + fit["beta"] * as_array + fit["constant"]).sum())
-
     first = next(iter(plans["contexts"].values()))["methods"][methods[0]]["plans"][0]
     for _ in range(2):  # warm-up: kernels, allocator
         for micro_batch in first[0]:
@@ -261,7 +263,7 @@ def planned_steps(
                             continue
                         pad = -sum(micro_batch) % pad_to_multiple_of
                         ms = time_micro_batch(block, [*micro_batch, pad] if pad else micro_batch, device, dtype)
-                        guess = predicted_ms(micro_batch)
+                        guess = _predicted_ms(fit, micro_batch)
                         timed[method]["errors"].append(guess / ms - 1)
                         rank_ms, rank_predicted = rank_ms + ms, rank_predicted + guess
                     measured.append(rank_ms)
@@ -330,7 +332,7 @@ def repeated_micro_batches(
         chosen = [mb for step in entry["methods"]["composed"]["plans"] for rank in step for mb in rank if mb]
         for micro_batch in chosen[:: max(1, len(chosen) // per_context)][:per_context]:
             lengths = np.asarray(micro_batch, dtype=np.float64)
-            predicted = float((fit["alpha"] * lengths**2 + fit["beta"] * lengths + fit["constant"]).sum())
+            predicted = _predicted_ms(fit, micro_batch)
             times = [time_micro_batch(block, micro_batch, device, dtype) for _ in range(repeats)]
             padded = {}
             for multiple in multiples:

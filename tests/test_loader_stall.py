@@ -54,7 +54,7 @@ def test_a_loader_whose_work_consumer_stalls_rejoins_and_loads_what_lies_past_it
             request_epoch(config, topics, "code", 1)
             while not loaded(epochs=2):
                 assert time.monotonic() < deadline, "epoch 1 was not loaded after the consumer stalled"
-                time.sleep(0.2)  # as above
+                time.sleep(0.2)  # a topic watched from outside: nothing to block on
         except BaseException as exc:  # reported by the test's thread
             outcome["error"] = exc
         finally:

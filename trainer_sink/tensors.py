@@ -77,7 +77,7 @@ def micro_batch_tensors(
     for m, packed in enumerate(pack_micro_batches(batch)):
         padding = 0
         if layout is Layout.PACKED:
-            padding = -packed.token_ids.size % pad_to_multiple_of if packed.token_ids.size else 0
+            padding = -packed.token_ids.size % pad_to_multiple_of  # 0 for an empty micro-batch
             tensors = _packed(packed, padding, pad_token_id)
         else:
             tensors = _padded(packed, batch.capacity, pad_token_id, attention_mask)

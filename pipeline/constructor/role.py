@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -296,13 +297,8 @@ class DataConstructor(TransactionalRole):
         mixer_state, exhausted = state.mixer, set(state.exhausted)
         last_lag_log = time.monotonic()
         assert self._lease is not None
-        # A source that ran out is drawn from as a whole (all that is left of it), so a constructor resuming
-        # after it ran out reads it to its end again first, as the one before it had: else it would draw
-        # from part of it, and the steps would differ from an uninterrupted run's.
-        while behind := sorted(s for s in exhausted if not feed.is_exhausted(s)):
-            if self.stopping or not self._lease.poll():
-                return
-            feed.fill(behind)
+        if not self._read_to_end(feed, exhausted):
+            return
         while not self.stopping and self._lease.poll():
             if not writer.poll():  # the step in flight was aborted: what is prepared since is dropped
                 log.warning("the step in flight was aborted; resuming from the last committed step")
@@ -360,6 +356,20 @@ class DataConstructor(TransactionalRole):
             self._finish(writer, feed, pool, mixer_state, exhausted)
             return
 
+    def _read_to_end(self, feed: SourceTopicFeed, sources: Iterable[str]) -> bool:
+        """Read ``sources``, which ran out, to their ends; False when stopped or the lease is lost first.
+
+        A source that ran out is drawn from as a whole (all that is left of it), and its leftovers go out in
+        the final steps. A constructor resuming after it ran out has not read again what lies past its low
+        watermark: without this it would draw from part of it (steps differing from an uninterrupted run's)
+        or end the job without the rest."""
+        assert self._lease is not None
+        while behind := sorted(s for s in sources if not feed.is_exhausted(s)):
+            if self.stopping or not self._lease.poll():
+                return False
+            feed.fill(behind)
+        return True
+
     def _finish(
         self,
         writer: StepWriter,
@@ -373,12 +383,8 @@ class DataConstructor(TransactionalRole):
         all_out = set(exhausted) >= set(pool.sources) or all(feed.is_exhausted(s) for s in pool.sources)
         if self.spec.on_exhausted is not OnExhausted.STOP and all_out:
             assert self._lease is not None
-            # A constructor that resumes here (its state says every source ran out) has not read again what
-            # lies past its sources' low watermarks: read each to its end, or those samples would be lost.
-            while not all(feed.is_exhausted(s) for s in pool.sources):
-                if self.stopping or not self._lease.poll():
-                    return
-                feed.fill(list(pool.sources))
+            if not self._read_to_end(feed, pool.sources):
+                return
             while not pool.empty():
                 if (
                     self.options.max_steps is not None
