@@ -211,6 +211,10 @@ def _predicted_ms(fit: dict[str, float], lengths: list[int]) -> float:
     return sum(fit["alpha"] * n * n + fit["beta"] * n + fit["constant"] for n in as_float)
 
 
+def _variant(method: str, pad_to_multiple_of: int) -> str:
+    return method if pad_to_multiple_of == 1 else f"{method}+pad{pad_to_multiple_of}"
+
+
 def planned_steps(
     plans: dict[str, Any],
     methods: list[str],
@@ -219,13 +223,14 @@ def planned_steps(
     save: Any,
     device_name: str = "cuda",
     shape: tuple[int, int] = (4096, 32),
-    pad_to_multiple_of: int = 1,
+    pad_multiples: tuple[int, ...] = (1,),
 ) -> None:
     """Times every micro-batch of the exported plans, steps interleaved across methods so that a spent
     ``budget_s`` (per context) leaves every method with the same steps; fills ``out[context]`` and calls
-    ``save()`` after each context. ``shape`` is the block's hidden size and heads. With
-    ``pad_to_multiple_of``, each micro-batch is timed as the sink hands it over with that option: one
-    padding sample up to a multiple of that many tokens (the prediction counts the samples alone)."""
+    ``save()`` after each context. ``shape`` is the block's hidden size and heads. Each entry of
+    ``pad_multiples`` other than 1 adds a variant ``<method>+pad<m>`` of every method, timed in the same
+    step as the sink hands micro-batches over with ``pad_to_multiple_of=m``: one padding sample up to a
+    multiple of m tokens (the prediction and the fill count the samples alone)."""
     import numpy as np
     import torch
 
@@ -247,14 +252,15 @@ def planned_steps(
     for context, entry in plans["contexts"].items():
         began = time.perf_counter()
         capacity = entry["micro_batches"] * entry["capacity"] * ranks
+        variants = {_variant(m, pad): (m, pad) for m in methods for pad in pad_multiples}
         timed: dict[str, dict[str, list]] = {
-            m: {"measured": [], "predicted": [], "tokens": [], "errors": []} for m in methods
+            v: {"measured": [], "predicted": [], "tokens": [], "errors": []} for v in variants
         }
         steps = min(len(entry["methods"][m]["plans"]) for m in methods)
         for step in range(steps):
             if time.perf_counter() - began > budget_s:
                 break
-            for method in methods:
+            for variant, (method, pad_to_multiple_of) in variants.items():
                 measured, predicted = [], []
                 for rank in entry["methods"][method]["plans"][step]:
                     rank_ms, rank_predicted = 0.0, 0.0
@@ -264,17 +270,17 @@ def planned_steps(
                         pad = -sum(micro_batch) % pad_to_multiple_of
                         ms = time_micro_batch(block, [*micro_batch, pad] if pad else micro_batch, device, dtype)
                         guess = _predicted_ms(fit, micro_batch)
-                        timed[method]["errors"].append(guess / ms - 1)
+                        timed[variant]["errors"].append(guess / ms - 1)
                         rank_ms, rank_predicted = rank_ms + ms, rank_predicted + guess
                     measured.append(rank_ms)
                     predicted.append(rank_predicted)
-                timed[method]["measured"].append(measured)
-                timed[method]["predicted"].append(predicted)
-                timed[method]["tokens"].append(
+                timed[variant]["measured"].append(measured)
+                timed[variant]["predicted"].append(predicted)
+                timed[variant]["tokens"].append(
                     sum(sum(mb) for rank in entry["methods"][method]["plans"][step] for mb in rank)
                 )
         summary = {}
-        for method, t in timed.items():
+        for variant, t in timed.items():
             if not t["measured"]:
                 continue
             row = {"steps": len(t["measured"]), "fill": sum(t["tokens"]) / (capacity * len(t["tokens"]))}
@@ -285,17 +291,19 @@ def planned_steps(
             errors = np.abs(np.asarray(t["errors"]))
             row["model_error_median"] = float(np.median(errors))
             row["model_error_p95"] = float(np.quantile(errors, 0.95))
+            method = variants[variant][0]
             row["simulated_tokens_per_s_100_steps"] = entry["methods"][method]["simulated_tokens_per_s"]
-            summary[method] = row
-        if "naive" in summary:
-            for row in summary.values():
+            summary[variant] = row
+        for variant, row in summary.items():
+            naive = summary.get(_variant("naive", variants[variant][1]))
+            if naive is not None:
                 for kind in ("measured", "predicted"):
-                    row[f"{kind}_vs_naive"] = row[f"{kind}_tokens_per_s"] / summary["naive"][f"{kind}_tokens_per_s"]
+                    row[f"{kind}_vs_naive"] = row[f"{kind}_tokens_per_s"] / naive[f"{kind}_tokens_per_s"]
         out[context] = {"seconds": time.perf_counter() - began, "methods": summary, "raw": timed}
         save()
-        for method, row in summary.items():
+        for variant, row in summary.items():
             print(
-                f"plans {context} {method:9s} steps {row['steps']} "
+                f"plans {context} {variant:15s} steps {row['steps']} "
                 f"measured {row['measured_tokens_per_s'] / 1e6:.3f} Mtok/s ({row.get('measured_vs_naive', 1):.2f}x) "
                 f"max/mean {row['measured_max_over_mean']:.3f} | predicted {row['predicted_tokens_per_s'] / 1e6:.3f} "
                 f"({row.get('predicted_vs_naive', 1):.2f}x) max/mean {row['predicted_max_over_mean']:.3f} | "
@@ -378,7 +386,11 @@ def main() -> int:
     parser.add_argument("--plans", type=Path, help="balance_sim_bench.py --export-plans output to time")
     parser.add_argument("--methods", default="naive,composed")
     parser.add_argument("--plans-budget-s", type=float, default=100.0, help="per context")
-    parser.add_argument("--pad-to-multiple-of", type=int, default=1, help="time micro-batches padded as the sink can")
+    parser.add_argument(
+        "--pad-to-multiples",
+        default="1",
+        help="comma-separated: time every method's micro-batches also padded as the sink pads them (1: not padded)",
+    )
     parser.add_argument("--repeat-probe", type=int, default=0, help="micro-batches per context to time repeatedly")
     parser.add_argument("--probe-contexts", default="64k,32k")
     parser.add_argument("--probe-multiples", default="8,64,2048", help="token multiples the probe pads to")
@@ -416,7 +428,7 @@ def main() -> int:
                 args.plans_budget_s,
                 planned["contexts"],
                 save,
-                pad_to_multiple_of=args.pad_to_multiple_of,
+                pad_multiples=tuple(int(m) for m in args.pad_to_multiples.split(",")),
             )
     if not args.skip_sink:
         rows = pickle.loads(args.messages.read_bytes())

@@ -49,11 +49,12 @@ def test_exported_plans_are_timed_and_summarised(tmp_path: Path) -> None:
         lambda: saved.append(True),
         device_name="cpu",
         shape=(32, 2),
-        pad_to_multiple_of=16,
+        pad_multiples=(1, 16),
     )
     assert saved == [True]
     summary = out["8k"]["methods"]
-    assert set(summary) == {"naive", "composed"}
+    assert set(summary) == {"naive", "composed", "naive+pad16", "composed+pad16"}
+    assert summary["composed+pad16"]["fill"] == summary["composed"]["fill"]
     for row in summary.values():
         assert row["steps"] == 1 and row["measured_tokens_per_s"] > 0 and row["measured_max_over_mean"] >= 1
-    assert summary["naive"]["measured_vs_naive"] == 1
+    assert summary["naive"]["measured_vs_naive"] == summary["naive+pad16"]["measured_vs_naive"] == 1
