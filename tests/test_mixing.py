@@ -246,3 +246,51 @@ def test_bad_arguments_are_value_errors() -> None:
         draw_step(state, {"a": 1}, 10, {"z": [1]})
     with pytest.raises(ValueError, match="<= 0"):
         draw_step(state, {"a": 1}, 10, {"a": [3, 0]})
+
+
+def _take_by_union(available: np.ndarray, need: float, need_long: float, min_length: int, final: bool):
+    """The take as first written (np.union1d of the head and the first long samples), for comparison."""
+    long_positions = np.flatnonzero(available >= min_length) if need_long > 0 else np.zeros(0, dtype=np.int64)
+    total_long = np.cumsum(available[long_positions])
+    if need_long <= 0:
+        n_long = 0
+    elif len(total_long) and total_long[-1] >= need_long:
+        n_long = int(np.searchsorted(total_long, need_long, side="left")) + 1
+    elif final:
+        n_long = len(long_positions)
+    else:
+        return None
+    rest = available.copy()
+    rest[long_positions[:n_long]] = 0
+    need_rest = need - float(available[long_positions[:n_long]].sum())
+    total = np.cumsum(rest)
+    if need_rest <= 0:
+        n_head = 0
+    elif len(total) and total[-1] >= need_rest:
+        n_head = int(np.searchsorted(total, need_rest, side="left")) + 1
+    else:
+        return None
+    return np.union1d(np.arange(n_head), long_positions[:n_long])
+
+
+@given(
+    st.lists(st.integers(1, 5000), max_size=60),
+    st.floats(0, 1e5),
+    st.floats(0, 5e4),
+    st.integers(1, 5000),
+    st.booleans(),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_take_is_the_sorted_union_of_the_head_and_the_first_long_samples(
+    lengths: list[int], need: float, need_long: float, min_length: int, final: bool
+) -> None:
+    from pipeline.mixing._take import take
+
+    available = np.asarray(lengths, dtype=np.int64)
+    got = take(available, need, need_long, min_length, final)
+    expected = _take_by_union(available, need, need_long, min_length, final)
+    assert (got is None) == (expected is None)
+    if got is not None:
+        assert got.positions.dtype == np.int64
+        np.testing.assert_array_equal(got.positions, expected)
+        assert got.tokens == int(available[expected].sum())

@@ -33,8 +33,8 @@ def _room(bins: np.ndarray, r: int, length: int, capacity: int) -> int:
 @njit(cache=True)
 def _least_with_room(min_excess: np.ndarray, max_room: np.ndarray, leaves: int, length: np.int64) -> int:
     """The rank of least excess with a micro-batch of room ``>= length`` (ties: the lowest), or -1: a
-    depth-first search, left subtree first (so ranks are met in order), pruning subtrees without room or
-    without a rank of less excess than the best so far."""
+    depth-first search that enters the child of less excess first (the left one on a tie) and prunes
+    subtrees without room or without a rank that beats the best so far, by excess and then by rank."""
     best, best_excess = -1, np.inf
     stack = np.empty(128, np.int64)
     stack[0] = 1
@@ -42,15 +42,27 @@ def _least_with_room(min_excess: np.ndarray, max_room: np.ndarray, leaves: int, 
     while depth > 0:
         depth -= 1
         node = stack[depth]
-        if max_room[node] < length or min_excess[node] >= best_excess:
+        if max_room[node] < length or min_excess[node] > best_excess:
+            continue
+        if min_excess[node] == best_excess and _lowest_rank(node, leaves) > best:
             continue
         if node >= leaves:
             best, best_excess = node - leaves, min_excess[node]
             continue
-        stack[depth] = 2 * node + 1
-        stack[depth + 1] = 2 * node
+        left, right = 2 * node, 2 * node + 1
+        if min_excess[right] < min_excess[left]:
+            left, right = right, left
+        stack[depth] = right  # popped after the whole of the other child
+        stack[depth + 1] = left
         depth += 2
     return best
+
+
+@njit(cache=True)
+def _lowest_rank(node: int, leaves: int) -> int:
+    while node < leaves:
+        node *= 2
+    return node - leaves
 
 
 @njit(cache=True)
@@ -133,6 +145,8 @@ def build_groups_kernel(
                 if m >= 0:
                     pick, pick_m = j, m
                     break
+            else:  # an allowance only shrinks: no rank takes this candidate any more
+                skip[j] = j + 1
             j = _next_free(skip, j + 1)
         if pick < 0:
             set_key(by_excess, by_excess_id, inner, r, np.inf)

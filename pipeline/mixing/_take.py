@@ -60,6 +60,7 @@ def take(available: np.ndarray, need: float, need_long: float, min_length: int, 
     n_head = _count_to(rest, need - float(available[first_long].sum()))
     if n_head is None:
         return None
-    positions = np.union1d(np.arange(n_head), first_long)
+    # first_long is ascending, so this is the sorted union of the head and the long samples past it
+    positions = np.concatenate([np.arange(n_head, dtype=np.int64), first_long[first_long >= n_head]])
     chosen = available[positions]
     return Take(positions, int(chosen.sum()), int(chosen[chosen >= min_length].sum()))
