@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/throughput_bench.py [--repeats 3] [--shapes 8x64x8192,...] [--tokens 40000000]
         [--steps 8] [--baseline-tree DIR] [--kafka-config KEY=VALUE ...] [--composition]
-        [--data-job NAME] [--keep-data] [--profile SHAPE] [--bootstrap-servers HOST:PORT] [--markdown]
+        [--steps-per-transaction N] [--data-job NAME] [--keep-data] [--profile SHAPE]
+        [--bootstrap-servers HOST:PORT] [--markdown]
 
 Data: synthetic pre-tokenized samples (log-normal lengths around 1,000 tokens, at most the smallest
 micro-batch capacity of the shapes; Zipf token ids below 50,257) written once, straight to four
@@ -168,7 +169,14 @@ def describe_data(config: dict, job: str, counts: dict[str, int], max_length: in
     commit_or_abort(producer)
 
 
-def write_spec(folder: Path, job: str, shape: Shape, composition: bool, kafka: dict | None = None) -> Path:
+def write_spec(
+    folder: Path,
+    job: str,
+    shape: Shape,
+    composition: bool,
+    kafka: dict | None = None,
+    steps_per_transaction: int | None = None,
+) -> Path:
     empty = folder / "no-files"
     empty.mkdir(parents=True, exist_ok=True)
     spec = {
@@ -186,6 +194,8 @@ def write_spec(folder: Path, job: str, shape: Shape, composition: bool, kafka: d
     }
     if not composition:
         spec["composition"] = None
+    if steps_per_transaction is not None:
+        spec["constructor"] = {"steps_per_transaction": steps_per_transaction}
     path = folder / f"spec-{shape}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -393,7 +403,7 @@ def constructor_run(
 
 
 def run_shape(args: argparse.Namespace, config: dict, data: int, shape: Shape, classpath: str, folder: Path) -> list:
-    spec = write_spec(folder, args.data_job, shape, args.composition, args.kafka_config)
+    spec = write_spec(folder, args.data_job, shape, args.composition, args.kafka_config, args.steps_per_transaction)
     steps = min(args.steps, steps_for(shape, data, args.composition))
     rows = []
     for repeat in range(args.repeats):
@@ -506,6 +516,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=40_000_000, help="tokens of data to write (a new data job)")
     parser.add_argument("--steps", type=int, default=8, help="at most this many steps per constructor run")
     parser.add_argument("--composition", action="store_true", help="step composition on (needs 8 steps of data ahead)")
+    parser.add_argument(
+        "--steps-per-transaction", type=int, help="the constructor's steps per transaction (default: the spec's)"
+    )
     parser.add_argument("--data-job", help="reuse this data job (written by an earlier run with --keep-data)")
     parser.add_argument("--keep-data", action="store_true", help="keep the data job for a later --data-job")
     parser.add_argument("--profile", type=Shape.parse, help="only profile one constructor run at this shape (cProfile)")
