@@ -31,6 +31,20 @@ def _room(bins: np.ndarray, r: int, length: int, capacity: int) -> int:
 
 
 @njit(cache=True)
+def rank_trees(excess: np.ndarray, room: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Least excess (ties: lowest rank) and most room in a micro-batch over subtrees of ranks, as
+    ``_least_with_room`` searches them: (min_excess, max_room, leaves)."""
+    leaves = 1
+    while leaves < len(excess):
+        leaves *= 2
+    min_excess = np.full(2 * leaves, np.inf)
+    max_room = np.full(2 * leaves, -1, np.int64)
+    for r in range(len(excess)):
+        update_rank(min_excess, max_room, leaves, r, excess[r], room[r])
+    return min_excess, max_room, leaves
+
+
+@njit(cache=True)
 def _least_with_room(min_excess: np.ndarray, max_room: np.ndarray, leaves: int, length: np.int64) -> int:
     """The rank of least excess with a micro-batch of room ``>= length`` (ties: the lowest), or -1: a
     depth-first search that enters the child of less excess first (the left one on a tie) and prunes
@@ -100,14 +114,7 @@ def build_groups_kernel(
     overshoot."""
     excess = np.zeros(ranks)
     bins = np.zeros((ranks, micro_batches), dtype=np.int64)
-    # Least excess (ties: lowest rank) and most room in a micro-batch, over subtrees of ranks.
-    leaves = 1
-    while leaves < ranks:
-        leaves *= 2
-    min_excess = np.full(2 * leaves, np.inf)
-    max_room = np.full(2 * leaves, -1, np.int64)
-    for r in range(ranks):
-        update_rank(min_excess, max_room, leaves, r, 0.0, np.int64(capacity))
+    min_excess, max_room, leaves = rank_trees(excess, np.full(ranks, capacity, np.int64))
     for i in np.argsort(-seed_excess, kind="mergesort"):
         length = seed_length[i]
         target = _least_with_room(min_excess, max_room, leaves, np.int64(length))
