@@ -302,11 +302,15 @@ def planned_steps(
         out[context] = {"seconds": time.perf_counter() - began, "methods": summary, "raw": timed}
         save()
         for variant, row in summary.items():
+            versus = {
+                k: f" ({row[f'{k}_vs_naive']:.2f}x)" if f"{k}_vs_naive" in row else ""
+                for k in ("measured", "predicted")
+            }
             print(
                 f"plans {context} {variant:15s} steps {row['steps']} "
-                f"measured {row['measured_tokens_per_s'] / 1e6:.3f} Mtok/s ({row.get('measured_vs_naive', 1):.2f}x) "
-                f"max/mean {row['measured_max_over_mean']:.3f} | predicted {row['predicted_tokens_per_s'] / 1e6:.3f} "
-                f"({row.get('predicted_vs_naive', 1):.2f}x) max/mean {row['predicted_max_over_mean']:.3f} | "
+                f"measured {row['measured_tokens_per_s'] / 1e6:.3f} Mtok/s{versus['measured']} "
+                f"max/mean {row['measured_max_over_mean']:.3f} | predicted {row['predicted_tokens_per_s'] / 1e6:.3f}"
+                f"{versus['predicted']} max/mean {row['predicted_max_over_mean']:.3f} | "
                 f"fill {row['fill']:.3f} | model error per micro-batch median {row['model_error_median']:.1%} "
                 f"p95 {row['model_error_p95']:.1%}",
                 flush=True,
