@@ -8,6 +8,13 @@ the fullest micro-batch with room for it, which keeps whole micro-batches free f
 Every tie is broken by index, so the result is the same on any machine. The rank with the least excess
 is found in trees over the ranks (with room for a seed: the scheduler's top-up search; among the open ranks:
 a tournament tree), not by a scan of every rank, which at 10,240 ranks made a call cost O(R^2).
+
+**Packing the holes.** Short samples fill the ranks around the groups. Where a source's short samples
+cannot fill its allowance (a window of mostly long samples: uniform lengths up to the context, or long
+documents that hold most of the tokens), the holes the groups leave stay empty unless something fits
+them, so the kernel can pack them itself (``_fill_holes``): long and short candidates, the longest that
+fits the emptiest micro-batch of the rank of least excess, but no longer than keeps that rank near a
+target excess (the mean over ranks of a first, greedy packing), so the ranks end full *and* alike.
 """
 
 from __future__ import annotations
@@ -107,11 +114,16 @@ def build_groups_kernel(
     ranks: int,
     micro_batches: int,
     capacity: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(chosen candidates as a bool mask, excess per rank). ``order`` ranks the candidates by decreasing
-    excess; ``held`` marks candidates already among the seeds (chosen, never picked again); a candidate
-    counts against its source's ``allowance`` (tokens), which only the last one picked from a source may
-    overshoot."""
+    by_length: np.ndarray,
+    filler: np.ndarray,
+    first: np.ndarray,
+    goal: float,
+    shape_excess: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(chosen candidates as a bool mask, excess per rank, tokens per rank and micro-batch). ``order``
+    ranks the candidates to group by decreasing excess; ``held`` marks candidates already among the seeds
+    (chosen, never picked again); a candidate counts against its source's ``allowance`` (tokens), which
+    only the last one picked from a source may overshoot. The other arguments are ``_pack``'s."""
     excess = np.zeros(ranks)
     bins = np.zeros((ranks, micro_batches), dtype=np.int64)
     min_excess, max_room, leaves = rank_trees(excess, np.full(ranks, capacity, np.int64))
@@ -165,4 +177,110 @@ def build_groups_kernel(
         excess[r] += cand_excess[c]
         left[cand_source[c]] -= cand_length[c]
         set_key(by_excess, by_excess_id, inner, r, excess[r])
-    return chosen, excess
+    short_of_filler = False
+    for s in range(len(left)):
+        short_of_filler |= left[s] > filler[s]
+    if short_of_filler:
+        pack = (cand_excess, cand_length, cand_source, by_length, first, goal, capacity, shape_excess)
+        _pack(excess, bins, chosen, left, pack)
+    return chosen, excess, bins
+
+
+@njit(cache=True)
+def _pack(excess: np.ndarray, bins: np.ndarray, chosen: np.ndarray, left: np.ndarray, pack: tuple) -> None:
+    """``_fill_holes`` towards the mean excess per rank of a first, greedy ``_fill_holes``."""
+    trial_excess, trial_bins, trial_chosen, trial_left = excess.copy(), bins.copy(), chosen.copy(), left.copy()
+    _fill_holes(trial_excess, trial_bins, trial_chosen, trial_left, np.inf, *pack)
+    _fill_holes(excess, bins, chosen, left, trial_excess.mean(), *pack)
+
+
+@njit(cache=True)
+def _drop(up: np.ndarray, down: np.ndarray, j: int) -> None:
+    """Take position ``j`` out of both path-compressed lists (``down`` is shifted by one: 0 is "none")."""
+    up[j] = j + 1
+    down[j + 1] = j
+
+
+@njit(cache=True)
+def _fill_holes(
+    excess: np.ndarray,
+    bins: np.ndarray,
+    chosen: np.ndarray,
+    left: np.ndarray,
+    target: float,
+    cand_excess: np.ndarray,
+    cand_length: np.ndarray,
+    cand_source: np.ndarray,
+    by_length: np.ndarray,
+    first: np.ndarray,
+    goal: float,
+    capacity: int,
+    shape_excess: np.ndarray,
+) -> None:
+    """Pack the micro-batches' holes where short samples are too few to fill them. The samples every option
+    holds (``first``: deferred and due short samples, sources without a window) go into the fullest
+    micro-batch with room of the rank of least excess. Then, while the step holds less than ``goal``
+    tokens, the rank of least excess with room for the shortest candidate left takes a candidate (long or
+    short; ``by_length`` lists them by increasing length) from a source with allowance left, into its
+    emptiest micro-batch: the longest that fits, or with a finite ``target`` excess per rank, the longest
+    that leaves the rest of the hole fillable by one more sample without passing the rank's share of the
+    target for that hole (``shape_excess``: a sample of ``L`` tokens has excess ``a*L*L + b*L + g``);
+    the shortest that fits where none is that short.
+
+    The hole of ``h`` tokens with excess gap ``G`` is filled by one sample where ``e(h) <= G``; else the
+    first of two samples ``h/2 + x`` and ``h/2 - x`` with ``e(h/2 + x) + e(h/2 - x) <= G``, that is
+    ``a*(h*h/2 + 2*x*x) + b*h + 2*g <= G``."""
+    n = len(by_length)
+    ranks = bins.shape[0]
+    room = np.empty(ranks, np.int64)
+    for r in range(ranks):
+        room[r] = capacity - bins[r].min()
+    min_excess, max_room, leaves = rank_trees(excess, room)
+    total = float(bins.sum())
+    for i in np.argsort(-first, kind="mergesort"):
+        r = _least_with_room(min_excess, max_room, leaves, np.int64(first[i]))
+        if r >= 0:
+            bins[r, _room(bins, r, first[i], capacity)] += first[i]
+            update_rank(min_excess, max_room, leaves, r, excess[r], capacity - bins[r].min())
+        total += first[i]
+    sorted_length = np.empty(n, np.int64)
+    up = np.arange(n + 1)  # _next_free over by_length
+    down = np.arange(n + 1)  # _next_free downwards; position p + 1 stands for p
+    for j in range(n):
+        sorted_length[j] = cand_length[by_length[j]]
+        if chosen[by_length[j]]:
+            _drop(up, down, j)
+    while total < goal:
+        j = _next_free(up, 0)
+        while j < n and left[cand_source[by_length[j]]] <= 0:
+            _drop(up, down, j)
+            j = _next_free(up, j + 1)
+        if j >= n:
+            return
+        r = _least_with_room(min_excess, max_room, leaves, np.int64(sorted_length[j]))
+        if r < 0:
+            return
+        m = int(np.argmin(bins[r]))
+        hole = capacity - bins[r, m]
+        longest = hole
+        if target < np.inf:
+            holes = capacity * bins.shape[1] - bins[r].sum()
+            gap = (target - excess[r]) * hole / holes
+            a, b, g = shape_excess[0], shape_excess[1], shape_excess[2]
+            if a * hole * hole + b * hole + g > gap:  # one sample over the hole passes the target
+                spare = gap - (a * hole * hole / 2 + b * hole + 2 * g)
+                longest = hole / 2 + (np.sqrt(spare / (2 * a)) if spare > 0 and a > 0 else 0.0)
+        p = _next_free(down, int(np.searchsorted(sorted_length, longest, side="right")))
+        while p > 0 and left[cand_source[by_length[p - 1]]] <= 0:
+            _drop(up, down, p - 1)
+            p = _next_free(down, p - 1)
+        if p == 0:  # nothing as short as the target wants: the shortest that fits
+            p = j + 1
+        c = by_length[p - 1]
+        _drop(up, down, p - 1)
+        chosen[c] = True
+        bins[r, m] += cand_length[c]
+        excess[r] += cand_excess[c]
+        left[cand_source[c]] -= cand_length[c]
+        total += cand_length[c]
+        update_rank(min_excess, max_room, leaves, r, excess[r], capacity - bins[r].min())

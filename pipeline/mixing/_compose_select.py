@@ -41,6 +41,8 @@ PREFER_OLDER = 0.003
 """An older anchor wins over the best option when its score is at most this much lower."""
 SLACK = 0.005
 """A rank within this share of a short-filled rank's cost below the level takes no more long samples."""
+PACK_BELOW = 0.97
+"""Where the best option scores below this, options whose holes are packed with window samples compete."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,23 @@ class StepShape:
         return self.ranks * self.micro_batches * self.capacity
 
 
+@dataclass(frozen=True)
+class HoleFill:
+    """What the grouping kernel needs to fill holes with long candidates where short samples are too few:
+    the candidates by increasing length (``by_length``), each source's short filler tokens, the tokens of
+    short samples every option holds (``reserved``) and the step's ``goal`` in tokens."""
+
+    by_length: np.ndarray
+    filler: np.ndarray
+    first: np.ndarray
+    goal: float
+    excess: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    @classmethod
+    def none(cls, sources: int) -> HoleFill:
+        return cls(EMPTY, np.zeros(sources), EMPTY, 0.0)
+
+
 def build_groups(
     seeds: Longs,
     candidates: Longs,
@@ -92,11 +111,15 @@ def build_groups(
     slack: float,
     shape: StepShape,
     anchor: int = -1,
-) -> tuple[np.ndarray, np.ndarray]:
+    holes: HoleFill | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Groups of long samples per rank up to ``level`` of excess (``_compose_groups``): the chosen
-    candidates as a bool mask and the excess per rank. ``order`` lists the candidates by decreasing
-    excess, older first among equals; a candidate counts against its source's ``allowance`` (tokens).
-    The candidate ``anchor`` (if >= 0) is placed first among the seeds."""
+    candidates as a bool mask, the excess per rank and the tokens per rank and micro-batch. ``order``
+    lists the candidates by decreasing excess, older first among equals (only those it lists are
+    grouped); a candidate counts against its source's ``allowance`` (tokens). The candidate ``anchor``
+    (if >= 0) is placed first among the seeds. With ``holes``, where a source's short samples cannot
+    fill its allowance, the candidates then pack the micro-batches' holes (``_fill_holes``)."""
+    holes = holes or HoleFill.none(len(allowance))
     held = np.zeros(len(candidates.length), dtype=bool)
     if anchor >= 0:
         held[anchor] = True
@@ -117,6 +140,11 @@ def build_groups(
         shape.ranks,
         shape.micro_batches,
         shape.capacity,
+        holes.by_length.astype(np.int64),
+        holes.filler.astype(np.float64),
+        holes.first.astype(np.int64),
+        float(holes.goal),
+        np.array(holes.excess, dtype=np.float64),
     )
 
 
@@ -193,16 +221,21 @@ class _Fill:
     shorts: int
     extra: np.ndarray
     tokens: int
+    order: _FillOrder
 
-    def positions(self, order: _FillOrder) -> np.ndarray:
+    def positions(self) -> np.ndarray:
         """The positions taken, ascending (the parts are disjoint)."""
-        return np.sort(np.concatenate([order.due, self.chosen, order.short[: self.shorts], self.extra]))
+        return np.sort(np.concatenate([self.order.due, self.chosen, self.order.short[: self.shorts], self.extra]))
 
 
 def _fill(window: SourceWindow, is_long: np.ndarray, chosen: np.ndarray, order: _FillOrder) -> _Fill:
     """What to take from one source: the due samples and the ``chosen`` ones (long, not due), then short
     samples in FIFO order, then other long ones in FIFO order, while the source's remaining tokens are
     not exceeded."""
+    if not is_long[chosen].all():  # the hole fill chose short samples: the filler is the others
+        taken = is_long.copy()
+        taken[chosen] = True
+        order = _FillOrder.of(window, taken)
     chosen_tokens = int(window.lengths[chosen].sum())
     need = window.remaining - float(order.due_tokens + chosen_tokens)
     n = 0
@@ -218,7 +251,7 @@ def _fill(window: SourceWindow, is_long: np.ndarray, chosen: np.ndarray, order: 
         total = np.cumsum(window.lengths[lane])
         extra = lane[: int(np.searchsorted(total, need, side="right"))]
     shorts = int(order.short_total[n - 1]) if n else 0
-    return _Fill(chosen, n, extra, order.due_tokens + chosen_tokens + shorts + int(window.lengths[extra].sum()))
+    return _Fill(chosen, n, extra, order.due_tokens + chosen_tokens + shorts + int(window.lengths[extra].sum()), order)
 
 
 def compose_takes(
@@ -227,9 +260,11 @@ def compose_takes(
     fixed: Mapping[str, np.ndarray],
     shape: StepShape,
     cost_model: CostModel,
+    goal: float,
 ) -> dict[str, np.ndarray]:
     """Positions to take from each source's window (``windows``, in source order). ``before``: every
-    source's deferred lengths; ``fixed``: what sources without a window give (drawn lengths)."""
+    source's deferred lengths; ``fixed``: what sources without a window give (drawn lengths); ``goal``:
+    the step's tokens."""
     names = list(windows)
     every = np.concatenate([EMPTY, *(w.lengths for w in windows.values()), *before.values()])
     per_token = cost_model.total(every) / max(int(every.sum()), 1)
@@ -243,29 +278,20 @@ def compose_takes(
 
     seed_parts = [b[cost_model.costs(b) >= threshold] for b in before.values()]
     seed_src = [np.full(len(p), -1) for p in seed_parts]
-    cand_pos, cand_src, cand_age = [], [], []
     allowance = np.zeros(len(names))
     for k, (s, w) in enumerate(windows.items()):
         long, due = long_in[s], w.due
         seed_parts.append(w.lengths[long & due])
         seed_src.append(np.full(int((long & due).sum()), k))
-        pos = np.flatnonzero(long & ~due)
-        cand_pos.append(pos)
-        cand_src.append(np.full(len(pos), k))
-        cand_age.append(w.ahead[pos] / w.unit)
         allowance[k] = w.remaining - float(w.lengths[due].sum())
     seeds = longs(np.concatenate([EMPTY, *seed_parts]), np.concatenate([EMPTY, *seed_src]))
-    positions = np.concatenate([EMPTY, *cand_pos])
-    candidates = longs(
-        np.concatenate([EMPTY, *(windows[s].lengths[p] for s, p in zip(names, cand_pos, strict=True))]),
-        np.concatenate([EMPTY, *cand_src]),
-    )
-    age = np.concatenate([np.zeros(0), *cand_age])
+    positions, source, age = _not_due(windows, long_in)
+    candidates = longs(_lengths_at(windows, positions, source), source)
     order = np.lexsort((age, -candidates.excess))
     by_age = np.argsort(age, kind="stable")
     slack = SLACK * rho * shape.micro_batches * shape.capacity
 
-    _, seeded = build_groups(seeds, candidates, order, np.zeros(len(names)), 0.0, 0.0, shape)
+    _, seeded, _ = build_groups(seeds, candidates, order, np.zeros(len(names)), 0.0, 0.0, shape)
     seeds_level = float(seeded.max())
     options: list[tuple[float, int]] = [(seeds_level, -1)]
     # An anchor is held whatever its source's allowance, so only a source behind its target gives one.
@@ -274,30 +300,86 @@ def compose_takes(
 
     deferred = list(before.values())
     fill_orders = {s: _FillOrder.of(w, long_in[s]) for s, w in windows.items()}
-    built: list[dict[str, _Fill]] = []
-    for level, anchor in options:
-        chosen, _ = build_groups(seeds, candidates, order, allowance, level, slack, shape, anchor)
-        built.append(
-            {
-                s: _fill(w, long_in[s], positions[chosen & (candidates.source == k)], fill_orders[s])
-                for k, (s, w) in enumerate(windows.items())
-            }
-        )
 
-    def takes(i: int) -> dict[str, np.ndarray]:
-        return {s: fill.positions(fill_orders[s]) for s, fill in built[i].items()}
-
-    def drawn(i: int) -> list[np.ndarray]:
-        taken = takes(i)
-        return [windows[s].lengths[taken[s]] if s in windows else fixed[s] for s in before]
+    def fills(chosen: np.ndarray, at: np.ndarray, of: np.ndarray) -> dict[str, _Fill]:
+        """Each source's take where ``chosen`` marks the candidates at window positions ``at`` of sources ``of``."""
+        return {
+            s: _fill(w, long_in[s], at[chosen & (of == k)], fill_orders[s]) for k, (s, w) in enumerate(windows.items())
+        }
 
     # A score is a balance (at most 1, give or take a rounding) times the share of capacity placed.
     fixed_tokens = sum(int(lengths.sum()) for lengths in deferred) + sum(
         int(fixed[s].sum()) for s in before if s not in windows
     )
-    uppers = [
-        min(fixed_tokens + sum(fill.tokens for fill in fills.values()), shape.tokens) / shape.tokens + 1e-9
-        for fills in built
+
+    def best(built: list[dict[str, _Fill]]) -> tuple[dict[str, np.ndarray], float]:
+        """The chosen option's positions per source, and its score."""
+        uppers = [
+            min(fixed_tokens + sum(fill.tokens for fill in option.values()), shape.tokens) / shape.tokens + 1e-9
+            for option in built
+        ]
+        scores: dict[int, float] = {}
+
+        def score_of(i: int) -> float:
+            taken = {s: fill.positions() for s, fill in built[i].items()}
+            drawn = [windows[s].lengths[taken[s]] if s in windows else fixed[s] for s in before]
+            scores[i] = score(pool_order(deferred, drawn), shape, cost_model)
+            return scores[i]
+
+        winner = choose_option(uppers, score_of, PREFER_OLDER)
+        return {s: fill.positions() for s, fill in built[winner].items()}, scores[winner]
+
+    grouped = [
+        build_groups(seeds, candidates, order, allowance, level, slack, shape, anchor)[0] for level, anchor in options
     ]
-    winner = choose_option(uppers, lambda i: score(pool_order(deferred, drawn(i)), shape, cost_model), PREFER_OLDER)
-    return takes(winner)
+    takes, grouped_score = best([fills(chosen, positions, source) for chosen in grouped])
+    if grouped_score >= PACK_BELOW:
+        return takes
+    # Pack the holes instead, with short candidates too (after the long ones, so the indices hold).
+    short_positions, short_source, short_age = _not_due(windows, {s: ~v for s, v in long_in.items()})
+    shorts = longs(_lengths_at(windows, short_positions, short_source), short_source)
+    every = Longs(
+        np.concatenate([candidates.excess, shorts.excess]),
+        np.concatenate([candidates.length, shorts.length]),
+        np.concatenate([source, short_source]),
+    )
+    at = np.concatenate([positions, short_positions])
+    holes = HoleFill(
+        np.lexsort((np.concatenate([age, short_age]), every.length)),
+        np.array([float(fill_orders[s].short_total[-1]) if len(fill_orders[s].short) else 0.0 for s in names]),
+        np.concatenate(
+            [
+                EMPTY,
+                *(b[cost_model.costs(b) < threshold] for b in before.values()),
+                *(w.lengths[w.due & ~long_in[s]] for s, w in windows.items()),
+                *(fixed[s] for s in before if s not in windows),
+            ]
+        ),
+        goal,
+        (cost_model.alpha, cost_model.beta - rho, cost_model.gamma),
+    )
+    packed = []
+    for (level, anchor), plain in zip(options, grouped, strict=True):
+        chosen, _, _ = build_groups(seeds, every, order, allowance, level, slack, shape, anchor, holes)
+        if not np.array_equal(chosen[: len(plain)], plain) or chosen[len(plain) :].any():
+            packed.append(fills(chosen, at, every.source))
+    if not packed:
+        return takes
+    packed_takes, packed_score = best(packed)
+    return packed_takes if packed_score > grouped_score + PREFER_OLDER else takes
+
+
+def _not_due(
+    windows: Mapping[str, SourceWindow], kind: Mapping[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The window positions of every source's samples of ``kind`` that are not due, source by source, with
+    their source's index and their age (tokens before them in the FIFO over the source's tokens per step)."""
+    parts = [np.flatnonzero(kind[s] & ~w.due) for s, w in windows.items()]
+    ages = [w.ahead[p] / w.unit for p, w in zip(parts, windows.values(), strict=True)]
+    sources = [np.full(len(p), k) for k, p in enumerate(parts)]
+    return np.concatenate([EMPTY, *parts]), np.concatenate([EMPTY, *sources]), np.concatenate([np.zeros(0), *ages])
+
+
+def _lengths_at(windows: Mapping[str, SourceWindow], positions: np.ndarray, source: np.ndarray) -> np.ndarray:
+    lengths = [w.lengths[positions[source == k]] for k, w in enumerate(windows.values())]
+    return np.concatenate([EMPTY, *lengths])

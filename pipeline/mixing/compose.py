@@ -131,7 +131,7 @@ def compose_step(
         msg = f"sources {sorted(set(too_long))} hold samples longer than a micro-batch ({capacity}); split them first"
         raise ValueError(msg)
     fixed = {s: avail[s][first.take[s]] for s in sources if s not in windows}
-    takes = compose_takes(windows, before, fixed, shape, cost_model)
+    takes = compose_takes(windows, before, fixed, shape, cost_model, goal)
     take = {s: takes.get(s, first.take[s]) for s in sources}
     lengths = {s: np.concatenate([before[s], avail[s][take[s]]]) for s in sources}
     return replace(first, take=take, lengths=lengths, long={s: v >= first.min_length for s, v in lengths.items()})
