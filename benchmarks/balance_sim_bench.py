@@ -229,12 +229,13 @@ def mixflow(
         look = {s: _head(fifo[s], stream.lengths, (window + 2) * stream.weights[s] * budget) for s in names}
         available = {s: stream.lengths[fifo[s][:n]] for s, n in look.items()}
         before = {s: stream.lengths[deferred[stream.source[deferred] == k]] for k, s in enumerate(names)}
-        began = time.perf_counter()
         if composed:
             for s in names:
                 n = _head(fifo[s], stream.lengths, window * stream.weights[s] * goal)
                 for i in fifo[s][:n].tolist():
                     entered.setdefault(i, step)
+        began = time.perf_counter()  # the draw's own time, not the simulator's bookkeeping above
+        if composed:
             draw = compose_step(
                 state,
                 stream.weights,

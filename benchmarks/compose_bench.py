@@ -16,7 +16,7 @@ import argparse
 import math
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,9 +30,15 @@ from _table import add_markdown_flag, print_table
 from pipeline.mixing import _compose_select
 
 
-def every_option(uppers: Sequence[float], score_of: Callable[[int], float], prefer_older: float) -> int:
-    """The choice made by scoring every option (the reference the lazy choice must equal)."""
-    scores = [score_of(i) for i in range(len(uppers))]
+def every_option(
+    count: int,
+    upper_of: Callable[[int], float],
+    score_of: Callable[[int], float],
+    prefer_older: float,
+    bound: float = math.inf,
+) -> int:
+    """The choice made by building and scoring every option (the reference the lazy choice must equal)."""
+    scores = [score_of(i) for i in range(count)]
     best = max(scores)
     return next(i for i, value in enumerate(scores) if value >= best - prefer_older)
 

@@ -534,21 +534,34 @@ def _fields(samples: Longs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 @given(st.integers(0, 2**32 - 1))
 def test_lazy_choice_is_the_choice_of_planning_every_option(seed: int) -> None:
     """``choose_option`` picks what scoring every option would, whatever scores lie under the bounds; ties
-    and near-ties (within ``prefer_older``) are common, since composed options often score alike."""
+    and near-ties (within ``prefer_older``) are common, since composed options often score alike. A bound
+    on every upper (the most any option can draw) lets it stop before building the other options, with
+    the same plans."""
     rng = np.random.default_rng(seed)
     n, prefer_older = int(rng.integers(1, 30)), float(rng.choice([0.0, 0.003, 0.05]))
     uppers = rng.choice([0.95, 0.97, 0.99, 1.0], n) if rng.random() < 0.5 else rng.uniform(0.5, 1.0, n)
     scores = uppers - rng.choice([0.0, 0.001, 0.002, 0.004, 0.1], n) * rng.random(n)
-    asked: list[int] = []
+    bound = float(rng.choice([math.inf, uppers.max(), uppers.max() + 0.002, 1.0 + 1e-9]))
+    asked: dict[float, list[int]] = {}
+    built: dict[float, list[int]] = {}
+    for limit in (math.inf, bound):
+        asked[limit], built[limit] = [], []
 
-    def score_of(i: int) -> float:
-        asked.append(i)
-        return float(scores[i])
+        def upper_of(i: int, limit: float = limit) -> float:
+            built[limit].append(i)
+            return float(uppers[i])
 
-    chosen = choose_option(uppers.tolist(), score_of, prefer_older)
-    best = scores.max()
-    assert chosen == next(i for i in range(n) if scores[i] >= best - prefer_older)
-    assert asked == sorted(set(asked))  # each at most once, in order
+        def score_of(i: int, limit: float = limit) -> float:
+            asked[limit].append(i)
+            return float(scores[i])
+
+        chosen = choose_option(n, upper_of, score_of, prefer_older, limit)
+        best = scores.max()
+        assert chosen == next(i for i in range(n) if scores[i] >= best - prefer_older)
+        assert asked[limit] == sorted(set(asked[limit])), "each scored at most once, in order"
+        assert len(built[limit]) == len(set(built[limit])), "each built at most once"
+    assert asked[bound] == asked[math.inf], "a bound on the uppers saves building options, never adds a plan"
+    assert set(built[bound]) <= set(built[math.inf])
 
 
 @settings(deadline=None, max_examples=40)

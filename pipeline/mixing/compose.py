@@ -4,7 +4,8 @@ At long context one sample can cost more than a whole rank of short ones, so how
 balances a step depends on *which* samples make it up. ``compose_step`` draws a step like ``draw_step``
 (same inputs, same ``Draw``, same per-source targets and credits), but instead of taking each source's
 FIFO head it picks from a window of upcoming samples: long samples grouped so that every rank gets the
-same excess cost from them, short samples filling around them (``_compose_select``).
+same excess cost from them, short samples filling around them, and where those are too few, window
+samples packed into the holes that remain (``_compose_select``).
 
 **Window.** Per source in play, the window is the shortest head of its FIFO holding ``window`` steps of
 the source's tokens (``window * weight * goal``, where the goal is 99% of the step's capacity). A step is
