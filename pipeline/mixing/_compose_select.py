@@ -97,9 +97,11 @@ class StepShape:
 
 @dataclass(frozen=True)
 class HoleFill:
-    """What the grouping kernel needs to fill holes with long candidates where short samples are too few:
-    the candidates by increasing length (``by_length``), each source's short filler tokens, the tokens of
-    short samples every option holds (``reserved``) and the step's ``goal`` in tokens."""
+    """What the grouping kernel needs to pack the holes with window samples where short samples are too
+    few: the candidates (long, then short) by increasing length (``by_length``), each source's short
+    filler tokens (``filler``: nothing is packed where they cover every allowance), the samples every
+    option holds that are not seeds (``first``), the step's ``goal`` in tokens, and the excess of a sample
+    of ``L`` tokens as ``(a, b, g)``: ``a*L*L + b*L + g``."""
 
     by_length: np.ndarray
     filler: np.ndarray
