@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 
 import numpy as np
 
@@ -201,13 +201,7 @@ def choose_option(
     ``i`` scores ``score_of(i)`` and no more than ``upper_of(i)``, and no upper is above ``bound``.
     ``score_of`` is called only for the options that could change the answer, in order; ``upper_of``
     (which may have to build the option) only where ``bound`` cannot settle the answer, once each."""
-    uppers: dict[int, float] = {}
-
-    def upper(i: int) -> float:
-        if i not in uppers:
-            uppers[i] = upper_of(i)
-        return uppers[i]
-
+    upper = cache(upper_of)
     scores: dict[int, float] = {}
     best = -math.inf
     for i in range(count):
@@ -354,13 +348,8 @@ def compose_takes(
 
     def best(count: int, build: Callable[[int], dict[str, _Fill]]) -> tuple[dict[str, np.ndarray], float]:
         """The chosen option's positions per source, and its score; options are built only as needed."""
-        built: dict[int, dict[str, _Fill]] = {}
+        option = cache(build)
         scores: dict[int, float] = {}
-
-        def option(i: int) -> dict[str, _Fill]:
-            if i not in built:
-                built[i] = build(i)
-            return built[i]
 
         def upper_of(i: int) -> float:
             tokens = fixed_tokens + sum(fill.tokens for fill in option(i).values())
@@ -376,13 +365,10 @@ def compose_takes(
         winner = choose_option(count, upper_of, score_of, PREFER_OLDER, upper_bound)
         return {s: fill.positions for s, fill in option(winner).items()}, scores[winner]
 
-    grouped: dict[int, np.ndarray] = {}
-
+    @cache
     def group(i: int) -> np.ndarray:
-        if i not in grouped:
-            level, anchor = options[i]
-            grouped[i] = build_groups(seeds, candidates, order, allowance, level, slack, shape, anchor)[0]
-        return grouped[i]
+        level, anchor = options[i]
+        return build_groups(seeds, candidates, order, allowance, level, slack, shape, anchor)[0]
 
     takes, grouped_score = best(len(options), lambda i: fills(group(i), positions, source))
     if grouped_score >= PACK_BELOW:
@@ -390,14 +376,14 @@ def compose_takes(
     # Pack the holes instead, with short candidates too (after the long ones, so the indices hold).
     short_positions, short_source, short_age = _not_due(windows, {s: ~v for s, v in long_in.items()})
     shorts = longs(_lengths_at(windows, short_positions, short_source), short_source)
-    every = Longs(
+    packable = Longs(
         np.concatenate([candidates.excess, shorts.excess]),
         np.concatenate([candidates.length, shorts.length]),
         np.concatenate([source, short_source]),
     )
     at = np.concatenate([positions, short_positions])
     holes = HoleFill(
-        np.lexsort((np.concatenate([age, short_age]), every.length)),
+        np.lexsort((np.concatenate([age, short_age]), packable.length)),
         np.array([float(fill_orders[s].short_total[-1]) if len(fill_orders[s].short) else 0.0 for s in names]),
         np.concatenate(
             [
@@ -412,10 +398,10 @@ def compose_takes(
     )
     packed = []
     for i, (level, anchor) in enumerate(options):
-        chosen, _, _ = build_groups(seeds, every, order, allowance, level, slack, shape, anchor, holes)
+        chosen, _, _ = build_groups(seeds, packable, order, allowance, level, slack, shape, anchor, holes)
         plain = group(i)
         if not np.array_equal(chosen[: len(plain)], plain) or chosen[len(plain) :].any():
-            packed.append(fills(chosen, at, every.source))
+            packed.append(fills(chosen, at, packable.source))
     if not packed:
         return takes
     packed_takes, packed_score = best(len(packed), packed.__getitem__)
