@@ -13,7 +13,12 @@
 4. The held-back plan where it is at least as good as the reference on both; else the reference with its
    deferred samples, oldest first, put where there is room without lifting its costliest rank, which
    raises fill and the lower bound and leaves the costliest rank as it is.
-5. Samples move from the costliest ranks to the cheapest while the costliest is more than ``tolerance``
+5. Where the caller gives a ``start`` (a placement of its own, such as step composition's packing of the
+   micro-batches' holes), it is completed like the reference (its deferred samples, oldest first, where
+   there is room without lifting its costliest rank; then starvation-safe) and kept instead where it
+   scores higher on balance times fill (``balance_fill``): a fixed set of samples can pack worse than
+   the placement it was chosen for.
+6. Samples move from the costliest ranks to the cheapest while the costliest is more than ``tolerance``
    above the lower bound (``_refine.py``): the costliest rank only falls, what is placed stays.
 
 numba's on-disk cache (``cache=True``) recompiles ``plan_kernel`` when this file changes, not when a module
@@ -52,6 +57,41 @@ def score(at: np.ndarray, sorted_cost: np.ndarray, rank_cost: np.ndarray, tokens
 def at_least_as_good(plan: tuple[np.int64, float], reference: tuple[np.int64, float]) -> bool:
     """Whether a plan's ``score`` is no worse than the reference's on either."""
     return plan[0] >= reference[0] and plan[1] <= reference[1]
+
+
+@njit(cache=True)
+def balance_fill(rank_cost: np.ndarray, tokens: np.ndarray, capacity: int) -> float:
+    """Mean over largest rank cost (1.0 when nothing costs) times the share of the step's tokens placed."""
+    largest = rank_cost.max()
+    balance = rank_cost.sum() / rank_cost.shape[0] / largest if largest > 0.0 else 1.0
+    return balance * tokens.sum() / (np.float64(tokens.shape[0]) * capacity)
+
+
+@njit(cache=True)
+def _started(
+    start: np.ndarray,
+    order: np.ndarray,
+    sorted_length: np.ndarray,
+    sorted_cost: np.ndarray,
+    like: np.ndarray,
+    shift: int,
+    n_ranks: int,
+    n_micro: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The plan ``start`` gives (``rank * n_micro + m`` per sample, -1 for none) in sorted order: ``at`` (of
+    ``like``'s type), the cost of every rank, the tokens and cost of every micro-batch."""
+    at = np.full_like(like, -1)
+    rank_cost = np.zeros(n_ranks, np.float64)
+    tokens = np.zeros(n_ranks * n_micro, np.int64)
+    micro_cost = np.zeros(n_ranks * n_micro, np.float64)
+    for k in range(order.shape[0]):
+        slot = start[order[k]]
+        if slot >= 0:
+            at[k] = ((slot // n_micro) << shift) | (slot % n_micro)
+            tokens[slot] += sorted_length[k]
+            micro_cost[slot] += sorted_cost[k]
+            rank_cost[slot // n_micro] += sorted_cost[k]
+    return at, rank_cost, tokens, micro_cost
 
 
 @njit(cache=True)
@@ -115,9 +155,11 @@ def plan_kernel(
     capacity: int,
     tolerance: float,
     at: np.ndarray,
+    start: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rank and micro-batch of every sample (int32, -1 when deferred). ``lengths`` are checked already and
-    ``costs`` are theirs (``CostModel.costs``); ``at`` is scratch for ``lpt_kernel``."""
+    ``costs`` are theirs (``CostModel.costs``); ``at`` is scratch for ``lpt_kernel``; ``start`` a checked
+    placement to start from (step 5), or empty."""
     order, sorted_length, sorted_cost, at, shift, rank_cost, tokens, micro_cost = lpt_kernel(
         lengths, costs, n_ranks, n_micro, capacity, at
     )
@@ -141,6 +183,12 @@ def plan_kernel(
         at, rank_cost, tokens, micro_cost = held_at, held_rank_cost, held_tokens, held_micro_cost
     else:
         _fill(*sorted_plan, at, shift, rank_cost, tokens, micro_cost, capacity, rank_cost.max())
+
+    if start.shape[0] > 0:
+        s_at, s_rank_cost, s_tokens, s_micro_cost = _started(start, *sorted_plan, at, shift, n_ranks, n_micro)
+        _fill(*sorted_plan, s_at, shift, s_rank_cost, s_tokens, s_micro_cost, capacity, s_rank_cost.max())
+        if balance_fill(s_rank_cost, s_tokens, capacity) > balance_fill(rank_cost, tokens, capacity):
+            at, rank_cost, tokens, micro_cost = s_at, s_rank_cost, s_tokens, s_micro_cost
 
     _, ratio = score(at, sorted_cost, rank_cost, tokens)
     if ratio > 1.0 + tolerance:
