@@ -11,7 +11,8 @@ samples of the H200 fit of one transformer block, t(L) = 8.78e-8 L^2 + 1.92e-3 L
   micro-batches; the first that does not fit waits (with all after it) for that rank's next step.
 - **today**: ``draw_step`` (5% overdraw) then ``plan_step`` over all ranks, deferred samples first in the
   next draw, candidates in ``SamplePool.take``'s order.
-- **composed**: ``compose_step`` (look-ahead window) then ``plan_step``, the same way.
+- **composed**: ``compose_step`` (look-ahead window) then ``plan_step``, the same way (from the
+  composition's packing too, where it packed the holes: ``Draw.placement``, as the constructor does).
 
 Reported per mix and context, each the median over seeds, over the steps after a warm-up (composition
 keeps a backlog of up to a window's samples; measuring before it settles would flatter it): tokens/s
@@ -212,6 +213,7 @@ def mixflow(
     window: float = DEFAULT_WINDOW,
     due: float = DEFAULT_DUE,
     keep_plans: bool = False,
+    use_start: bool = True,  # False: plan composed steps from scratch (for comparison)
 ) -> Result:
     """Steps drawn by ``draw_step`` (or ``compose_step``) and planned by ``plan_step``, as the constructor
     does: a FIFO of sample ids per source, the deferred ids first in the next step."""
@@ -261,7 +263,8 @@ def mixflow(
         for s in names:
             fifo[s] = np.delete(fifo[s], draw.take[s])
         candidates = _pool_order(deferred, taken, stream)
-        plan = plan_step(stream.lengths[candidates], RANKS, micro_batches, context, COST_MODEL)
+        start = draw.start_for([names[k] for k in stream.source[candidates].tolist()]) if use_start else None
+        plan = plan_step(stream.lengths[candidates], RANKS, micro_batches, context, COST_MODEL, start=start)
         placed = plan.placed_mask
         if step >= warm_up:
             placed_lengths = stream.lengths[candidates[placed]]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pipeline.constructor.assemble import build_batches
 from pipeline.constructor.pool import SamplePool, SourceFifo
 from pipeline.constructor.state import ConstructorState, SourcePosition
-from pipeline.mixing import MixerState
+from pipeline.mixing import Draw, DrawStatus, MixerState
 from pipeline.scheduler import CostModel, plan_step, rank_order
 from tests.length_families import FAMILIES, draw_lengths
 from topics.batch import Batch
@@ -173,6 +173,37 @@ def test_pool_interleaves_the_draw_as_sorted_tuples(seed: int) -> None:
         keys += [(float(b), index, i) for i, b in enumerate(before)]
     expected = [drawn[sources[index]][i] for _, index, i in sorted(keys)]
     assert [c.sample for c in pool.take(positions)] == expected
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_placement_reaches_each_candidate_in_the_pools_order(seed: int) -> None:
+    """``Draw.start_for`` over ``SamplePool.take``'s candidates gives each one the slot ``Draw.placement``
+    lists for it: per source, its deferred samples (in the pool's order) and then the drawn ones in FIFO
+    order, however the sources interleave."""
+    rng = np.random.default_rng(seed)
+    sources = ["a", "b", "c"]
+    pool = SamplePool(ConstructorState.initial(MixerState.initial(sources)))
+    for s in sources:
+        for offset in range(int(rng.integers(0, 30))):
+            pool.add(s, offset, Sample(f"{s}/{offset}", s, np.zeros(int(rng.integers(1, 5)) * 8, np.int32)))
+    first = pool.take({s: np.flatnonzero(rng.random(len(pool.fifos[s].offsets)) < 0.3) for s in sources})
+    pool.settle([], [first[i] for i in rng.permutation(len(first)).tolist()])  # all deferred, shuffled
+    positions = {s: np.flatnonzero(rng.random(len(pool.fifos[s].offsets)) < 0.6) for s in sources}
+    in_draw = {s: [c.sample.sample_id for c in pool.deferred if c.ref.source == s] for s in sources}
+    for s in sources:
+        in_draw[s] += [pool.fifos[s].samples[i].sample_id for i in positions[s].tolist()]
+    # A slot that names the sample: its source and its place in ``Draw.lengths``.
+    placement = {s: 1000 * k + np.arange(len(in_draw[s])) for k, s in enumerate(sources)}
+    draw = Draw(0, DrawStatus.OK, placement=placement)
+    candidates = pool.take(positions)
+    start = draw.start_for([c.ref.source for c in candidates])
+    assert start is not None
+    for c, slot in zip(candidates, start.tolist(), strict=True):
+        k = sources.index(c.ref.source)
+        assert slot // 1000 == k and in_draw[c.ref.source][slot % 1000] == c.sample.sample_id
+    assert Draw(0, DrawStatus.OK).start_for([c.ref.source for c in candidates]) is None
+    with pytest.raises(ValueError, match="samples of 'a' for a placement of"):
+        draw.start_for(["a"] * (len(placement["a"]) + 1))
 
 
 @settings(deadline=None, max_examples=100)

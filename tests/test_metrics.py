@@ -189,6 +189,7 @@ def test_every_metric_follows_the_prometheus_conventions() -> None:
         "mixflow_constructor_last_step_fill_ratio",
         "mixflow_constructor_step_imbalance_ratio",
         "mixflow_constructor_deferred_samples",
+        "mixflow_constructor_packed_steps",
         "mixflow_constructor_transaction_seconds",
         "mixflow_constructor_consumed_tokens",
         "mixflow_constructor_active",

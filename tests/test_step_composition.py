@@ -7,7 +7,7 @@ import math
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.mixing import Draw, DrawStatus, MixerState, draw_step
+from pipeline.mixing._compose_bins import pack_bins_kernel
 from pipeline.mixing._compose_select import (
+    Groups,
     HoleFill,
     Longs,
     StepShape,
@@ -111,6 +113,7 @@ class Run:
     delivered: np.ndarray  # tokens placed per source
     credits: list[dict[str, float]] = field(default_factory=list)
     ratios: list[float] = field(default_factory=list)
+    packed: int = 0  # steps whose draw came with a placement (holes packed)
 
     def waits(self) -> np.ndarray:
         """Steps from entering the window to being drawn, of every sample drawn."""
@@ -179,12 +182,15 @@ def _simulate(
         assert draw.status is DrawStatus.OK
         _check_valid(draw, available, before)
         _check_due(draw, available, before, goal, due)
+        _check_placement(draw, shape)
+        run.packed += draw.placement is not None
         taken = {s: fifo[s][draw.take[s]] for s in names}
         for s in names:
             fifo[s] = np.delete(fifo[s], draw.take[s])
             run.drawn[taken[s]] = step
         candidates = _pool_candidates(deferred, taken, lengths, names)
-        plan = plan_step(lengths[candidates], shape.ranks, shape.micro_batches, shape.capacity, cost_model)
+        start = draw.start_for([names[k] for k in source[candidates].tolist()])
+        plan = plan_step(lengths[candidates], shape.ranks, shape.micro_batches, shape.capacity, cost_model, start=start)
         validate_plan(plan, lengths[candidates])
         placed = candidates[plan.placed_mask]
         run.placed[placed] = step
@@ -216,6 +222,19 @@ def _check_valid(draw: Draw, available: dict[str, np.ndarray], before: dict[str,
         assert np.all(np.diff(positions) > 0), "positions ascending, each once"
         assert positions.size == 0 or (positions[0] >= 0 and positions[-1] < len(available[s]))
         np.testing.assert_array_equal(draw.lengths[s], np.concatenate([before[s], available[s][positions]]))
+
+
+def _check_placement(draw: Draw, shape: Shape) -> None:
+    """A placement lists a micro-batch (or -1) for each of the step's samples, and fills none over capacity."""
+    if draw.placement is None:
+        return
+    assert list(draw.placement) == list(draw.lengths)
+    slots = np.concatenate([draw.placement[s] for s in draw.lengths])
+    lengths = np.concatenate([draw.lengths[s] for s in draw.lengths])
+    assert slots.shape == lengths.shape and slots.min(initial=0) >= -1
+    assert slots.max(initial=-1) < shape.ranks * shape.micro_batches
+    held = np.bincount(slots[slots >= 0], weights=lengths[slots >= 0], minlength=shape.ranks * shape.micro_batches)
+    assert held.max(initial=0) <= shape.capacity
 
 
 def _check_due(
@@ -405,6 +424,7 @@ def test_steps_of_mostly_long_samples_are_filled_and_balanced(seed: int) -> None
     groups, the holes are packed (without: a median fill of 0.91 here)."""
     shape, steps = Shape(8, 2, 4096), 40
     run = _simulate(["uniform"], {"s": 1.0}, shape, steps, seed=seed)
+    assert run.packed >= steps // 2, "the holes were packed, and the packing handed to the scheduler"
     done = run.placed >= 0
     per_step = np.bincount(run.placed[done], weights=run.lengths[done], minlength=steps) / shape.tokens
     assert float(np.median(per_step[10:])) >= 0.95
@@ -465,8 +485,9 @@ def test_groups_respect_level_and_allowances(seed: int) -> None:
     order = np.lexsort((rng.random(len(candidates.length)), -candidates.excess))
     allowance = rng.uniform(-shape.capacity, 4 * shape.capacity, sources)
     level, slack = float(rng.uniform(0, 3 * shape.capacity)), float(rng.uniform(0, 10))
-    chosen, excess, _ = build_groups(seeds, candidates, order, allowance, level, slack, shape)
-    _, seeded, _ = build_groups(seeds, candidates, order, np.zeros(sources), 0.0, 0.0, shape)
+    groups = build_groups(seeds, candidates, order, allowance, level, slack, shape)
+    chosen, excess = groups.chosen, groups.excess
+    seeded = build_groups(seeds, candidates, order, np.zeros(sources), 0.0, 0.0, shape).excess
     assert np.all(excess <= np.maximum(seeded, level + slack) + 1e-9)
     assert excess.sum() == pytest.approx(seeds.excess.sum() + candidates.excess[chosen].sum())
     for k in range(sources):
@@ -501,8 +522,11 @@ def test_packing_the_holes_fits_the_micro_batches_and_stops_only_when_nothing_fi
     goal = float(rng.uniform(0.5, 1.0) * shape.tokens)
     excess_of = (1.0 / shape.capacity, -0.1, 0.0)
     holes = HoleFill(by_length, np.zeros(sources), first, goal, excess_of)
-    chosen, excess, bins = build_groups(seeds, candidates, order, allowance, level, 0.0, shape, holes=holes)
-    plain, _, plain_bins = build_groups(seeds, candidates, order, allowance, level, 0.0, shape)
+    groups = build_groups(seeds, candidates, order, allowance, level, 0.0, shape, holes=holes)
+    chosen, excess, bins = groups.chosen, groups.excess, groups.bins
+    plain_groups = build_groups(seeds, candidates, order, allowance, level, 0.0, shape)
+    plain, plain_bins = plain_groups.chosen, plain_groups.bins
+    _check_slots(groups, seeds, candidates, first, shape)
 
     assert np.all(chosen >= plain), "the groups' choice is kept"
     assert np.all(bins <= shape.capacity) and np.all(bins >= plain_bins)
@@ -521,9 +545,70 @@ def test_packing_the_holes_fits_the_micro_batches_and_stops_only_when_nothing_fi
             assert candidates.length[free].min() > (shape.capacity - bins.min(axis=1)).max(), "a sample still fits"
 
     enough = HoleFill(by_length, np.full(sources, np.inf), first, goal, excess_of)
-    unpacked, _, unpacked_bins = build_groups(seeds, candidates, order, allowance, level, 0.0, shape, holes=enough)
-    np.testing.assert_array_equal(unpacked, plain)
-    np.testing.assert_array_equal(unpacked_bins, plain_bins)
+    unpacked = build_groups(seeds, candidates, order, allowance, level, 0.0, shape, holes=enough)
+    np.testing.assert_array_equal(unpacked.chosen, plain)
+    np.testing.assert_array_equal(unpacked.bins, plain_bins)
+
+
+def _check_slots(groups: Groups, seeds: Longs, candidates: Longs, first: np.ndarray, shape: StepShape) -> None:
+    """The micro-batches the kernel reports for each seed, chosen candidate and ``first`` sample add up to
+    its ``bins``, and only chosen candidates have one."""
+    slots = np.concatenate([groups.seed_slot, groups.cand_slot, groups.first_slot])
+    lengths = np.concatenate([seeds.length, candidates.length, first])
+    held = np.bincount(slots[slots >= 0], weights=lengths[slots >= 0], minlength=shape.ranks * shape.micro_batches)
+    np.testing.assert_array_equal(held.reshape(shape.ranks, shape.micro_batches), groups.bins)
+    assert not (~groups.chosen & (groups.cand_slot >= 0)).any()
+
+
+@settings(deadline=None, max_examples=100)
+@given(st.integers(0, 2**32 - 1))
+def test_packing_whole_micro_batches_fits_them_and_deals_them_evenly(seed: int) -> None:
+    """``pack_bins_kernel``: the samples every option holds are placed where they fit, no micro-batch holds
+    more than its capacity, a source passes its allowance by less than one sample, picking stops only at the
+    goal or when no free sample of a source with allowance fits any hole, each rank gets ``micro_batches``
+    of the micro-batches, and the ranks' costs differ by at most the costliest micro-batch (LPT)."""
+    rng = np.random.default_rng(seed)
+    shape = StepShape(int(rng.integers(1, 9)), int(rng.integers(1, 5)), int(rng.integers(50, 500)))
+    sources = int(rng.integers(1, 4))
+    seeds = rng.integers(shape.capacity // 8, shape.capacity + 1, int(rng.integers(0, shape.ranks + 1)))
+    first = rng.integers(1, shape.capacity // 4 + 1, int(rng.integers(0, 4)))
+    length = rng.integers(1, shape.capacity + 1, int(rng.integers(0, 120)))
+    source = rng.integers(0, sources, len(length))
+    by_length = np.lexsort((rng.random(len(length)), length))
+    allowance = rng.uniform(-shape.capacity, 2 * shape.tokens / sources, sources)
+    goal = float(rng.uniform(0.5, 1.0) * shape.tokens)
+    cost = np.array([1.0 / shape.capacity, 1.0, 0.0])
+    chosen, seed_slot, cand_slot, first_slot = pack_bins_kernel(
+        seeds, first, length, source, by_length, allowance, goal, *astuple(shape), cost
+    )
+    slots = np.concatenate([seed_slot, cand_slot, first_slot])
+    lengths = np.concatenate([seeds, length, first])
+    assert np.array_equal(chosen, cand_slot >= 0)
+    held = np.bincount(slots[slots >= 0], weights=lengths[slots >= 0], minlength=shape.ranks * shape.micro_batches)
+    assert held.max() <= shape.capacity
+    unplaced = np.concatenate([seeds[seed_slot < 0], first[first_slot < 0]])
+    assert (unplaced > shape.capacity - held.min()).all(), "a held sample is left only where nothing has room"
+    left = allowance.copy()
+    for k in range(sources):
+        mine = length[chosen & (source == k)]
+        if len(mine):
+            assert allowance[k] > 0 and mine.sum() - allowance[k] < mine.max()
+        left[k] -= mine.sum()
+    if held.sum() < goal:
+        free = ~chosen & (left[source] > 0)
+        if free.any():
+            assert length[free].min() > shape.capacity - held.min(), "a sample still fits a hole"
+    costs = np.bincount(
+        slots[slots >= 0] // shape.micro_batches,
+        weights=(lengths * lengths / shape.capacity + lengths)[slots >= 0],
+        minlength=shape.ranks,
+    )
+    micro_costs = np.bincount(
+        slots[slots >= 0],
+        weights=(lengths * lengths / shape.capacity + lengths)[slots >= 0],
+        minlength=shape.ranks * shape.micro_batches,
+    )
+    assert costs.max() - costs.min() <= micro_costs.max() + 1e-6
 
 
 def _fields(samples: Longs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

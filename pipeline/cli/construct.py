@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         "steps": len(steps),
         "tokens": stats.tokens,
         "samples": sum(s.samples for s in steps),
+        "packed_steps": sum(s.packed for s in steps),
         "finished": stats.finished,
         "takeovers": stats.takeovers,
         "fenced": stats.fenced,

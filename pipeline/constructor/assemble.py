@@ -23,22 +23,30 @@ class AssembledStep:
     deferred: list[Candidate]
     plan: StepPlan
     lengths: np.ndarray
+    started: bool = False  # planned from a placement of composition's too (it packed the holes)
 
     @property
     def tokens(self) -> int:
         return int(self.lengths[self.plan.placed_mask].sum())
 
 
-def assemble_step(step: int, candidates: Sequence[Candidate], shape: StepSpec, cost_model: CostModel) -> AssembledStep:
-    """Plan ``candidates`` (priority order, oldest first) over the step's ranks and micro-batches and
-    build each rank's batch, micro-batch by micro-batch. Unplaced candidates come back as deferred."""
+def assemble_step(
+    step: int,
+    candidates: Sequence[Candidate],
+    shape: StepSpec,
+    cost_model: CostModel,
+    start: np.ndarray | None = None,
+) -> AssembledStep:
+    """Plan ``candidates`` (priority order, oldest first) over the step's ranks and micro-batches, from the
+    placement ``start`` too where given (``plan_step``), and build each rank's batch, micro-batch by
+    micro-batch. Unplaced candidates come back as deferred."""
     lengths = np.fromiter((c.sample.length for c in candidates), dtype=np.int64, count=len(candidates))
-    plan = plan_step(lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, cost_model)
+    plan = plan_step(lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, cost_model, start=start)
     batches = build_batches(step, plan, [c.sample for c in candidates], lengths)
     placed = plan.placed_mask
     delivered = [c for c, p in zip(candidates, placed.tolist(), strict=True) if p]
     deferred = [c for c, p in zip(candidates, placed.tolist(), strict=True) if not p]
-    return AssembledStep(step, batches, delivered, deferred, plan, lengths)
+    return AssembledStep(step, batches, delivered, deferred, plan, lengths, start is not None)
 
 
 def build_batches(step: int, plan: StepPlan, samples: Sequence[Sample], lengths: np.ndarray) -> list[Batch]:

@@ -84,6 +84,7 @@ class StepRecord:
     max_rank_cost: float
     mean_rank_cost: float
     tokens_by_source: dict[str, int]
+    packed: bool = False  # composition packed the holes and the scheduler started from its packing
 
 
 @dataclass
@@ -327,7 +328,8 @@ class DataConstructor(TransactionalRole):
             draw = mixer.draw(mixer_state, pool.available_lengths(), pool.deferred_lengths(), exhausted)
             if draw.status is DrawStatus.OK:
                 candidates = pool.take(draw.take)
-                assembled = assemble_step(mixer_state.step, candidates, self.spec.step, self.cost_model)
+                start = draw.start_for([c.ref.source for c in candidates])
+                assembled = assemble_step(mixer_state.step, candidates, self.spec.step, self.cost_model, start)
                 pool.settle(assembled.delivered, assembled.deferred)
                 next_mixer = self._lane_step(draw.settle(pool.deferred_lengths()))
                 if not self._write(writer, feed, pool, assembled, next_mixer, exhausted, False):
@@ -535,6 +537,7 @@ class DataConstructor(TransactionalRole):
             max_rank_cost=float(costs.max()),
             mean_rank_cost=float(costs.mean()),
             tokens_by_source=by_source,
+            packed=assembled.started,
         )
         self.stats.steps.append(record)
         log.debug(

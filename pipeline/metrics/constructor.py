@@ -95,6 +95,10 @@ class ConstructorMetrics:
             "mixflow_constructor_deferred_samples",
             "Samples a step deferred to a later step (a sample deferred twice counts twice)",
         )
+        self.packed = counter(
+            "mixflow_constructor_packed_steps",
+            "Steps whose composition packed the micro-batches' holes (the scheduler started from its packing)",
+        )
         self.waiting_deferred = gauge(
             "mixflow_constructor_waiting_deferred_samples", "Deferred samples waiting for the next step"
         )
@@ -182,6 +186,7 @@ class ConstructorMetrics:
             self.samples.labels(self.job, source).inc(n)
             self.tokens.labels(self.job, source).inc(tokens[source])
         self.deferred.inc(len(assembled.deferred))
+        self.packed.inc(int(assembled.started))
         self.waiting_deferred.set(len(assembled.deferred))
         costs = assembled.plan.rank_costs(assembled.lengths, self.cost_model)
         max_cost, mean_cost = float(costs.max()), float(costs.mean())

@@ -119,13 +119,18 @@ def build_groups_kernel(
     first: np.ndarray,
     goal: float,
     shape_excess: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(chosen candidates as a bool mask, excess per rank, tokens per rank and micro-batch). ``order``
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(chosen candidates as a bool mask, excess per rank, tokens per rank and micro-batch, and the
+    micro-batch ``rank * micro_batches + m`` each seed, candidate and ``first`` sample went into, -1 for
+    none). ``order``
     ranks the candidates to group by decreasing excess; ``held`` marks candidates already among the seeds
     (chosen, never picked again); a candidate counts against its source's ``allowance`` (tokens), which
     only the last one picked from a source may overshoot. The other arguments are ``_pack``'s."""
     excess = np.zeros(ranks)
     bins = np.zeros((ranks, micro_batches), dtype=np.int64)
+    seed_slot = np.full(len(seed_length), -1, np.int64)
+    cand_slot = np.full(len(cand_length), -1, np.int64)
+    first_slot = np.full(len(first), -1, np.int64)
     min_excess, max_room, leaves = rank_trees(excess, np.full(ranks, capacity, np.int64))
     for i in np.argsort(-seed_excess, kind="mergesort"):
         length = seed_length[i]
@@ -133,7 +138,9 @@ def build_groups_kernel(
         if target < 0:
             target = int(np.argmin(excess))
         else:
-            bins[target, _room(bins, target, length, capacity)] += length
+            m = _room(bins, target, length, capacity)
+            bins[target, m] += length
+            seed_slot[i] = target * micro_batches + m
         excess[target] += seed_excess[i]
         update_rank(min_excess, max_room, leaves, target, excess[target], capacity - bins[target].min())
 
@@ -174,6 +181,7 @@ def build_groups_kernel(
         skip[pick] = pick + 1
         chosen[c] = True
         bins[r, pick_m] += cand_length[c]
+        cand_slot[c] = r * micro_batches + pick_m
         excess[r] += cand_excess[c]
         left[cand_source[c]] -= cand_length[c]
         set_key(by_excess, by_excess_id, inner, r, excess[r])
@@ -182,16 +190,24 @@ def build_groups_kernel(
         short_of_filler |= left[s] > filler[s]
     if short_of_filler:
         pack = (cand_excess, cand_length, cand_source, by_length, first, goal, capacity, shape_excess)
-        _pack(excess, bins, chosen, left, pack)
-    return chosen, excess, bins
+        _pack(excess, bins, chosen, left, cand_slot, first_slot, pack)
+    return chosen, excess, bins, seed_slot, cand_slot, first_slot
 
 
 @njit(cache=True)
-def _pack(excess: np.ndarray, bins: np.ndarray, chosen: np.ndarray, left: np.ndarray, pack: tuple) -> None:
+def _pack(
+    excess: np.ndarray,
+    bins: np.ndarray,
+    chosen: np.ndarray,
+    left: np.ndarray,
+    cand_slot: np.ndarray,
+    first_slot: np.ndarray,
+    pack: tuple,
+) -> None:
     """``_fill_holes`` towards the mean excess per rank of a first, greedy ``_fill_holes``."""
-    trial_excess, trial_bins, trial_chosen, trial_left = excess.copy(), bins.copy(), chosen.copy(), left.copy()
-    _fill_holes(trial_excess, trial_bins, trial_chosen, trial_left, np.inf, *pack)
-    _fill_holes(excess, bins, chosen, left, trial_excess.mean(), *pack)
+    trial = (excess.copy(), bins.copy(), chosen.copy(), left.copy(), cand_slot.copy(), first_slot.copy())
+    _fill_holes(*trial, np.inf, *pack)
+    _fill_holes(excess, bins, chosen, left, cand_slot, first_slot, trial[0].mean(), *pack)
 
 
 @njit(cache=True)
@@ -207,6 +223,8 @@ def _fill_holes(
     bins: np.ndarray,
     chosen: np.ndarray,
     left: np.ndarray,
+    cand_slot: np.ndarray,
+    first_slot: np.ndarray,
     target: float,
     cand_excess: np.ndarray,
     cand_length: np.ndarray,
@@ -240,7 +258,9 @@ def _fill_holes(
     for i in np.argsort(-first, kind="mergesort"):
         r = _least_with_room(min_excess, max_room, leaves, np.int64(first[i]))
         if r >= 0:
-            bins[r, _room(bins, r, first[i], capacity)] += first[i]
+            m = _room(bins, r, first[i], capacity)
+            bins[r, m] += first[i]
+            first_slot[i] = r * bins.shape[1] + m
             update_rank(min_excess, max_room, leaves, r, excess[r], capacity - bins[r].min())
         total += first[i]
     sorted_length = np.empty(n, np.int64)
@@ -280,6 +300,7 @@ def _fill_holes(
         _drop(up, down, p - 1)
         chosen[c] = True
         bins[r, m] += cand_length[c]
+        cand_slot[c] = r * bins.shape[1] + m
         excess[r] += cand_excess[c]
         left[cand_source[c]] -= cand_length[c]
         total += cand_length[c]

@@ -18,9 +18,13 @@ constructor composes the same steps on any machine.
 
 **Packed options.** Where short samples are too few to fill around the groups (a window of mostly long
 samples), the best option scores low: holes stay in the micro-batches. When it scores below
-``PACK_BELOW``, the same options are built again with their holes packed by window samples, long and
-short (``HoleFill``; ``_compose_groups``), and the best packed option wins if it scores more than
-``PREFER_OLDER`` above.
+``PACK_BELOW``, packed options compete: the same options built again with their holes packed by window
+samples, long and short (``HoleFill``; ``_compose_groups``), and one that packs whole micro-batches best
+fit and deals them to ranks (``_compose_bins``: it wins where ranks hold several micro-batches). A packed
+option takes what it packed and the due samples, no filler to the target (the credit carries the
+difference, as for any source below its target), and is scored from its packing; the best wins if it
+scores more than ``PREFER_OLDER`` above the grouped one. Its packing goes to the scheduler as a start
+(``Composed.placement``): samples chosen to fit the holes are a set that a plan from scratch packs worse.
 
 Planning is most of the cost, so options are planned lazily (``choose_option``): an option's score is at
 most the share of capacity it draws, which bounds what the options not planned yet can reach; the choice
@@ -39,6 +43,7 @@ from functools import cache, cached_property
 
 import numpy as np
 
+from pipeline.mixing._compose_bins import pack_bins_kernel
 from pipeline.mixing._compose_groups import build_groups_kernel
 from pipeline.mixing._take import EMPTY
 from pipeline.scheduler import CostModel, plan_step
@@ -114,6 +119,34 @@ class HoleFill:
         return cls(EMPTY, np.zeros(sources), EMPTY, 0.0)
 
 
+@dataclass(frozen=True)
+class Slots:
+    """The micro-batch (``rank * micro_batches + m``, -1 for none) that a packing put each seed, candidate
+    and ``HoleFill.first`` sample into."""
+
+    seed: np.ndarray
+    cand: np.ndarray
+    first: np.ndarray
+
+
+@dataclass(frozen=True)
+class Groups:
+    """What ``build_groups`` built: the chosen candidates (a bool mask), the excess per rank, the tokens per
+    rank and micro-batch (``bins``), and the micro-batch (``rank * micro_batches + m``, -1 for none) each
+    seed, candidate and ``HoleFill.first`` sample went into."""
+
+    chosen: np.ndarray
+    excess: np.ndarray
+    bins: np.ndarray
+    seed_slot: np.ndarray
+    cand_slot: np.ndarray
+    first_slot: np.ndarray
+
+    @property
+    def slots(self) -> Slots:
+        return Slots(self.seed_slot, self.cand_slot, self.first_slot)
+
+
 def build_groups(
     seeds: Longs,
     candidates: Longs,
@@ -124,9 +157,8 @@ def build_groups(
     shape: StepShape,
     anchor: int = -1,
     holes: HoleFill | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Groups of long samples per rank up to ``level`` of excess (``_compose_groups``): the chosen
-    candidates as a bool mask, the excess per rank and the tokens per rank and micro-batch. ``order``
+) -> Groups:
+    """Groups of long samples per rank up to ``level`` of excess (``_compose_groups``). ``order``
     lists the candidates by decreasing excess, older first among equals (only those it lists are
     grouped); a candidate counts against its source's ``allowance`` (tokens). The candidate ``anchor``
     (if >= 0) is placed first among the seeds. With ``holes``, where a source's short samples cannot
@@ -138,7 +170,7 @@ def build_groups(
         seeds = seeds.with_one(candidates, anchor)
         allowance = allowance.copy()
         allowance[candidates.source[anchor]] -= candidates.length[anchor]
-    return build_groups_kernel(
+    chosen, excess, bins, seed_slot, cand_slot, first_slot = build_groups_kernel(
         seeds.excess.astype(np.float64),
         seeds.length.astype(np.int64),
         candidates.excess.astype(np.float64),
@@ -158,32 +190,40 @@ def build_groups(
         float(holes.goal),
         np.array(holes.excess, dtype=np.float64),
     )
+    if anchor >= 0:
+        cand_slot[anchor], seed_slot = seed_slot[-1], seed_slot[:-1]
+    return Groups(chosen, excess, bins, seed_slot, cand_slot, first_slot)
 
 
-def pool_order(before: Sequence[np.ndarray], drawn: Sequence[np.ndarray]) -> np.ndarray:
-    """The lengths of a step's candidates in the order ``SamplePool.take`` hands them to the scheduler:
-    the deferred samples first, then the drawn samples of all sources interleaved by the share of their
-    source's drawn tokens before them (ties: source order, then FIFO order)."""
-    fractions, source_index, values = [], [], []
+def pool_permutation(before: Sequence[np.ndarray], drawn: Sequence[np.ndarray]) -> np.ndarray:
+    """Where each of a step's candidates lies in ``np.concatenate([*before, *drawn])``, in the order
+    ``SamplePool.take`` hands them to the scheduler: the deferred samples first, then the drawn samples of
+    all sources interleaved by the share of their source's drawn tokens before them (ties: source order,
+    then FIFO order)."""
+    n_before = sum(len(lengths) for lengths in before)
+    fractions, source_index = [], []
     for k, lengths in enumerate(drawn):
         as_float = lengths.astype(np.float64)
         total = as_float.sum() or 1.0
         fractions.append((np.cumsum(as_float) - as_float) / total)
         source_index.append(np.full(len(lengths), k))
-        values.append(lengths)
-    if not values:
-        return np.concatenate([EMPTY, *before]).astype(np.int64)
-    fraction, source, value = np.concatenate(fractions), np.concatenate(source_index), np.concatenate(values)
-    order = np.lexsort((source, fraction))  # stable, so FIFO order within a source is kept
-    return np.concatenate([EMPTY, *before, value[order]]).astype(np.int64)
+    if not fractions:
+        return np.arange(n_before)
+    order = np.lexsort((np.concatenate(source_index), np.concatenate(fractions)))  # stable: FIFO order kept
+    return np.concatenate([np.arange(n_before), n_before + order])
 
 
-def score(lengths: np.ndarray, shape: StepShape, cost_model: CostModel) -> float:
-    """Mean over largest rank cost of the scheduler's plan of ``lengths``, times the share of the step's
-    capacity it places: 1 for a full, perfectly balanced step."""
+def pool_order(before: Sequence[np.ndarray], drawn: Sequence[np.ndarray]) -> np.ndarray:
+    """The lengths of a step's candidates in ``SamplePool.take``'s order (``pool_permutation``)."""
+    return np.concatenate([EMPTY, *before, *drawn]).astype(np.int64)[pool_permutation(before, drawn)]
+
+
+def score(lengths: np.ndarray, shape: StepShape, cost_model: CostModel, start: np.ndarray | None = None) -> float:
+    """Mean over largest rank cost of the scheduler's plan of ``lengths`` (from ``start`` too, where
+    given), times the share of the step's capacity it places: 1 for a full, perfectly balanced step."""
     if not len(lengths):
         return 0.0
-    plan = plan_step(lengths, shape.ranks, shape.micro_batches, shape.capacity, cost_model)
+    plan = plan_step(lengths, shape.ranks, shape.micro_batches, shape.capacity, cost_model, start=start)
     costs = plan.rank_costs(lengths, cost_model)
     largest = float(costs.max())
     balance = math.fsum(costs) / len(costs) / largest if largest > 0 else 1.0
@@ -257,14 +297,14 @@ class _Fill:
         return np.flatnonzero(taken)
 
 
-def _fill(window: SourceWindow, is_long: np.ndarray, chosen: np.ndarray, order: _FillOrder) -> _Fill:
-    """What to take from one source: the due samples and the ``chosen`` ones (long, not due), then short
-    samples in FIFO order, then other long ones in FIFO order, while the source's remaining tokens are
-    not exceeded."""
-    if not is_long[chosen].all():  # the hole fill chose short samples: the filler is the others
-        taken = is_long.copy()
-        taken[chosen] = True
-        order = _FillOrder.of(window, taken)
+def _fill(
+    window: SourceWindow, is_long: np.ndarray, chosen: np.ndarray, order: _FillOrder, to_target: bool = True
+) -> _Fill:
+    """What to take from one source: the due samples and the ``chosen`` ones (long, not due), then, with
+    ``to_target``, short samples in FIFO order, then other long ones in FIFO order, while the source's
+    remaining tokens are not exceeded."""
+    if not to_target:  # a packing: what it chose is what fits, and it goes to the scheduler whole
+        return _Fill(chosen, 0, EMPTY, order.due_tokens + int(window.lengths[chosen].sum()), order)
     chosen_tokens = int(window.lengths[chosen].sum())
     need = window.remaining - float(order.due_tokens + chosen_tokens)
     n = 0
@@ -290,10 +330,10 @@ def compose_takes(
     shape: StepShape,
     cost_model: CostModel,
     goal: float,
-) -> dict[str, np.ndarray]:
-    """Positions to take from each source's window (``windows``, in source order). ``before``: every
-    source's deferred lengths; ``fixed``: what sources without a window give (drawn lengths); ``goal``:
-    the step's tokens."""
+) -> Composed:
+    """Positions to take from each source's window (``windows``, in source order), and where a packed
+    option won, its placement. ``before``: every source's deferred lengths; ``fixed``: what sources
+    without a window give (drawn lengths); ``goal``: the step's tokens."""
     names = list(windows)
     every = np.concatenate([EMPTY, *(w.lengths for w in windows.values()), *before.values()])
     per_token = cost_model.total(every) / max(int(every.sum()), 1)
@@ -305,13 +345,17 @@ def compose_takes(
     def longs(lengths: np.ndarray, source: np.ndarray) -> Longs:
         return Longs(cost_model.costs(lengths) - rho * lengths, lengths, source)
 
-    seed_parts = [b[cost_model.costs(b) >= threshold] for b in before.values()]
+    homes = _Homes(before, windows, fixed)
+    long_before = {s: cost_model.costs(b) >= threshold for s, b in before.items()}
+    seed_parts = [b[long_before[s]] for s, b in before.items()]
     seed_src = [np.full(len(p), -1) for p in seed_parts]
+    seed_home = [homes.of("before", s, np.flatnonzero(long)) for s, long in long_before.items()]
     allowance = np.zeros(len(names))
     for k, (s, w) in enumerate(windows.items()):
         long, due = long_in[s], w.due
         seed_parts.append(w.lengths[long & due])
         seed_src.append(np.full(int((long & due).sum()), k))
+        seed_home.append(homes.of("window", s, np.flatnonzero(long & due)))
         allowance[k] = w.remaining - float(w.lengths[due].sum())
     seeds = longs(np.concatenate([EMPTY, *seed_parts]), np.concatenate([EMPTY, *seed_src]))
     positions, source, age = _not_due(windows, long_in)
@@ -320,8 +364,7 @@ def compose_takes(
     by_age = np.argsort(age, kind="stable")
     slack = SLACK * rho * shape.micro_batches * shape.capacity
 
-    _, seeded, _ = build_groups(seeds, candidates, order, np.zeros(len(names)), 0.0, 0.0, shape)
-    seeds_level = float(seeded.max())
+    seeds_level = float(build_groups(seeds, candidates, order, np.zeros(len(names)), 0.0, 0.0, shape).excess.max())
     options: list[tuple[float, int]] = [(seeds_level, -1)]
     # An anchor is held whatever its source's allowance, so only a source behind its target gives one.
     anchors = by_age[allowance[candidates.source[by_age]] > 0][:ANCHORS]
@@ -330,10 +373,12 @@ def compose_takes(
     deferred = list(before.values())
     fill_orders = {s: _FillOrder.of(w, long_in[s]) for s, w in windows.items()}
 
-    def fills(chosen: np.ndarray, at: np.ndarray, of: np.ndarray) -> dict[str, _Fill]:
-        """Each source's take where ``chosen`` marks the candidates at window positions ``at`` of sources ``of``."""
+    def fills(chosen: np.ndarray, at: np.ndarray, of: np.ndarray, to_target: bool = True) -> dict[str, _Fill]:
+        """Each source's take where ``chosen`` marks the candidates at window positions ``at`` of sources
+        ``of``, filled up to its target with ``to_target``."""
         return {
-            s: _fill(w, long_in[s], at[chosen & (of == k)], fill_orders[s]) for k, (s, w) in enumerate(windows.items())
+            s: _fill(w, long_in[s], at[chosen & (of == k)], fill_orders[s], to_target)
+            for k, (s, w) in enumerate(windows.items())
         }
 
     # A score is a balance (at most 1, give or take a rounding) times the share of capacity placed.
@@ -346,8 +391,13 @@ def compose_takes(
         max(w.remaining, float(w.lengths[w.due].sum())) + float(w.lengths.max(initial=0)) for w in windows.values()
     )
 
-    def best(count: int, build: Callable[[int], dict[str, _Fill]]) -> tuple[dict[str, np.ndarray], float]:
-        """The chosen option's positions per source, and its score; options are built only as needed."""
+    def best(
+        count: int,
+        build: Callable[[int], dict[str, _Fill]],
+        placement_of: Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+    ) -> tuple[int, dict[str, np.ndarray], float]:
+        """The chosen option, its positions per source and its score; options are built only as needed. An
+        option with a placement (``placement_of`` its index and positions) is planned from it too."""
         option = cache(build)
         scores: dict[int, float] = {}
 
@@ -358,21 +408,30 @@ def compose_takes(
         def score_of(i: int) -> float:
             taken = {s: fill.positions for s, fill in option(i).items()}
             drawn = [windows[s].lengths[taken[s]] if s in windows else fixed[s] for s in before]
-            scores[i] = score(pool_order(deferred, drawn), shape, cost_model)
+            permutation = pool_permutation(deferred, drawn)
+            lengths = np.concatenate([EMPTY, *deferred, *drawn])[permutation]
+            start = None
+            if placement_of is not None:
+                slots = placement_of(i, taken)
+                parts = [slots[s][: len(b)] for s, b in before.items()] + [
+                    slots[s][len(b) :] for s, b in before.items()
+                ]
+                start = np.concatenate([EMPTY, *parts])[permutation]
+            scores[i] = score(lengths, shape, cost_model, start)
             return scores[i]
 
         upper_bound = min(bound, shape.tokens) / shape.tokens + 1e-9
         winner = choose_option(count, upper_of, score_of, PREFER_OLDER, upper_bound)
-        return {s: fill.positions for s, fill in option(winner).items()}, scores[winner]
+        return winner, {s: fill.positions for s, fill in option(winner).items()}, scores[winner]
 
     @cache
     def group(i: int) -> np.ndarray:
         level, anchor = options[i]
-        return build_groups(seeds, candidates, order, allowance, level, slack, shape, anchor)[0]
+        return build_groups(seeds, candidates, order, allowance, level, slack, shape, anchor).chosen
 
-    takes, grouped_score = best(len(options), lambda i: fills(group(i), positions, source))
+    _, takes, grouped_score = best(len(options), lambda i: fills(group(i), positions, source))
     if grouped_score >= PACK_BELOW:
-        return takes
+        return Composed(takes)
     # Pack the holes instead, with short candidates too (after the long ones, so the indices hold).
     short_positions, short_source, short_age = _not_due(windows, {s: ~v for s, v in long_in.items()})
     shorts = longs(_lengths_at(windows, short_positions, short_source), short_source)
@@ -382,30 +441,101 @@ def compose_takes(
         np.concatenate([source, short_source]),
     )
     at = np.concatenate([positions, short_positions])
+    # The samples every option holds besides the seeds: short deferred ones, short due ones, fixed draws.
+    first = [(b, "before", s, ~long_before[s]) for s, b in before.items()]
+    first += [(w.lengths, "window", s, w.due & ~long_in[s]) for s, w in windows.items()]
+    first += [(fixed[s], "fixed", s, np.ones(len(fixed[s]), bool)) for s in before if s not in windows]
+    first_home = np.concatenate([EMPTY, *(homes.of(part, s, np.flatnonzero(mask)) for _, part, s, mask in first)])
     holes = HoleFill(
         np.lexsort((np.concatenate([age, short_age]), packable.length)),
         np.array([float(fill_orders[s].short_total[-1]) if len(fill_orders[s].short) else 0.0 for s in names]),
-        np.concatenate(
-            [
-                EMPTY,
-                *(b[cost_model.costs(b) < threshold] for b in before.values()),
-                *(w.lengths[w.due & ~long_in[s]] for s, w in windows.items()),
-                *(fixed[s] for s in before if s not in windows),
-            ]
-        ),
+        np.concatenate([EMPTY, *(lengths[mask] for lengths, _, _, mask in first)]),
         goal,
         (cost_model.alpha, cost_model.beta - rho, cost_model.gamma),
     )
-    packed = []
+    packed: list[tuple[Slots, dict[str, _Fill]]] = []
     for i, (level, anchor) in enumerate(options):
-        chosen, _, _ = build_groups(seeds, packable, order, allowance, level, slack, shape, anchor, holes)
+        groups = build_groups(seeds, packable, order, allowance, level, slack, shape, anchor, holes)
         plain = group(i)
-        if not np.array_equal(chosen[: len(plain)], plain) or chosen[len(plain) :].any():
-            packed.append(fills(chosen, at, packable.source))
-    if not packed:
-        return takes
-    packed_takes, packed_score = best(len(packed), packed.__getitem__)
-    return packed_takes if packed_score > grouped_score + PREFER_OLDER else takes
+        if not np.array_equal(groups.chosen[: len(plain)], plain) or groups.chosen[len(plain) :].any():
+            packed.append((groups.slots, fills(groups.chosen, at, packable.source, to_target=False)))
+    chosen, *slots = pack_bins_kernel(
+        seeds.length.astype(np.int64),
+        holes.first.astype(np.int64),
+        packable.length.astype(np.int64),
+        packable.source.astype(np.int64),
+        holes.by_length.astype(np.int64),
+        allowance.astype(np.float64),
+        float(goal),
+        shape.ranks,
+        shape.micro_batches,
+        shape.capacity,
+        np.array([cost_model.alpha, cost_model.beta, cost_model.gamma], dtype=np.float64),
+    )
+    packed.append((Slots(*slots), fills(chosen, at, packable.source, to_target=False)))
+    window_start = np.array([homes.of("window", s, 0) for s in names], dtype=np.int64)
+    cand_home = window_start[packable.source] + at
+    seed_homes = np.concatenate([EMPTY, *seed_home])
+
+    def placement_of(i: int, taken: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return homes.placement(packed[i][0], seed_homes, first_home, cand_home, taken)
+
+    winner, packed_takes, packed_score = best(len(packed), lambda i: packed[i][1], placement_of)
+    if packed_score <= grouped_score + PREFER_OLDER:
+        return Composed(takes)
+    return Composed(packed_takes, placement_of(winner, packed_takes))
+
+
+@dataclass(frozen=True)
+class Composed:
+    """``compose_takes``' answer: the positions to take from each source's window, and where the holes were
+    packed, the packing: per source, the micro-batch (``rank * micro_batches + m``, -1 for none) of each
+    of its deferred samples, then of each sample taken (in FIFO order), as ``Draw.lengths`` lists them."""
+
+    take: dict[str, np.ndarray]
+    placement: dict[str, np.ndarray] | None = None
+
+
+class _Homes:
+    """The step's samples laid end to end, source by source: the deferred ones, then each window, then what
+    the sources without a window give. The kernel's seeds, ``HoleFill.first`` samples and candidates each
+    have a home here, so that the micro-batches it put them in can be read back by source."""
+
+    def __init__(
+        self, before: Mapping[str, np.ndarray], windows: Mapping[str, SourceWindow], fixed: Mapping[str, np.ndarray]
+    ) -> None:
+        parts = [("before", s, len(b)) for s, b in before.items()]
+        parts += [("window", s, len(w.lengths)) for s, w in windows.items()]
+        parts += [("fixed", s, len(fixed[s])) for s in before if s not in windows]
+        ends = np.cumsum([n for _, _, n in parts], dtype=np.int64).tolist()
+        self.span = {(part, s): (end - n, end) for (part, s, n), end in zip(parts, ends, strict=True)}
+        self.size = ends[-1] if ends else 0
+
+    def of(self, part: str, source: str, index: np.ndarray) -> np.ndarray:
+        return self.span[part, source][0] + index
+
+    def placement(
+        self,
+        slots: Slots,
+        seed_home: np.ndarray,
+        first_home: np.ndarray,
+        cand_home: np.ndarray,
+        take: Mapping[str, np.ndarray],
+    ) -> dict[str, np.ndarray]:
+        """``Composed.placement`` of ``slots`` where the sources take ``take`` from their windows."""
+        slot = np.full(self.size, -1, np.int64)
+        slot[seed_home] = slots.seed
+        slot[first_home] = slots.first
+        slot[cand_home] = slots.cand
+        out = {}
+        for (part, s), (begin, end) in self.span.items():
+            if part == "before":
+                out[s] = slot[begin:end]
+            elif part == "window":
+                out[s] = np.concatenate([out[s], slot[begin:end][take[s]]])
+            else:
+                out[s] = np.concatenate([out[s], slot[begin:end]])
+        return out
 
 
 def _not_due(

@@ -92,7 +92,8 @@ def compose_step(
     (in (0, 1]). The step's goal is ``min(budget_tokens, (1 - HEADROOM) * ranks * micro_batches *
     capacity)``: composition does its own choosing, so an overdraw in the budget is not used.
     ``Draw.take`` holds ascending FIFO positions, not necessarily a prefix; ``Draw.lengths`` the deferred
-    samples, then the taken ones in FIFO order.
+    samples, then the taken ones in FIFO order; ``Draw.placement``, where the holes were packed, the
+    packing, for the scheduler to start from (``plan_step``'s ``start``).
     """
     for name, value in (("ranks", ranks), ("micro_batches", micro_batches), ("capacity", capacity)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
@@ -132,7 +133,8 @@ def compose_step(
         msg = f"sources {sorted(set(too_long))} hold samples longer than a micro-batch ({capacity}); split them first"
         raise ValueError(msg)
     fixed = {s: avail[s][first.take[s]] for s in sources if s not in windows}
-    takes = compose_takes(windows, before, fixed, shape, cost_model, goal)
-    take = {s: takes.get(s, first.take[s]) for s in sources}
+    composed = compose_takes(windows, before, fixed, shape, cost_model, goal)
+    take = {s: composed.take.get(s, first.take[s]) for s in sources}
     lengths = {s: np.concatenate([before[s], avail[s][take[s]]]) for s in sources}
-    return replace(first, take=take, lengths=lengths, long={s: v >= first.min_length for s, v in lengths.items()})
+    long = {s: v >= first.min_length for s, v in lengths.items()}
+    return replace(first, take=take, lengths=lengths, long=long, placement=composed.placement)

@@ -19,7 +19,7 @@ draw.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -71,10 +71,29 @@ class Draw:
     min_length: int = NO_LONG
     long_share: float = 0.0
     budget_tokens: int = 0
+    placement: dict[str, np.ndarray] | None = None
+    """Where composition packed the step (``compose_step``), else None: per source, the micro-batch
+    (``rank * micro_batches + m``, -1 for none) of each of ``lengths``."""
 
     @property
     def tokens(self) -> dict[str, int]:
         return {s: int(v.sum()) for s, v in self.lengths.items()}
+
+    def start_for(self, sources: Sequence[str]) -> np.ndarray | None:
+        """``placement`` as the scheduler's ``start`` for the step's samples in the order the pool hands them
+        over (``sources``: each one's source), or None without a placement. Each source's samples keep
+        ``lengths``' order within that list, wherever the others fall between them."""
+        if self.placement is None:
+            return None
+        codes = np.fromiter(map({s: k for k, s in enumerate(self.placement)}.__getitem__, sources), np.int64)
+        start = np.empty(len(codes), np.int64)
+        for k, slots in enumerate(self.placement.values()):
+            mine = np.flatnonzero(codes == k)
+            if len(mine) != len(slots):
+                msg = f"{len(mine)} samples of {list(self.placement)[k]!r} for a placement of {len(slots)}"
+                raise ValueError(msg)
+            start[mine] = slots
+        return start
 
     @property
     def state(self) -> MixerState:
