@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from pipeline.mixing._compose_groups import _drop, _next_free
+from pipeline.mixing._compose_groups import drop_position, longest_free
 from pipeline.scheduler._heaps import leftmost_above, new_min_tree, set_key, set_leaf
 
 
@@ -81,20 +81,17 @@ def pack_bins_kernel(
     for j in range(n):
         sorted_length[j] = cand_length[by_length[j]]
     up = np.arange(n + 1)
-    down = np.arange(n + 1)  # ``_next_free`` downwards; position p + 1 stands for p
+    down = np.arange(n + 1)  # ``next_free`` downwards; position p + 1 stands for p
     left = allowance.astype(np.float64)
     chosen = np.zeros(len(cand_length), np.bool_)
     cand_bin = np.full(len(cand_length), -1, np.int64)
     for b in range(n_bins):
         while total < goal:
-            p = _next_free(down, int(np.searchsorted(sorted_length, capacity - bins[b], side="right")))
-            while p > 0 and left[cand_source[by_length[p - 1]]] <= 0:
-                _drop(up, down, p - 1)
-                p = _next_free(down, p - 1)
+            p = longest_free(capacity - bins[b], sorted_length, up, down, left, cand_source, by_length)
             if p == 0:
                 break
             c = by_length[p - 1]
-            _drop(up, down, p - 1)
+            drop_position(up, down, p - 1)
             chosen[c] = True
             cand_bin[c] = b
             bins[b] += cand_length[c]

@@ -211,10 +211,30 @@ def _pack(
 
 
 @njit(cache=True)
-def _drop(up: np.ndarray, down: np.ndarray, j: int) -> None:
+def drop_position(up: np.ndarray, down: np.ndarray, j: int) -> None:
     """Take position ``j`` out of both path-compressed lists (``down`` is shifted by one: 0 is "none")."""
     up[j] = j + 1
     down[j + 1] = j
+
+
+@njit(cache=True)
+def longest_free(
+    limit: float,
+    sorted_length: np.ndarray,
+    up: np.ndarray,
+    down: np.ndarray,
+    left: np.ndarray,
+    cand_source: np.ndarray,
+    by_length: np.ndarray,
+) -> int:
+    """One past the position (in ``by_length`` order) of the longest candidate of at most ``limit`` tokens
+    that is not taken and whose source has allowance ``left``, or 0 for none; candidates of sources without
+    allowance are dropped on the way (an allowance only shrinks)."""
+    p = _next_free(down, int(np.searchsorted(sorted_length, limit, side="right")))
+    while p > 0 and left[cand_source[by_length[p - 1]]] <= 0:
+        drop_position(up, down, p - 1)
+        p = _next_free(down, p - 1)
+    return p
 
 
 @njit(cache=True)
@@ -269,11 +289,11 @@ def _fill_holes(
     for j in range(n):
         sorted_length[j] = cand_length[by_length[j]]
         if chosen[by_length[j]]:
-            _drop(up, down, j)
+            drop_position(up, down, j)
     while total < goal:
         j = _next_free(up, 0)
         while j < n and left[cand_source[by_length[j]]] <= 0:
-            _drop(up, down, j)
+            drop_position(up, down, j)
             j = _next_free(up, j + 1)
         if j >= n:
             return
@@ -290,14 +310,11 @@ def _fill_holes(
             if a * hole * hole + b * hole + g > gap:  # one sample over the hole passes the target
                 spare = gap - (a * hole * hole / 2 + b * hole + 2 * g)
                 longest = hole / 2 + (np.sqrt(spare / (2 * a)) if spare > 0 and a > 0 else 0.0)
-        p = _next_free(down, int(np.searchsorted(sorted_length, longest, side="right")))
-        while p > 0 and left[cand_source[by_length[p - 1]]] <= 0:
-            _drop(up, down, p - 1)
-            p = _next_free(down, p - 1)
+        p = longest_free(longest, sorted_length, up, down, left, cand_source, by_length)
         if p == 0:  # nothing as short as the target wants: the shortest that fits
             p = j + 1
         c = by_length[p - 1]
-        _drop(up, down, p - 1)
+        drop_position(up, down, p - 1)
         chosen[c] = True
         bins[r, m] += cand_length[c]
         cand_slot[c] = r * bins.shape[1] + m
