@@ -56,6 +56,9 @@ from topics.retry import KafkaUnavailableError
 
 log = logging.getLogger(__name__)
 
+SHADOW_LOOK_S = 10.0
+"""How long a shadow's look at the job's state may take (it looks every 2 s)."""
+
 
 @dataclass(frozen=True)
 class ConstructorOptions:
@@ -213,7 +216,9 @@ class DataConstructor(TransactionalRole):
             if time.monotonic() - last_look > 2.0:
                 last_look = time.monotonic()
                 try:
-                    state = self._last_state()
+                    # A short look: a client left stuck by a broker restart is dropped for a new one at the
+                    # next look (with the default minute one stuck shadow took 51 s over in a chaos run).
+                    state = self._last_state(SHADOW_LOOK_S)
                 except (KafkaException, KafkaUnavailableError, TimeoutError) as exc:
                     log.info("shadow %s: cannot read the job's state now (%s); waiting", self.instance, exc)
                     continue
@@ -548,8 +553,8 @@ class DataConstructor(TransactionalRole):
         """The mixer state after a step (whose ``step`` is one more) moved on to this lane's next step."""
         return after if self.lanes == 1 else replace(after, step=after.step - 1 + self.lanes)
 
-    def _last_state(self) -> ConstructorState:
-        state = read_last_state(self.config, self.out, self.lane)
+    def _last_state(self, timeout_s: float = 60.0) -> ConstructorState:
+        state = read_last_state(self.config, self.out, self.lane, timeout_s)
         if state is None:
             initial = replace(self.mixer.initial_state(), step=self.lane)  # a lane's first step is its number
             return self.options.start_state or ConstructorState.initial(initial)

@@ -17,9 +17,14 @@ from topics.names import JobTopics
 STATE_TAIL = 64
 
 
-def read_last_state(config: KafkaConfig, topics: JobTopics, lane: int = 0) -> ConstructorState | None:
-    """The state in the last committed state record of the job's ``lane``; None before its first step."""
-    records = [r for r in read_to_end(config, topics.state, tail=STATE_TAIL) if r.partition() == lane]
+def read_last_state(
+    config: KafkaConfig, topics: JobTopics, lane: int = 0, timeout_s: float = 60.0
+) -> ConstructorState | None:
+    """The state in the last committed state record of the job's ``lane``; None before its first step.
+    ``TimeoutError`` (or ``KafkaUnavailableError``) when it cannot be read within ``timeout_s``."""
+    records = [
+        r for r in read_to_end(config, topics.state, tail=STATE_TAIL, timeout_s=timeout_s) if r.partition() == lane
+    ]
     if not records:
         return None
     last = records[-1]
