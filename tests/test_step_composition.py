@@ -553,11 +553,11 @@ def test_packing_the_holes_fits_the_micro_batches_and_stops_only_when_nothing_fi
 def _check_slots(groups: Groups, seeds: Longs, candidates: Longs, first: np.ndarray, shape: StepShape) -> None:
     """The micro-batches the kernel reports for each seed, chosen candidate and ``first`` sample add up to
     its ``bins``, and only chosen candidates have one."""
-    slots = np.concatenate([groups.seed_slot, groups.cand_slot, groups.first_slot])
+    slots = np.concatenate([groups.slots.seed, groups.slots.cand, groups.slots.first])
     lengths = np.concatenate([seeds.length, candidates.length, first])
     held = np.bincount(slots[slots >= 0], weights=lengths[slots >= 0], minlength=shape.ranks * shape.micro_batches)
     np.testing.assert_array_equal(held.reshape(shape.ranks, shape.micro_batches), groups.bins)
-    assert not (~groups.chosen & (groups.cand_slot >= 0)).any()
+    assert not (~groups.chosen & (groups.slots.cand >= 0)).any()
 
 
 @settings(deadline=None, max_examples=100)

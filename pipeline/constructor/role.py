@@ -333,7 +333,8 @@ class DataConstructor(TransactionalRole):
             draw = mixer.draw(mixer_state, pool.available_lengths(), pool.deferred_lengths(), exhausted)
             if draw.status is DrawStatus.OK:
                 candidates = pool.take(draw.take)
-                start = draw.start_for([c.ref.source for c in candidates])
+                # Each candidate's source is looked up only for a draw that comes with a placement.
+                start = None if draw.placement is None else draw.start_for([c.ref.source for c in candidates])
                 assembled = assemble_step(mixer_state.step, candidates, self.spec.step, self.cost_model, start)
                 pool.settle(assembled.delivered, assembled.deferred)
                 next_mixer = self._lane_step(draw.settle(pool.deferred_lengths()))

@@ -29,8 +29,8 @@ from pipeline.scheduler._heaps import leftmost_above, new_min_tree, set_key, set
 @njit(cache=True)
 def _first_fit(length: np.int64, room: np.ndarray, leaves: int, bins: np.ndarray, capacity: int) -> int:
     """Put ``length`` tokens in the first micro-batch with room (the max tree ``room`` over them); -1 if none."""
-    b = leftmost_above(room, leaves, 0, length - 1)
-    if b < 0 or b >= len(bins):
+    b = leftmost_above(room, leaves, 0, length - 1)  # leaves past the last micro-batch hold -1: never found
+    if b < 0:
         return -1
     bins[b] += length
     set_leaf(room, leaves, b, capacity - bins[b])

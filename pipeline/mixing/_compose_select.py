@@ -138,13 +138,7 @@ class Groups:
     chosen: np.ndarray
     excess: np.ndarray
     bins: np.ndarray
-    seed_slot: np.ndarray
-    cand_slot: np.ndarray
-    first_slot: np.ndarray
-
-    @property
-    def slots(self) -> Slots:
-        return Slots(self.seed_slot, self.cand_slot, self.first_slot)
+    slots: Slots
 
 
 def build_groups(
@@ -192,7 +186,7 @@ def build_groups(
     )
     if anchor >= 0:
         cand_slot[anchor], seed_slot = seed_slot[-1], seed_slot[:-1]
-    return Groups(chosen, excess, bins, seed_slot, cand_slot, first_slot)
+    return Groups(chosen, excess, bins, Slots(seed_slot, cand_slot, first_slot))
 
 
 def pool_permutation(before: Sequence[np.ndarray], drawn: Sequence[np.ndarray]) -> np.ndarray:
