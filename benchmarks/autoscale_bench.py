@@ -15,7 +15,7 @@ Each run is a ``mixflow run`` on the broker at $KAFKA_BOOTSTRAP_SERVERS (default
 medians over the runs:
 
 - **stall fraction**: steps whose draw waited for a sample that was produced after the previous step was
-  written (``pipeline/autoscale/stalls.py``: a count read from the topics, a lower bound), over all steps
+  written (``pipeline/roles/autoscale/stalls.py``: a count read from the topics, a lower bound), over all steps
   and over the steps drawn after the first ``--settle-s`` seconds of the run (the warm-up left out);
 - **tokens/s end to end**: tokens written to the rank topics / seconds from the start of ``mixflow run`` to
   the last step's state record (process start-up included, the same for both);
@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from _table import add_markdown_flag, print_table  # noqa: E402
 
-from pipeline.autoscale.stalls import job_stalls  # noqa: E402
+from pipeline.roles.autoscale.stalls import job_stalls  # noqa: E402
 from pipeline.spec import load_spec  # noqa: E402
 from tests.autoscale_support import (  # noqa: E402
     build_job_data,

@@ -44,10 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _table import add_markdown_flag, print_table
 
-from pipeline.mixing import DrawStatus, MixerState, draw_step, step_budget
-from pipeline.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, compose_step, waiting_bound
-from pipeline.mixing.draw import Draw
-from pipeline.scheduler import CostModel, plan_step
+from pipeline.planning.mixing import DrawStatus, MixerState, draw_step, step_budget
+from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, compose_step, waiting_bound
+from pipeline.planning.mixing.draw import Draw
+from pipeline.planning.scheduler import CostModel, plan_step
 
 RANKS = 8
 ALPHA, BETA, CONSTANT = 8.78e-8, 1.92e-3, -0.006  # ms; the H200 block fit

@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from _table import add_markdown_flag, print_table  # noqa: E402
 
-from pipeline.chaos import ChaosOptions, ChaosReport, FaultKind, run_chaos  # noqa: E402
+from pipeline.tools.chaos import ChaosOptions, ChaosReport, FaultKind, run_chaos  # noqa: E402
 
 
 def example_spec() -> Path:

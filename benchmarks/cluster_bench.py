@@ -24,8 +24,8 @@ from confluent_kafka.admin import AdminClient
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._table import add_markdown_flag, print_table
-from pipeline.stack.local_broker import LocalBroker, free_port_block
-from pipeline.stack.local_cluster import LocalCluster
+from pipeline.tools.stack.local_broker import LocalBroker, free_port_block
+from pipeline.tools.stack.local_cluster import LocalCluster
 from topics.admin import TopicSpec, ensure_topics
 
 TOPIC = "bench.writes"

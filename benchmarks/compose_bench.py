@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import balance_sim_bench as sim
 from _table import add_markdown_flag, print_table
 
-from pipeline.mixing import _compose_select
+from pipeline.planning.mixing import _compose_select
 
 
 def every_option(

@@ -28,11 +28,11 @@ sys.path.insert(0, str(REPO))
 
 from _table import add_markdown_flag, print_table  # noqa: E402
 
-from pipeline.constructor import ConstructorOptions, DataConstructor  # noqa: E402
-from pipeline.local_job import job_spec_file  # noqa: E402
-from pipeline.mixing import Schedule  # noqa: E402
-from pipeline.report import job_report, read_steps  # noqa: E402
+from pipeline.planning.mixing import Schedule  # noqa: E402
+from pipeline.roles.constructor import ConstructorOptions, DataConstructor  # noqa: E402
 from pipeline.spec import JobSpec  # noqa: E402
+from pipeline.tools.observe.rank_topics import job_report, read_steps  # noqa: E402
+from pipeline.tools.run.job import job_spec_file  # noqa: E402
 from topics.admin import delete_job_topics  # noqa: E402
 
 

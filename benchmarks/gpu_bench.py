@@ -11,7 +11,7 @@
    The GPU machine has no Kafka broker (no Java there), so the sink's reader is fed the rank topic's
    records as recorded here (``--record``) instead of from a consumer: everything after the consumer's
    poll is the production code path.
-2. **Block timings for the cost model.** What ``mixflow calibrate`` measures (``pipeline.calibrate``):
+2. **Block timings for the cost model.** What ``mixflow calibrate`` measures (``pipeline.tools.calibrate``):
    one transformer block (hidden 4096, 32 heads, bf16, varlen causal attention, MLP 4x), forward and
    backward, over micro-batches of 64k and 32k tokens made of equal samples of length L, for L from
    256 to 64k, and the fit ``t(L) = alpha*L^2 + beta*L + gamma`` per sample plus a constant per
@@ -157,8 +157,8 @@ def sink_under_training(rows: list[tuple], rank: int, steps: int, repeats: int) 
 
 def block_timings(lengths: list[int], tokens: int, repeats: int) -> dict[str, Any]:
     """What ``mixflow calibrate --hidden 4096 --heads 32 --layers 1`` measures and fits, as JSON."""
-    from pipeline.calibrate import calibration_grid, fit_cost, fit_table
-    from pipeline.calibrate.timing import measure
+    from pipeline.tools.calibrate import calibration_grid, fit_cost, fit_table
+    from pipeline.tools.calibrate.timing import measure
 
     hidden, heads = 4096, 32
     shapes = calibration_grid(lengths, tokens)
@@ -234,8 +234,8 @@ def planned_steps(
     import numpy as np
     import torch
 
-    from pipeline.calibrate.block import Block, attention_backend
-    from pipeline.calibrate.timing import DTYPES, time_micro_batch
+    from pipeline.tools.calibrate.block import Block, attention_backend
+    from pipeline.tools.calibrate.timing import DTYPES, time_micro_batch
 
     device = torch.device(device_name)
     dtype = DTYPES["bf16" if device.type == "cuda" else "fp32"]
@@ -331,8 +331,8 @@ def repeated_micro_batches(
     import numpy as np
     import torch
 
-    from pipeline.calibrate.block import Block, attention_backend
-    from pipeline.calibrate.timing import time_micro_batch
+    from pipeline.tools.calibrate.block import Block, attention_backend
+    from pipeline.tools.calibrate.timing import time_micro_batch
 
     device, dtype = torch.device("cuda"), torch.bfloat16
     block = Block(4096, 32, attention_backend(device, dtype)).to(device, dtype)

@@ -67,8 +67,8 @@ from pathlib import Path
 import yaml
 from _table import add_markdown_flag, print_table
 
-from pipeline.loader import DOCUMENTS_PER_BATCH, LoaderOptions, SourceLoader, _batches
-from pipeline.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
+from pipeline.roles.loader.role import DOCUMENTS_PER_BATCH, LoaderOptions, SourceLoader, _batches
+from pipeline.roles.loader.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
 from pipeline.spec import JobSpec, load_spec
 from topics.admin import delete_job_topics, ensure_job_topics
 from topics.names import JobTopics
@@ -330,25 +330,25 @@ def run_loaders(spec_path: Path, source: str, procs: int, bootstrap: str, unit_s
 # named by where they are defined ("module.Class.method"; a C method as "confluent_kafka.Consumer.poll") and
 # looked up before profiling, so a row naming a function that no longer exists stops the profile with its
 # name instead of printing zeros.
-LOADER = "pipeline.loader.SourceLoader"
+LOADER = "pipeline.roles.loader.role.SourceLoader"
 PROFILE_PARTS: list[tuple[str, str, str]] = [
     ("plan: ensure_plan (total)", f"{LOADER}.ensure_plan", ""),
     ("  plan: measure_cost_per_byte", "connectors.cost.measure_cost_per_byte", ""),
-    ("  plan: publish_work_plan", "pipeline.work_plan.publish_work_plan", ""),
+    ("  plan: publish_work_plan", "pipeline.kafka.work_plan.publish_work_plan", ""),
     ("producer: new_producer (init_transactions)", f"{LOADER}.new_producer", ""),
     ("consumer.poll in _loop (join, fetch, idle)", "confluent_kafka.Consumer.poll", f"{LOADER}._loop"),
-    ("plan_is_done (committed offsets)", "pipeline.work_plan.plan_is_done", f"{LOADER}._loop"),
+    ("plan_is_done (committed offsets)", "pipeline.kafka.work_plan.plan_is_done", f"{LOADER}._loop"),
     ("transactions: _transaction (total, = busy)", f"{LOADER}._transaction", ""),
     ("  begin_transaction", "confluent_kafka.Producer.begin_transaction", f"{LOADER}.transaction"),
     ("  units: _publish (total)", f"{LOADER}._publish", ""),
-    ("    read (reader.read, batching)", "pipeline.loader._batches", f"{LOADER}._publish"),
+    ("    read (reader.read, batching)", "pipeline.roles.loader.role._batches", f"{LOADER}._publish"),
     ("    tokenize (SampleBuilder.build)", "connectors.samples.SampleBuilder.build", f"{LOADER}._publish"),
     ("    encode_sample", "topics.sample_codec.encode_sample", f"{LOADER}._publish"),
-    ("    produce()", "pipeline.kafka_clients.produce", f"{LOADER}._publish"),
+    ("    produce()", "pipeline.kafka.clients.produce", f"{LOADER}._publish"),
     ("  next unit ready (_next_ready)", f"{LOADER}._next_ready", ""),
-    ("  send_offsets", "pipeline.kafka_clients.send_offsets", f"{LOADER}.transaction"),
-    ("  commit_or_abort (commit)", "pipeline.kafka_clients.commit_or_abort", f"{LOADER}.transaction"),
-    ("close: consumer.close, producer.flush", "pipeline.role_protocol.closing_unless_stuck", ""),
+    ("  send_offsets", "pipeline.kafka.clients.send_offsets", f"{LOADER}.transaction"),
+    ("  commit_or_abort (commit)", "pipeline.kafka.clients.commit_or_abort", f"{LOADER}.transaction"),
+    ("close: consumer.close, producer.flush", "pipeline.kafka.role_protocol.closing_unless_stuck", ""),
 ]
 
 
@@ -432,7 +432,7 @@ def profile_loader(spec: JobSpec, source: str, bootstrap: str, unit_seconds: flo
 
 def startup_seconds(repeats: int) -> float:
     """Median wall seconds for a fresh interpreter to import the loader's modules (no Kafka)."""
-    code = "import pipeline.cli, pipeline.cli.load, pipeline.loader"
+    code = "import pipeline.cli, pipeline.cli.load, pipeline.roles.loader.role"
     walls = []
     for _ in range(repeats):
         began = time.perf_counter()

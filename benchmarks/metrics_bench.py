@@ -22,12 +22,13 @@ import torch
 from _table import add_markdown_flag, print_table
 from prometheus_client import CollectorRegistry
 
-from pipeline.constructor.assemble import assemble_step
-from pipeline.constructor.pool import SamplePool
-from pipeline.constructor.state import ConstructorState, SourcePosition
-from pipeline.metrics import ConstructorMetrics, LoaderMetrics
-from pipeline.mixing import MixerState
-from pipeline.scheduler.cost import CostModel
+from pipeline.planning.mixing import MixerState
+from pipeline.planning.step.assemble import assemble_step
+from pipeline.planning.step.pool import SamplePool
+from pipeline.planning.step.state import ConstructorState, SourcePosition
+from pipeline.roles.constructor.metrics import ConstructorMetrics
+from pipeline.roles.loader.metrics import LoaderMetrics
+from pipeline.spec.cost import CostModel
 from pipeline.spec.sections import StepSpec
 from topics.dead_letter import DeadLetter
 from topics.sample import Sample
@@ -126,7 +127,7 @@ def _spec(shape: StepSpec) -> SimpleNamespace:
 
 
 def _record(assembled, cost) -> object:
-    from pipeline.constructor.role import StepRecord
+    from pipeline.roles.constructor.role import StepRecord
 
     costs = assembled.plan.rank_costs(assembled.lengths, cost)
     by_source: dict[str, int] = {}

@@ -1,5 +1,5 @@
 """How long `mixflow top` and `mixflow report` take on a finished job, next to `mixflow run`'s end-of-job
-report (``pipeline.report.job_report``) on the same job, the same broker and the same process.
+report (``pipeline.tools.observe.rank_topics.job_report``) on the same job, the same broker and the same process.
 
     .venv/bin/python benchmarks/observe_bench.py --spec .mixflow/jobs/<job>/spec.yaml [--repeats 3]
 
@@ -25,11 +25,11 @@ sys.path.insert(0, str(REPO))
 
 from _table import add_markdown_flag, print_table  # noqa: E402
 
-from pipeline.observe.collector import JobCollector  # noqa: E402
-from pipeline.observe.frame import build_frame  # noqa: E402
-from pipeline.observe.report import write_report  # noqa: E402
-from pipeline.report import job_report  # noqa: E402
 from pipeline.spec import load_spec  # noqa: E402
+from pipeline.tools.observe.collector import JobCollector  # noqa: E402
+from pipeline.tools.observe.frame import build_frame  # noqa: E402
+from pipeline.tools.observe.rank_topics import job_report  # noqa: E402
+from pipeline.tools.observe.report import write_report  # noqa: E402
 
 
 def timed(call: Callable[[], object]) -> float:

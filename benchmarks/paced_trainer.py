@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.delivery import RECEIVED_FILE, received_line
 from pipeline.spec import load_spec
+from pipeline.tools.delivery import RECEIVED_FILE, received_line
 from trainer_sink import KafkaBatchDataset
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from _table import add_markdown_flag, print_table
 
-from pipeline.scheduler import (
+from pipeline.planning.scheduler import (
     CostModel,
     PlanSummary,
     StepPlan,

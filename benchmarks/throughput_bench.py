@@ -62,7 +62,7 @@ sys.path.insert(0, os.environ.get("TBENCH_TREE", str(REPO)))
 
 from _table import add_markdown_flag, print_table  # noqa: E402
 
-from pipeline.kafka_clients import (  # noqa: E402
+from pipeline.kafka.clients import (  # noqa: E402
     commit_or_abort,
     produce,
     read_committed_consumer,
@@ -213,8 +213,8 @@ def steps_for(shape: Shape, data: int, composition: bool) -> int:
 
 def child_constructor(spec_path: Path, output_job: str, max_steps: int, bootstrap: str, profile: Path | None) -> None:
     """Run the constructor in this process and print its timings as one JSON line."""
-    import pipeline.constructor.role as role
-    from pipeline.constructor import ConstructorOptions, DataConstructor
+    import pipeline.roles.constructor.role as role
+    from pipeline.roles.constructor import ConstructorOptions, DataConstructor
     from pipeline.spec import load_spec
 
     payload = [0]
@@ -341,13 +341,13 @@ RAW_CONSUMER = {
 
 
 def tools_classpath() -> str:
-    from pipeline.stack.jars import pom_text, resolve_jars
+    from pipeline.tools.stack.jars import pom_text, resolve_jars
 
     text = TOOLS_POM.read_text()
     version = re.search(r"<kafka.version>([^<]+)</kafka.version>", text)
     broker = re.search(r"<kafka.version>([^<]+)</kafka.version>", pom_text())
     if version is None or broker is None or version.group(1) != broker.group(1):
-        msg = f"{TOOLS_POM} and pipeline/stack/pom.xml must name the same kafka.version"
+        msg = f"{TOOLS_POM} and pipeline/tools/stack/pom.xml must name the same kafka.version"
         raise SystemExit(msg)
     libs = resolve_jars(text, "kafka-tools", "kafka-tools-*.jar", "Kafka's tools (org.apache.kafka:kafka-tools)")
     return str(libs / "*")

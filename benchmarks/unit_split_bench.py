@@ -36,7 +36,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.source_runtime import SourceRuntime  # noqa: E402
+from pipeline.roles.loader.source_runtime import SourceRuntime  # noqa: E402
 from pipeline.spec import load_spec  # noqa: E402
 from topics.admin import ensure_job_topics  # noqa: E402
 from topics.log_reader import read_to_end  # noqa: E402

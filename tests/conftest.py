@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from pipeline.stack.local_broker import LocalBroker, free_port_pair
+from pipeline.tools.stack.local_broker import LocalBroker, free_port_pair
 
 # Property tests draw the same examples on every run, so a red CI run is reproducible and a green one
 # stays green; `--hypothesis-profile default` draws new ones.

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from connectors import Document, WorkUnit
-from pipeline.source_runtime import SourceRuntime
+from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import JobSpec
 from tests.kafka_support import TopicGrowth
 from topics.dead_letter import DeadLetter, decode_dead_letter_message

@@ -1,4 +1,4 @@
-"""Shared by the tests of ``pipeline/observe``: steps of rank batches drawn by hypothesis."""
+"""Shared by the tests of ``pipeline/tools/observe``: steps of rank batches drawn by hypothesis."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ import numpy as np
 import yaml
 from confluent_kafka import Producer
 
-from pipeline.constructor import ConstructorOptions, ConstructorStats, DataConstructor
+from pipeline.kafka.work_plan import publish_work_plan
+from pipeline.roles.constructor import ConstructorOptions, ConstructorStats, DataConstructor
 from pipeline.spec import JobSpec, load_spec
-from pipeline.work_plan import publish_work_plan
 from topics.admin import ensure_job_topics
 from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps

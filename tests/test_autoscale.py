@@ -21,7 +21,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.autoscale import (
+from pipeline.planning.step.state import ConstructorState
+from pipeline.roles.autoscale import (
     Autoscaler,
     JobSnapshot,
     PolicySettings,
@@ -32,10 +33,9 @@ from pipeline.autoscale import (
     decide,
     horizon_shares,
 )
-from pipeline.autoscale.autoscaler import LOADER_START_S
-from pipeline.autoscale.stalls import SourceLog, count_stalls, file_times
-from pipeline.constructor.state import ConstructorState
-from pipeline.source_runtime import SourceRuntime
+from pipeline.roles.autoscale.autoscaler import LOADER_START_S
+from pipeline.roles.autoscale.stalls import SourceLog, count_stalls, file_times
+from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import SpecError, load_spec
 from tests.autoscale_support import REPO, SOURCES, build_job_data, decisions, job_folder, run_job, write_job_spec
 from tests.loader_support import committed_sample_ids, expected_sample_ids
@@ -345,8 +345,8 @@ def test_autoscaling_is_off_unless_asked_for(tmp_path: Path):
     need=st.integers(1, 400),
 )
 def test_a_step_stalls_when_the_sample_completing_its_need_came_after_the_previous_step(lengths, produced_before, need):
-    from pipeline.constructor.state import SourcePosition
-    from pipeline.mixing import MixerState
+    from pipeline.planning.mixing import MixerState
+    from pipeline.planning.step.state import SourcePosition
 
     n = len(lengths)
     log = SourceLog(np.arange(n, dtype=np.int64), np.asarray(lengths), np.arange(n, dtype=np.int64) * 10)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.constructor.assemble import build_batches
-from pipeline.scheduler import CostModel, plan_step
+from pipeline.planning.scheduler import CostModel, plan_step
+from pipeline.planning.step.assemble import build_batches
 from tests.length_families import FAMILIES, draw_lengths
 from topics.batch import CHECK_TRUSTED_ENV, Batch
 from topics.batch_codec import decode_batch, encode_batch

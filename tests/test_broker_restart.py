@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.kafka.work_plan import read_work_plan, request_epoch
 from pipeline.spec import load_spec
-from pipeline.stack.local_broker import LocalBroker
-from pipeline.work_plan import read_work_plan, request_epoch
+from pipeline.tools.stack.local_broker import LocalBroker
 from tests.loader_support import (
     build_example_data,
     committed_sample_ids,

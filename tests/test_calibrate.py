@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.calibrate import CostFit, MicroBatchShape, Timing, calibration_grid, default_lengths, fit_cost
-from pipeline.calibrate.section import yaml_float
 from pipeline.cli import main
-from pipeline.scheduler import CostModel
+from pipeline.planning.scheduler import CostModel
 from pipeline.spec import CostSpec, SpecError, load_spec
+from pipeline.tools.calibrate import CostFit, MicroBatchShape, Timing, calibration_grid, default_lengths, fit_cost
+from pipeline.tools.calibrate.section import yaml_float
 
 GPU_GRID = (default_lengths(65536, shortest=256), 65536)
 CPU_GRID = (default_lengths(1024, shortest=64), 1024)
@@ -193,7 +193,7 @@ def test_cost_spec_refuses_a_bad_gamma(tmp_path: Path, cost: dict, problem: str)
 @pytest.mark.parametrize("lengths", [(5, 5, 5), (1, 7, 3, 9), (12,)])
 def test_block_attends_causally_within_each_sample(lengths: tuple[int, ...]) -> None:
     torch = pytest.importorskip("torch")
-    from pipeline.calibrate.block import SDPA, Block
+    from pipeline.tools.calibrate.block import SDPA, Block
 
     torch.manual_seed(0)
     block = Block(hidden=32, heads=4, attention=SDPA)
@@ -210,8 +210,8 @@ def test_block_attends_causally_within_each_sample(lengths: tuple[int, ...]) -> 
 
 def test_a_planned_micro_batch_of_mixed_lengths_is_timed() -> None:
     torch = pytest.importorskip("torch")
-    from pipeline.calibrate.block import SDPA, Block
-    from pipeline.calibrate.timing import time_micro_batch
+    from pipeline.tools.calibrate.block import SDPA, Block
+    from pipeline.tools.calibrate.timing import time_micro_batch
 
     block = Block(hidden=32, heads=4, attention=SDPA)
     assert time_micro_batch(block, [3, 40, 1, 17], torch.device("cpu"), torch.float32) > 0

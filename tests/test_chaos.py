@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.chaos import ChaosOptions, FaultKind, Targets, plan_faults, run_chaos
-from pipeline.chaos.audit import check_samples, check_sink_record, read_rank_topic
-from pipeline.chaos.roles import RoleKind, Supervisor
-from pipeline.chaos.sink_state import checkpoint_steps
-from pipeline.delivery import RECEIVED_FILE, rank_micro_batches, tokens_sha256
 from pipeline.spec import StepSpec
+from pipeline.tools.chaos import ChaosOptions, FaultKind, Targets, plan_faults, run_chaos
+from pipeline.tools.chaos.audit import check_samples, check_sink_record, read_rank_topic
+from pipeline.tools.chaos.roles import RoleKind, Supervisor
+from pipeline.tools.chaos.sink_state import checkpoint_steps
+from pipeline.tools.delivery import RECEIVED_FILE, rank_micro_batches, tokens_sha256
 from tests.loader_support import REPO, build_example_data, write_spec
 from tests.sink_support import random_batch, write_sink_spec, write_steps
 from topics.batch import Batch
@@ -158,7 +158,7 @@ def test_a_killed_sink_resumes_from_its_checkpoint_and_records_each_micro_batch_
     command = [
         sys.executable,
         "-m",
-        "pipeline.chaos.sink",
+        "pipeline.tools.chaos.sink",
         "--spec",
         str(spec),
         "--rank",

@@ -20,8 +20,8 @@ from confluent_kafka.admin import AdminClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.stack.local_broker import free_port_block, override_properties
-from pipeline.stack.local_cluster import ClusterLayout, LocalCluster
+from pipeline.tools.stack.local_broker import free_port_block, override_properties
+from pipeline.tools.stack.local_cluster import ClusterLayout, LocalCluster
 from tests.kafka_support import TopicGrowth
 from tests.loader_support import REPO, SOURCES, build_example_data, committed_sample_ids, write_spec
 from tests.test_compose import read_properties

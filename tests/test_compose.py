@@ -36,8 +36,8 @@ import yaml
 
 from pipeline.cli import build_parser
 from pipeline.spec import JobSpec, load_spec
-from pipeline.stack.jars import pom_text
-from pipeline.stack.local_broker import DEFAULT_HOST, DEFAULT_PORT, JVM_OPTIONS, LocalBroker
+from pipeline.tools.stack.jars import pom_text
+from pipeline.tools.stack.local_broker import DEFAULT_HOST, DEFAULT_PORT, JVM_OPTIONS, LocalBroker
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -379,7 +379,7 @@ def test_broker_settings_match_the_local_stack() -> None:
     for prop in CONTAINER_DIFFERENCES:
         if prop not in stack:
             drift.append(f"{prop}: listed as a container difference, but `mixflow stack up` no longer sets it")
-    assert not drift, f"{COMPOSE_FILE.name} service {KAFKA_SERVICE!r} drifted from pipeline/stack:\n  " + (
+    assert not drift, f"{COMPOSE_FILE.name} service {KAFKA_SERVICE!r} drifted from pipeline/tools/stack:\n  " + (
         "\n  ".join(drift)
     )
 
@@ -445,10 +445,10 @@ def test_broker_heap_and_image_version_match_the_local_stack() -> None:
             )
     pom = "{http://maven.apache.org/POM/4.0.0}"
     version = ET.fromstring(pom_text()).find(f"{pom}properties/{pom}kafka.version")
-    assert version is not None, "pipeline/stack/pom.xml has no kafka.version"
+    assert version is not None, "pipeline/tools/stack/pom.xml has no kafka.version"
     image = services()[KAFKA_SERVICE]["image"]
     assert image.rsplit(":", 1)[-1] == version.text, (
-        f"{where}: image {image}, but `mixflow stack up` runs Kafka {version.text} (pipeline/stack/pom.xml)"
+        f"{where}: image {image}, but `mixflow stack up` runs Kafka {version.text} (pipeline/tools/stack/pom.xml)"
     )
 
 

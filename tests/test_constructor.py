@@ -18,9 +18,9 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 
-from pipeline.mixing import Schedule
+from pipeline.kafka.work_plan import publish_work_plan
+from pipeline.planning.mixing import Schedule
 from pipeline.spec import load_spec
-from pipeline.work_plan import publish_work_plan
 from tests.kafka_support import TopicGrowth
 from tests.loader_support import (
     REPO,

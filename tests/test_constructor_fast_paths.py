@@ -14,11 +14,11 @@ from fastavro import schemaless_reader
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.constructor.assemble import build_batches
-from pipeline.constructor.pool import SamplePool, SourceFifo
-from pipeline.constructor.state import ConstructorState, SourcePosition
-from pipeline.mixing import Draw, DrawStatus, MixerState
-from pipeline.scheduler import CostModel, plan_step, rank_order
+from pipeline.planning.mixing import Draw, DrawStatus, MixerState
+from pipeline.planning.scheduler import CostModel, plan_step, rank_order
+from pipeline.planning.step.assemble import build_batches
+from pipeline.planning.step.pool import SamplePool, SourceFifo
+from pipeline.planning.step.state import ConstructorState, SourcePosition
 from tests.length_families import FAMILIES, draw_lengths
 from topics.batch import Batch
 from topics.batch_codec import encode_batch

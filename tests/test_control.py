@@ -15,9 +15,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.constructor.state import ConstructorState
-from pipeline.constructor.state_topic import read_last_state
-from pipeline.control import (
+from pipeline.kafka.control import (
     change_answer,
     decode_mixture_change,
     encode_mixture_change,
@@ -26,7 +24,9 @@ from pipeline.control import (
     publish_mixture_change,
     shares_from_arguments,
 )
-from pipeline.mixing import MixerState, MixtureChange, MixtureTimeline, Schedule, refusal
+from pipeline.kafka.state_topic import read_last_state
+from pipeline.planning.mixing import MixerState, MixtureChange, MixtureTimeline, Schedule, refusal
+from pipeline.planning.step.state import ConstructorState
 from tests.loader_support import REPO, build_example_data, load_sources, start_constructor, write_spec
 from topics.errors import DecodeError, MixflowError
 from topics.lanes import first_step_at_or_after

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.delivery import RECEIVED_FILE, check_trainer, tokens_sha256, trained_sequence
+from pipeline.tools.delivery import RECEIVED_FILE, check_trainer, tokens_sha256, trained_sequence
 from tests.sink_support import random_batch
 from topics.packing import pack_micro_batches
 

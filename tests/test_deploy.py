@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import build_parser, main
-from pipeline.deploy import DeployOptions, check_links, render_job
-from pipeline.deploy.manifests import DESIRED_LOADERS_METRIC, POD_INDEX_LABEL
-from pipeline.deploy.write import dump
 from pipeline.spec import load_spec
+from pipeline.tools.deploy import DeployOptions, check_links, render_job
+from pipeline.tools.deploy.manifests import DESIRED_LOADERS_METRIC, POD_INDEX_LABEL
+from pipeline.tools.deploy.write import dump
 
 REPO = Path(__file__).resolve().parent.parent
 KEDA_SCHEMA = json.loads((REPO / "deploy" / "schemas" / "keda-scaledobject-v1alpha1.schema.json").read_text())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.group_membership import MembershipWatch
+from pipeline.kafka.group_membership import MembershipWatch
 from tests.fake_clock import FakeClock
 
 EVENTS = st.lists(

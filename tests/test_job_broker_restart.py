@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.stack.local_broker import LocalBroker
+from pipeline.tools.stack.local_broker import LocalBroker
 from tests.kafka_support import TopicGrowth
 from tests.loader_support import REPO, SOURCES, build_example_data, committed_sample_ids, write_spec
 from topics.batch_codec import decode_batch_message, end_of_data_steps

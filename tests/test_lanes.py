@@ -27,11 +27,11 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.chaos.audit import check_samples, read_rank_topic
-from pipeline.constructor import ConstructorOptions, DataConstructor
-from pipeline.replay.plan import ReplayRequest
-from pipeline.replay.run import replay
+from pipeline.roles.constructor import ConstructorOptions, DataConstructor
 from pipeline.spec import SpecError, load_spec
+from pipeline.tools.chaos.audit import check_samples, read_rank_topic
+from pipeline.tools.replay.plan import ReplayRequest
+from pipeline.tools.replay.run import replay
 from tests.loader_support import (
     SOURCES,
     build_example_data,

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pipeline.constructor.lease import ConstructorLease
+from pipeline.roles.constructor.lease import ConstructorLease
 from tests.kafka_support import create_topic
 from topics.names import JobTopics
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.loader import LoaderOptions, SourceLoader
-from pipeline.source_runtime import SourceRuntime
+from pipeline.kafka.work_plan import read_work_plan, request_epoch
+from pipeline.roles.loader.role import LoaderOptions, SourceLoader
+from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import load_spec
-from pipeline.work_plan import read_work_plan, request_epoch
 from tests.loader_support import build_example_data, committed_sample_ids, expected_sample_ids, write_spec
 from topics.admin import ensure_job_topics
 from topics.names import JobTopics

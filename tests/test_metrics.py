@@ -26,30 +26,19 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.autoscale.policy import Decision
-from pipeline.constructor.assemble import assemble_step
-from pipeline.constructor.pool import Candidate, SamplePool
-from pipeline.constructor.state import ConstructorState, SampleRef, SourcePosition
-from pipeline.metrics import (
-    AutoscalerMetrics,
-    ConstructorMetrics,
-    DeadLetterReason,
-    LoaderMetrics,
-    RunMetrics,
-    SourceBacklog,
-    WorkUnitLag,
-    read_endpoints,
-    reason_class,
-    role_registry,
-    serve_metrics,
-)
-from pipeline.metrics.constructor import SourceHolding, backlog_tokens
+from pipeline.metrics import DeadLetterReason, RunMetrics, read_endpoints, reason_class, role_registry, serve_metrics
 from pipeline.metrics.endpoints import RoleRestarts
-from pipeline.metrics.loader import work_unit_lag
-from pipeline.mixing import MixerState
-from pipeline.scheduler.cost import CostModel
+from pipeline.planning.mixing import MixerState
+from pipeline.planning.step.assemble import assemble_step
+from pipeline.planning.step.pool import Candidate, SamplePool
+from pipeline.planning.step.state import ConstructorState, SampleRef, SourcePosition
+from pipeline.roles.autoscale.metrics import AutoscalerMetrics
+from pipeline.roles.autoscale.policy import Decision
+from pipeline.roles.constructor.metrics import ConstructorMetrics, SourceBacklog, SourceHolding, backlog_tokens
+from pipeline.roles.loader.metrics import LoaderMetrics, WorkUnitLag, work_unit_lag
+from pipeline.spec.cost import CostModel
 from pipeline.spec.sections import StepSpec
-from pipeline.stack.local_broker import free_port_block
+from pipeline.tools.stack.local_broker import free_port_block
 from tests.loader_support import REPO, build_example_data, start_constructor, write_spec
 from topics.batch_codec import decode_batch_message
 from topics.dead_letter import DeadLetter, decode_dead_letter_message
@@ -465,7 +454,7 @@ def test_run_metrics_give_distinct_ports_listed_in_metrics_json(roles: list[str]
 
 
 def test_metrics_json_is_what_mixflow_top_reads(tmp_path: Path) -> None:
-    from pipeline.observe.endpoints import run_endpoints as top_reads
+    from pipeline.tools.observe.endpoints import run_endpoints as top_reads
 
     metrics = RunMetrics(tmp_path, "j", 21000)
     metrics.port_flag("loader", "load-code-0", "code", 0)
@@ -482,7 +471,7 @@ def test_metrics_json_is_what_mixflow_top_reads(tmp_path: Path) -> None:
 
 
 def test_a_trainer_command_gets_the_first_sink_port(tmp_path: Path) -> None:
-    from pipeline.local_job import trainer_command
+    from pipeline.tools.run.job import trainer_command
 
     metrics = RunMetrics(tmp_path, "j", 22000)
     metrics.port("supervisor", "run")

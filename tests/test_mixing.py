@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.mixing import Draw, DrawStatus, LongContext, Mixer, MixerState, Schedule, draw_step
+from pipeline.planning.mixing import Draw, DrawStatus, LongContext, Mixer, MixerState, Schedule, draw_step
 from pipeline.spec import Interpolation, MixtureSpec, OnExhausted
 from topics.errors import DecodeError
 
@@ -284,7 +284,7 @@ def _take_by_union(available: np.ndarray, need: float, need_long: float, min_len
 def test_a_take_is_the_sorted_union_of_the_head_and_the_first_long_samples(
     lengths: list[int], need: float, need_long: float, min_length: int, final: bool
 ) -> None:
-    from pipeline.mixing._take import take
+    from pipeline.planning.mixing._take import take
 
     available = np.asarray(lengths, dtype=np.int64)
     got = take(available, need, need_long, min_length, final)

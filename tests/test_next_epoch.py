@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.work_plan import WorkPlan
+from pipeline.kafka.work_plan import WorkPlan
 from tests.loader_support import REPO, build_example_data, start_loader, write_spec
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.log_reader import read_to_end

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline.cli import main
-from pipeline.scheduler import CostModel, StepPlan, plan_step, validate_plan
+from pipeline.planning.scheduler import CostModel, StepPlan, plan_step, validate_plan
 
 
 def _args(lengths: Path, out: Path, *extra: str) -> list[str]:

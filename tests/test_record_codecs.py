@@ -21,10 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from connectors.work_units import UNIT_KINDS, WorkUnit
-from pipeline.constructor.state import ConstructorState, SampleRef, SourcePosition
-from pipeline.mixing import MixtureChange
-from pipeline.mixing.state import MixerState
-from pipeline.work_plan import WorkPlan
+from pipeline.kafka.work_plan import WorkPlan
+from pipeline.planning.mixing import MixtureChange
+from pipeline.planning.mixing.state import MixerState
+from pipeline.planning.step.state import ConstructorState, SampleRef, SourcePosition
 from topics.dead_letter import DeadLetter, decode_dead_letter, encode_dead_letter
 from topics.errors import DecodeError
 

@@ -16,10 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main
-from pipeline.constructor.spec_change import StepShape
-from pipeline.constructor.state import ConstructorState, SourcePosition
-from pipeline.mixing import MixerState
-from pipeline.replay import (
+from pipeline.planning.mixing import MixerState
+from pipeline.planning.scheduler import CostModel
+from pipeline.planning.step.spec_change import StepShape
+from pipeline.planning.step.state import ConstructorState, SourcePosition
+from pipeline.spec import JobSpec, load_spec
+from pipeline.tools.replay import (
     ReplayMode,
     ReplayRequest,
     ReshapeError,
@@ -29,9 +31,7 @@ from pipeline.replay import (
     reshape_step,
     verify,
 )
-from pipeline.replay.history import JobHistory, StateRecord, adopted, require_history
-from pipeline.scheduler import CostModel
-from pipeline.spec import JobSpec, load_spec
+from pipeline.tools.replay.history import JobHistory, StateRecord, adopted, require_history
 from tests.replay_support import Lengths, construct, make_job, steps_of, write_replay_spec
 from tests.sink_support import random_batch
 from topics.batch import Batch

@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from matplotlib.image import imread
 
-from pipeline.observe.history import JobHistory
-from pipeline.observe.plots import write_plots
-from pipeline.observe.series import rate_over_time, report_series, rolling_median
-from pipeline.observe.step_stats import (
+from pipeline.spec.cost import CostModel
+from pipeline.tools.observe.history import JobHistory
+from pipeline.tools.observe.plots import write_plots
+from pipeline.tools.observe.series import rate_over_time, report_series, rolling_median
+from pipeline.tools.observe.step_stats import (
     cumulative_shares,
     first_fit,
     imbalance,
@@ -23,8 +24,7 @@ from pipeline.observe.step_stats import (
     scheduled_tokens,
     step_stats,
 )
-from pipeline.observe.summary import summary_markdown
-from pipeline.scheduler.cost import CostModel
+from pipeline.tools.observe.summary import summary_markdown
 from tests.observe_support import LENGTH_FAMILIES, SOURCES, steps
 
 COSTS = st.builds(

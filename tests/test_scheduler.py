@@ -1,4 +1,4 @@
-"""Properties of the balancing scheduler (pipeline.scheduler), checked with hypothesis."""
+"""Properties of the balancing scheduler (pipeline.planning.scheduler), checked with hypothesis."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.scheduler import CostModel, StepPlan, plan_step, rank_order, validate_plan
+from pipeline.planning.scheduler import CostModel, StepPlan, plan_step, rank_order, validate_plan
 
 # Integer-valued alpha and beta keep costs exact in float64, so brute force compares exactly.
 COSTS = CostModel(alpha=1.0, beta=100.0)
@@ -189,9 +189,9 @@ def test_a_full_step_defers_only_its_newest_samples() -> None:
 
 
 def test_repair_swaps_an_older_deferred_sample_into_a_newer_ones_place() -> None:
-    from pipeline.scheduler._lpt import by_index
-    from pipeline.scheduler._repair import prefer_older, starvation_safe
-    from pipeline.scheduler._sort import longest_first
+    from pipeline.planning.scheduler._lpt import by_index
+    from pipeline.planning.scheduler._repair import prefer_older, starvation_safe
+    from pipeline.planning.scheduler._sort import longest_first
 
     lengths = np.array([5, 3, 8, 5], np.int64)  # sample 0 deferred; 2 and 3 newer and at least as long
     costs = COSTS.costs(lengths)

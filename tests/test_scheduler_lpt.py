@@ -1,4 +1,4 @@
-"""plan_step against plain LPT (pipeline.scheduler.plan_lpt) over families of length distributions.
+"""plan_step against plain LPT (pipeline.planning.scheduler.plan_lpt) over families of length distributions.
 
 The rule checked: plan_step is never worse than LPT made starvation-safe (``plan_lpt(...,
 starvation_safe=True)``) on fill (tokens placed) nor on balance (costliest rank / lower bound of what is
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.scheduler import CostModel, StepPlan, plan_lpt, plan_step, validate_plan
+from pipeline.planning.scheduler import CostModel, StepPlan, plan_lpt, plan_step, validate_plan
 
 # Pure quadratic, FLOP-like mixes, linear-dominated (beta >> alpha * L), linear only, a per-sample constant.
 COST_MODELS = (

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.scheduler import CostModel, StepPlan, plan_lpt, plan_step, rank_order, rank_orders, validate_plan
+from pipeline.planning.scheduler import CostModel, StepPlan, plan_lpt, plan_step, rank_order, rank_orders, validate_plan
 
 RANKS = 10240
 FLOPS = CostModel.from_transformer(4096, 32)

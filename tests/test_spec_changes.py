@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.constructor.spec_change import carry_over
-from pipeline.constructor.state import ConstructorState, SampleRef, SourcePosition
-from pipeline.mixing import MixerState
+from pipeline.planning.mixing import MixerState
+from pipeline.planning.step.spec_change import carry_over
+from pipeline.planning.step.state import ConstructorState, SampleRef, SourcePosition
 from tests.loader_support import build_example_data, committed_sample_ids, load_sources, start_constructor, write_spec
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.log_reader import read_to_end

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.stack.local_broker import LocalBroker, free_port_pair
+from pipeline.tools.stack.local_broker import LocalBroker, free_port_pair
 
 MIXFLOW = [sys.executable, "-m", "pipeline.cli"]
 

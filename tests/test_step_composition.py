@@ -1,4 +1,4 @@
-"""Step composition (pipeline.mixing.compose): validity, determinism, the waiting bound, shares, over
+"""Step composition (pipeline.planning.mixing.compose): validity, determinism, the waiting bound, shares, over
 families of length distributions and step shapes; and a smoke run of the balance simulator."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.mixing import Draw, DrawStatus, MixerState, draw_step
-from pipeline.mixing._compose_bins import pack_bins_kernel
-from pipeline.mixing._compose_select import (
+from pipeline.planning.mixing import Draw, DrawStatus, MixerState, draw_step
+from pipeline.planning.mixing._compose_bins import pack_bins_kernel
+from pipeline.planning.mixing._compose_select import (
     Groups,
     HoleFill,
     Longs,
@@ -27,8 +27,8 @@ from pipeline.mixing._compose_select import (
     pool_order,
     score,
 )
-from pipeline.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, HEADROOM, compose_step, waiting_bound
-from pipeline.scheduler import CostModel, plan_step, validate_plan
+from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, HEADROOM, compose_step, waiting_bound
+from pipeline.planning.scheduler import CostModel, plan_step, validate_plan
 from pipeline.spec import OnExhausted
 
 REPO = Path(__file__).resolve().parent.parent
@@ -666,7 +666,7 @@ def test_an_option_scores_at_most_the_share_of_capacity_it_draws(family: str, sh
 @settings(max_examples=300, deadline=None)
 def test_the_rank_search_finds_the_least_excess_with_room_lowest_rank_first(ranks: int, data: st.DataObject) -> None:
     """``_least_with_room`` against a scan of every rank, with many ties (excess from a few values)."""
-    from pipeline.mixing._compose_groups import _least_with_room, rank_trees
+    from pipeline.planning.mixing._compose_groups import _least_with_room, rank_trees
 
     excess = data.draw(st.lists(st.sampled_from([0.0, 1.0, 2.5, 7.0]), min_size=ranks, max_size=ranks))
     room = data.draw(st.lists(st.integers(0, 8), min_size=ranks, max_size=ranks))

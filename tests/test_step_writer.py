@@ -10,15 +10,15 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from pipeline.constructor.writer import PreparedStep, StepWriter
-from pipeline.kafka_clients import (
+from pipeline.kafka.clients import (
     KafkaConfig,
     ProducerFencedError,
     abort,
     read_committed_consumer,
     transactional_producer,
 )
-from pipeline.role_protocol import TransactionalRole
+from pipeline.kafka.role_protocol import TransactionalRole
+from pipeline.roles.constructor.writer import PreparedStep, StepWriter
 from tests.kafka_support import create_topic, read_to_end
 
 

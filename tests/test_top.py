@@ -23,19 +23,19 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from rich.console import Console
 
 from pipeline.cli.control import _wait_for_answer
-from pipeline.constructor.state import ConstructorState, SourcePosition
 from pipeline.metrics.endpoints import METRICS_FILE, Endpoint
-from pipeline.mixing import MixerState, MixtureChange
-from pipeline.observe.collector import JobCollector
-from pipeline.observe.endpoints import run_endpoints, scrape_sink_steps, sink_steps_in
-from pipeline.observe.frame import DEAD_LETTER_ROWS, Frame, JobFacts, SourceFacts, build_frame, render_frame
-from pipeline.observe.history import read_history
-from pipeline.observe.lanes import LaneStates
-from pipeline.observe.step_stats import step_stats
-from pipeline.observe.tally import StepTally
-from pipeline.progress import _StepsWritten
-from pipeline.scheduler.cost import CostModel
+from pipeline.planning.mixing import MixerState, MixtureChange
+from pipeline.planning.step.state import ConstructorState, SourcePosition
 from pipeline.spec import load_spec
+from pipeline.spec.cost import CostModel
+from pipeline.tools.observe.collector import JobCollector
+from pipeline.tools.observe.endpoints import run_endpoints, scrape_sink_steps, sink_steps_in
+from pipeline.tools.observe.frame import DEAD_LETTER_ROWS, Frame, JobFacts, SourceFacts, build_frame, render_frame
+from pipeline.tools.observe.history import read_history
+from pipeline.tools.observe.lanes import LaneStates
+from pipeline.tools.observe.step_stats import step_stats
+from pipeline.tools.observe.tally import StepTally
+from pipeline.tools.run.progress import _StepsWritten
 from tests.kafka_support import read_to_end
 from tests.loader_support import REPO, build_example_data, start_constructor, start_loader, wait_all, write_spec
 from tests.observe_support import SOURCES, steps

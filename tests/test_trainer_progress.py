@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.constructor import ConstructorOptions, DataConstructor
-from pipeline.constructor.lead import lead_allows, slowest_rank
+from pipeline.roles.constructor import ConstructorOptions, DataConstructor
+from pipeline.roles.constructor.lead import lead_allows, slowest_rank
 from pipeline.spec import load_spec
 from tests.replay_support import fill_sources, steps_of, write_replay_spec
 from topics.errors import DecodeError
@@ -124,7 +124,7 @@ def test_without_reports_the_constructor_waits_after_its_lead(
         constructor.request_stop()
 
     watcher = threading.Thread(target=watch, daemon=True)
-    with caplog.at_level(logging.INFO, logger="pipeline.constructor.role"):
+    with caplog.at_level(logging.INFO, logger="pipeline.roles.constructor.role"):
         watcher.start()
         stats = constructor.run()
     watcher.join(timeout=30)

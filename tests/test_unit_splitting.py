@@ -27,12 +27,12 @@ from hypothesis import strategies as st
 from connectors import Document, ParquetReader, WorkUnit
 from connectors.planning import split_unit, unit_bytes
 from connectors.readers import FileLayout, JsonlReader
-from pipeline.control import UnitCost, read_unit_cost
-from pipeline.kafka_clients import transactional_producer
-from pipeline.source_runtime import SourceRuntime
+from pipeline.kafka.clients import transactional_producer
+from pipeline.kafka.control import UnitCost, read_unit_cost
+from pipeline.kafka.work_plan import WorkPlan, plan_is_complete, produce_units, publish_work_plan, read_work_plan
+from pipeline.roles.loader.source_runtime import SourceRuntime
+from pipeline.roles.loader.unit_sizing import SPLIT_SLACK, UnitSizer
 from pipeline.spec import load_spec
-from pipeline.unit_sizing import SPLIT_SLACK, UnitSizer
-from pipeline.work_plan import WorkPlan, plan_is_complete, produce_units, publish_work_plan, read_work_plan
 from tests.loader_support import start_loader, wait_all
 from topics.admin import ensure_job_topics
 from topics.errors import DecodeError, MixflowError

@@ -1,7 +1,7 @@
 """Records of ``<job>.progress``: the step a rank's trainer has reached, keyed by rank.
 
 A sink writes them (``trainer_sink/progress.py``); a constructor with ``max_lead_steps`` reads them
-(``pipeline/constructor/lead.py``). The topic is compacted, so each rank's latest report is kept."""
+(``pipeline/roles/constructor/lead.py``). The topic is compacted, so each rank's latest report is kept."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from pipeline.cli import (
     topics,
 )
 from pipeline.cli.command import Command, add_commands
-from pipeline.kafka_clients import KafkaClientStuckError
+from pipeline.kafka.clients import KafkaClientStuckError
 from topics.errors import MixflowError
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]

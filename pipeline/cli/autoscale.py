@@ -15,9 +15,10 @@ from types import FrameType
 
 from confluent_kafka import KafkaException
 
-from pipeline.autoscale import Autoscaler, JobProbe, PolicySettings
 from pipeline.cli.command import Command
-from pipeline.metrics import AutoscalerMetrics, role_registry, serve_metrics
+from pipeline.metrics import role_registry, serve_metrics
+from pipeline.roles.autoscale import Autoscaler, JobProbe, PolicySettings
+from pipeline.roles.autoscale.metrics import AutoscalerMetrics
 from pipeline.spec import load_spec
 from topics.errors import MixflowError
 

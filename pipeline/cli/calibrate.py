@@ -7,9 +7,9 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from pipeline.calibrate import calibration_grid, cost_section, default_lengths, fit_cost, fit_table
-from pipeline.calibrate.section import Provenance
 from pipeline.cli.command import Command
+from pipeline.tools.calibrate import calibration_grid, cost_section, default_lengths, fit_cost, fit_table
+from pipeline.tools.calibrate.section import Provenance
 from topics.errors import MixflowError
 
 # Powers of two up to a micro-batch of this many tokens, by device: a CPU is for trying the command out.
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import torch
 
-        from pipeline.calibrate.timing import measure
+        from pipeline.tools.calibrate.timing import measure
     except ImportError as exc:
         msg = f"needs torch on this machine ({exc}); install it as the trainer does"
         raise MixflowError(msg) from exc

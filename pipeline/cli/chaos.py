@@ -6,8 +6,8 @@ import argparse
 import signal
 from pathlib import Path
 
-from pipeline.chaos import ChaosOptions, FaultKind, run_chaos
 from pipeline.cli.command import Command
+from pipeline.tools.chaos import ChaosOptions, FaultKind, run_chaos
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 
 from pipeline.cli.command import Command, add_metrics_port
-from pipeline.constructor import ConstructorOptions, DataConstructor
-from pipeline.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS
-from pipeline.metrics import ConstructorMetrics, SourceBacklog, role_registry, serve_metrics
+from pipeline.metrics import role_registry, serve_metrics
+from pipeline.roles.constructor import ConstructorOptions, DataConstructor
+from pipeline.roles.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS
+from pipeline.roles.constructor.metrics import ConstructorMetrics, SourceBacklog
 from pipeline.spec import load_spec
 from topics.names import JobTopics
 

@@ -10,9 +10,8 @@ from pathlib import Path
 from confluent_kafka import Message
 
 from pipeline.cli.command import Command
-from pipeline.constructor.state import ConstructorState
-from pipeline.constructor.state_topic import STATE_TAIL
-from pipeline.control import (
+from pipeline.kafka.clients import KafkaConfig
+from pipeline.kafka.control import (
     change_answer,
     first_changeable_step,
     lanes_finished,
@@ -20,8 +19,9 @@ from pipeline.control import (
     publish_mixture_change,
     shares_from_arguments,
 )
-from pipeline.kafka_clients import KafkaConfig
-from pipeline.mixing import MixtureChange, refusal
+from pipeline.kafka.state_topic import STATE_TAIL
+from pipeline.planning.mixing import MixtureChange, refusal
+from pipeline.planning.step.state import ConstructorState
 from pipeline.spec import load_spec
 from topics.admin import topic_exists
 from topics.errors import DecodeError, MixflowError

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from pipeline.cli.command import Command
-from pipeline.deploy import DeployOptions, check_links, render_job, write_manifests
 from pipeline.spec import load_spec
+from pipeline.tools.deploy import DeployOptions, check_links, render_job, write_manifests
 from topics.errors import MixflowError
 
 _DEFAULTS = DeployOptions()

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 from pipeline.cli.command import Command, add_metrics_port
-from pipeline.group_membership import DEFAULT_REJOIN_AFTER_S
-from pipeline.loader import LoaderOptions, SourceLoader
-from pipeline.metrics import LoaderMetrics, WorkUnitLag, role_registry, serve_metrics
-from pipeline.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
+from pipeline.kafka.group_membership import DEFAULT_REJOIN_AFTER_S
+from pipeline.metrics import role_registry, serve_metrics
+from pipeline.roles.loader.metrics import LoaderMetrics, WorkUnitLag
+from pipeline.roles.loader.role import LoaderOptions, SourceLoader
+from pipeline.roles.loader.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
 from pipeline.spec import OnExhausted, load_spec
 from topics.admin import ensure_job_topics
 from topics.names import JobTopics

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.cli.command import Command
-from pipeline.scheduler import DEFAULT_COST_MODEL, CostModel, plan_step, validate_plan
+from pipeline.planning.scheduler import DEFAULT_COST_MODEL, CostModel, plan_step, validate_plan
 from topics.errors import MixflowError
 
 

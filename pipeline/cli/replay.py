@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from pipeline.cli.command import Command
-from pipeline.replay import ReplayRequest, replay, verify
 from pipeline.spec import load_spec
+from pipeline.tools.replay import ReplayRequest, replay, verify
 
 MISMATCH_EXIT = 1
 

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     if not topic_exists(config, JobTopics(job).state):
         msg = f"job {job!r} has no state topic {JobTopics(job).state} at {config['bootstrap.servers']}: no step written"
         raise MixflowError(msg)
-    from pipeline.observe.report import write_report  # matplotlib loads only for this command
+    from pipeline.tools.observe.report import write_report  # matplotlib loads only for this command
 
     summary = write_report(config, spec, args.out, job)
     print(f"report of job {job}: {summary} and the plots beside it")

@@ -6,11 +6,11 @@ import argparse
 from pathlib import Path
 
 from pipeline.cli.command import Command
-from pipeline.local_job import job_spec_file, run_local_job, trainer_command
 from pipeline.metrics import METRICS_FILE, RunMetrics
-from pipeline.progress import JobProgress
-from pipeline.report import job_report
-from pipeline.stack.local_broker import default_state_dir
+from pipeline.tools.observe.rank_topics import job_report
+from pipeline.tools.run.job import job_spec_file, run_local_job, trainer_command
+from pipeline.tools.run.progress import JobProgress
+from pipeline.tools.stack.local_broker import default_state_dir
 from topics.admin import ensure_job_topics
 
 

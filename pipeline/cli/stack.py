@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 from pipeline.cli.command import Command
-from pipeline.stack.local_broker import DEFAULT_HOST, DEFAULT_PORT, LocalBroker, default_state_dir
-from pipeline.stack.local_cluster import (
+from pipeline.tools.stack.local_broker import DEFAULT_HOST, DEFAULT_PORT, LocalBroker, default_state_dir
+from pipeline.tools.stack.local_cluster import (
     DEFAULT_CLUSTER_PORT,
     LocalCluster,
     default_cluster_state_dir,

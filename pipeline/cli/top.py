@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.live import Live
 
 from pipeline.cli.command import Command
-from pipeline.observe.collector import JobCollector
-from pipeline.observe.frame import build_frame, render_frame
 from pipeline.spec import load_spec
-from pipeline.stack.local_broker import default_state_dir
+from pipeline.tools.observe.collector import JobCollector
+from pipeline.tools.observe.frame import build_frame, render_frame
+from pipeline.tools.stack.local_broker import default_state_dir
 from topics.admin import topic_exists
 from topics.errors import MixflowError
 from topics.names import JobTopics

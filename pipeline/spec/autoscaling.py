@@ -27,7 +27,7 @@ class SourceAutoscaleSpec(BaseModel):
 
 
 class AutoscalingSpec(BaseModel):
-    """The autoscaler's policy (``pipeline/autoscale/policy.py``). A source without an ``autoscale``
+    """The autoscaler's policy (``pipeline/roles/autoscale/policy.py``). A source without an ``autoscale``
     section keeps its ``loaders``."""
 
     model_config = ConfigDict(extra="forbid")

@@ -5,14 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipeline.spec._problems import Problems
-
-if TYPE_CHECKING:
-    from pipeline.scheduler.cost import CostModel
+from pipeline.spec.cost import CostModel
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 DEFAULT_BOOTSTRAP_SERVERS = "localhost:9092"
@@ -139,21 +136,17 @@ class CostSpec(BaseModel):
         by ``CostModel.from_transformer``."""
         if self.alpha is not None and self.beta is not None:
             return float(self.alpha), float(self.beta)
-        from pipeline.scheduler.cost import CostModel  # the scheduler's kernels load only when needed
-
         model = CostModel.from_transformer(self.hidden_size or 1, self.num_layers or 1, causal=self.causal is not False)
         return model.alpha, model.beta
 
     def cost_model(self) -> CostModel:
         """The scheduler's ``CostModel``: ``alpha_beta()`` and ``gamma`` (0 unless given)."""
-        from pipeline.scheduler.cost import CostModel
-
         return CostModel(*self.alpha_beta(), gamma=float(self.gamma or 0.0))
 
 
 class CompositionSpec(BaseModel):
     """Each step's samples are chosen from a look-ahead window of every source so that the step can be
-    balanced (``pipeline/mixing/compose.py``): long samples grouped so that every rank gets a fair share
+    balanced (``pipeline/planning/mixing/compose.py``): long samples grouped so that every rank gets a fair share
     of their cost, short ones filling around them. A sample waits at most ``ceil(window_steps /
     due_share) - 1`` steps once in its source's window (63 with the defaults), plus ``ceil(2 * L / u)``
     where its source's longest sample ``L`` is longer than the source's tokens per step ``u``."""

@@ -1,7 +1,0 @@
-"""Kubernetes manifests of a job, made from its spec: ``mixflow deploy render``."""
-
-from pipeline.deploy.links import check_links
-from pipeline.deploy.manifests import DeployOptions, Manifest, render_job
-from pipeline.deploy.write import dump, write_manifests
-
-__all__ = ["DeployOptions", "Manifest", "check_links", "dump", "render_job", "write_manifests"]

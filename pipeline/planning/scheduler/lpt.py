@@ -1,0 +1,43 @@
+"""``plan_lpt``: plain LPT over a step's candidates, the baseline ``plan_step`` is measured against."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.planning.scheduler import _repair
+from pipeline.planning.scheduler._args import check_step
+from pipeline.planning.scheduler._lpt import at_dtype, by_index, lpt_kernel
+from pipeline.planning.scheduler.plan import StepPlan
+from pipeline.spec.cost import DEFAULT_COST_MODEL, CostModel
+
+
+def plan_lpt(
+    lengths: np.ndarray,
+    ranks: int,
+    micro_batches: int,
+    capacity: int,
+    cost_model: CostModel = DEFAULT_COST_MODEL,
+    *,
+    starvation_safe: bool = False,
+) -> StepPlan:
+    """Plain LPT (longest processing time first) over the candidates ``plan_step`` considers: the longest
+    prefix of ``lengths`` whose tokens fit in ``ranks * micro_batches * capacity``, the rest deferred.
+
+    By cost, highest first (so longest first; ties by index), each sample goes to the least costly rank
+    (ties: the lowest) with a micro-batch with room for it, into its first micro-batch with room; a
+    sample no micro-batch has room for is deferred.
+
+    Plain LPT may defer an old sample while it places a newer one at least as long. With
+    ``starvation_safe``, the scheduler's swap repair then puts each such older sample in the place of a
+    newer one, the shortest at least as long (``_repair.prefer_older``): the reference ``plan_step`` is
+    never worse than.
+    """
+    lengths, ranks, micro_batches, capacity = check_step(lengths, ranks, micro_batches, capacity)
+    costs = cost_model.costs(lengths)
+    order, sorted_length, sorted_cost, at, shift, rank_cost, tokens, micro_cost = lpt_kernel(
+        lengths, costs, ranks, micro_batches, capacity, np.empty(lengths.size, at_dtype(ranks, micro_batches))
+    )
+    if starvation_safe and not _repair.starvation_safe(order, sorted_length, at):
+        _repair.prefer_older(order, sorted_length, sorted_cost, at, shift, rank_cost, tokens, micro_cost)
+    rank, micro = by_index(lengths.size, order, at, shift)
+    return StepPlan(rank=rank, micro=micro, ranks=ranks, micro_batches=micro_batches, capacity=capacity)

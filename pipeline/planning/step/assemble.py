@@ -1,0 +1,93 @@
+"""Turn one step's candidates into one batch per rank: plan with the scheduler, pack, encode. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.planning.scheduler import CostModel, StepPlan, plan_step, rank_orders
+from pipeline.planning.step.pool import Candidate
+from pipeline.spec import StepSpec
+from topics.batch import Batch
+from topics.sample import Sample
+
+
+@dataclass(frozen=True)
+class AssembledStep:
+    step: int
+    batches: list[Batch]
+    delivered: list[Candidate]
+    deferred: list[Candidate]
+    plan: StepPlan
+    lengths: np.ndarray
+    started: bool = False  # planned from a placement of composition's too (it packed the holes)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.lengths[self.plan.placed_mask].sum())
+
+
+def assemble_step(
+    step: int,
+    candidates: Sequence[Candidate],
+    shape: StepSpec,
+    cost_model: CostModel,
+    start: np.ndarray | None = None,
+) -> AssembledStep:
+    """Plan ``candidates`` (priority order, oldest first) over the step's ranks and micro-batches, from the
+    placement ``start`` too where given (``plan_step``), and build each rank's batch, micro-batch by
+    micro-batch. Unplaced candidates come back as deferred."""
+    lengths = np.fromiter((c.sample.length for c in candidates), dtype=np.int64, count=len(candidates))
+    plan = plan_step(lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, cost_model, start=start)
+    batches = build_batches(step, plan, [c.sample for c in candidates], lengths)
+    placed = plan.placed_mask
+    delivered = [c for c, p in zip(candidates, placed.tolist(), strict=True) if p]
+    deferred = [c for c, p in zip(candidates, placed.tolist(), strict=True) if not p]
+    return AssembledStep(step, batches, delivered, deferred, plan, lengths, start is not None)
+
+
+def build_batches(step: int, plan: StepPlan, samples: Sequence[Sample], lengths: np.ndarray) -> list[Batch]:
+    """One batch per rank of ``plan`` (its shape and capacity) holding the ``samples`` it places there,
+    micro-batch by micro-batch in ``rank_order``; ``lengths`` are the samples' token counts."""
+    orders = rank_orders(plan)
+    # Each source name once, and each sample's index into them: a rank's source column is built from these.
+    names: dict[str, int] = {}
+    codes = np.fromiter((names.setdefault(s.source, len(names)) for s in samples), np.int32, len(samples))
+    name_list = list(names)
+    batches = []
+    for rank in range(plan.ranks):
+        indices, micro_batch = orders.of(rank)
+        picked = indices.tolist()
+        offsets = np.zeros(len(picked) + 1, dtype=np.int64)
+        np.cumsum(lengths[indices], out=offsets[1:])
+        tokens = np.concatenate([np.zeros(0, np.int32), *(samples[i].tokens for i in picked)], dtype=np.int32)
+        batches.append(
+            Batch.from_arrays(
+                step=step,
+                rank=rank,
+                ranks=plan.ranks,
+                micro_batches=plan.micro_batches,
+                capacity=plan.capacity,
+                sample_ids=[samples[i].sample_id for i in picked],
+                sources=_source_column(codes[indices], name_list),
+                micro_batch=micro_batch,
+                offsets=offsets,
+                tokens=tokens,
+                trusted=True,  # the plan places at most capacity tokens a micro-batch, in micro-batch order
+            )
+        )
+    return batches
+
+
+def _source_column(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
+    """The dictionary column ``pa.array([names[c] for c in codes]).dictionary_encode()`` makes (its values in
+    order of first appearance), from the codes."""
+    present, first = np.unique(codes, return_index=True)
+    order = present[np.argsort(first)]  # the codes in order of first appearance
+    index_of = np.zeros(len(names), np.int32)
+    index_of[order] = np.arange(len(order), dtype=np.int32)
+    dictionary = pa.array([names[c] for c in order.tolist()], pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(index_of[codes], pa.int32()), dictionary)

@@ -1,0 +1,171 @@
+"""The samples the constructor holds between reading and delivering them: a FIFO per source in offset
+order, and the samples the scheduler deferred, in their priority order. Pure: no Kafka."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.planning.step.state import ConstructorState, SampleRef, SourcePosition
+from topics.sample import Sample
+
+
+@dataclass(frozen=True)
+class Candidate:
+    ref: SampleRef
+    sample: Sample
+
+
+class SourceFifo:
+    """One source's samples read but not drawn, in offset order."""
+
+    def __init__(self, position: SourcePosition) -> None:
+        self.offsets: list[int] = []
+        self.samples: list[Sample] = []
+        self.lengths: list[int] = []
+        self.next_offset = position.low  # the next offset to read
+        self.delivered: set[int] = set(position.used)  # delivered (or dead-lettered) offsets >= low
+        self.read_tokens = self.read_samples = 0  # samples read into it so far (for metrics)
+        self._tokens = 0  # sum(lengths)
+
+    @property
+    def tokens(self) -> int:
+        return self._tokens
+
+    def append(self, offset: int, sample: Sample) -> None:
+        self.offsets.append(offset)
+        self.samples.append(sample)
+        self.lengths.append(sample.length)
+        self._tokens += sample.length
+
+    def take(self, positions: np.ndarray) -> list[Candidate]:
+        """Remove and return the samples at ``positions`` (indices into the FIFO), in that order."""
+        if positions.size == 0:
+            return []
+        picked = positions.tolist()
+        out = [Candidate(SampleRef(self.samples[i].source, self.offsets[i]), self.samples[i]) for i in picked]
+        self._tokens -= sum(self.lengths[i] for i in picked)
+        if np.array_equal(positions, np.arange(len(picked))):  # the head: what an in-order draw takes
+            del self.offsets[: len(picked)], self.samples[: len(picked)], self.lengths[: len(picked)]
+            return out
+        keep = np.ones(len(self.offsets), dtype=bool)
+        keep[positions] = False
+        kept = np.flatnonzero(keep).tolist()
+        self.offsets = [self.offsets[i] for i in kept]
+        self.samples = [self.samples[i] for i in kept]
+        self.lengths = [self.lengths[i] for i in kept]
+        return out
+
+
+class SamplePool:
+    """Every source's FIFO and the deferred samples, with the positions a checkpoint records."""
+
+    def __init__(self, state: ConstructorState) -> None:
+        self.sources = list(state.positions)
+        self.fifos = {s: SourceFifo(state.positions[s]) for s in self.sources}
+        self.deferred: list[Candidate] = []
+        # Deferred samples of the checkpoint, found again while re-reading their sources.
+        self._pending_refs = list(state.deferred)
+        self._pending = set(self._pending_refs)
+        self._found: dict[SampleRef, Sample] = {}
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def add(self, source: str, offset: int, sample: Sample | None) -> None:
+        """A record read at ``offset``; None for one that could not be decoded (it is dead-lettered)."""
+        fifo = self.fifos[source]
+        fifo.next_offset = offset + 1
+        if offset in fifo.delivered:
+            return
+        if sample is None:
+            fifo.delivered.add(offset)
+            return
+        fifo.read_tokens += sample.length
+        fifo.read_samples += 1
+        ref = SampleRef(source, offset)
+        if ref in self._pending:
+            self._found[ref] = sample
+            self._resolve_pending()
+            return
+        fifo.append(offset, sample)
+
+    def waiting_for_deferred(self) -> dict[str, int]:
+        """Sources whose checkpointed deferred samples are not read again yet: the offset to reach."""
+        out: dict[str, int] = {}
+        for ref in self._pending_refs:
+            if ref not in self._found:
+                out[ref.source] = max(out.get(ref.source, -1), ref.offset)
+        return out
+
+    def _resolve_pending(self) -> None:
+        if all(ref in self._found for ref in self._pending_refs):
+            self.deferred = [Candidate(ref, self._found[ref]) for ref in self._pending_refs] + self.deferred
+            self._pending_refs, self._pending, self._found = [], set(), {}
+
+    # -- drawing ----------------------------------------------------------------------------------
+
+    def available_lengths(self) -> dict[str, np.ndarray]:
+        return {s: np.asarray(f.lengths, dtype=np.int64) for s, f in self.fifos.items()}
+
+    def deferred_lengths(self) -> dict[str, np.ndarray]:
+        out: dict[str, list[int]] = {s: [] for s in self.sources}
+        for c in self.deferred:
+            out[c.ref.source].append(c.sample.length)
+        return {s: np.asarray(v, dtype=np.int64) for s, v in out.items()}
+
+    def take(self, positions: Mapping[str, np.ndarray]) -> list[Candidate]:
+        """The step's candidates in priority order: the deferred samples first (oldest first), then the
+        newly drawn ones of all sources interleaved by how far into their source's draw they lie, so
+        that no source is always last when the scheduler has to defer."""
+        old, self.deferred = self.deferred, []
+        drawn = [self.fifos[s].take(np.asarray(positions.get(s, []), dtype=np.int64)) for s in self.sources]
+        befores, indices, within = [], [], []
+        for index, candidates in enumerate(drawn):
+            lengths = np.asarray([c.sample.length for c in candidates], dtype=np.float64)
+            total = lengths.sum() or 1.0
+            befores.append((np.cumsum(lengths) - lengths) / total)
+            indices.append(np.full(len(candidates), index))
+            within.append(np.arange(len(candidates)))
+        if not befores:
+            return old
+        source_of, position = np.concatenate(indices), np.concatenate(within)
+        # Sorted by (before, source index, position), as sorting those tuples would.
+        order = np.lexsort((position, source_of, np.concatenate(befores))).tolist()
+        source_list, position_list = source_of.tolist(), position.tolist()
+        return old + [drawn[source_list[k]][position_list[k]] for k in order]
+
+    def take_everything(self) -> list[Candidate]:
+        """All samples held, deferred first then each source's FIFO: for the job's last steps."""
+        return self.take({s: np.arange(len(f.offsets)) for s, f in self.fifos.items()})
+
+    def settle(self, delivered: Iterable[Candidate], deferred: list[Candidate]) -> None:
+        """Record what a step delivered and put its deferred samples back, first in line."""
+        for c in delivered:
+            self.fifos[c.ref.source].delivered.add(c.ref.offset)
+        self.deferred = deferred
+        for s, position in self.positions().items():
+            self.fifos[s].delivered = set(position.used)
+
+    def empty(self) -> bool:
+        return not self.deferred and not self._pending_refs and all(not f.offsets for f in self.fifos.values())
+
+    def positions(self) -> dict[str, SourcePosition]:
+        """Per source, the first offset not delivered and the delivered offsets above it."""
+        held: dict[str, list[int]] = {s: [] for s in self.sources}
+        for c in self.deferred:
+            held[c.ref.source].append(c.ref.offset)
+        for ref in self._pending_refs:
+            held[ref.source].append(ref.offset)
+        out = {}
+        for s, fifo in self.fifos.items():
+            low = min([fifo.next_offset, *held[s], *fifo.offsets[:1]])
+            out[s] = SourcePosition(low, tuple(sorted(o for o in fifo.delivered if o >= low)))
+        return out
+
+    def deferred_refs(self) -> tuple[SampleRef, ...]:
+        return tuple(c.ref for c in self.deferred) + tuple(self._pending_refs)
+
+    def tokens_held(self) -> Mapping[str, int]:
+        return {s: f.tokens for s, f in self.fifos.items()}

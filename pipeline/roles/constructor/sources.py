@@ -1,0 +1,161 @@
+"""The constructor's feed of the source topics: fill the pool, detect when a source has run out."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+
+from pipeline.kafka.clients import KafkaConfig
+from pipeline.kafka.work_plan import WorkPlan, plan_is_complete, read_work_plan, request_epoch
+from pipeline.planning.step.pool import SamplePool
+from topics.dead_letter import DeadLetter
+from topics.errors import DecodeError
+from topics.names import JobTopics, parse_topic
+from topics.offset_lookup import OffsetLookup
+from topics.renewing_consumer import RenewingConsumer
+from topics.retry import KAFKA_RETRY
+from topics.sample_codec import decode_sample_message
+
+log = logging.getLogger(__name__)
+
+# A source's FIFO stops reading above this many steps of its share of tokens, plus one step, so memory
+# stays bounded however far ahead the loaders are (and grows by a step per source only).
+BUFFER_STEPS = 4
+
+
+class SourceTopicFeed:
+    """Assigns partition ``partition`` (the constructor's lane) of every source topic at the pool's low
+    watermarks and routes records into it."""
+
+    def __init__(
+        self,
+        consumer: RenewingConsumer,
+        config: KafkaConfig,
+        topics: JobTopics,
+        pool: SamplePool,
+        budget_tokens: int,
+        partition: int = 0,
+    ) -> None:
+        self.consumer = consumer
+        self.partition = partition
+        self.config = config
+        self.topics = topics
+        self.pool = pool
+        self.budget_tokens = budget_tokens
+        self.buffer_steps = float(BUFFER_STEPS)
+        self._weights: dict[str, float] = {}
+        self.eof_at: dict[str, int] = {}
+        self.dead_letters: list[DeadLetter] = []
+        self._paused: set[str] = set()
+        self._plans: dict[str, WorkPlan] = {}
+        self._asked: dict[str, int] = {}  # the epoch last asked for, per source
+        self._loader_groups: dict[str, OffsetLookup] = {}
+        self._source_of: dict[str, str] = {}  # topic name -> source, parsed once per topic
+        positions = pool.positions()
+        consumer.assign([TopicPartition(topics.src(s), partition, positions[s].low) for s in pool.sources])
+
+    def fill(self, wanted: Collection[str], timeout_s: float = 1.0) -> int:
+        """Read what is there, for at most ``timeout_s`` and until every source in ``wanted`` has new
+        records. A source read to its end is waited for too (its loaders may add more): the caller finds
+        out whether it ran out for good (``is_exhausted``) before it asks for more. Returns the records
+        read."""
+        self._pause_full(exempt=set(wanted))
+        before = {s: self.pool.fifos[s].next_offset for s in wanted}
+        deadline = time.monotonic() + timeout_s
+        read = 0
+        while True:
+            messages = self.consumer.consume(num_messages=5000, timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+            for message in messages:
+                read += self._route(message)
+            pending = [s for s in wanted if self.pool.fifos[s].next_offset == before[s]]
+            if not pending or time.monotonic() >= deadline:
+                return read
+
+    def _route(self, message: Message) -> int:
+        topic = message.topic()
+        source = self._source_of.get(topic) or self._source_of.setdefault(topic, parse_topic(topic).arg)
+        if message.error():
+            if message.error().code() == KafkaError._PARTITION_EOF:
+                self.eof_at[source] = message.offset()
+                return 0
+            raise KafkaException(message.error())
+        self.eof_at.pop(source, None)
+        try:
+            sample = decode_sample_message(message)
+        except DecodeError as exc:
+            where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
+            self.dead_letters.append(DeadLetter(source, where, exc.reason, payload=message.value()))
+            sample = None
+        self.pool.add(source, message.offset(), sample)
+        return 1
+
+    def hold(self, steps: float, weights: dict[str, float]) -> None:
+        """Read ahead ``steps`` steps of each source's share at ``weights`` (plus a step)."""
+        self.buffer_steps, self._weights = max(float(BUFFER_STEPS), steps), weights
+
+    def _pause_full(self, exempt: set[str]) -> None:
+        """Pause sources holding more than their read-ahead, except those a draw waits for: a
+        long-context draw can need samples from deeper in a source than that."""
+        held = self.pool.tokens_held()
+        full = {
+            s
+            for s, tokens in held.items()
+            if tokens > self.budget_tokens * (self.buffer_steps * self._weights.get(s, 1.0) + 1)
+        } - exempt
+        if pause := full - self._paused:
+            self.consumer.pause([TopicPartition(self.topics.src(s), self.partition) for s in pause])
+        if resume := self._paused - full:
+            self.consumer.resume([TopicPartition(self.topics.src(s), self.partition) for s in resume])
+        self._paused = full
+
+    def is_exhausted(self, source: str) -> bool:
+        """True when the source's loaders have committed every unit and everything is read."""
+        if source not in self.eof_at or not self._loaders_done(source):
+            return False
+        partition = TopicPartition(self.topics.src(source), self.partition)
+        _, end = KAFKA_RETRY.call(
+            lambda: self.consumer.get_watermark_offsets(partition, timeout=10), f"reading the end of {partition.topic}"
+        )
+        return self.eof_at.get(source, -1) >= end
+
+    def ask_for_next_epoch(self, source: str, spec_epochs: int) -> None:
+        """Ask the loaders of an exhausted ``source`` to plan its next epoch (once per epoch), and forget
+        its plan so that the extended one is read when they publish it."""
+        epoch = self._plans[source].epochs_planned(spec_epochs)
+        if self._asked.get(source) != epoch:
+            log.info("source %s finished epoch %d; asking its loaders for epoch %d", source, epoch - 1, epoch)
+            request_epoch(self.config, self.topics, source, epoch)
+            self._asked[source] = epoch
+        del self._plans[source]
+
+    def _loaders_done(self, source: str) -> bool:
+        plan = self._plans.get(source) or read_work_plan(self.config, self.topics, source)
+        if plan is None:
+            return False
+        self._plans[source] = plan
+        if source not in self._loader_groups:
+            self._loader_groups[source] = OffsetLookup(self.config, group=f"{self.topics.job}.loaders.{source}")
+        # Loaders may have split units since the plan was read: the plan's ends grow with them.
+        done, self._plans[source] = plan_is_complete(self.config, self.topics, self._loader_groups[source], plan)
+        return done
+
+    def lag(self, source: str) -> str:
+        fifo = self.pool.fifos[source]
+        try:
+            _, end = self.consumer.get_watermark_offsets(
+                TopicPartition(self.topics.src(source), self.partition), timeout=5
+            )
+        except KafkaException:
+            end = -1
+        plan = self._plans.get(source)
+        return (
+            f"{len(fifo.offsets)} samples ({fifo.tokens} tokens) buffered, read up to offset "
+            f"{fifo.next_offset} of {end}; work plan {'published' if plan else 'not published yet'}"
+        )
+
+    def close(self) -> None:
+        for consumer in self._loader_groups.values():
+            consumer.close()

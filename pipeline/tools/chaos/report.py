@@ -1,0 +1,142 @@
+"""What a chaos run reports: the faults injected and survived, the roles that failed on their own, the
+takeover gaps after killing the active constructor, and the end-of-run audit."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.tools.chaos.audit import JobAudit
+from pipeline.tools.chaos.roles import Failure
+from pipeline.tools.chaos.schedule import Fault, FaultKind
+
+
+@dataclass(frozen=True)
+class InjectedFault:
+    fault: Fault
+    target: str  # the role process killed, or "broker"
+    at_s: float  # since the run began
+    survived_s: float | None  # from the fault until the job wrote a step after it and the role was back
+    gap_s: float | None = None  # killing the active constructor: until the next step was written
+    down_s: float | None = None  # a broker restart: from the stop until it answered again
+
+
+@dataclass
+class ChaosReport:
+    job: str
+    seed: int
+    shadows: int
+    private_broker: bool
+    folder: Path
+    planned: tuple[Fault, ...]
+    injected: list[InjectedFault] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    errors_logged: dict[str, int] = field(default_factory=dict)  # role: errors its log reports
+    audit: JobAudit | None = None
+    error: str | None = None
+    wall_s: float = 0.0
+    phases_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def survived(self) -> int:
+        return sum(f.survived_s is not None for f in self.injected)
+
+    @property
+    def ok(self) -> bool:
+        """Every planned fault injected and survived, no role failed on its own, and the audit passed."""
+        return (
+            self.error is None
+            and not self.failures
+            and not self.errors_logged
+            and self.survived == len(self.planned)
+            and self.audit is not None
+            and self.audit.ok
+        )
+
+    @property
+    def gaps_s(self) -> list[float]:
+        return [f.gap_s for f in self.injected if f.gap_s is not None]
+
+    def by_kind(self) -> dict[FaultKind, tuple[int, int]]:
+        """Per kind: (injected, survived)."""
+        counts: dict[FaultKind, tuple[int, int]] = {}
+        for f in self.injected:
+            injected, survived = counts.get(f.fault.kind, (0, 0))
+            counts[f.fault.kind] = (injected + 1, survived + (f.survived_s is not None))
+        return counts
+
+    def lines(self) -> list[str]:
+        where = "a private broker" if self.private_broker else "the given broker (no broker restarts)"
+        kinds = ", ".join(f"{kind} {i}/{s}" for kind, (i, s) in self.by_kind().items()) or "none"
+        out = [
+            f"chaos run of job {self.job}: seed {self.seed}, {len(self.planned)} faults planned, "
+            f"{self.shadows} shadow constructor(s), on {where}; logs in {self.folder}",
+            f"faults injected/survived: {len(self.injected)}/{self.survived} ({kinds})",
+            f"roles that failed on their own: {len(self.failures)}"
+            + (" (" + ", ".join(f"{f.role} exit {f.code}" for f in self.failures[:5]) + ")" if self.failures else ""),
+            "errors in the role logs (tracebacks, 'mixflow ...: error:' lines): "
+            + (", ".join(f"{role} {n}" for role, n in self.errors_logged.items()) or "none"),
+            _gap_line(self.gaps_s),
+        ]
+        downs = [f.down_s for f in self.injected if f.down_s is not None]
+        if downs:
+            out.append(f"broker restarts: away {statistics.median(downs):.1f} s median, {max(downs):.1f} s worst")
+        if self.audit is not None:
+            out += self.audit.lines()
+        phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.phases_s.items())
+        out.append(f"wall time {self.wall_s:.0f} s ({phases})")
+        if self.error:
+            out.append(f"ERROR: {self.error}")
+        for failure in self.failures[:3]:
+            out.append(f"failure: {failure.describe()}")
+        return out
+
+    def to_json(self) -> str:
+        body = {
+            "job": self.job,
+            "seed": self.seed,
+            "shadows": self.shadows,
+            "private_broker": self.private_broker,
+            "ok": self.ok,
+            "error": self.error,
+            "wall_s": round(self.wall_s, 1),
+            "phases_s": {k: round(v, 1) for k, v in self.phases_s.items()},
+            "planned": len(self.planned),
+            "by_kind": {kind.value: {"injected": i, "survived": s} for kind, (i, s) in self.by_kind().items()},
+            "faults": [
+                {
+                    "number": f.fault.number,
+                    "kind": f.fault.kind.value,
+                    "target": f.target,
+                    "at_s": round(f.at_s, 2),
+                    "survived_s": None if f.survived_s is None else round(f.survived_s, 3),
+                    "gap_s": None if f.gap_s is None else round(f.gap_s, 3),
+                    "down_s": None if f.down_s is None else round(f.down_s, 3),
+                }
+                for f in self.injected
+            ],
+            "failures": [{"role": f.role, "pid": f.pid, "code": f.code, "log_tail": f.log_tail} for f in self.failures],
+            "errors_logged": self.errors_logged,
+            "audit": None
+            if self.audit is None
+            else {
+                "ok": self.audit.ok,
+                "steps": self.audit.steps,
+                "samples": self.audit.samples,
+                "expected": self.audit.expected,
+                "sink_micro_batches": self.audit.sink_micro_batches,
+                "problems": self.audit.problems,
+            },
+        }
+        return json.dumps(body, indent=1)
+
+
+def _gap_line(gaps: list[float]) -> str:
+    if not gaps:
+        return "takeover gaps: no active constructor was killed"
+    return (
+        f"takeover gaps (kill of the active constructor to the next step written): median "
+        f"{statistics.median(gaps):.2f} s, worst {max(gaps):.2f} s, over {len(gaps)} kills"
+    )

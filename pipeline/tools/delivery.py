@@ -1,0 +1,212 @@
+"""Exactly once, checked end to end: what the source topics committed against what the rank topics hold,
+and what the rank topics hold against what each trainer rank says it received."""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from connectors import Document, WorkUnit
+from pipeline.kafka.clients import KafkaConfig
+from pipeline.roles.loader.source_runtime import SourceRuntime
+from pipeline.spec import JobSpec
+from topics.batch import Batch
+from topics.dead_letter import decode_dead_letter_message
+from topics.log_reader import read_to_end
+from topics.names import JobTopics
+from topics.packing import pack_micro_batches
+
+MicroBatchRecord = tuple[int, int, list[str], str]
+"""(step, micro-batch, sample ids, tokens_sha256): one micro-batch as a trainer rank records it."""
+
+RECEIVED_FILE = "received-rank{rank}.jsonl"
+"""Per trainer rank, one JSON line per micro-batch trained: ``step``, ``micro_batch``, ``sample_ids`` and
+``tokens_sha256`` (sha256 of the micro-batch's token ids as little-endian int32), in training order."""
+
+
+def tokens_sha256(token_ids: np.ndarray) -> str:
+    """The digest a trainer records for a micro-batch's token ids."""
+    return hashlib.sha256(np.ascontiguousarray(token_ids, dtype="<i4").tobytes()).hexdigest()
+
+
+def received_line(micro_batch: Mapping[str, Any]) -> str:
+    """The line of a received file (``RECEIVED_FILE``) a trainer writes for a micro-batch the sink yielded."""
+    line = {
+        "step": micro_batch["step"],
+        "micro_batch": micro_batch["micro_batch"],
+        "sample_ids": list(micro_batch["sample_ids"]),
+        "tokens_sha256": tokens_sha256(micro_batch["input_ids"].numpy()),
+    }
+    return json.dumps(line) + "\n"
+
+
+@dataclass(frozen=True)
+class SourceCheck:
+    committed: int  # samples committed to the source topics, less those dead-lettered by the constructor
+    missing: int  # committed samples no rank topic holds
+    unknown: int  # samples in the rank topics that no source topic committed
+
+    def line(self, stopped_early: bool) -> str:
+        delivered = self.committed - self.missing
+        if self.missing == 0 and self.unknown == 0:
+            return f"every committed source sample reached a rank topic: yes ({delivered} of {self.committed})"
+        why = " (on_exhausted: stop ends the job with samples left in the sources)" if stopped_early else ""
+        return (
+            f"committed source samples in the rank topics: {delivered} of {self.committed}, {self.missing} not "
+            f"delivered{why}, {self.unknown} not from any source"
+        )
+
+
+def check_sources(config: KafkaConfig, job: str, sources: list[str], delivered: Counter[str]) -> SourceCheck:
+    topics = JobTopics(job)
+    rejected = {letter.location for letter in map(decode_dead_letter_message, read_to_end(config, topics.dlq))}
+    committed: set[str] = set()
+    for source in sources:
+        for record in read_to_end(config, topics.src(source)):
+            if f"{record.topic()}[{record.partition()}]@{record.offset()}" not in rejected:
+                committed.add(record.key().decode())
+    return SourceCheck(
+        committed=len(committed),
+        missing=len(committed - delivered.keys()),
+        unknown=len(delivered.keys() - committed),
+    )
+
+
+@dataclass(frozen=True)
+class TrainerCheck:
+    ranks: int
+    micro_batches: int  # micro-batches the trainer ranks were to train (those of the steps they ran)
+    received: int  # micro-batches the trainer ranks recorded, after resumes
+    steps_trained: int  # steps the trainer ran (all the rank topics hold, unless it stopped early)
+    steps_written: int
+    problems: list[str]
+
+    def line(self) -> str:
+        if not self.problems:
+            scope = (
+                f"steps 0-{self.steps_trained - 1} of the {self.steps_written} written (it stopped there)"
+                if self.steps_trained < self.steps_written
+                else "every step"
+            )
+            return (
+                f"the trainer received every micro-batch exactly as written: yes ({self.received} micro-batches on "
+                f"{self.ranks} ranks, {scope}; sample ids and token bytes compared)"
+            )
+        more = len(self.problems) - 3
+        shown = "; ".join(self.problems[:3]) + (f"; and {more} more" if more > 0 else "")
+        return f"the trainer received every micro-batch exactly as written: NO ({shown})"
+
+
+def check_trainer(folder: Path, steps: list[list[Batch]]) -> TrainerCheck:
+    """Compare each rank's received file in ``folder`` with that rank's micro-batches, in order, up to
+    the step where the trainer says it stopped (``end_step`` in ``trainer-rank<r>.json``)."""
+    ranks = len(steps[0]) if steps else 0
+    problems: list[str] = []
+    received = total = 0
+    trained = len(steps)
+    for rank in range(ranks):
+        summary = folder / f"trainer-rank{rank}.json"
+        end = json.loads(summary.read_text()).get("end_step", len(steps)) if summary.exists() else len(steps)
+        trained = min(trained, end)
+        expected = rank_micro_batches([step[rank] for step in steps[:end]])
+        total += len(expected)
+        path = folder / RECEIVED_FILE.format(rank=rank)
+        if not path.exists():
+            problems.append(f"rank {rank} recorded nothing ({path} is missing)")
+            continue
+        got_tuples = trained_sequence(received_micro_batches(path))
+        received += len(got_tuples)
+        if got_tuples != expected:
+            first = next((i for i, (a, b) in enumerate(zip(got_tuples, expected, strict=False)) if a != b), None)
+            where = f"first difference at micro-batch {first}" if first is not None else "lengths differ"
+            problems.append(f"rank {rank}: {len(got_tuples)} micro-batches received, {len(expected)} written, {where}")
+    return TrainerCheck(ranks, total, received, trained, len(steps), problems)
+
+
+def rank_micro_batches(batches: list[Batch]) -> list[MicroBatchRecord]:
+    """One rank's micro-batches of ``batches``, in order, as a trainer records them."""
+    return [
+        (batch.step, m, packed.sample_ids, tokens_sha256(packed.token_ids))
+        for batch in batches
+        for m, packed in enumerate(pack_micro_batches(batch))
+    ]
+
+
+def received_micro_batches(path: Path) -> list[MicroBatchRecord]:
+    """The lines of a received file (``RECEIVED_FILE``), in the order written."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [(line["step"], line["micro_batch"], line["sample_ids"], line["tokens_sha256"]) for line in lines]
+
+
+def expected_samples(spec: JobSpec, config: KafkaConfig, source: str) -> dict[str, str]:
+    """Sample id to ``tokens_sha256`` of its tokens, for every sample the source's committed work units
+    give when read and tokenized here, without the loaders: what an undisturbed run delivers."""
+    runtime = SourceRuntime.from_spec(spec, source)
+    samples: dict[str, str] = {}
+    for record in read_to_end(config, JobTopics(spec.job).work(source)):
+        unit = WorkUnit.from_json(record.value())
+        documents = [d for d in runtime.reader.read(unit) if isinstance(d, Document)]
+        for sample in runtime.builder.build(documents, epoch=unit.epoch).samples:
+            samples[sample.sample_id] = tokens_sha256(sample.tokens)
+    return samples
+
+
+def trained_sequence(lines: list[tuple]) -> list[tuple]:
+    """The micro-batches a trainer rank's model kept, from its received log: a line at or before the
+    previous line's (step, micro-batch) is a resume from a checkpoint and replaces what followed it."""
+    kept: list[tuple] = []
+    for line in lines:
+        if kept and line[:2] <= kept[-1][:2]:
+            del kept[bisect.bisect_left([k[:2] for k in kept], line[:2]) :]
+        kept.append(line)
+    return kept
+
+
+@dataclass(frozen=True)
+class TrainerSummary:
+    """What the trainer ranks reported about themselves (``trainer-rank<r>.json``)."""
+
+    tokens: int
+    seconds: float
+    pss_bytes: list[int]
+    prefetch_peak_bytes: list[int]
+    loss_first: float | None
+    loss_last: float | None
+
+    @classmethod
+    def read(cls, folder: Path) -> TrainerSummary | None:
+        ranks = [json.loads(p.read_text()) for p in sorted(folder.glob("trainer-rank*.json"))]
+        if not ranks:
+            return None
+        return cls(
+            tokens=sum(r["tokens"] for r in ranks),
+            seconds=max(r["seconds"] for r in ranks),
+            pss_bytes=[r.get("pss_bytes") or r.get("rss_bytes", 0) for r in ranks],
+            prefetch_peak_bytes=[r.get("prefetch_peak_bytes", 0) for r in ranks],
+            loss_first=ranks[0].get("loss_first"),
+            loss_last=ranks[0].get("loss_last"),
+        )
+
+    def lines(self) -> list[str]:
+        mib = 1024 * 1024
+        out = [
+            f"tokens into the ranks: {self.tokens} in {self.seconds:.1f} s of training, "
+            f"{self.tokens / max(self.seconds, 1e-9):,.0f} tokens/s",
+            "trainer-side memory per rank (process PSS, model and torch included): "
+            + ", ".join(f"{b / mib:.0f} MiB" for b in self.pss_bytes)
+            + "; the sink's prefetch buffer peaked at "
+            + ", ".join(f"{b / mib:.1f} MiB" for b in self.prefetch_peak_bytes),
+        ]
+        if self.loss_first is not None and self.loss_last is not None:
+            out.append(
+                f"training loss (rank 0): {self.loss_first:.3f} at the first step, {self.loss_last:.3f} at the last"
+            )
+        return out

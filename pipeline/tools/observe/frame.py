@@ -1,0 +1,220 @@
+"""``mixflow top``'s frame: from the facts collected about a job at one moment (``JobFacts``) to the
+numbers shown (``Frame``), and from those to rich tables. Pure: no Kafka.
+
+Rates are records (or steps) seen in the last ``window_s`` seconds, divided by it, so a single look at
+the topics gives them and a job that stopped shows 0. Source records are counted by offsets, which a
+transaction marker also takes (one per loader work unit, of many samples).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from pipeline.tools.observe.step_stats import StepStats
+
+DEAD_LETTER_ROWS = 10
+REASON_WIDTH = 80
+
+
+@dataclass(frozen=True)
+class SourceFacts:
+    name: str
+    end_offset: int | None  # past each partition's last committed record, summed; None before the topic exists
+    recent_records: int  # records written to the source topic (all partitions) in the last window
+    mean_sample_tokens: float | None  # over the latest samples of the topic; None when it is empty
+    delivered_offsets: int | None  # offsets the lanes' last state records say are delivered; None before any
+    loaders: int | None  # members of the source's loader group; None when it could not be described
+    samples: int  # samples of the source in the rank topics so far
+    tokens: int  # their tokens
+    scheduled_tokens: float  # tokens the schedule asked of the source over the same steps
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    job: str
+    window_s: float
+    sources: Sequence[SourceFacts]
+    schedule_now: Mapping[str, float]  # each source's share at the next step
+    next_step: int  # one past the highest step any lane has written: the steps written so far
+    recent_state_steps: int  # steps committed in the last window, by every lane
+    finished: bool
+    recent: Sequence[StepStats]  # the latest complete steps in the rank topics, oldest first
+    sink_steps: Sequence[int] | None  # the step each rank's sink is at; None when no endpoint said
+    dead_letters: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (source, reason) -> records
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    name: str
+    samples_per_s: float
+    tokens_per_s: float | None
+    backlog: int | None  # offsets written to the source topic and not yet delivered
+    loaders: int | None
+    samples: int
+    tokens: int
+    share: float | None  # of the tokens delivered so far
+    scheduled_share: float | None  # the schedule's share of the same steps' tokens
+    share_now: float  # the schedule's share at the next step
+
+
+@dataclass(frozen=True)
+class ConstructorRow:
+    steps_written: int
+    steps_per_s: float
+    lead: int | None  # steps written ahead of the slowest rank's sink; None: unknown
+    recent_steps: int  # the steps the next four are over
+    imbalance_median: float | None
+    imbalance_max: float | None
+    naive_imbalance_median: float | None
+    fill_mean: float | None
+    finished: bool
+
+
+@dataclass(frozen=True)
+class DeadLetterRow:
+    source: str
+    reason: str
+    records: int
+
+
+@dataclass(frozen=True)
+class Frame:
+    job: str
+    window_s: float
+    sources: list[SourceRow]
+    constructor: ConstructorRow
+    dead_letters: list[DeadLetterRow]  # the most frequent first, at most DEAD_LETTER_ROWS
+    dead_letters_total: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def source_row(
+    facts: SourceFacts, window_s: float, total_tokens: int, total_scheduled: float, share_now: float
+) -> SourceRow:
+    rate = facts.recent_records / window_s
+    backlog = None
+    if facts.end_offset is not None:
+        backlog = max(0, facts.end_offset - (facts.delivered_offsets or 0))
+    return SourceRow(
+        name=facts.name,
+        samples_per_s=rate,
+        tokens_per_s=rate * facts.mean_sample_tokens if facts.mean_sample_tokens is not None else None,
+        backlog=backlog,
+        loaders=facts.loaders,
+        samples=facts.samples,
+        tokens=facts.tokens,
+        share=facts.tokens / total_tokens if total_tokens else None,
+        scheduled_share=facts.scheduled_tokens / total_scheduled if total_scheduled else None,
+        share_now=share_now,
+    )
+
+
+def constructor_row(facts: JobFacts) -> ConstructorRow:
+    recent = list(facts.recent)
+    lead = None
+    if facts.sink_steps:
+        lead = max(0, facts.next_step - 1 - min(facts.sink_steps))
+    imbalance = np.array([s.imbalance for s in recent])
+    return ConstructorRow(
+        steps_written=facts.next_step,
+        steps_per_s=facts.recent_state_steps / facts.window_s,
+        lead=lead,
+        recent_steps=len(recent),
+        imbalance_median=float(np.median(imbalance)) if recent else None,
+        imbalance_max=float(imbalance.max()) if recent else None,
+        naive_imbalance_median=float(np.median([s.naive_imbalance for s in recent])) if recent else None,
+        fill_mean=float(np.mean([s.fill for s in recent])) if recent else None,
+        finished=facts.finished,
+    )
+
+
+def build_frame(facts: JobFacts) -> Frame:
+    if facts.window_s <= 0:
+        msg = f"the rate window must be > 0 s, got {facts.window_s}"
+        raise ValueError(msg)
+    total_tokens = sum(s.tokens for s in facts.sources)
+    total_scheduled = sum(s.scheduled_tokens for s in facts.sources)
+    rows = [
+        source_row(s, facts.window_s, total_tokens, total_scheduled, facts.schedule_now.get(s.name, 0.0))
+        for s in facts.sources
+    ]
+    letters = sorted(facts.dead_letters.items(), key=lambda item: (-item[1], item[0]))
+    return Frame(
+        job=facts.job,
+        window_s=facts.window_s,
+        sources=rows,
+        constructor=constructor_row(facts),
+        dead_letters=[DeadLetterRow(s, r[:REASON_WIDTH], n) for (s, r), n in letters[:DEAD_LETTER_ROWS]],
+        dead_letters_total=sum(facts.dead_letters.values()),
+    )
+
+
+def _num(value: float | None, spec: str = ",.0f", unknown: str = "?") -> str:
+    return unknown if value is None else format(value, spec)
+
+
+def _pct(value: float | None) -> str:
+    return _num(None if value is None else 100 * value, ".1f") + ("" if value is None else "%")
+
+
+def render_frame(frame: Frame) -> Group:
+    """The frame as rich tables: sources, the constructor, dead letters."""
+    sources = Table(
+        title=Text(f"job {frame.job}: sources (rates over the last {frame.window_s:g} s)"), title_justify="left"
+    )
+    for header in (
+        "source",
+        "samples/s",
+        "tokens/s",
+        "backlog",
+        "loaders",
+        "samples",
+        "tokens",
+        "share",
+        "scheduled",
+        "schedule now",
+    ):
+        sources.add_column(header, justify="left" if header == "source" else "right")
+    for row in frame.sources:
+        sources.add_row(
+            Text(row.name),
+            _num(row.samples_per_s, ",.1f"),
+            _num(row.tokens_per_s),
+            _num(row.backlog),
+            _num(row.loaders, "d"),
+            _num(row.samples, "d"),
+            _num(row.tokens, "d"),
+            _pct(row.share),
+            _pct(row.scheduled_share),
+            _pct(row.share_now),
+        )
+    c = frame.constructor
+    constructor = Table(
+        title=Text(f"constructor{' (finished)' if c.finished else ''}: the last {c.recent_steps} steps"),
+        title_justify="left",
+    )
+    for header in ("steps written", "steps/s", "lead over trainer", "imbalance", "worst", "naive", "fill"):
+        constructor.add_column(header, justify="right")
+    constructor.add_row(
+        _num(c.steps_written, "d"),
+        _num(c.steps_per_s, ".2f"),
+        _num(c.lead, "d", "unknown"),
+        _num(c.imbalance_median, ".3f", "-"),
+        _num(c.imbalance_max, ".3f", "-"),
+        _num(c.naive_imbalance_median, ".3f", "-"),
+        _pct(c.fill_mean) if c.fill_mean is not None else "-",
+    )
+    letters = Table(title=Text(f"dead letters: {frame.dead_letters_total}"), title_justify="left")
+    for header in ("source", "reason", "records"):
+        letters.add_column(header, justify="right" if header == "records" else "left")
+    for letter in frame.dead_letters:
+        letters.add_row(Text(letter.source), Text(letter.reason), str(letter.records))
+    return Group(sources, constructor, letters)

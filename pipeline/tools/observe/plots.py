@@ -1,0 +1,109 @@
+"""``mixflow report``'s PNG plots, drawn with matplotlib's object API on the Agg canvas (no display, no
+pyplot state shared between calls)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from pipeline.tools.observe.history import JobHistory
+from pipeline.tools.observe.series import ReportSeries, rate_over_time, rolling_median
+
+DPI = 100
+THROUGHPUT_BINS = 60
+MEDIAN_STEPS = 25  # the per-step lines are noisy: each is drawn faint, with its rolling median
+
+SHARES_PNG = "shares.png"
+IMBALANCE_PNG = "imbalance.png"
+FILL_PNG = "fill.png"
+THROUGHPUT_PNG = "throughput.png"
+
+
+def _save(figure: Figure, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=DPI)
+    return path
+
+
+def _per_step(ax: Axes, steps: np.ndarray, values: np.ndarray, label: str) -> None:
+    (line,) = ax.plot(steps, values, linewidth=0.6, alpha=0.35)
+    ax.plot(
+        steps,
+        rolling_median(values, MEDIAN_STEPS),
+        color=line.get_color(),
+        label=f"{label} ({MEDIAN_STEPS}-step median)",
+    )
+
+
+def plot_shares(series: ReportSeries, history: JobHistory, path: Path) -> Path:
+    figure = Figure(figsize=(8, 4.5))
+    ax = figure.add_subplot()
+    for i, source in enumerate(history.sources):
+        (line,) = ax.plot(series.steps, series.shares[:, i], label=f"{source}")
+        ax.plot(series.steps, series.scheduled_shares[:, i], linestyle="--", color=line.get_color())
+    if history.steps_with_all_sources < len(series.steps):
+        ax.axvline(history.steps_with_all_sources, color="grey", linestyle=":", label="a source ran out")
+    ax.plot([], [], linestyle="--", color="black", label="schedule")
+    ax.set(xlabel="step", ylabel="share of tokens so far", ylim=(0, 1), title=f"{history.job}: cumulative shares")
+    ax.legend(loc="best", fontsize="small")
+    ax.grid(alpha=0.3)
+    return _save(figure, path)
+
+
+def plot_imbalance(series: ReportSeries, history: JobHistory, path: Path) -> Path:
+    figure = Figure(figsize=(8, 4.5))
+    ax = figure.add_subplot()
+    _per_step(ax, series.steps, series.naive_imbalance, "naive per-rank loading")
+    _per_step(ax, series.steps, series.imbalance, "as written (balanced)")
+    ax.set(
+        xlabel="step",
+        ylabel="largest / mean rank cost",
+        title=f"{history.job}: per-step imbalance (1 = every rank equally costly)",
+    )
+    ax.set_ylim(bottom=min(1.0, float(series.imbalance.min(initial=1.0))) - 0.02)
+    ax.legend(loc="best", fontsize="small")
+    ax.grid(alpha=0.3)
+    return _save(figure, path)
+
+
+def plot_fill(series: ReportSeries, history: JobHistory, path: Path) -> Path:
+    figure = Figure(figsize=(8, 4.5))
+    ax = figure.add_subplot()
+    _per_step(ax, series.steps, series.naive_fill, "naive per-rank loading")
+    _per_step(ax, series.steps, series.fill, "as written")
+    ax.set(xlabel="step", ylabel="tokens / step capacity", ylim=(0, 1.02), title=f"{history.job}: fill per step")
+    ax.legend(loc="lower left", fontsize="small")
+    ax.grid(alpha=0.3)
+    return _save(figure, path)
+
+
+def plot_throughput(series: ReportSeries, history: JobHistory, path: Path) -> Path:
+    figure = Figure(figsize=(8, 6))
+    rate_ax, lag_ax = figure.subplots(2, 1, sharex=True)
+    centres, rates = rate_over_time(series.elapsed_s, series.tokens, THROUGHPUT_BINS)
+    rate_ax.plot(centres, rates)
+    rate_ax.set(ylabel="tokens/s into the rank topics", title=f"{history.job}: throughput and backlog")
+    rate_ax.grid(alpha=0.3)
+    start = history.step_times[0] if len(history.step_times) else 0.0
+    for i, source in enumerate(history.sources):
+        lag_ax.plot(history.backlog_times - start, history.backlog[:, i], label=source)
+    lag_ax.set(xlabel="seconds since the first step", ylabel="source records not yet delivered")
+    lag_ax.legend(loc="best", fontsize="small")
+    lag_ax.grid(alpha=0.3)
+    return _save(figure, path)
+
+
+def write_plots(series: ReportSeries, history: JobHistory, out: Path) -> dict[str, Path]:
+    """Every plot, into ``out``; by name."""
+    out.mkdir(parents=True, exist_ok=True)
+    if len(series.steps) == 0:
+        return {}
+    return {
+        "shares": plot_shares(series, history, out / SHARES_PNG),
+        "imbalance": plot_imbalance(series, history, out / IMBALANCE_PNG),
+        "fill": plot_fill(series, history, out / FILL_PNG),
+        "throughput": plot_throughput(series, history, out / THROUGHPUT_PNG),
+    }

@@ -1,0 +1,148 @@
+"""What a job's rank topics hold, summarised as its users judge it: balance, shares, exactly once.
+
+Reads ``<job>.rank.<r>`` like a trainer would (read_committed) and compares each step's largest rank
+cost with what naive per-rank loading of the same samples gives: the step's samples shuffled and dealt
+round-robin to ranks, as a ``DistributedSampler`` does, so every rank gets about the same number of
+samples but not the same cost.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.kafka.clients import KafkaConfig
+from pipeline.planning.mixing import Schedule
+from pipeline.roles.constructor import ConstructorState
+from pipeline.spec import JobSpec, OnExhausted
+from pipeline.tools.delivery import SourceCheck, TrainerCheck, TrainerSummary, check_sources, check_trainer
+from pipeline.tools.observe.step_stats import imbalance, rank_costs, schedule_drift, tokens_by_source
+from topics.batch import Batch
+from topics.batch_codec import decode_batch_message, end_of_data_steps
+from topics.log_reader import read_to_end
+from topics.names import JobTopics
+
+
+@dataclass(frozen=True)
+class JobReport:
+    steps: int
+    samples: int
+    tokens: int
+    duplicates: int
+    capacity_tokens: int
+    imbalance: np.ndarray  # (steps,) largest rank cost / mean rank cost, as written
+    naive_imbalance: np.ndarray  # (steps,) the same for naive per-rank loading of the same samples
+    share_error: np.ndarray  # (sources,) largest cumulative |tokens - schedule| in tokens, while all had data
+    steps_with_all_sources: int  # steps before the first source ran out
+    sources: list[str]
+    tokens_by_source: dict[str, int]
+    source_check: SourceCheck
+    stops_early: bool  # the policy ends the job with samples left in the sources
+    trainer_check: TrainerCheck | None = None
+    trainer: TrainerSummary | None = None
+
+    @property
+    def exactly_once(self) -> bool:
+        """No sample repeated or lost between the sources and the rank topics, nor on the way to the trainer."""
+        lost = self.source_check.missing and not self.stops_early
+        trainer_ok = self.trainer_check is None or not self.trainer_check.problems
+        return self.duplicates == 0 and not lost and not self.source_check.unknown and trainer_ok
+
+    def lines(self) -> list[str]:
+        if self.steps == 0:
+            return ["no steps written yet"]
+        checks = [self.source_check.line(self.stops_early)]
+        if self.trainer_check is not None:
+            checks.append(self.trainer_check.line())
+        trainer = self.trainer.lines() if self.trainer is not None else []
+        fill = self.tokens / (self.steps * self.capacity_tokens)
+        shares = ", ".join(f"{s} {n / self.tokens:.1%}" for s, n in self.tokens_by_source.items())
+        return [
+            f"steps {self.steps}, samples {self.samples}, tokens {self.tokens} ({fill:.1%} of capacity)",
+            f"each sample exactly once: {'yes' if self.duplicates == 0 else f'NO, {self.duplicates} repeated'}",
+            *checks,
+            *trainer,
+            f"largest rank cost / mean, median over steps: {np.median(self.imbalance):.3f} balanced, "
+            f"{np.median(self.naive_imbalance):.3f} with naive per-rank loading "
+            f"(step-time speedup {np.median(self.naive_imbalance / self.imbalance):.2f}x)",
+            f"token shares: {shares}",
+            f"largest cumulative drift from the mixture schedule over the {self.steps_with_all_sources} steps "
+            "before a source ran out, in tokens: "
+            + ", ".join(f"{s} {e:.0f}" for s, e in zip(self.sources, self.share_error, strict=True)),
+        ]
+
+
+def read_steps(config: KafkaConfig, job: str, ranks: int) -> list[list[Batch]]:
+    """Per step, the batch of every rank, as the rank topics hold them, in step order (a job of several
+    constructor lanes has a partition per lane)."""
+    topics = JobTopics(job)
+    per_rank = [
+        sorted(
+            (
+                decode_batch_message(m)
+                for m in read_to_end(config, topics.rank(r))
+                if end_of_data_steps(m.headers()) is None
+            ),
+            key=lambda b: b.step,
+        )
+        for r in range(ranks)
+    ]
+    steps = min(len(batches) for batches in per_rank)
+    return [[per_rank[r][k] for r in range(ranks)] for k in range(steps)]
+
+
+def first_exhausted_step(config: KafkaConfig, job: str, lanes: int = 1) -> int:
+    """The first step written after some source had run out (the number of steps if none ran out), over
+    every constructor lane's state records (a partition each)."""
+    step, first = 0, None
+    for record in read_to_end(config, JobTopics(job).state):
+        state = ConstructorState.from_bytes(record.value())
+        if state.exhausted:
+            at = state.step - lanes
+            first = at if first is None else min(first, at)
+        step = max(step, state.step - lanes + 1)
+    return step if first is None else first
+
+
+def job_report(
+    config: KafkaConfig, spec: JobSpec, job: str | None = None, seed: int = 0, trainer_folder: Path | None = None
+) -> JobReport:
+    """The report on ``job`` (the spec's by default); with ``trainer_folder``, also what the trainer ranks
+    recorded there (``pipeline.tools.delivery``)."""
+    steps = read_steps(config, job or spec.job, spec.step.ranks)
+    cost = spec.cost.cost_model()
+    sources = spec.source_names
+    rng = np.random.default_rng(seed)
+    seen: Counter[str] = Counter()
+    balanced, naive, per_source = [], [], np.zeros((len(steps), len(sources)))
+    for k, batches in enumerate(steps):
+        balanced.append(imbalance(rank_costs(batches, cost)))
+        lengths = np.concatenate([b.lengths for b in batches]).astype(np.int64)
+        dealt = rng.permutation(lengths.size) % len(batches)  # (n,) rank of each sample
+        naive.append(imbalance(np.bincount(dealt, weights=cost.costs(lengths), minlength=len(batches))))
+        for b in batches:
+            seen.update(b.sample_ids)
+        per_source[k] = tokens_by_source(batches, sources)
+    full = min(len(steps), first_exhausted_step(config, job or spec.job, spec.constructor.lanes))
+    weights = Schedule.from_spec(spec.mixture, sources).weights_array(np.arange(full))  # (full, S)
+    drift = schedule_drift(per_source[:full], weights)
+    return JobReport(
+        steps=len(steps),
+        samples=sum(seen.values()),
+        tokens=int(per_source.sum()),
+        duplicates=sum(n - 1 for n in seen.values() if n > 1),
+        capacity_tokens=spec.step.tokens_per_step,
+        imbalance=np.asarray(balanced),
+        naive_imbalance=np.asarray(naive),
+        share_error=drift,
+        steps_with_all_sources=full,
+        sources=sources,
+        tokens_by_source={s: int(per_source[:, i].sum()) for i, s in enumerate(sources)},
+        source_check=check_sources(config, job or spec.job, sources, seen),
+        stops_early=spec.on_exhausted is OnExhausted.STOP,
+        trainer_check=check_trainer(trainer_folder, steps) if trainer_folder is not None else None,
+        trainer=TrainerSummary.read(trainer_folder) if trainer_folder is not None else None,
+    )

@@ -1,0 +1,72 @@
+"""The series ``mixflow report`` plots and sums up, computed from a ``JobHistory``. Pure: no Kafka, no
+matplotlib."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.tools.observe.history import JobHistory
+from pipeline.tools.observe.step_stats import cumulative_shares, schedule_drift, scheduled_tokens
+
+
+def rate_over_time(times: np.ndarray, amounts: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """``amounts`` (N,) that happened at ``times`` (N,), as a rate per second in ``bins`` equal slices of
+    the span from the first time to the last: (centres, rates), each (bins,). Empty for fewer than two
+    distinct times."""
+    times = np.asarray(times, dtype=np.float64)
+    if times.size < 2 or times.max() <= times.min():
+        return np.zeros(0), np.zeros(0)
+    edges = np.linspace(times.min(), times.max(), bins + 1)
+    sums, _ = np.histogram(times, bins=edges, weights=np.asarray(amounts, dtype=np.float64))
+    return (edges[:-1] + edges[1:]) / 2, sums / np.diff(edges)
+
+
+def rolling_median(values: np.ndarray, window: int) -> np.ndarray:
+    """(N,) the median of each value and the ``window - 1`` before it (fewer at the start)."""
+    values = np.asarray(values, dtype=np.float64)
+    if window < 1:
+        msg = f"window must be >= 1, got {window}"
+        raise ValueError(msg)
+    if values.size == 0:
+        return values
+    padded = np.concatenate([np.full(window - 1, np.nan), values])
+    windows = np.lib.stride_tricks.sliding_window_view(padded, window)  # (N, window)
+    return np.nanmedian(windows, axis=1)
+
+
+@dataclass(frozen=True)
+class ReportSeries:
+    steps: np.ndarray  # (K,)
+    shares: np.ndarray  # (K, S) each source's share of the tokens delivered up to each step
+    scheduled_shares: np.ndarray  # (K, S) the same had every step followed the schedule exactly
+    drift: np.ndarray  # (S,) largest |tokens - scheduled tokens| before a source ran out
+    imbalance: np.ndarray  # (K,) largest / mean rank cost, as written
+    naive_imbalance: np.ndarray  # (K,) the same under naive per-rank loading of the step's samples
+    fill: np.ndarray  # (K,) tokens / capacity, as written
+    naive_fill: np.ndarray  # (K,) tokens naive loading packs / capacity
+    naive_left_out: int  # samples naive loading could not pack, over all steps
+    elapsed_s: np.ndarray  # (K,) each step's commit time, from the first step's
+    tokens: np.ndarray  # (K,) tokens of each step
+
+
+def report_series(history: JobHistory) -> ReportSeries:
+    per_step = history.tokens_per_step  # (K, S)
+    scheduled = scheduled_tokens(per_step, history.weights)  # (K, S)
+    full = history.steps_with_all_sources
+    stats = history.stats
+    start = history.step_times[0] if len(history.step_times) else 0.0
+    return ReportSeries(
+        steps=np.array([s.step for s in stats], dtype=np.int64),
+        shares=cumulative_shares(per_step),
+        scheduled_shares=scheduled / np.maximum(scheduled.sum(axis=1, keepdims=True), 1e-12),
+        drift=schedule_drift(per_step[:full], history.weights[:full]),
+        imbalance=np.array([s.imbalance for s in stats]),
+        naive_imbalance=np.array([s.naive_imbalance for s in stats]),
+        fill=np.array([s.fill for s in stats]),
+        naive_fill=np.array([s.naive_fill for s in stats]),
+        naive_left_out=sum(s.naive.left_out for s in stats),
+        elapsed_s=history.step_times - start,
+        tokens=np.array([s.tokens for s in stats], dtype=np.int64),
+    )

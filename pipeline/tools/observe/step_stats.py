@@ -1,0 +1,145 @@
+"""What each written step holds, as numbers: rank costs and their imbalance, tokens per source, fill, and
+what naive per-rank loading of the same samples would have given. Pure: no Kafka.
+
+Shared by ``mixflow top``, ``mixflow report`` and the end-of-job report of ``mixflow run``
+(``pipeline/tools/observe/rank_topics.py``), so that the three agree on what imbalance, fill and share drift mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.spec.cost import CostModel
+from topics.batch import Batch
+
+
+def imbalance(rank_costs: np.ndarray) -> np.ndarray:
+    """Largest rank cost / mean rank cost along the last axis (1 for a step of no cost): how much longer
+    the step takes than it would perfectly balanced."""
+    costs = np.asarray(rank_costs, dtype=np.float64)
+    mean = costs.mean(axis=-1)
+    return np.divide(costs.max(axis=-1), mean, out=np.ones_like(mean), where=mean > 0)
+
+
+def first_fit(lengths: np.ndarray, bins: int, capacity: int) -> np.ndarray:
+    """The bin of each sample, packed in order into the first of ``bins`` bins of ``capacity`` tokens with
+    room for it; -1 for a sample that fits in none."""
+    room = np.full(bins, capacity, dtype=np.int64)
+    out = np.full(len(lengths), -1, dtype=np.int64)
+    for i, length in enumerate(np.asarray(lengths, dtype=np.int64).tolist()):
+        fits = np.flatnonzero(room >= length)
+        if fits.size:
+            out[i] = fits[0]
+            room[fits[0]] -= length
+    return out
+
+
+@dataclass(frozen=True)
+class NaiveLoading:
+    """Naive per-rank loading of one step's samples: sample ``i`` (in the step's order) goes to rank
+    ``i mod R``, which packs its samples first-fit into its micro-batches; a sample that fits in none is
+    left out of the step (it would wait for the rank's next step)."""
+
+    rank_costs: np.ndarray  # (R,) cost of the samples each rank packed
+    tokens: int  # tokens packed in all
+    left_out: int  # samples that fit in no micro-batch of their rank
+
+
+def naive_loading(lengths: np.ndarray, ranks: int, micro_batches: int, capacity: int, cost: CostModel) -> NaiveLoading:
+    lengths = np.asarray(lengths, dtype=np.int64)
+    rank_of = np.arange(lengths.size) % ranks  # (n,)
+    placed = np.zeros(lengths.size, dtype=bool)
+    for r in range(ranks):
+        mine = np.flatnonzero(rank_of == r)
+        placed[mine] = first_fit(lengths[mine], micro_batches, capacity) >= 0
+    rank_costs = np.bincount(rank_of[placed], weights=cost.costs(lengths[placed]), minlength=ranks)
+    return NaiveLoading(rank_costs, int(lengths[placed].sum()), int((~placed).sum()))
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One written step, from its rank batches."""
+
+    step: int
+    rank_costs: np.ndarray  # (R,) cost of each rank's samples under the spec's cost model
+    tokens_by_source: np.ndarray  # (S,) in the order of the ``sources`` given to ``step_stats``
+    samples: int
+    capacity: int  # tokens the step can hold: ranks * micro_batches * capacity per micro-batch
+    naive: NaiveLoading
+
+    @property
+    def tokens(self) -> int:
+        return int(self.tokens_by_source.sum())
+
+    @property
+    def imbalance(self) -> float:
+        return float(imbalance(self.rank_costs))
+
+    @property
+    def naive_imbalance(self) -> float:
+        return float(imbalance(self.naive.rank_costs))
+
+    @property
+    def fill(self) -> float:
+        return self.tokens / self.capacity
+
+    @property
+    def naive_fill(self) -> float:
+        return self.naive.tokens / self.capacity
+
+
+def rank_costs(batches: Sequence[Batch], cost: CostModel) -> np.ndarray:
+    """(R,) the cost of each rank's samples."""
+    return np.array([cost.costs(b.lengths).sum() for b in batches])
+
+
+def tokens_by_source(batches: Sequence[Batch], sources: Sequence[str]) -> np.ndarray:
+    """(S,) the step's tokens of each of ``sources``; a source not among them raises ``ValueError``."""
+    index = {s: i for i, s in enumerate(sources)}
+    out = np.zeros(len(sources), dtype=np.int64)
+    for b in batches:
+        for source, n in zip(b.sources, b.lengths.tolist(), strict=True):
+            if source not in index:
+                msg = f"step {b.step} rank {b.rank} holds a sample of source {source!r}, not one of {list(sources)}"
+                raise ValueError(msg)
+            out[index[source]] += n
+    return out
+
+
+def step_stats(batches: Sequence[Batch], sources: Sequence[str], cost: CostModel) -> StepStats:
+    """The numbers of one step from the batch of every rank (rank order)."""
+    first = batches[0]
+    lengths = np.concatenate([b.lengths for b in batches]).astype(np.int64)  # (n,) the step's order
+    return StepStats(
+        step=first.step,
+        rank_costs=rank_costs(batches, cost),
+        tokens_by_source=tokens_by_source(batches, sources),
+        samples=int(lengths.size),
+        capacity=first.ranks * first.micro_batches * first.capacity,
+        naive=naive_loading(lengths, first.ranks, first.micro_batches, first.capacity, cost),
+    )
+
+
+def cumulative_shares(per_step: np.ndarray) -> np.ndarray:
+    """(K, S) each source's share of all tokens up to and including each step, from (K, S) tokens per
+    step (rows of zeros before the first token are 0)."""
+    totals = np.cumsum(np.asarray(per_step, dtype=np.float64), axis=0)
+    return totals / np.maximum(totals.sum(axis=1, keepdims=True), 1e-12)
+
+
+def scheduled_tokens(per_step: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """(K, S) the tokens each source should have had by each step: every step's tokens split by the
+    schedule's (K, S) ``weights`` at that step, summed."""
+    step_tokens = np.asarray(per_step, dtype=np.float64).sum(axis=1, keepdims=True)  # (K, 1)
+    return np.cumsum(weights * step_tokens, axis=0)
+
+
+def schedule_drift(per_step: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """(S,) the largest |tokens so far - tokens the schedule asks for so far| of each source over the steps."""
+    per_step = np.asarray(per_step, dtype=np.float64)
+    if per_step.shape[0] == 0:
+        return np.zeros(per_step.shape[1])
+    return np.abs(np.cumsum(per_step, axis=0) - scheduled_tokens(per_step, weights)).max(axis=0)

@@ -1,0 +1,62 @@
+"""Running totals of the steps in a job's rank topics, fed one batch at a time in any order of ranks:
+what ``mixflow top`` shows per source (samples, tokens, the schedule's tokens) and per recent step.
+Pure: no Kafka."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from pipeline.spec.cost import CostModel
+from pipeline.tools.observe.step_stats import StepStats, step_stats
+from topics.batch import Batch
+
+
+class StepTally:
+    """A step counts once the batch of every rank has arrived. ``weights_at(step)`` (S,) gives the
+    schedule's shares at a step, for the tokens the schedule asked of each source. ``recent`` holds the
+    ``recent`` highest complete steps, by step: steps of several constructor lanes arrive out of order."""
+
+    def __init__(
+        self,
+        sources: Sequence[str],
+        ranks: int,
+        cost: CostModel,
+        weights_at: Callable[[int], np.ndarray],
+        recent: int = 20,
+    ) -> None:
+        self.sources = list(sources)
+        self.ranks = ranks
+        self.cost = cost
+        self.weights_at = weights_at
+        self.pending: dict[int, dict[int, Batch]] = {}
+        self.steps = 0
+        self.samples = np.zeros(len(self.sources), dtype=np.int64)
+        self.tokens = np.zeros(len(self.sources), dtype=np.int64)
+        self.scheduled = np.zeros(len(self.sources))
+        self.recent_steps = recent
+        self.recent: list[StepStats] = []
+
+    def add(self, batch: Batch) -> StepStats | None:
+        """Take one rank's batch; the step's numbers once it is complete."""
+        if batch.ranks != self.ranks:
+            msg = f"step {batch.step} rank {batch.rank} has {batch.ranks} ranks, the spec {self.ranks}"
+            raise ValueError(msg)
+        parts = self.pending.setdefault(batch.step, {})
+        parts[batch.rank] = batch
+        if len(parts) < self.ranks:
+            return None
+        del self.pending[batch.step]
+        stats = step_stats([parts[r] for r in range(self.ranks)], self.sources, self.cost)
+        self.steps += 1
+        index = {s: i for i, s in enumerate(self.sources)}
+        of_sample = np.array([index[s] for b in parts.values() for s in b.sources], dtype=np.int64)
+        self.samples += np.bincount(of_sample, minlength=len(self.sources))
+        self.tokens += stats.tokens_by_source
+        self.scheduled += self.weights_at(stats.step) * stats.tokens
+        bisect.insort(self.recent, stats, key=lambda s: s.step)
+        if len(self.recent) > self.recent_steps:
+            del self.recent[0]
+        return stats

@@ -1,0 +1,128 @@
+"""``replay``: rebuild steps of a job into another job, under its own step shape or another one."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from pipeline.kafka.clients import KafkaConfig
+from pipeline.planning.step.spec_change import StepShape
+from pipeline.roles.constructor import ConstructorOptions, DataConstructor
+from pipeline.spec import JobSpec
+from pipeline.tools.replay.audit import Audit, audit
+from pipeline.tools.replay.elastic import ElasticReplay
+from pipeline.tools.replay.history import JobHistory, read_history, require_history
+from pipeline.tools.replay.plan import ReplayMode, ReplayPlan, ReplayRequest, plan_replay
+from topics.errors import MixflowError
+from topics.names import JobTopics
+from topics.step_index import locate_step
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplaySummary:
+    """What a replay run did: ``written`` the steps it wrote, and where the target stands after it."""
+
+    job: str
+    target: str
+    mode: ReplayMode
+    shape: StepShape
+    from_step: int
+    written: tuple[int, ...]
+    steps: int
+    finished: bool
+    seconds: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "job": self.job,
+            "to_job": self.target,
+            "mode": self.mode.value,
+            "ranks": self.shape.ranks,
+            "micro_batches": self.shape.micro_batches,
+            "from_step": self.from_step,
+            "steps_replayed": len(self.written),
+            "first_replayed": self.written[0] if self.written else None,
+            "last_replayed": self.written[-1] if self.written else None,
+            "next_step": self.steps,
+            "finished": self.finished,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def replay(
+    spec: JobSpec, config: KafkaConfig, request: ReplayRequest, transaction_timeout_ms: int = 60_000
+) -> ReplaySummary:
+    """Write steps of ``spec``'s job into ``request.target``, or continue an earlier run that was stopped."""
+    began = time.monotonic()
+    job = request.job or spec.job
+    if spec.constructor.lanes > 1:
+        msg = (
+            f"mixflow replay of job {job}: its spec has constructor.lanes {spec.constructor.lanes}, and replay "
+            "supports one lane only. To check a lane's determinism, run its lanes again into another job "
+            "(mixflow construct --lane J --output-job NAME) and compare the rank topics partition by partition"
+        )
+        raise MixflowError(msg)
+    original = require_history(config, job)
+    target = read_history(config, request.target)
+    shape = spec.step
+    plan = plan_replay(
+        request,
+        original,
+        StepShape(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch),
+        target,
+        _first_step(config, request.target) if target is not None and target.records else None,
+    )
+    written: list[int] = []
+    finished = target is not None and target.finished
+    if plan.done:
+        log.info("replay of %s into %s: nothing left to write", job, request.target)
+    else:
+        if plan.first > plan.from_step:
+            log.info("replay of %s into %s: continuing at step %d", job, request.target, plan.first)
+        written, finished = _write(spec, config, request.target, original, plan, transaction_timeout_ms)
+    return ReplaySummary(
+        job=job,
+        target=request.target,
+        mode=plan.mode,
+        shape=plan.shape,
+        from_step=plan.from_step,
+        written=tuple(written),
+        steps=written[-1] + 1 if written else (target.steps if target is not None and target.records else 0),
+        finished=finished,
+        seconds=time.monotonic() - began,
+    )
+
+
+def verify(config: KafkaConfig, job: str, target: str, from_step: int) -> Audit:
+    """The determinism audit of ``target`` (a replay of ``job`` from ``from_step``) against ``job``."""
+    return audit(config, require_history(config, job), require_history(config, target), from_step)
+
+
+def _write(
+    spec: JobSpec, config: KafkaConfig, target: str, original: JobHistory, plan: ReplayPlan, timeout_ms: int
+) -> tuple[list[int], bool]:
+    """The steps written, and whether the target job has ended."""
+    if plan.mode is ReplayMode.REPLAN:
+        cost_model = spec.cost.cost_model()
+        role = ElasticReplay(config, original, target, plan.shape, cost_model, timeout_ms)
+        written = role.run(plan.first, plan.last, plan.end)
+        return written, role.finished
+    options = ConstructorOptions(
+        output_job=target,
+        # A job that ended ends the same way again, after the same steps (and mixing stops by itself there).
+        max_steps=None if plan.end else plan.last + 1 - plan.first,
+        transaction_timeout_ms=timeout_ms,
+        start_state=plan.start_state,
+        replay_changes=plan.changes,
+    )
+    stats = DataConstructor(spec, config, options).run()
+    return [record.step for record in stats.steps], stats.finished
+
+
+def _first_step(config: KafkaConfig, job: str) -> int | None:
+    """The first step on ``job``'s rank 0 (which must exist), None when it holds none."""
+    record = locate_step(config, JobTopics(job).rank(0), 0).record
+    return None if record is None or record.end else record.step

@@ -1,0 +1,1 @@
+"""pipeline.tools.run."""
