@@ -129,49 +129,87 @@ def _decide_source(
     demand = r.demand
     if r.blocking and rate is not None:
         demand = max(demand or 0.0, supply)  # the constructor waits for it: it would take more than it gets
-    low = high = False
-    backlog_s = math.inf
-    if demand is not None:
-        backlog_s = r.backlog_tokens / demand if demand > 0 else (math.inf if r.backlog_tokens > 0 else 0.0)
-        low, high = backlog_s < settings.low_watermark_s, backlog_s > settings.high_watermark_s
+    backlog_s = _backlog_seconds(r.backlog_tokens, demand)
+    high = demand is not None and backlog_s > settings.high_watermark_s
     above_since = (now if above_since is None else above_since) if high else None
+    if rate is None or demand is None:
+        desired, reason = _before_rates_are_measured(r, demand, rate)
+    else:
+        desired, reason, above_since = _by_demand(r, settings, demand, rate, backlog_s, above_since, now)
+    desired = min(max(desired, r.min_loaders), r.max_loaders)
+    return Decision(r.source, r.loaders, desired, demand or 0.0, supply, backlog_s, reason), above_since
 
-    def decision(desired: int, reason: str) -> Decision:
-        desired = min(max(desired, r.min_loaders), r.max_loaders)
-        return Decision(r.source, r.loaders, desired, demand or 0.0, supply, backlog_s, reason)
 
+def _backlog_seconds(backlog_tokens: float, demand: float | None) -> float:
+    """The backlog in seconds of demand: infinite while demand is unknown, or zero while nothing is made
+    and nothing demanded."""
+    if demand is None:
+        return math.inf
+    if demand > 0:
+        return backlog_tokens / demand
+    return math.inf if backlog_tokens > 0 else 0.0
+
+
+def _before_rates_are_measured(r: SourceReading, demand: float | None, rate: float | None) -> tuple[int, str]:
+    """The count while the constructor's consumption or the loaders' rate is unknown: held, except for a
+    source the constructor waits for."""
     if rate is None and r.blocking:
         # Warm-up: the constructor starves on this source before its loaders' rate can be measured. One more
-        # loader per decision, within bounds, budget and the units left; once measured the policy below decides.
+        # loader per decision, within bounds, budget and the units left; once measured, _by_demand decides.
         if r.units_left is not None and r.units_left <= r.loaders:
-            return decision(
-                r.loaders, "holding: the constructor waits for it, but no unit is left to share"
-            ), above_since
-        return decision(
-            r.loaders + 1, "scaling up: the constructor waits for it; its rate is not measured yet"
-        ), above_since
+            return r.loaders, "holding: the constructor waits for it, but no unit is left to share"
+        return r.loaders + 1, "scaling up: the constructor waits for it; its rate is not measured yet"
     if demand is None:
-        return decision(r.loaders, "holding: the constructor's consumption is not measured yet"), above_since
-    if rate is None:
-        return decision(r.loaders, "holding: the loaders' rate is not measured yet"), above_since
+        return r.loaders, "holding: the constructor's consumption is not measured yet"
+    return r.loaders, "holding: the loaders' rate is not measured yet"
+
+
+def _by_demand(
+    r: SourceReading,
+    settings: PolicySettings,
+    demand: float,
+    rate: float,
+    backlog_s: float,
+    above_since: float | None,
+    now: float,
+) -> tuple[int, str, float | None]:
+    """The count that covers ``demand`` x headroom at ``rate`` per loader, moved only as the backlog's
+    hysteresis allows; and since when the backlog is above the high watermark, after this decision."""
     wanted = demand * settings.headroom / rate  # loaders, fractional
     needed = r.max_loaders if wanted > r.max_loaders else max(math.ceil(wanted - 1e-9), r.min_loaders)
     target = f"demand x {settings.headroom:g} = {demand * settings.headroom:.0f} tokens/s needs {needed}"
     if needed > r.loaders:
-        if r.units_left is not None and r.units_left <= 0:
-            return decision(r.loaders, f"holding: {target}, but no work unit is left to take"), above_since
-        if not low:
-            why = f"holding: {target}, but the backlog is above the low watermark ({settings.low_watermark_s:g} s)"
-            return decision(r.loaders, why), above_since
-        more = needed if r.units_left is None else min(needed, r.loaders + r.units_left)
-        return decision(more, f"scaling up: {target}; the backlog is below the low watermark"), above_since
+        return (*_scale_up(r, settings, needed, target, backlog_s), above_since)
     if needed < r.loaders:
-        if above_since is not None and now - above_since >= settings.scale_down_after_s:
-            why = f"scaling down: {target}; the backlog stayed above the high watermark for {now - above_since:.0f} s"
-            return decision(needed, why), None  # the next scale-down needs the backlog to stay high again
-        why = f"holding: {target}, but the backlog has not stayed above the high watermark for "
-        return decision(r.loaders, why + f"{settings.scale_down_after_s:g} s"), above_since
-    return decision(r.loaders, f"covered: {target}"), above_since
+        return _scale_down(r, settings, needed, target, above_since, now)
+    return r.loaders, f"covered: {target}", above_since
+
+
+def _scale_up(
+    r: SourceReading, settings: PolicySettings, needed: int, target: str, backlog_s: float
+) -> tuple[int, str]:
+    """Up to ``needed`` loaders while the backlog is below the low watermark and units are left to take."""
+    if r.units_left is not None and r.units_left <= 0:
+        return r.loaders, f"holding: {target}, but no work unit is left to take"
+    if not backlog_s < settings.low_watermark_s:
+        return (
+            r.loaders,
+            f"holding: {target}, but the backlog is above the low watermark ({settings.low_watermark_s:g} s)",
+        )
+    more = needed if r.units_left is None else min(needed, r.loaders + r.units_left)
+    return more, f"scaling up: {target}; the backlog is below the low watermark"
+
+
+def _scale_down(
+    r: SourceReading, settings: PolicySettings, needed: int, target: str, above_since: float | None, now: float
+) -> tuple[int, str, float | None]:
+    """Down to ``needed`` loaders once the backlog has stayed above the high watermark for
+    ``scale_down_after_s``; the next scale-down then needs it to stay high again."""
+    if above_since is not None and now - above_since >= settings.scale_down_after_s:
+        why = f"scaling down: {target}; the backlog stayed above the high watermark for {now - above_since:.0f} s"
+        return needed, why, None
+    why = f"holding: {target}, but the backlog has not stayed above the high watermark for "
+    return r.loaders, why + f"{settings.scale_down_after_s:g} s", above_since
 
 
 def _within_budget(
