@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 MAX_RESTARTS = 3
 RESTART_BACKOFF_S = 1.0
 DECISIONS_FILE = "autoscale.jsonl"
+# The roles run the same CLI a deployment runs, in this interpreter.
+MIXFLOW = [sys.executable, "-m", "pipeline.cli"]
 
 
 @dataclass
@@ -90,28 +92,19 @@ def run_local_job(
     spec = load_spec(spec_path)
     folder.mkdir(parents=True, exist_ok=True)
     common = ["--spec", str(spec_path), *(["--bootstrap-servers", bootstrap] if bootstrap else [])]
-    mixflow = [sys.executable, "-m", "pipeline.cli"]
-    roles = []
+    roles: list[RoleProcess] = []
     metrics = metrics or RunMetrics(folder, spec.job, None)  # gives each role a metrics port, if asked to
-    metrics.watch(roles)
+    metrics.watch(roles)  # the list itself: loaders the autoscaler starts are added to it
 
     def start_loader(source: str, instance: int) -> RoleProcess:
         load = ["load", *common, "--source", source, "--instance", str(instance), "--until-drained"]
         load += metrics.port_flag("loader", f"load-{source}-{instance}", source, instance)
-        role = _start(f"load-{source}-{instance}", folder, [*mixflow, *load])
+        role = _start(f"load-{source}-{instance}", folder, [*MIXFLOW, *load])
         role.source, role.instance = source, instance
         return role
 
-    for source in spec.sources:
-        for i in range(source.loaders):
-            roles.append(start_loader(source.name, i))
-    lanes = spec.constructor.lanes
-    for lane in range(lanes):
-        for i in range(1 + shadows):
-            name = "construct" + (f"-lane{lane}" if lanes > 1 else "") + (f"-{i}" if i else "")
-            construct = ["construct", *common, "--instance", name, *(["--lane", str(lane)] if lanes > 1 else [])]
-            construct += metrics.port_flag("constructor", name, None, i)
-            roles.append(_start(name, folder, [*mixflow, *construct]))
+    roles.extend(start_loader(source.name, i) for source in spec.sources for i in range(source.loaders))
+    roles.extend(_start_constructors(spec.constructor.lanes, shadows, common, folder, metrics))
     if trainer:
         roles.append(_start("train", folder, trainer, {"KAFKA_BOOTSTRAP_SERVERS": bootstrap} if bootstrap else None))
     scaling = None
@@ -120,20 +113,39 @@ def run_local_job(
     try:
         _wait(roles, progress, scaling)
     except BaseException:
-        for role in roles:
-            if role.process.poll() is None:
-                role.process.terminate()
-        for role in roles:
-            try:
-                role.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:  # a role that does not stop must not hide the error
-                role.process.kill()
-                role.process.wait()
+        _stop(roles)
         raise
     finally:
         if scaling is not None:
             scaling.close()
     return roles
+
+
+def _start_constructors(
+    lanes: int, shadows: int, common: list[str], folder: Path, metrics: RunMetrics
+) -> list[RoleProcess]:
+    """A constructor for each lane, and ``shadows`` more per lane waiting to take over from it."""
+    started = []
+    for lane in range(lanes):
+        for i in range(1 + shadows):
+            name = "construct" + (f"-lane{lane}" if lanes > 1 else "") + (f"-{i}" if i else "")
+            construct = ["construct", *common, "--instance", name, *(["--lane", str(lane)] if lanes > 1 else [])]
+            construct += metrics.port_flag("constructor", name, None, i)
+            started.append(_start(name, folder, [*MIXFLOW, *construct]))
+    return started
+
+
+def _stop(roles: list[RoleProcess]) -> None:
+    """Terminate every role still running and wait for it; one that does not stop within 60 s is killed."""
+    for role in roles:
+        if role.process.poll() is None:
+            role.process.terminate()
+    for role in roles:
+        try:
+            role.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # a role that does not stop must not hide the error
+            role.process.kill()
+            role.process.wait()
 
 
 class LoaderScaling:
