@@ -17,7 +17,6 @@ NOT_YET_SPLIT = {
     "pipeline/planning/mixing/_compose_select.py",
     "pipeline/roles/constructor/role.py",
     "pipeline/roles/loader/role.py",
-    "topics/admin.py",
 }
 
 
