@@ -67,8 +67,9 @@ from pathlib import Path
 import yaml
 from _table import add_markdown_flag, print_table
 
-from pipeline.roles.loader.role import DOCUMENTS_PER_BATCH, LoaderOptions, SourceLoader, _batches
+from pipeline.roles.loader.role import LoaderOptions, SourceLoader
 from pipeline.roles.loader.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
+from pipeline.roles.loader.unit_loading import DOCUMENTS_PER_BATCH, batches
 from pipeline.spec import JobSpec, load_spec
 from topics.admin import delete_job_topics, ensure_job_topics
 from topics.names import JobTopics
@@ -168,7 +169,7 @@ def timed_pass(spec_path: Path, source: str, unit_seconds: float, encode: bool) 
     encoding = 0.0  # seconds inside encode_sample alone
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for unit in units:
-        for documents, _ in _batches(runtime.reader.read(unit), DOCUMENTS_PER_BATCH):
+        for documents, _ in batches(runtime.reader.read(unit), DOCUMENTS_PER_BATCH):
             if not documents:
                 continue
             built = runtime.builder.build(documents, epoch=unit.epoch)
@@ -331,22 +332,26 @@ def run_loaders(spec_path: Path, source: str, procs: int, bootstrap: str, unit_s
 # looked up before profiling, so a row naming a function that no longer exists stops the profile with its
 # name instead of printing zeros.
 LOADER = "pipeline.roles.loader.role.SourceLoader"
+PLANNING = "pipeline.roles.loader.work_planning.SourcePlanning"
+GROUP = "pipeline.roles.loader.work_group.WorkGroup"
+TRANSACTIONS = "pipeline.roles.loader.unit_transaction.UnitTransactions"
+LOAD = "pipeline.roles.loader.unit_loading.UnitLoader.load"
 PROFILE_PARTS: list[tuple[str, str, str]] = [
-    ("plan: ensure_plan (total)", f"{LOADER}.ensure_plan", ""),
+    ("plan: ensure_plan (total)", f"{PLANNING}.ensure_plan", ""),
     ("  plan: measure_cost_per_byte", "connectors.cost.measure_cost_per_byte", ""),
     ("  plan: publish_work_plan", "pipeline.kafka.work_plan.publish_work_plan", ""),
     ("producer: new_producer (init_transactions)", f"{LOADER}.new_producer", ""),
-    ("consumer.poll in _loop (join, fetch, idle)", "confluent_kafka.Consumer.poll", f"{LOADER}._loop"),
-    ("plan_is_done (committed offsets)", "pipeline.kafka.work_plan.plan_is_done", f"{LOADER}._loop"),
-    ("transactions: _transaction (total, = busy)", f"{LOADER}._transaction", ""),
-    ("  begin_transaction", "confluent_kafka.Producer.begin_transaction", f"{LOADER}.transaction"),
-    ("  units: _publish (total)", f"{LOADER}._publish", ""),
-    ("    read (reader.read, batching)", "pipeline.roles.loader.role._batches", f"{LOADER}._publish"),
-    ("    tokenize (SampleBuilder.build)", "connectors.samples.SampleBuilder.build", f"{LOADER}._publish"),
-    ("    encode_sample", "topics.sample_codec.encode_sample", f"{LOADER}._publish"),
-    ("    produce()", "pipeline.kafka.clients.produce", f"{LOADER}._publish"),
-    ("  next unit ready (_next_ready)", f"{LOADER}._next_ready", ""),
-    ("  send_offsets", "pipeline.kafka.clients.send_offsets", f"{LOADER}.transaction"),
+    ("consumer.poll in WorkGroup.poll (join, fetch, idle)", "confluent_kafka.Consumer.poll", f"{GROUP}.poll"),
+    ("plan_is_complete (committed offsets)", "pipeline.kafka.work_plan.plan_is_complete", f"{PLANNING}.drained"),
+    ("transactions: UnitTransactions.publish (total, = busy)", f"{TRANSACTIONS}.publish", ""),
+    ("  begin_transaction", "confluent_kafka.Producer.begin_transaction", f"{LOADER}.open_transaction"),
+    ("  units: UnitLoader.load (total)", LOAD, ""),
+    ("    read (reader.read, batching)", "pipeline.roles.loader.unit_loading.batches", LOAD),
+    ("    tokenize (SampleBuilder.build)", "connectors.samples.SampleBuilder.build", LOAD),
+    ("    encode_sample", "topics.sample_codec.encode_sample", LOAD),
+    ("    produce()", "pipeline.kafka.clients.produce", LOAD),
+    ("  next unit ready (_next_ready)", f"{TRANSACTIONS}._next_ready", ""),
+    ("  send_offsets", "pipeline.kafka.clients.send_offsets", f"{LOADER}.open_transaction"),
     ("  commit_or_abort (commit)", "pipeline.kafka.clients.commit_or_abort", f"{LOADER}.transaction"),
     ("close: consumer.close, producer.flush", "pipeline.kafka.role_protocol.closing_unless_stuck", ""),
 ]

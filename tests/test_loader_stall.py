@@ -48,8 +48,7 @@ def test_a_loader_whose_work_consumer_stalls_rejoins_and_loads_what_lies_past_it
             while not loaded(epochs=1):
                 assert time.monotonic() < deadline, "epoch 0 was not loaded"
                 time.sleep(0.2)  # a topic watched from outside: nothing to block on
-            consumer = loader._consumer
-            assert consumer is not None
+            consumer = loader.group.consumer
             consumer.pause(consumer.assignment())  # it fetches no more, and nothing tells the loader
             request_epoch(config, topics, "code", 1)
             while not loaded(epochs=2):
