@@ -248,39 +248,43 @@ def _wait(roles: list[RoleProcess], progress: JobProgress | None, scaling: Loade
                     _restart(role)
                 continue
             code = role.process.poll()
-            if code is None:
-                continue
-            if role.retiring:
-                running.remove(role)
-                # -SIGTERM: it was still starting, before it handles the signal; it had taken no unit yet.
-                clean = code in (0, -signal.SIGTERM)
-                (log.info if clean else log.warning)("%s stopped by the autoscaler (exit %d)", role.name, code)
-                continue
-            if code == 0 and scaling is not None:
-                scaling.finished(role)
-            if code != 0 and role.restarts < MAX_RESTARTS:
-                role.restarts += 1
-                delay = RESTART_BACKOFF_S * 2 ** (role.restarts - 1)
-                log.warning(
-                    "%s exited with %d; starting it again in %.0f s (restart %d of %d); the end of its log:\n%s",
-                    role.name,
-                    code,
-                    delay,
-                    role.restarts,
-                    MAX_RESTARTS,
-                    role.tail(5),
-                )
-                role.restart_at = time.monotonic() + delay
-                continue
-            running.remove(role)
-            if code != 0:
-                msg = (
-                    f"{role.name} exited with {code} after {role.restarts} restarts; "
-                    f"the end of {role.log_file}:\n{role.tail()}"
-                )
-                raise MixflowError(msg)
-            log.info("%s finished: %s", role.name, role.summary())
+            if code is not None:
+                _exited(role, code, running, scaling)
         time.sleep(0.2)  # supervising child processes: nothing to wait on but their exit
+
+
+def _exited(role: RoleProcess, code: int, running: list[RoleProcess], scaling: LoaderScaling | None) -> None:
+    """``role`` exited with ``code``: a role the autoscaler retired or that finished leaves ``running``; one
+    that failed is started again after a backoff, up to ``MAX_RESTARTS`` times, and then raises."""
+    if role.retiring:
+        running.remove(role)
+        # -SIGTERM: it was still starting, before it handles the signal; it had taken no unit yet.
+        clean = code in (0, -signal.SIGTERM)
+        (log.info if clean else log.warning)("%s stopped by the autoscaler (exit %d)", role.name, code)
+        return
+    if code == 0 and scaling is not None:
+        scaling.finished(role)
+    if code != 0 and role.restarts < MAX_RESTARTS:
+        role.restarts += 1
+        delay = RESTART_BACKOFF_S * 2 ** (role.restarts - 1)
+        log.warning(
+            "%s exited with %d; starting it again in %.0f s (restart %d of %d); the end of its log:\n%s",
+            role.name,
+            code,
+            delay,
+            role.restarts,
+            MAX_RESTARTS,
+            role.tail(5),
+        )
+        role.restart_at = time.monotonic() + delay
+        return
+    running.remove(role)
+    if code != 0:
+        msg = (
+            f"{role.name} exited with {code} after {role.restarts} restarts; the end of {role.log_file}:\n{role.tail()}"
+        )
+        raise MixflowError(msg)
+    log.info("%s finished: %s", role.name, role.summary())
 
 
 def _restart(role: RoleProcess) -> None:
