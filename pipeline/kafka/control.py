@@ -33,6 +33,8 @@ if TYPE_CHECKING:  # pipeline.roles.constructor imports this module
 
 log = logging.getLogger(__name__)
 
+SPEC_KEY = b"spec"
+"""The key of the spec records (``pipeline.kafka.spec_record``), which do not move the control offset."""
 MIXTURE_CHANGE_KIND = "mixture-change"
 MIXTURE_CHANGE_KEY = MIXTURE_CHANGE_KIND.encode()
 
@@ -130,7 +132,8 @@ class ControlReader:
                         continue
                     raise KafkaException(message.error())
                 self._at_end = False
-                self.next_offset = message.offset() + 1
+                if message.key() != SPEC_KEY:  # see pipeline.kafka.spec_record
+                    self.next_offset = message.offset() + 1
                 out.append(self._record(message.offset(), message.key(), message.value()))
             if self._at_end or (not messages and time.monotonic() >= deadline):
                 return out
