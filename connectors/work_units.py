@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import functools
-import json
-from dataclasses import MISSING, asdict, dataclass, fields
-from typing import TYPE_CHECKING, Literal, get_args, get_type_hints
+from dataclasses import dataclass
+from typing import Literal, get_args
 
-from topics.errors import DecodeError
-from topics.validation import describe_errors
-
-if TYPE_CHECKING:
-    from pydantic import BaseModel
+from topics.json_record import decode, encode, json_record
 
 UnitKind = Literal["file", "row_group", "rows"]
 UNIT_KINDS: tuple[str, ...] = get_args(UnitKind)
 
 
+@json_record("work unit", strict=True, extra="forbid")
 @dataclass(frozen=True, slots=True)
 class WorkUnit:
     """Rows ``[start, stop)`` of one file of a source, for one epoch.
@@ -26,8 +21,9 @@ class WorkUnit:
     file that can be split anywhere). ``byte_offset`` is where row ``start`` begins in the file, for
     readers that can seek to it. ``estimated_bytes`` is the content size the planner costed the unit at.
 
-    The JSON form (:meth:`to_json`) is an object of exactly these fields. :meth:`from_json` validates it
-    with a pydantic model made from them: strict types (an int is not a bool or a float), no unknown
+    The JSON form (:meth:`to_json`, ``topics.json_record``) is an object of exactly these fields, keys
+    sorted. :meth:`from_json` validates it with a pydantic model made from them at the first decode (planning
+    and reading units need no pydantic): strict types (an int is not a bool or a float), no unknown
     fields, then the checks below.
     """
 
@@ -66,39 +62,9 @@ class WorkUnit:
         return f"{self.source}/{self.path}:{where}:{self.start}-{self.stop}@e{self.epoch}"
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        return encode(self, sort_keys=True)
 
     @classmethod
     def from_json(cls, data: bytes) -> WorkUnit:
         """Decode :meth:`to_json` output; ``DecodeError`` naming each wrong field otherwise."""
-        from pydantic import ValidationError
-
-        try:
-            raw = json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            msg = f"work unit is not JSON: {exc}"
-            raise DecodeError(msg) from exc
-        try:
-            document = _document_model().model_validate(raw)
-        except ValidationError as exc:
-            msg = f"work unit is not valid: {describe_errors(exc, cls)}"
-            raise DecodeError(msg) from exc
-        try:
-            return cls(**dict(document))
-        except ValueError as exc:
-            msg = f"work unit is not valid: {exc}"
-            raise DecodeError(msg) from exc
-
-
-@functools.cache
-def _document_model() -> type[BaseModel]:
-    """The JSON form of a ``WorkUnit`` as a pydantic model with the dataclass's fields, types and defaults.
-
-    Made at the first decode rather than declared, so that planning and reading units need no pydantic
-    (and the dataclass stays the one place the fields are written down)."""
-    from pydantic import ConfigDict, create_model
-
-    hints = get_type_hints(WorkUnit)
-    definitions = {f.name: (hints[f.name], ... if f.default is MISSING else f.default) for f in fields(WorkUnit)}
-    config = ConfigDict(strict=True, extra="forbid", frozen=True)
-    return create_model("WorkUnitDocument", __config__=config, **definitions)
+        return decode(cls, data)

@@ -91,7 +91,7 @@ def _value(**fields) -> bytes:
         (_value(source=None), "field 'source' must be a string"),
         (_value(reason=3), "field 'reason' must be a string"),
         (_value(error_type=[]), "field 'error_type' must be a string or null"),
-        (_value(payload="not base64!"), "bad dead letter"),
+        (_value(payload="not base64!"), "dead letter is not valid: field .payload.: not base64"),
         (b"[1, 2]", "a JSON list, not an object"),
         (b"\xff{}", "not UTF-8 JSON"),
     ],

@@ -4,17 +4,13 @@
 from __future__ import annotations
 
 import base64
-import functools
 import json
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from topics._headers import Headers, find_header
 from topics.errors import DecodeError
-from topics.validation import describe_errors
-
-if TYPE_CHECKING:
-    from pydantic import TypeAdapter
+from topics.json_record import encode, json_field, json_record, validate
 
 DEAD_LETTER_VERSION = 1
 """Bump on any change that a reader of the previous version would misread."""
@@ -22,16 +18,47 @@ DLQ_SOURCE_HEADER = "mixflow.source"
 DLQ_VERSION_HEADER = "mixflow.dlq.version"
 
 
+class _Base64:
+    """A ``bytes`` field written as base64 (RFC 4648, with padding)."""
+
+    @staticmethod
+    def encode(payload: bytes | None) -> str | None:
+        return None if payload is None else base64.b64encode(bytes(payload)).decode()
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_after_validator_function(_from_base64, core_schema.str_schema())
+
+
+def _from_base64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError as exc:  # binascii.Error is a ValueError
+        msg = f"not base64: {exc}"
+        raise ValueError(msg) from exc
+
+
+@json_record(
+    "dead letter",
+    version=DEAD_LETTER_VERSION,
+    version_key="version",
+    order=("source", "location", "reason", "error_type", "payload"),
+)
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     """``location`` names the place precisely enough to find it again: a file and row, a row group,
     or a topic, partition and offset. ``payload`` holds the raw bytes when there are any worth keeping.
-    ``error_type`` is the qualified name of the exception that rejected the record, if one did."""
+    ``error_type`` is the qualified name of the exception that rejected the record, if one did.
+
+    The JSON value on ``<job>.dlq`` (FORMAT.md, ``topics.json_record``) is ``{"version":1,"source":...,
+    "location":...,"reason":...,"error_type":...,"payload":<base64>}``: strings, the last two may be null
+    or absent; fields it does not know are ignored."""
 
     source: str
     location: str
     reason: str
-    payload: bytes | None = None
+    payload: Annotated[bytes, _Base64()] | None = json_field(encode=_Base64.encode, default=None)
     error_type: str | None = None
 
     @classmethod
@@ -39,30 +66,6 @@ class DeadLetter:
         """A dead letter whose reason is ``str(exc)`` (or its type when the message is empty)."""
         error_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
         return cls(source, location, str(exc) or type(exc).__qualname__, payload, error_type)
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetterDocument:
-    """The JSON value on ``<job>.dlq`` (FORMAT.md), field for field in the order it is written.
-
-    ``decode_dead_letter`` checks ``version`` first, then validates the rest against this with pydantic
-    (strings; the last two may be null or absent) and ignores fields it does not know."""
-
-    version: int
-    source: str
-    location: str
-    reason: str
-    error_type: str | None = None
-    payload: str | None = None
-    """The raw bytes in base64 (RFC 4648, with padding)."""
-
-
-@functools.cache
-def _document_validator() -> TypeAdapter[DeadLetterDocument]:
-    """Built at the first decode: the trainer sink imports ``topics`` and has no use for pydantic."""
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(DeadLetterDocument)
 
 
 def _source_bytes(source: str) -> bytes:
@@ -79,18 +82,9 @@ def encode_dead_letter(letter: DeadLetter) -> tuple[bytes, bytes, list[tuple[str
     if letter.payload is not None and not isinstance(letter.payload, bytes | bytearray | memoryview):
         msg = f"dead letter payload must be bytes or None, not {type(letter.payload).__name__}"
         raise ValueError(msg)
-    document = DeadLetterDocument(
-        version=DEAD_LETTER_VERSION,
-        source=letter.source,
-        location=letter.location,
-        reason=letter.reason,
-        error_type=letter.error_type,
-        payload=None if letter.payload is None else base64.b64encode(bytes(letter.payload)).decode(),
-    )
-    # ensure_ascii: the value is plain ASCII, and strings with lone surrogates survive the round trip.
-    value = json.dumps(asdict(document), ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    # ASCII: strings with lone surrogates survive the round trip.
     source = _source_bytes(letter.source)
-    return source, value, [(DLQ_VERSION_HEADER, b"1"), (DLQ_SOURCE_HEADER, source)]
+    return source, encode(letter), [(DLQ_VERSION_HEADER, b"1"), (DLQ_SOURCE_HEADER, source)]
 
 
 def decode_dead_letter(
@@ -104,7 +98,6 @@ def decode_dead_letter(
     """Decode a record written by ``encode_dead_letter``; raise ``DecodeError`` saying where and why.
 
     Unknown fields are ignored, so later writers may add fields without a version bump."""
-    from pydantic import ValidationError
 
     def error(reason: str) -> DecodeError:
         return DecodeError(reason, topic=topic, partition=partition, offset=offset)
@@ -121,14 +114,9 @@ def decode_dead_letter(
     if type(version) is not int or version != DEAD_LETTER_VERSION:
         raise error(f"dead letter version is {version!r:.40}; this reader knows {DEAD_LETTER_VERSION}")
     try:
-        fields = _document_validator().validate_python(document)
-    except ValidationError as exc:
-        raise error(f"bad dead letter: {describe_errors(exc, DeadLetterDocument)}") from exc
-    try:
-        payload = None if fields.payload is None else base64.b64decode(fields.payload, validate=True)
-    except ValueError as exc:  # binascii.Error is a ValueError
-        raise error(f"bad dead letter: field 'payload' is not base64: {exc}") from exc
-    letter = DeadLetter(fields.source, fields.location, fields.reason, payload, fields.error_type)
+        letter = validate(DeadLetter, document)
+    except DecodeError as exc:
+        raise error(exc.reason) from exc
     try:
         header = find_header(headers, DLQ_SOURCE_HEADER)
     except ValueError as exc:

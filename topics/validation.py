@@ -8,7 +8,6 @@ records and should not pay for pydantic. The decoders import it when they first 
 from __future__ import annotations
 
 import functools
-import json
 import re
 import typing
 from typing import TYPE_CHECKING, Any
@@ -118,27 +117,3 @@ def _path(loc: tuple[Any, ...]) -> str:
 def _nullable_fields(record: type) -> frozenset[str]:
     hints = typing.get_type_hints(record)
     return frozenset(name for name, hint in hints.items() if type(None) in typing.get_args(hint))
-
-
-def decode_versioned_json(data: bytes, *, what: str, version: int, document: type[Any]) -> Any:
-    """The pydantic ``document`` (a model class) that ``data`` holds: a JSON object whose ``v`` is
-    ``version``. Raises ``DecodeError`` saying "not a <what> record", the version found, or which fields
-    are wrong. A reader refuses versions it does not know before looking further."""
-    from pydantic import ValidationError
-
-    from topics.errors import DecodeError
-
-    try:
-        body = json.loads(data)
-    except (ValueError, TypeError, RecursionError) as exc:  # TypeError: a value that is not bytes (None)
-        msg = f"not a {what} record: {exc}"
-        raise DecodeError(msg) from exc
-    found = body.get("v") if isinstance(body, dict) else None
-    if found != version:
-        msg = f"{what} version {found!r:.40}, expected {version}"
-        raise DecodeError(msg)
-    try:
-        return document.model_validate(body)
-    except ValidationError as exc:
-        msg = f"{what} is not valid: {describe_errors(exc, document)}"
-        raise DecodeError(msg) from exc

@@ -1,9 +1,8 @@
-"""Readers for source files, one class per format, and a table to pick one by name."""
+"""Readers for source files, one class per format of ``topics.file_formats``, and a table to pick one by name."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from connectors.readers.arrow_ipc import ArrowReader
 from connectors.readers.base import (
@@ -17,14 +16,15 @@ from connectors.readers.base import (
 from connectors.readers.jsonl import JsonlReader
 from connectors.readers.parquet import ParquetReader
 from connectors.readers.text import TextReader
+from topics.file_formats import FILE_FORMATS
 
-ReaderFormat = Literal["jsonl", "parquet", "arrow", "text"]
+ReaderFormat = str
+"""A name of ``topics.file_formats.FILE_FORMATS``."""
 READERS: dict[str, type[Reader]] = {
-    "jsonl": JsonlReader,
-    "parquet": ParquetReader,
-    "arrow": ArrowReader,
-    "text": TextReader,
+    reader.file_format.name: reader for reader in (JsonlReader, ParquetReader, ArrowReader, TextReader)
 }
+if missing := FILE_FORMATS.keys() - READERS.keys():
+    raise ImportError(f"no reader for the file formats {sorted(missing)} of topics.file_formats")
 
 
 def make_reader(

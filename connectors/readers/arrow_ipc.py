@@ -13,6 +13,7 @@ from connectors.readers._columns import column_documents, is_text_type, is_token
 from connectors.readers.base import Document, FileLayout, Reader, location
 from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
+from topics.file_formats import FILE_FORMATS
 
 
 def read_ipc(full: Path) -> pa.Table:
@@ -39,7 +40,7 @@ def row_sizes(column: pa.ChunkedArray) -> np.ndarray:
 class ArrowReader(Reader):
     """Reads one column, ``field``, of an Arrow IPC file; it can be split into any row ranges."""
 
-    default_glob = "**/*.arrow"
+    file_format = FILE_FORMATS["arrow"]
 
     def layout(self, path: str) -> FileLayout:
         full = self.full_path(path)

@@ -14,6 +14,7 @@ from connectors.sample_ids import document_id
 from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
 from topics.errors import MixflowError
+from topics.file_formats import FileFormat
 
 ContentKind = Literal["text", "tokens"]
 CONTENT_KINDS: tuple[str, ...] = get_args(ContentKind)
@@ -93,7 +94,8 @@ class Reader(ABC):
     disk until :meth:`files` is called.
     """
 
-    default_glob: ClassVar[str]
+    file_format: ClassVar[FileFormat]
+    """The format it reads (``topics.file_formats``): its name and default glob."""
     supported_content: ClassVar[tuple[str, ...]] = CONTENT_KINDS
 
     def __init__(
@@ -114,7 +116,7 @@ class Reader(ABC):
             raise ValueError(msg)
         self.source = source
         self.root = Path(root)
-        self.glob = glob or self.default_glob
+        self.glob = glob or self.file_format.default_glob
         self.field = field
         self.content = content
 

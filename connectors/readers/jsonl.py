@@ -10,6 +10,7 @@ import numpy as np
 from connectors.readers.base import Document, FileLayout, Reader, location
 from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
+from topics.file_formats import FILE_FORMATS
 
 _SCAN_BYTES = 8 << 20
 
@@ -23,7 +24,7 @@ class JsonlReader(Reader):
     """Each line holds an object whose ``field`` is the text (or, with ``content="tokens"``, a list of
     token ids). Blank lines are rows without a document; they are skipped silently."""
 
-    default_glob = "**/*.jsonl"
+    file_format = FILE_FORMATS["jsonl"]
 
     def layout(self, path: str) -> FileLayout:
         parts = [np.zeros(1, dtype=np.int64)]

@@ -13,6 +13,7 @@ from connectors.readers._columns import column_documents
 from connectors.readers.base import Document, FileLayout, Reader, location
 from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
+from topics.file_formats import FILE_FORMATS
 
 
 class ParquetReader(Reader):
@@ -20,7 +21,7 @@ class ParquetReader(Reader):
     A file is split only at row group boundaries; a corrupt row group becomes one dead letter and the
     file's other row groups are still read."""
 
-    default_glob = "**/*.parquet"
+    file_format = FILE_FORMATS["parquet"]
 
     def layout(self, path: str) -> FileLayout:
         full = self.full_path(path)

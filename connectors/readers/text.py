@@ -9,13 +9,14 @@ import numpy as np
 from connectors.readers.base import Document, FileLayout, Reader, location
 from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
+from topics.file_formats import FILE_FORMATS
 
 
 class TextReader(Reader):
     """The whole file, decoded as UTF-8, is the document's text; ``field`` is not used, and ``content``
     must be ``"text"``. A file that is not valid UTF-8 becomes a dead letter naming the first bad byte."""
 
-    default_glob = "**/*.txt"
+    file_format = FILE_FORMATS["text"]
     supported_content = ("text",)
 
     def layout(self, path: str) -> FileLayout:

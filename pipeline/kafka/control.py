@@ -10,54 +10,43 @@ re-reads the same records from the same offset and decides the same way.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
-from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from pipeline.kafka.clients import KafkaConfig, produce, read_committed_settings
 from pipeline.planning.mixing import MixtureChange
-from pipeline.planning.mixing.changes import MixtureChangeDocument
 from topics.errors import DecodeError, MixflowError
+from topics.json_record import decode, encode, json_record
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
 from topics.renewing_consumer import RenewingConsumer
-from topics.validation import describe_errors
 
 if TYPE_CHECKING:  # pipeline.roles.constructor imports this module
     from pipeline.planning.step.state import ConstructorState
 
 log = logging.getLogger(__name__)
 
+SPEC_KEY = b"spec"
+"""The key of the spec records (``pipeline.kafka.spec_record``), which do not move the control offset."""
 MIXTURE_CHANGE_KIND = "mixture-change"
 MIXTURE_CHANGE_KEY = MIXTURE_CHANGE_KIND.encode()
 
 
-class MixtureChangeRecord(MixtureChangeDocument):
-    kind: str
-
-
 def encode_mixture_change(change: MixtureChange) -> tuple[bytes, bytes]:
     """The key and value of ``change``'s control record."""
-    return MIXTURE_CHANGE_KEY, json.dumps({"kind": MIXTURE_CHANGE_KIND, **change.to_dict()}).encode()
+    return MIXTURE_CHANGE_KEY, encode(change, kind=MIXTURE_CHANGE_KIND, separators=None)
 
 
 def decode_mixture_change(value: bytes) -> MixtureChange:
     """The change in a ``mixture-change`` record's value; ``DecodeError`` saying what is wrong otherwise."""
-    try:
-        return MixtureChangeRecord.model_validate_json(value).change()
-    except ValidationError as exc:
-        msg = f"not a mixture change: {describe_errors(exc, MixtureChangeRecord)}"
-        raise DecodeError(msg) from exc
-    except ValueError as exc:
-        raise DecodeError(str(exc)) from exc
+    return decode(MixtureChange, value)
 
 
 def new_change_id() -> str:
@@ -143,7 +132,8 @@ class ControlReader:
                         continue
                     raise KafkaException(message.error())
                 self._at_end = False
-                self.next_offset = message.offset() + 1
+                if message.key() != SPEC_KEY:  # see pipeline.kafka.spec_record
+                    self.next_offset = message.offset() + 1
                 out.append(self._record(message.offset(), message.key(), message.value()))
             if self._at_end or (not messages and time.monotonic() >= deadline):
                 return out
@@ -163,6 +153,7 @@ class ControlReader:
 UNIT_COST_KIND = "unit-cost"
 
 
+@json_record("unit cost")
 @dataclass(frozen=True)
 class UnitCost:
     """``seconds`` spent loading ``bytes`` of a source (the units' ``estimated_bytes``, the size planning
@@ -173,8 +164,6 @@ class UnitCost:
     ``unit_target_s`` set), and the planner writes its own measurement with the plan. A source's cost is
     the sum of its records (:func:`read_unit_cost`): a new loader, or the next epoch's planner, starts
     from it instead of measuring again."""
-
-    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="ignore")
 
     source: str
     bytes: int
@@ -198,20 +187,11 @@ class UnitCost:
         )
 
     def to_json(self) -> bytes:
-        return json.dumps({"kind": UNIT_COST_KIND, **asdict(self)}).encode()
+        return encode(self, kind=UNIT_COST_KIND, separators=None)
 
     @classmethod
     def from_json(cls, data: bytes) -> UnitCost:
-        try:
-            return _UNIT_COST.validate_json(data)
-        except ValidationError as exc:
-            msg = f"not a unit cost: {describe_errors(exc, cls)}"
-            raise DecodeError(msg) from exc
-        except ValueError as exc:
-            raise DecodeError(f"not a unit cost: {exc}") from exc
-
-
-_UNIT_COST = TypeAdapter(UnitCost)
+        return decode(cls, data)
 
 
 def unit_cost_key(source: str) -> bytes:

@@ -14,24 +14,22 @@ source is done exactly when its group has committed them (:func:`plan_is_complet
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import ClassVar
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import StrictInt
 
 from connectors.work_units import WorkUnit
 from pipeline.kafka.clients import KafkaConfig, commit_or_abort, produce, transactional_producer
 from pipeline.kafka.control import UnitCost, unit_cost_key
 from topics.errors import DecodeError, MixflowError
+from topics.json_record import decode, encode, json_field, json_record
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
 from topics.offset_lookup import OffsetLookup
 from topics.retry import KAFKA_RETRY
-from topics.validation import describe_errors
 
 log = logging.getLogger(__name__)
 # What can say which offsets a loader group has committed: a member of it, or a lookup that never joins.
@@ -40,6 +38,11 @@ GroupOffsets = Consumer | OffsetLookup
 PLAN_KIND = "work-plan"
 
 
+def _sorted_ends(ends: dict[int, int]) -> dict[str, int]:
+    return {str(p): e for p, e in sorted(ends.items())}
+
+
+@json_record("work plan")
 @dataclass(frozen=True)
 class WorkPlan:
     """``ends`` maps each work-topic partition to the offset after its last unit.
@@ -49,22 +52,16 @@ class WorkPlan:
     it, the plan holds the spec's ``epochs``). A source's plan is the merge (:meth:`merged`) of all its
     plan records; ends, unit counts and epochs only grow, so before units were split this was the latest.
     :meth:`from_json` validates it against these fields with pydantic in lax mode, as the ``int()`` it
-    replaces (``"3"`` and ``3.0`` are 3, partition keys are strings); ``kind`` and other fields are ignored.
+    replaced (``"3"`` and ``3.0`` are 3, partition keys are strings); ``kind`` and other fields are ignored.
     """
-
-    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="ignore")
 
     source: str
     units: int
-    ends: dict[int, int]
-    epochs: int | None = None
+    ends: dict[int, int] = json_field(encode=_sorted_ends)
+    epochs: int | None = json_field(omit_default=True, default=None)
 
     def to_json(self) -> bytes:
-        ends = {str(p): e for p, e in sorted(self.ends.items())}
-        body: dict[str, object] = {"kind": PLAN_KIND, "source": self.source, "units": self.units, "ends": ends}
-        if self.epochs is not None:
-            body["epochs"] = self.epochs
-        return json.dumps(body).encode()
+        return encode(self, kind=PLAN_KIND, separators=None)
 
     def epochs_planned(self, spec_epochs: int) -> int:
         return spec_epochs if self.epochs is None else self.epochs
@@ -79,19 +76,7 @@ class WorkPlan:
 
     @classmethod
     def from_json(cls, data: bytes) -> WorkPlan:
-        try:
-            raw = json.loads(data)
-        except (ValueError, TypeError, RecursionError) as exc:  # TypeError: a value that is not bytes (None)
-            msg = f"work-plan record is malformed: {exc}"
-            raise DecodeError(msg) from exc
-        try:
-            return _PLAN.validate_python(raw)
-        except ValidationError as exc:
-            msg = f"work-plan record is malformed: {describe_errors(exc, cls)}"
-            raise DecodeError(msg) from exc
-
-
-_PLAN = TypeAdapter(WorkPlan)
+        return decode(cls, data)
 
 
 def plan_key(source: str) -> bytes:
@@ -217,12 +202,24 @@ def produce_units(
 REQUEST_KIND = "epoch-request"
 
 
+@json_record("epoch request")
+@dataclass(frozen=True)
+class EpochRequest:
+    """The JSON form is ``{"kind": "epoch-request", "source": ..., "epoch": <n>}``, keyed ``epoch-request/<source>``."""
+
+    source: str
+    epoch: StrictInt
+
+    def to_json(self) -> bytes:
+        return encode(self, kind=REQUEST_KIND, separators=None)
+
+
 def request_epoch(config: KafkaConfig, topics: JobTopics, source: str, epoch: int) -> None:
     """Ask the loaders of ``source`` to plan its epochs up to ``epoch`` (the constructor does, under
     ``on_exhausted: next_epoch``). Asking again is harmless: planners skip epochs planned already."""
     producer = Producer({**config, "enable.idempotence": True})
-    body = {"kind": REQUEST_KIND, "source": source, "epoch": epoch}
-    produce(producer, topics.control, json.dumps(body).encode(), key=f"{REQUEST_KIND}/{source}".encode())
+    value = EpochRequest(source, epoch).to_json()
+    produce(producer, topics.control, value, key=f"{REQUEST_KIND}/{source}".encode())
     if producer.flush(60):
         msg = f"asking for epoch {epoch} of {source} on {topics.control} timed out"
         raise MixflowError(msg)
@@ -235,14 +232,10 @@ def requested_epoch(config: KafkaConfig, topics: JobTopics, source: str) -> int 
     for message in read_to_end(config, topics.control):
         if message.key() == key:
             try:
-                epoch = json.loads(message.value())["epoch"]
-            except (ValueError, TypeError, KeyError) as exc:
-                msg = f"not an epoch request: {exc}"
-                raise DecodeError(
-                    msg, topic=message.topic(), partition=message.partition(), offset=message.offset()
-                ) from exc
-            if isinstance(epoch, int) and not isinstance(epoch, bool):
-                wanted = epoch if wanted is None else max(wanted, epoch)
+                epoch = decode(EpochRequest, message.value()).epoch
+            except DecodeError as exc:
+                raise exc.at(message.topic(), message.partition(), message.offset()) from exc
+            wanted = epoch if wanted is None else max(wanted, epoch)
     return wanted
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -12,26 +13,24 @@ from pipeline.spec._paths import resolve_path
 from pipeline.spec._problems import Problems
 from pipeline.spec.autoscaling import SourceAutoscaleSpec
 from pipeline.spec.names import SourceName
+from topics.file_formats import FILE_FORMATS
 
 
-class ReaderKind(StrEnum):
-    """File formats a source loader can read."""
-
-    JSONL = "jsonl"
-    PARQUET = "parquet"
-    ARROW = "arrow"
-    TEXT = "text"
+def _listed(names: Iterable[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``, in the order of ``FILE_FORMATS``."""
+    wanted = set(names)
+    ordered = [n for n in FILE_FORMATS if n in wanted]
+    return ", ".join(ordered[:-1]) + " and " + ordered[-1] if len(ordered) > 1 else "".join(ordered)
 
 
-DEFAULT_GLOBS: dict[ReaderKind, str] = {
-    ReaderKind.JSONL: "**/*.jsonl",
-    ReaderKind.PARQUET: "**/*.parquet",
-    ReaderKind.ARROW: "**/*.arrow",
-    ReaderKind.TEXT: "**/*.txt",
-}
+# The file formats of topics.file_formats, as ReaderKind.JSONL == "jsonl", ...
+ReaderKind = StrEnum("ReaderKind", [(name.upper(), name) for name in FILE_FORMATS], module=__name__)  # type: ignore[misc]
+ReaderKind.__doc__ = "File formats a source loader can read."
+
+DEFAULT_GLOBS: dict[ReaderKind, str] = {ReaderKind(f.name): f.default_glob for f in FILE_FORMATS.values()}
 DEFAULT_FIELD = "text"
 # Readers of records with named columns or keys; the text reader has none.
-COLUMNAR_READERS = frozenset({ReaderKind.JSONL, ReaderKind.PARQUET, ReaderKind.ARROW})
+COLUMNAR_READERS = frozenset(ReaderKind(f.name) for f in FILE_FORMATS.values() if f.fields)
 
 
 class SourceSpec(BaseModel):
@@ -54,7 +53,8 @@ class SourceSpec(BaseModel):
         None,
         min_length=1,
         description=f"Column or key holding the text (or token ids when pretokenized) for the "
-        f"jsonl, parquet and arrow readers; default {DEFAULT_FIELD!r}. Not used by the text reader.",
+        f"{_listed(r.value for r in COLUMNAR_READERS)} readers; default {DEFAULT_FIELD!r}. Not used by the "
+        f"{_listed(r.value for r in ReaderKind if r not in COLUMNAR_READERS)} reader.",
     )
     pretokenized: bool = Field(False, description="The field holds token ids instead of text.")
     tokenizer: Path | None = Field(

@@ -13,18 +13,33 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
+from pydantic import AfterValidator, Field, NonNegativeInt
 
 from pipeline.planning.mixing.schedule import Schedule
+from topics.json_record import json_record, record_dict
 
 
+def _some_share(shares: Mapping[str, float]) -> Mapping[str, float]:
+    if sum(shares.values()) <= 0:
+        msg = "must give some source a share above 0"
+        raise ValueError(msg)
+    return shares
+
+
+Share = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+@json_record("mixture change")
 @dataclass(frozen=True)
 class MixtureChange:
-    """Shares from ``from_step`` on; a source not named has share 0. ``id`` names the change in acks."""
+    """Shares from ``from_step`` on; a source not named has share 0. ``id`` names the change in acks.
+
+    Its JSON form (``topics.json_record``): ``{"id": "...", "from_step": 12, "shares": {"code": 0.5, ...}}``,
+    in the state record and, led by its kind, on the control topic (``pipeline.kafka.control``)."""
 
     id: str
-    from_step: int
-    shares: Mapping[str, float]
+    from_step: NonNegativeInt
+    shares: Annotated[Mapping[str, Share], AfterValidator(_some_share)]
 
     def __post_init__(self) -> None:
         if self.from_step < 0:
@@ -36,7 +51,7 @@ class MixtureChange:
             raise ValueError(msg)
 
     def to_dict(self) -> dict[str, object]:
-        return {"id": self.id, "from_step": self.from_step, "shares": dict(self.shares)}
+        return record_dict(self)
 
 
 def refusal(change: MixtureChange, next_step: int, sources: Sequence[str]) -> str | None:
@@ -70,27 +85,3 @@ class MixtureTimeline:
             if total > 0:
                 return {s: x / total for s, x in row.items()}
         return self.base.weights_at(step)
-
-
-Share = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-
-
-class MixtureChangeDocument(BaseModel):
-    """A mixture change as JSON: ``{"id": "...", "from_step": 12, "shares": {"code": 0.5, ...}}``."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    id: str
-    from_step: NonNegativeInt
-    shares: dict[str, Share]
-
-    @field_validator("shares")
-    @classmethod
-    def _some_share(cls, shares: dict[str, float]) -> dict[str, float]:
-        if sum(shares.values()) <= 0:
-            msg = "must give some source a share above 0"
-            raise ValueError(msg)
-        return shares
-
-    def change(self) -> MixtureChange:
-        return MixtureChange(self.id, self.from_step, self.shares)

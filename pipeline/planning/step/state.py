@@ -9,16 +9,14 @@ from its low watermark.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, PlainValidator, StrictBool, TypeAdapter
+from pydantic import GetCoreSchemaHandler, NonNegativeInt, PlainValidator, StrictBool, TypeAdapter
+from pydantic_core import CoreSchema
 
 from pipeline.planning.mixing import MixerState, MixtureChange
-from pipeline.planning.mixing.changes import MixtureChangeDocument
-from pipeline.planning.mixing.state import MixerStateDocument
-from topics.validation import decode_versioned_json
+from topics.json_record import decode, encode, json_field, json_record, shaped_schema
 
 STATE_VERSION = 1
 MAX_REFUSED = 16
@@ -26,32 +24,68 @@ MAX_REFUSED = 16
 
 @dataclass(frozen=True)
 class SampleRef:
+    """In a state record: ``["code", 17]``."""
+
     source: str
     offset: int
+
+    def to_json_value(self) -> list[object]:
+        return [self.source, self.offset]
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return shaped_schema(handler, tuple[str, int], lambda pair: cls(*pair))
 
 
 @dataclass(frozen=True)
 class SourcePosition:
-    """``low``: the first offset not yet delivered. ``used``: delivered offsets above ``low``, sorted."""
+    """``low``: the first offset not yet delivered. ``used``: delivered offsets above ``low``, sorted.
+
+    In a state record: ``[low, [<used offset or run>, ...]]``, ``MIN_RUN`` or more consecutive used offsets
+    as a run ``[first, end]`` (``end`` exclusive), which keeps the record small when composition takes
+    samples out of order. Offsets are read in pydantic's lax mode, as the ``int()`` this replaced (``"7"``
+    and ``7.0`` are 7)."""
 
     low: int = 0
     used: tuple[int, ...] = ()
 
+    def to_json_value(self) -> list[object]:
+        return [self.low, encode_offsets(self.used)]
 
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return shaped_schema(handler, tuple[int, tuple[OffsetItem, ...]], lambda v: cls(v[0], decode_offsets(v[1])))
+
+
+@json_record(
+    "constructor state",
+    version=STATE_VERSION,
+    order=("mixer", "positions", "deferred", "exhausted", "finished", "control_offset", "changes", "refused"),
+)
 @dataclass(frozen=True)
 class ConstructorState:
-    """The state after step ``step - 1``: the next step to write is ``step`` (``mixer.step``)."""
+    """The state after step ``step - 1``: the next step to write is ``step`` (``mixer.step``).
+
+    Its JSON form (``topics.json_record``)::
+
+        {"v":1,"mixer":{<MixerState>},"sources":{"code":[<low>,[<used offset or run>,...]],...},
+         "deferred":[["code",<offset>],...],"exhausted":["code",...],"finished":false,"control":<offset>,
+         "changes":[{"id":"...","from_step":<step>,"shares":{"code":<share>,...}},...],"refused":["<id>",...]}
+
+    ``control``, ``changes`` and ``refused`` are left out while empty (and may be missing: records written
+    before they existed). ``finished`` must be a JSON boolean and the mixer state is strict; unknown fields
+    are ignored."""
 
     mixer: MixerState
-    positions: dict[str, SourcePosition] = field(default_factory=dict)
-    deferred: tuple[SampleRef, ...] = ()
-    exhausted: tuple[str, ...] = ()
-    finished: bool = False
-    changes: tuple[MixtureChange, ...] = ()
+    positions: dict[str, SourcePosition] = json_field(name="sources", required=True, default_factory=dict)
+    deferred: tuple[SampleRef, ...] = json_field(required=True, default=())
+    exhausted: tuple[str, ...] = json_field(required=True, default=())
+    finished: StrictBool = json_field(required=True, default=False)
+    changes: tuple[MixtureChange, ...] = json_field(omit_default=True, default=())
     """Mixture changes accepted so far (some may apply from later steps), in the order accepted."""
-    control_offset: int = 0
+    control_offset: NonNegativeInt = json_field(name="control", omit_default=True, default=0)
     """The next offset of ``<job>.control`` to read for mixture changes."""
-    refused: tuple[str, ...] = ()
+    refused: tuple[str, ...] = json_field(omit_default=True, default=())
     """Ids of the latest mixture changes refused (at most ``MAX_REFUSED``), for ``set-mixture`` to report."""
 
     @property
@@ -63,28 +97,12 @@ class ConstructorState:
         return cls(mixer=mixer, positions={s: SourcePosition() for s in mixer.credit})
 
     def to_bytes(self) -> bytes:
-        body: dict[str, object] = {
-            "v": STATE_VERSION,
-            "mixer": json.loads(self.mixer.to_bytes()),
-            "sources": {s: [p.low, encode_offsets(p.used)] for s, p in self.positions.items()},
-            "deferred": [[r.source, r.offset] for r in self.deferred],
-            "exhausted": list(self.exhausted),
-            "finished": self.finished,
-        }
-        if self.control_offset:
-            body["control"] = self.control_offset
-        if self.changes:
-            body["changes"] = [c.to_dict() for c in self.changes]
-        if self.refused:
-            body["refused"] = list(self.refused)
-        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        return encode(self)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ConstructorState:
         """The state ``to_bytes`` wrote; ``DecodeError`` naming what is wrong otherwise."""
-        return decode_versioned_json(
-            data, what="constructor state", version=STATE_VERSION, document=ConstructorStateDocument
-        ).state()
+        return decode(cls, data)
 
 
 MIN_RUN = 3
@@ -131,42 +149,3 @@ def decode_offsets(items: tuple[int | tuple[int, int], ...]) -> tuple[int, ...]:
         else:
             out.append(item)
     return tuple(out)
-
-
-class ConstructorStateDocument(BaseModel):
-    """The JSON form of a :class:`ConstructorState`, as ``to_bytes`` writes it::
-
-        {"v":1,"mixer":{<MixerStateDocument>},"sources":{"code":[<low>,[<used offset or run>,...]],...},
-         "deferred":[["code",<offset>],...],"exhausted":["code",...],"finished":false,"control":<offset>,
-         "changes":[{"id":"...","from_step":<step>,"shares":{"code":<share>,...}},...],"refused":["<id>",...]}
-
-    Used offsets are sorted; ``MIN_RUN`` or more consecutive ones are written as a run ``[first, end]``
-    (``end`` exclusive), which keeps the record small when composition takes samples out of order.
-    ``control``, ``changes`` and ``refused`` may be missing (records written before they existed).
-
-    Offsets are validated in pydantic's lax mode, as the ``int()`` this replaces (``"7"`` and ``7.0`` are
-    7); ``finished`` must be a JSON boolean and the mixer state is strict. Unknown fields are ignored."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    v: Literal[1]
-    mixer: MixerStateDocument
-    sources: dict[str, tuple[int, tuple[OffsetItem, ...]]]
-    deferred: tuple[tuple[str, int], ...]
-    exhausted: tuple[str, ...]
-    finished: StrictBool
-    control: NonNegativeInt = 0
-    changes: tuple[MixtureChangeDocument, ...] = ()
-    refused: tuple[str, ...] = ()
-
-    def state(self) -> ConstructorState:
-        return ConstructorState(
-            mixer=self.mixer.state(),
-            positions={s: SourcePosition(low, decode_offsets(used)) for s, (low, used) in self.sources.items()},
-            deferred=tuple(SampleRef(s, o) for s, o in self.deferred),
-            exhausted=self.exhausted,
-            finished=self.finished,
-            changes=tuple(c.change() for c in self.changes),
-            control_offset=self.control,
-            refused=self.refused,
-        )

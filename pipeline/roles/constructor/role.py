@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry
 from pipeline.kafka.clients import KafkaConfig, ProducerFencedError, read_committed_settings
 from pipeline.kafka.control import ControlReader
 from pipeline.kafka.role_protocol import TransactionalRole, closing_unless_stuck
+from pipeline.kafka.spec_record import record_spec
 from pipeline.kafka.state_topic import read_last_state, written_shape
 from pipeline.planning.mixing import DrawStatus, Mixer, MixerState, MixtureChange, refusal
 from pipeline.planning.scheduler import plan_step
@@ -270,6 +271,7 @@ class DataConstructor(TransactionalRole):
             self.stats.finished = True
             return
         log.info("constructor %s: resuming at step %d", self.transactional_id, state.step)
+        record_spec(self, producer, self.out, self.spec, state.step)
         pool = SamplePool(state)
         consumer = RenewingConsumer(
             read_committed_settings(

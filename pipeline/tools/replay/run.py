@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from pipeline.kafka.clients import KafkaConfig
+from pipeline.kafka.spec_record import read_spec_records
 from pipeline.planning.step.spec_change import StepShape
 from pipeline.roles.constructor import ConstructorOptions, DataConstructor
 from pipeline.spec import JobSpec
@@ -14,6 +15,7 @@ from pipeline.tools.replay.audit import Audit, audit
 from pipeline.tools.replay.elastic import ElasticReplay
 from pipeline.tools.replay.history import JobHistory, read_history, require_history
 from pipeline.tools.replay.plan import ReplayMode, ReplayPlan, ReplayRequest, plan_replay
+from pipeline.tools.replay.specs import replay_specs
 from topics.errors import MixflowError
 from topics.names import JobTopics
 from topics.step_index import locate_step
@@ -110,16 +112,30 @@ def _write(
         role = ElasticReplay(config, original, target, plan.shape, cost_model, timeout_ms)
         written = role.run(plan.first, plan.last, plan.end)
         return written, role.finished
-    options = ConstructorOptions(
-        output_job=target,
-        # A job that ended ends the same way again, after the same steps (and mixing stops by itself there).
-        max_steps=None if plan.end else plan.last + 1 - plan.first,
-        transaction_timeout_ms=timeout_ms,
-        start_state=plan.start_state,
-        replay_changes=plan.changes,
-    )
-    stats = DataConstructor(spec, config, options).run()
-    return [record.step for record in stats.steps], stats.finished
+    records = read_spec_records(config, JobTopics(original.job))
+    written: list[int] = []
+    finished = False
+    stretches = replay_specs(original.job, spec, records, plan.first, plan.last)
+    for index, stretch in enumerate(stretches):
+        if stretch.warning is not None:
+            log.warning("%s", stretch.warning)
+        elif len(stretches) > 1:
+            log.info("replaying steps %d to %d under the spec in force there", stretch.first, stretch.last)
+        to_the_end = plan.end and index == len(stretches) - 1
+        options = ConstructorOptions(
+            output_job=target,
+            # A job that ended ends the same way again, after the same steps (and mixing stops by itself there).
+            max_steps=None if to_the_end else stretch.last + 1 - stretch.first,
+            transaction_timeout_ms=timeout_ms,
+            start_state=plan.start_state,  # used only while the target holds no state yet
+            replay_changes=plan.changes,
+        )
+        stats = DataConstructor(stretch.spec, config, options).run()
+        written += [record.step for record in stats.steps]
+        finished = stats.finished
+        if finished or not written or written[-1] < stretch.last:  # stopped early (a signal, or the end)
+            break
+    return written, finished
 
 
 def _first_step(config: KafkaConfig, job: str) -> int | None:

@@ -1,0 +1,29 @@
+"""The source file formats mixflow reads: the one list that the spec's ``reader`` field, its defaults and
+checks (``pipeline.spec.sources``) and the readers' table (``connectors.readers``) are made from.
+
+A new format is a line here and a ``Reader`` subclass in ``connectors/readers/`` that names it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    """``name`` as a spec's ``reader`` gives it; ``default_glob`` picks a source's files when its spec gives
+    no glob; ``fields``: its records have named columns or keys (a spec's ``field`` picks one)."""
+
+    name: str
+    default_glob: str
+    fields: bool
+
+
+FILE_FORMATS: dict[str, FileFormat] = {
+    f.name: f
+    for f in (
+        FileFormat("jsonl", "**/*.jsonl", fields=True),
+        FileFormat("parquet", "**/*.parquet", fields=True),
+        FileFormat("arrow", "**/*.arrow", fields=True),
+        FileFormat("text", "**/*.txt", fields=False),
+    )
+}
