@@ -1,10 +1,11 @@
-"""The constructor's per-step checkpoint: what it needs to continue after a step, in a few hundred bytes.
+"""The constructor's per-step checkpoint: what it needs to continue after a step.
 
 Per source it holds the low watermark (every offset below it is delivered or dead-lettered) and the
 offsets above it that are delivered already (long-context draws can take samples out of order). The
 deferred samples are held by reference (source, offset), in their priority order; the mixer's credits
 and the step number complete it. Samples themselves are never copied: a restart re-reads each source
-from its low watermark.
+from its low watermark. Its size follows how far out of order samples are taken, never the data: under a
+kilobyte or two on the example job, tens of KB where composition leaves thousands of scattered offsets.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class ConstructorStateDocument(BaseModel):
     (``end`` exclusive), which keeps the record small when composition takes samples out of order.
     ``control``, ``changes`` and ``refused`` may be missing (records written before they existed).
 
-    Offsets are validated in pydantic's lax mode, as the ``int()`` this replaces (``"7"`` and ``7.0`` are
+    Offsets are validated in pydantic's lax mode, as ``int()`` would take them (``"7"`` and ``7.0`` are
     7); ``finished`` must be a JSON boolean and the mixer state is strict. Unknown fields are ignored."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
