@@ -420,7 +420,7 @@ def main() -> None:
 
 
 def print_targets(rows: list[dict[str, object]]) -> None:
-    """The issue's targets on its 70/25/5 stream, met or not."""
+    """The targets on the 70/25/5 stream, met or not."""
 
     def ratio(cell: object) -> float:
         return float(str(cell).split("(")[1].rstrip("x)"))

@@ -329,7 +329,7 @@ def run_loaders(spec_path: Path, source: str, procs: int, bootstrap: str, unit_s
 
 # (label, function, caller): the function's calls, or with a caller only those made from it. Functions are
 # named by where they are defined ("module.Class.method"; a C method as "confluent_kafka.Consumer.poll") and
-# looked up before profiling, so a row naming a function that no longer exists stops the profile with its
+# looked up before profiling, so a row naming a function that does not exist stops the profile with its
 # name instead of printing zeros.
 LOADER = "pipeline.roles.loader.role.SourceLoader"
 PLANNING = "pipeline.roles.loader.work_planning.SourcePlanning"

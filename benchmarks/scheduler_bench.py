@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/scheduler_bench.py [--quick | --tenk] [--repeats N] [--markdown]
 
 Every scenario draws samples until they fill ``ranks * micro_batches * capacity`` tokens, so a step is
-nearly full; the 10,240-rank scenarios (issue #10, about 2M samples a step; ``--tenk`` runs only those) draw
+nearly full; the 10,240-rank scenarios (about 2M samples a step; ``--tenk`` runs only those) draw
 a pool of 105% of the step, as a constructor with a deferred backlog does, and time the order of every
 rank's batch too (``rank_order`` rank by rank against ``rank_orders``). Baselines, on the same pool:
 ``plan_lpt`` (plain LPT over the same candidates: longest first, each on the least costly rank with room,
@@ -85,10 +85,10 @@ SCENARIOS = (
     Scenario("zipf-like pareto 1.1", "L^2", QUADRATIC, 4096, 4, _pareto(1.1, 16)),
     Scenario("bimodal 512 / 4k", "flops", FLOPS, 8192, 8, _bimodal),
     Scenario("uniform long 4k-8k", "linear", LINEAR, 8192, 4, lambda rng, n: rng.uniform(4096, 8192, n)),
-    # The two cases of issue #11: a heavy tail under a pure quadratic cost, a long/short mix at 32k.
+    # Two hard cases (labelled #11): a heavy tail under a pure quadratic cost, a long/short mix at 32k.
     Scenario("#11 pareto 1.1 (min 64)", "L^2", QUADRATIC, 8192, 8, _pareto(1.1, 64), ranks=(256,)),
     Scenario("#11 mix 32k (3% long)", "flops", FLOPS, 32768, 2, _long_short(8192, 32768, 0.03), ranks=(128,)),
-    # Issue #10: 10,240 ranks, a few micro-batches each, about 2M samples a step, a pool of 105% of the step.
+    # 10,240 ranks, a few micro-batches each, about 2M samples a step, a pool of 105% of the step.
     Scenario("10k web (lognormal ~500)", "flops", FLOPS, 32768, 4, _lognormal(500, 0.8), (TENK,), 1.05),
     Scenario("10k mix 64k (3% long)", "flops", FLOPS, 65536, 4, _long_short(8192, 32768, 0.03), (TENK,), 1.05),
 )

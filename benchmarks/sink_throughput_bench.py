@@ -21,7 +21,7 @@ Then, per repeat, three arms back to back, in an order that changes every repeat
 
 The ratio is raw seconds / sink seconds for the same messages (equal to the ratio of micro-batches/s),
 per repeat, over the whole read and after the first message (which excludes the consumer's start, about
-0.6 s for every arm here); the issue's target is at least 0.8. Medians over the repeats; timings are
+0.6 s for every arm here); the target is at least 0.8. Medians over the repeats; timings are
 never asserted.
 """
 

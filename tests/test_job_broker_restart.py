@@ -20,11 +20,11 @@ from topics.log_reader import read_to_end
 from topics.names import JobTopics
 
 
-# Opt-in (`pytest -m chaos`): tests/test_chaos.py restarts the broker under a whole job in CI. Two causes of
-# its failures were found by the chaos runs: the constructor read a source's end offset while its client had
-# forgotten the partition (_UNKNOWN_PARTITION, not retried then) and died with 1; and its transactional
-# producer waits forever in send_offsets once the broker came back (librdkafka#5511), until the watchdog
-# ends it with 3 (after 25 s since one attempt, not the whole retry deadline, is watched).
+# Opt-in (`pytest -m chaos`): tests/test_chaos.py restarts the broker under a whole job in CI. What a restart
+# does to the roles' clients: one can forget a partition (_UNKNOWN_PARTITION on an end-offset lookup, which
+# is retried), and a transactional producer can wait forever in send_offsets once the broker is back
+# (librdkafka#5511), until the watchdog ends the role with 3 (after 25 s: one attempt is watched, not the
+# whole retry deadline).
 @pytest.mark.chaos
 @pytest.mark.kafka  # starts a broker of its own (not the session's)
 def test_a_job_survives_a_broker_restart(

@@ -164,7 +164,7 @@ def test_every_metric_follows_the_prometheus_conventions() -> None:
                 assert family.type == "gauge", (name, family.type)
                 assert name.endswith(GAUGE_ENDINGS), f"gauge {name} has no unit or counted thing"
             assert family.documentation, f"{name} has no help text"
-    # The list, each defined somewhere.
+    # The metrics the docs list, each defined somewhere.
     for wanted in (
         "mixflow_loader_samples",
         "mixflow_loader_tokens",

@@ -120,7 +120,7 @@ def test_never_worse_than_lpt(
 @pytest.mark.parametrize(
     ("family", "ranks", "micro_batches", "capacity", "cost_model"),
     [
-        ("pareto", 256, 8, 8192, CostModel(alpha=1.0, beta=0.0)),  # the heavy tail of issue #11
+        ("pareto", 256, 8, 8192, CostModel(alpha=1.0, beta=0.0)),  # a heavy tail under a quadratic cost
         ("long_short", 128, 2, 32768, CostModel.from_transformer(4096, 32)),  # its long/short mix at 32k
         ("lognormal", 4096, 4, 2048, CostModel.from_transformer(4096, 32)),
         ("zipf", 1024, 8, 1024, CostModel(alpha=1.0, beta=1e7)),
@@ -137,7 +137,7 @@ def test_never_worse_than_lpt_at_scale(
 def _python_lpt(
     lengths: np.ndarray, ranks: int, micro_batches: int, capacity: int, costs: np.ndarray
 ) -> tuple[list[int], list[int]]:
-    """LPT as the issue states it, in plain Python: by cost, highest first (ties by index), onto the least
+    """LPT as the textbook states it, in plain Python: by cost, highest first (ties by index), onto the least
     costly rank (ties: the lowest) whose micro-batches have room, into its first micro-batch with room."""
     limit = int(np.searchsorted(np.cumsum(lengths), ranks * micro_batches * capacity, side="right"))
     rank, micro = [-1] * lengths.size, [-1] * lengths.size

@@ -1,4 +1,4 @@
-"""The scheduler at 10,240 ranks (issue #10): plans are valid, starvation-safe, deterministic and never worse
+"""The scheduler at 10,240 ranks: plans are valid, starvation-safe, deterministic and never worse
 than starvation-safe LPT; ``rank_orders`` is ``rank_order`` of every rank, in one pass."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _assert_rank_orders_match(plan: StepPlan, ranks: list[int]) -> None:
 
 
 def test_a_ten_thousand_rank_step_of_two_million_samples() -> None:
-    """The case of issue #10: 10,240 ranks x 4 micro-batches of 32k tokens, a lognormal pool of 105% of the
+    """10,240 ranks x 4 micro-batches of 32k tokens, a lognormal pool of 105% of the
     step, about 2M samples."""
     lengths = _pool("lognormal", 10, 4, 32768, 1.05)
     assert 1_900_000 < lengths.size < 2_200_000

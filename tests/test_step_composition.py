@@ -51,7 +51,7 @@ def _bimodal(rng: np.random.Generator, n: int, capacity: int) -> np.ndarray:
 
 
 def _long_short(rng: np.random.Generator, n: int, capacity: int) -> np.ndarray:
-    """The issue's stream: 70% web-like, 25% code-like, 5% long documents of C/4 to C."""
+    """The 70/25/5 stream: 70% web-like, 25% code-like, 5% long documents of C/4 to C."""
     u = rng.random(n)
     web, code = rng.lognormal(np.log(capacity / 130), 0.8, n), rng.lognormal(np.log(capacity / 40), 1.2, n)
     return np.where(u < 0.7, web, np.where(u < 0.95, code, rng.uniform(capacity / 4, capacity, n)))
@@ -411,7 +411,7 @@ def test_short_samples_only_is_a_fifo_prefix_within_capacity() -> None:
 
 
 def test_long_context_steps_are_balanced() -> None:
-    """The issue's stream at a 64k-like shape (2 micro-batches, attention three times the linear layers
+    """The 70/25/5 stream at a 64k-like shape (2 micro-batches, attention three times the linear layers
     for a whole micro-batch): the median step's largest rank costs at most 3% above the mean."""
     shape = Shape(8, 2, 4096)
     run = _simulate(["long/short"], {"s": 1.0}, shape, 40, seed=11)

@@ -50,9 +50,9 @@ class WorkPlan:
     The JSON form is ``{"kind": "work-plan", "source": ..., "units": ..., "ends": {"<partition>": <end>}}``,
     plus ``"epochs": <n>`` once the plan was extended by epochs planned on demand (``next_epoch``; without
     it, the plan holds the spec's ``epochs``). A source's plan is the merge (:meth:`merged`) of all its
-    plan records; ends, unit counts and epochs only grow, so before units were split this was the latest.
-    :meth:`from_json` validates it against these fields with pydantic in lax mode, as the ``int()`` it
-    replaced (``"3"`` and ``3.0`` are 3, partition keys are strings); ``kind`` and other fields are ignored.
+    plan records; ends, unit counts and epochs only grow, so without split units it is the latest record.
+    :meth:`from_json` validates it against these fields with pydantic in lax mode, as ``int()`` would
+    (``"3"`` and ``3.0`` are 3, partition keys are strings); ``kind`` and other fields are ignored.
     """
 
     source: str

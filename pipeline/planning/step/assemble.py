@@ -1,4 +1,5 @@
-"""Turn one step's candidates into one batch per rank: plan with the scheduler, pack, encode. Pure."""
+"""Turn one step's candidates into one batch per rank: plan with the scheduler, then pack each rank's
+samples micro-batch by micro-batch into a ``Batch`` (the constructor encodes them). Pure."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""The constructor's per-step checkpoint: what it needs to continue after a step, in a few hundred bytes.
+"""The constructor's per-step checkpoint: what it needs to continue after a step.
 
 Per source it holds the low watermark (every offset below it is delivered or dead-lettered) and the
 offsets above it that are delivered already (long-context draws can take samples out of order). The
 deferred samples are held by reference (source, offset), in their priority order; the mixer's credits
 and the step number complete it. Samples themselves are never copied: a restart re-reads each source
-from its low watermark.
+from its low watermark. Its size follows how far out of order samples are taken, never the data: under a
+kilobyte or two on the example job, tens of KB where composition leaves thousands of scattered offsets.
 """
 
 from __future__ import annotations
