@@ -44,7 +44,7 @@ class SourcePosition:
 
     In a state record: ``[low, [<used offset or run>, ...]]``, ``MIN_RUN`` or more consecutive used offsets
     as a run ``[first, end]`` (``end`` exclusive), which keeps the record small when composition takes
-    samples out of order. Offsets are read in pydantic's lax mode, as the ``int()`` this replaced (``"7"``
+    samples out of order. Offsets are read in pydantic's lax mode, as ``int()`` would take them (``"7"``
     and ``7.0`` are 7)."""
 
     low: int = 0
