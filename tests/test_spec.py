@@ -10,6 +10,7 @@ import yaml
 
 from pipeline.cli import main
 from pipeline.spec import OnExhausted, ReaderKind, SpecError, load_spec, spec_json_schema
+from pipeline.tools.run.job import job_spec_file
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "example.yaml"
 
@@ -202,3 +203,18 @@ def test_cli_check_and_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     out = tmp_path / "schema.json"
     assert main(["spec", "schema", "--out", str(out)]) == 0
     assert json.loads(out.read_text()) == spec_json_schema()
+
+
+@pytest.mark.parametrize("composition", [None, {"window_steps": 2.0}])
+def test_a_renamed_job_keeps_every_field_the_spec_set(tmp_path: Path, composition: object) -> None:
+    """``mixflow run --job`` writes the spec again under another job name: the roles read that copy, so it
+    must mean what the original means, a field set to null included (``composition: null`` is the
+    in-order draw; dropped, it would fall back to the default composition)."""
+    body = yaml.safe_load(EXAMPLE.read_text())
+    body["composition"] = composition
+    original = tmp_path / "spec.yaml"
+    original.write_text(yaml.safe_dump(body))
+    spec, path = job_spec_file(original, "renamed", tmp_path / "run")
+    assert spec.job == "renamed"
+    assert load_spec(path).model_dump() == {**load_spec(original).model_dump(), "job": "renamed"}
+    assert (spec.composition is None) == (composition is None)

@@ -64,11 +64,12 @@ class RoleProcess:
 
 
 def job_spec_file(spec_path: Path, job: str | None, folder: Path) -> tuple[JobSpec, Path]:
-    """The spec, with ``job`` renamed when given, written with absolute paths under ``folder``."""
+    """The spec, with ``job`` renamed when given, written with absolute paths under ``folder``. A field the
+    spec sets to null stays null (``composition: null`` is the in-order draw, not the default)."""
     spec = load_spec(spec_path)
     if job is None:
         return spec, spec_path
-    body = spec.model_dump(mode="json", exclude_none=True)
+    body = spec.model_dump(mode="json", exclude_unset=True)
     body["job"] = job
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "spec.yaml"
