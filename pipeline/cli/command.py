@@ -3,7 +3,8 @@
 A top-level command names the module that implements it (``Command.module``); the module is imported
 only when the command is chosen, so that ``mixflow load`` does not load the constructor, the autoscaler
 or numba. Such a module defines ``add_arguments(parser)`` and either ``run(args)`` or ``ACTIONS``, its
-sub-commands (and ``ACTION_DEST`` where ``args.action`` would not do)."""
+sub-commands (and ``ACTION_DEST`` where ``args.action`` would not do). It imports at its top what its
+arguments need, and inside ``run`` what running needs: ``mixflow load --help`` loads no Kafka client."""
 
 from __future__ import annotations
 
