@@ -20,13 +20,12 @@ from topics.log_reader import read_to_end
 from topics.names import JobTopics
 
 
-# Opt-in (`pytest -m chaos`): tests/test_chaos.py restarts the broker under a whole job in CI. Two causes of
-# its failures were found by the chaos runs: the constructor read a source's end offset while its client had
-# forgotten the partition (_UNKNOWN_PARTITION, not retried then) and died with 1; and its transactional
-# producer waits forever in send_offsets once the broker came back (librdkafka#5511), until the watchdog
-# ends it with 3 (after 25 s since one attempt, not the whole retry deadline, is watched).
-@pytest.mark.chaos
+# Two causes of its earlier failures were found by the chaos runs: the constructor read a source's end offset
+# while its client had forgotten the partition (_UNKNOWN_PARTITION, not retried then) and died with 1; and its
+# transactional producer waits forever in send_offsets once the broker came back (librdkafka#5511), until the
+# watchdog ends it with 3 (after 25 s since one attempt, not the whole retry deadline, is watched).
 @pytest.mark.kafka  # starts a broker of its own (not the session's)
+@pytest.mark.timeout(600)  # a whole job and a broker restart: its own waits bound it (180 s, then 300 s)
 def test_a_job_survives_a_broker_restart(
     private_broker: tuple[LocalBroker, str], tmp_path: Path, unique_name: str
 ) -> None:
