@@ -1,7 +1,7 @@
 """Autoscaling benchmark: the same heterogeneous job with a fixed allocation of loaders and with autoscaling
 under the same total budget, side by side.
 
-    .venv/bin/python benchmarks/autoscale_bench.py [--repeats 3] [--kind wait|costly] [--cost 500] [--settle-s 20]
+    .venv/bin/python -m benchmarks.autoscale_bench [--repeats 3] [--kind wait|costly] [--cost 500] [--settle-s 20]
         [--files 150 300 300] [--budget 5] [--markdown]
 
 The job (``tests/autoscale_support.py``): three text sources of many small files with equal shares; ``code``
@@ -36,22 +36,20 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from _table import add_markdown_flag, print_table  # noqa: E402
-
-from pipeline.roles.autoscale.stalls import job_stalls  # noqa: E402
-from pipeline.spec import load_spec  # noqa: E402
-from tests.autoscale_support import (  # noqa: E402
+from benchmarks._table import add_markdown_flag, print_table
+from pipeline.roles.autoscale.stalls import job_stalls
+from pipeline.spec import load_spec
+from tests.autoscale_support import (
     build_job_data,
     decisions,
     job_folder,
     run_job,
     write_job_spec,
 )
-from topics.log_reader import read_to_end  # noqa: E402
-from topics.names import JobTopics  # noqa: E402
+from topics.log_reader import read_to_end
+from topics.names import JobTopics
+
+REPO = Path(__file__).resolve().parent.parent
 
 BUDGET = 5
 TRAINER_STALL = 0.1

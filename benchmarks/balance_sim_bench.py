@@ -1,6 +1,6 @@
 """Balance simulator: naive per-rank loading, today's mixflow and composed steps on the same arrival stream.
 
-    .venv/bin/python benchmarks/balance_sim_bench.py [--quick] [--steps N] [--seeds N] [--markdown]
+    .venv/bin/python -m benchmarks.balance_sim_bench [--quick] [--steps N] [--seeds N] [--markdown]
 
 A step is R = 8 data-parallel ranks of M micro-batches of C tokens (8k: 16 x 8192, 32k: 4 x 32768,
 64k: 2 x 65536, 128k: 1 x 131072; 128k tokens per rank everywhere). A rank's time is the sum over its
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,11 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _table import add_markdown_flag, print_table
-
+from benchmarks._table import add_markdown_flag, print_table
 from pipeline.planning.mixing import DrawStatus, MixerState, draw_step, step_budget
 from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, compose_step, waiting_bound
 from pipeline.planning.mixing.draw import Draw

@@ -2,7 +2,7 @@
 shadow constructor and of the trainer sinks; broker restarts), then an audit that nothing was lost or
 repeated and that no role failed on its own.
 
-    .venv/bin/python benchmarks/chaos_bench.py [--faults 100] [--seed 1] [--shadows 1] [--out DIR]
+    .venv/bin/python -m benchmarks.chaos_bench [--faults 100] [--seed 1] [--shadows 1] [--out DIR]
 
 It runs what `mixflow chaos --spec examples/example.yaml --faults N --seed S` runs (building the example
 data first when examples/data is missing), on a private broker, and prints the faults by kind with the
@@ -20,12 +20,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks._table import add_markdown_flag, print_table
+from pipeline.tools.chaos import ChaosOptions, ChaosReport, FaultKind, run_chaos
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from _table import add_markdown_flag, print_table  # noqa: E402
-
-from pipeline.tools.chaos import ChaosOptions, ChaosReport, FaultKind, run_chaos  # noqa: E402
 
 
 def example_spec() -> Path:

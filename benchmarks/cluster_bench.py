@@ -2,7 +2,7 @@
 a writer waits when a broker dies (the cluster: a partition leader SIGKILLed, leadership moves; the single
 broker: stopped and started again, the only way back).
 
-    .venv/bin/python benchmarks/cluster_bench.py [--repeats 3] [--markdown]
+    .venv/bin/python -m benchmarks.cluster_bench [--repeats 3] [--markdown]
 
 Every stack runs in a temporary state folder on free ports, beside any other broker. Times are medians
 over the repeats, in seconds.
@@ -20,8 +20,6 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._table import add_markdown_flag, print_table
 from pipeline.tools.stack.local_broker import LocalBroker, free_port_block

@@ -1,6 +1,6 @@
 """Step composition's own time: planning options lazily against planning every one, at 8 to 512 ranks.
 
-    .venv/bin/python benchmarks/compose_bench.py [--ranks 8,64,512] [--contexts 8k,64k] [--steps N] [--markdown]
+    .venv/bin/python -m benchmarks.compose_bench [--ranks 8,64,512] [--contexts 8k,64k] [--steps N] [--markdown]
 
 The 70/25/5 stream of ``balance_sim_bench.py`` (seed 0), composed steps as the constructor makes them
 (``compose_step`` then ``plan_step``, deferred samples first). Each row runs the same steps twice:
@@ -15,18 +15,12 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import balance_sim_bench as sim
-from _table import add_markdown_flag, print_table
-
+from benchmarks import balance_sim_bench as sim
+from benchmarks._table import add_markdown_flag, print_table
 from pipeline.planning.mixing import _compose_select
 
 

@@ -1,7 +1,7 @@
 """Data constructor benchmark on the example job: token shares against the schedule, rank imbalance
 against naive per-rank loading, and state record sizes.
 
-    .venv/bin/python benchmarks/constructor_bench.py [--repeats 3] [--bootstrap-servers HOST:PORT]
+    .venv/bin/python -m benchmarks.constructor_bench [--repeats 3] [--bootstrap-servers HOST:PORT]
 
 Loads the example job's sources once (under a fresh job name), then, per repeat, runs the constructor
 in this process into a fresh output job. Its time is printed for reference; throughput at scale, against
@@ -23,17 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks._table import add_markdown_flag, print_table
+from pipeline.planning.mixing import Schedule
+from pipeline.roles.constructor import ConstructorOptions, DataConstructor
+from pipeline.spec import JobSpec
+from pipeline.tools.observe.rank_topics import job_report, read_steps
+from pipeline.tools.run.job import job_spec_file
+from topics.admin import delete_job_topics
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from _table import add_markdown_flag, print_table  # noqa: E402
-
-from pipeline.planning.mixing import Schedule  # noqa: E402
-from pipeline.roles.constructor import ConstructorOptions, DataConstructor  # noqa: E402
-from pipeline.spec import JobSpec  # noqa: E402
-from pipeline.tools.observe.rank_topics import job_report, read_steps  # noqa: E402
-from pipeline.tools.run.job import job_spec_file  # noqa: E402
-from topics.admin import delete_job_topics  # noqa: E402
 
 
 def load_sources(spec_path: Path, bootstrap: str, folder: Path) -> None:

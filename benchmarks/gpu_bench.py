@@ -26,9 +26,9 @@
 
 Record on a machine with the broker, then run on the GPU machine:
 
-    .venv/bin/python benchmarks/gpu_bench.py --record --job JOB --rank 0 --out .gpu/rank0.pkl
-    .venv/bin/python benchmarks/balance_sim_bench.py --export-plans .gpu/plans.json --steps 8
-    python3 benchmarks/gpu_bench.py --messages .gpu/rank0.pkl --plans .gpu/plans.json --out $OUT
+    .venv/bin/python -m benchmarks.gpu_bench --record --job JOB --rank 0 --out .gpu/rank0.pkl
+    .venv/bin/python -m benchmarks.balance_sim_bench --export-plans .gpu/plans.json --steps 8
+    python3 -m benchmarks.gpu_bench --messages .gpu/rank0.pkl --plans .gpu/plans.json --out $OUT
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 
 def record(job: str, rank: int, bootstrap: str, out: Path) -> None:

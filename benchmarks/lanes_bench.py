@@ -1,6 +1,6 @@
 """Constructor lanes benchmark: the constructor's throughput with C = 1, 2, 4 lanes on the same data.
 
-    .venv/bin/python benchmarks/lanes_bench.py [--lanes 1,2,4] [--repeats 3] [--ranks R]
+    .venv/bin/python -m benchmarks.lanes_bench [--lanes 1,2,4] [--repeats 3] [--ranks R]
         [--micro-batches M] [--tokens-per-micro-batch T] [--spec SPEC] [--bootstrap-servers HOST:PORT]
 
 For each lane count C the example job's sources are loaded once, under a job of their own whose source
@@ -31,14 +31,12 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks._table import add_markdown_flag, print_table
+from benchmarks.constructor_bench import load_sources
+from pipeline.spec import load_spec
+from topics.admin import delete_job_topics
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from _table import add_markdown_flag, print_table  # noqa: E402
-from constructor_bench import load_sources  # noqa: E402
-
-from pipeline.spec import load_spec  # noqa: E402
-from topics.admin import delete_job_topics  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Source loader benchmark: loader throughput (tokens/s) next to tokenization alone on the same files.
 
-    .venv/bin/python benchmarks/loader_bench.py [--quick] [--repeats 3] [--bootstrap-servers HOST:PORT]
+    .venv/bin/python -m benchmarks.loader_bench [--quick] [--repeats 3] [--bootstrap-servers HOST:PORT]
         [--procs 1 2 4] [--unit-seconds 0.5] [--epochs 1] [--profile] [--markdown]
 
 Baselines, for each source of examples/example.yaml (same seed), each pass in a fresh process set up as a
@@ -65,8 +65,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from _table import add_markdown_flag, print_table
 
+from benchmarks._table import add_markdown_flag, print_table
 from pipeline.roles.loader.role import LoaderOptions, SourceLoader
 from pipeline.roles.loader.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
 from pipeline.roles.loader.unit_loading import DOCUMENTS_PER_BATCH, batches

@@ -6,7 +6,7 @@
 - sink: handing out decoded micro-batches, with and without ``noting_tokens`` and ``handed_out``;
 - loader: the per-transaction hooks alone (a unit's reading and tokenizing dwarfs them).
 
-    .venv/bin/python benchmarks/metrics_bench.py [--repeats 5] [--markdown]
+    .venv/bin/python -m benchmarks.metrics_bench [--repeats 5] [--markdown]
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from _table import add_markdown_flag, print_table
 from prometheus_client import CollectorRegistry
 
+from benchmarks._table import add_markdown_flag, print_table
 from pipeline.planning.mixing import MixerState
 from pipeline.planning.step.assemble import assemble_step
 from pipeline.planning.step.pool import SamplePool

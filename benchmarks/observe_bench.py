@@ -1,7 +1,7 @@
 """How long `mixflow top` and `mixflow report` take on a finished job, next to `mixflow run`'s end-of-job
 report (``pipeline.tools.observe.rank_topics.job_report``) on the same job, the same broker and the same process.
 
-    .venv/bin/python benchmarks/observe_bench.py --spec .mixflow/jobs/<job>/spec.yaml [--repeats 3]
+    .venv/bin/python -m benchmarks.observe_bench --spec .mixflow/jobs/<job>/spec.yaml [--repeats 3]
 
 Per repeat: the end-of-job report (baseline: reads every rank topic, the state topic, every source topic
 and the dead letters); ``mixflow report`` (every rank topic, the state topic, one offset lookup per source
@@ -14,22 +14,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks._table import add_markdown_flag, print_table
+from pipeline.spec import load_spec
+from pipeline.tools.observe.collector import JobCollector
+from pipeline.tools.observe.frame import build_frame
+from pipeline.tools.observe.rank_topics import job_report
+from pipeline.tools.observe.report import write_report
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from _table import add_markdown_flag, print_table  # noqa: E402
-
-from pipeline.spec import load_spec  # noqa: E402
-from pipeline.tools.observe.collector import JobCollector  # noqa: E402
-from pipeline.tools.observe.frame import build_frame  # noqa: E402
-from pipeline.tools.observe.rank_topics import job_report  # noqa: E402
-from pipeline.tools.observe.report import write_report  # noqa: E402
 
 
 def timed(call: Callable[[], object]) -> float:

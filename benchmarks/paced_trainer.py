@@ -1,7 +1,7 @@
 """A stand-in trainer for benchmarks: every rank of a job in lockstep, one step every ``--step-s`` seconds
 of "compute", recording how long each step waited for its data.
 
-    python benchmarks/paced_trainer.py --spec SPEC --out DIR --step-s 0.25
+    python -m benchmarks.paced_trainer --spec SPEC --out DIR --step-s 0.25
 
 Run by ``mixflow run --trainer``; it reads each rank with the trainer sink (``KafkaBatchDataset``, which
 reports each step taken on ``<job>.progress``) and writes ``DIR/paced-trainer.json``: per step, the
@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.spec import load_spec
 from pipeline.tools.delivery import RECEIVED_FILE, received_line

@@ -1,6 +1,6 @@
 """Refactor check: does the working tree's code write what REV's code writes, on the example job?
 
-    .venv/bin/python benchmarks/refactor_check.py [--base REV] [--spec SPEC] [--limit N]
+    .venv/bin/python -m benchmarks.refactor_check [--base REV] [--spec SPEC] [--limit N]
         [--bootstrap-servers HOST:PORT] [--parallel] [--end-to-end] [--keep]
 
 Both sides run as ``python -m pipeline.cli ...`` subprocesses with the current interpreter, cwd and
@@ -64,12 +64,11 @@ import yaml
 from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from topics.errors import DecodeError
+from topics.log_reader import read_to_end
+from topics.sample_codec import decode_sample_message
 
-from topics.errors import DecodeError  # noqa: E402
-from topics.log_reader import read_to_end  # noqa: E402
-from topics.sample_codec import decode_sample_message  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 DEFAULT_SPEC = REPO / "examples" / "example.yaml"
 EXAMPLE_DATA = REPO / "examples" / "data"

@@ -1,6 +1,6 @@
 """Scheduler benchmark: plan_step against plain LPT and np.argsort, balance, fill and planning time.
 
-    .venv/bin/python benchmarks/scheduler_bench.py [--quick | --tenk] [--repeats N] [--markdown]
+    .venv/bin/python -m benchmarks.scheduler_bench [--quick | --tenk] [--repeats N] [--markdown]
 
 Every scenario draws samples until they fill ``ranks * micro_batches * capacity`` tokens, so a step is
 nearly full; the 10,240-rank scenarios (about 2M samples a step; ``--tenk`` runs only those) draw
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from _table import add_markdown_flag, print_table
 
+from benchmarks._table import add_markdown_flag, print_table
 from pipeline.planning.scheduler import (
     CostModel,
     PlanSummary,

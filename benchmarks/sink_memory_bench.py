@@ -1,7 +1,7 @@
 """Trainer-side memory for one data-parallel rank with 1, 8 and 32 sources: mixflow's sink against per-rank
 multi-source loading (a DataLoader per rank whose workers each open every source).
 
-    .venv/bin/python benchmarks/sink_memory_bench.py [--sources 1,8,32] [--repeats 3]
+    .venv/bin/python -m benchmarks.sink_memory_bench [--sources 1,8,32] [--repeats 3]
         [--bootstrap-servers HOST:PORT] [--quick]
 
 Memory is PSS (proportional set size, /proc/<pid>/smaps_rollup) summed over the measured process and all
@@ -61,10 +61,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks._table import print_table
 
-from _table import print_table  # noqa: E402  (benchmarks/ is on the path of a script run from it)
+REPO = Path(__file__).resolve().parent.parent
 
 # Kinds of the example data, the reader each is written for, and the field holding the text.
 KINDS = ("code", "docstrings", "topics")

@@ -1,7 +1,7 @@
 """Trainer sink throughput: micro-batches/s and bytes/s into tensors through ``KafkaBatchDataset``, next to
 a raw read_committed confluent-kafka consume of the same messages, on the same broker, in the same run.
 
-    .venv/bin/python benchmarks/sink_throughput_bench.py [--repeats 5] [--bootstrap-servers HOST:PORT]
+    .venv/bin/python -m benchmarks.sink_throughput_bench [--repeats 5] [--bootstrap-servers HOST:PORT]
         [--sizes 2x4096,4x8192,8x32768] [--tokens 32000000] [--quick]
 
 Per size (micro-batches x tokens per micro-batch, one rank's batch per step) it fills one rank topic
@@ -31,7 +31,6 @@ import argparse
 import logging
 import os
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -42,18 +41,16 @@ from typing import Any
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from benchmarks._table import print_table
+from topics.admin import delete_job_topics, ensure_job_topics
+from topics.batch import Batch
+from topics.batch_codec import encode_batch, encode_end_of_data
+from topics.names import JobTopics
+from trainer_sink import KafkaBatchDataset
+from trainer_sink.reader import CONSUMER_SETTINGS
+from trainer_sink.tensors import nbytes
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from _table import print_table  # noqa: E402  (benchmarks/ is on the path of a script run from it)
-
-from topics.admin import delete_job_topics, ensure_job_topics  # noqa: E402
-from topics.batch import Batch  # noqa: E402
-from topics.batch_codec import encode_batch, encode_end_of_data  # noqa: E402
-from topics.names import JobTopics  # noqa: E402
-from trainer_sink import KafkaBatchDataset  # noqa: E402
-from trainer_sink.reader import CONSUMER_SETTINGS  # noqa: E402
-from trainer_sink.tensors import nbytes  # noqa: E402
 
 # The raw arm uses the sink's own librdkafka settings, so that it differs from the sink only in what
 # happens to each message after poll().

@@ -1,6 +1,6 @@
 """The constructor's throughput at 8 to 1,024 ranks, next to Kafka's own limits on the same broker.
 
-    .venv/bin/python benchmarks/throughput_bench.py [--repeats 3] [--shapes 8x64x8192,...] [--tokens 40000000]
+    .venv/bin/python -m benchmarks.throughput_bench [--repeats 3] [--shapes 8x64x8192,...] [--tokens 40000000]
         [--steps 8] [--baseline-tree DIR] [--kafka-config KEY=VALUE ...] [--composition]
         [--steps-per-transaction N] [--data-job NAME] [--keep-data] [--profile SHAPE]
         [--bootstrap-servers HOST:PORT] [--markdown]
@@ -56,25 +56,22 @@ import yaml
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-REPO = Path(__file__).resolve().parent.parent
-# The constructor's child process imports mixflow from --baseline-tree's copy when it runs the baseline.
-sys.path.insert(0, os.environ.get("TBENCH_TREE", str(REPO)))
-
-from _table import add_markdown_flag, print_table  # noqa: E402
-
-from pipeline.kafka.clients import (  # noqa: E402
+from benchmarks._table import add_markdown_flag, print_table
+from pipeline.kafka.clients import (
     commit_or_abort,
     produce,
     read_committed_consumer,
     send_offsets,
     transactional_producer,
 )
-from topics.admin import TopicSpec, delete_job_topics, ensure_job_topics, ensure_topics  # noqa: E402
-from topics.errors import MixflowError  # noqa: E402
-from topics.log_reader import read_to_end  # noqa: E402
-from topics.names import JobTopics  # noqa: E402
-from topics.sample import Sample  # noqa: E402
-from topics.sample_codec import encode_sample  # noqa: E402
+from topics.admin import TopicSpec, delete_job_topics, ensure_job_topics, ensure_topics
+from topics.errors import MixflowError
+from topics.log_reader import read_to_end
+from topics.names import JobTopics
+from topics.sample import Sample
+from topics.sample_codec import encode_sample
+
+REPO = Path(__file__).resolve().parent.parent
 
 TOOLS_POM = Path(__file__).resolve().parent / "kafka-tools" / "pom.xml"
 SOURCES = {"web": 0.5, "code": 0.25, "books": 0.15, "math": 0.1}
@@ -395,7 +392,8 @@ def constructor_run(
     """Run the constructor in a child process, with the code of ``tree`` (default: this one)."""
     command = [sys.executable, __file__, "--child", str(spec), out_job, str(steps), bootstrap]
     command += [str(profile)] if profile else []
-    env = {**os.environ, "TBENCH_TREE": str(tree or REPO)}
+    # This script, with mixflow imported from ``tree`` (found before the installed one) and its helpers here.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree or REPO), str(REPO)])}
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tree or REPO, env=env)
     if result.returncode != 0:
         raise SystemExit(f"the constructor failed ({result.returncode}):\n{result.stderr[-3000:]}")

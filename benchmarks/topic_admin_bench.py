@@ -1,7 +1,7 @@
 """Topic administration at 10k ranks: a job's rank topics created, checked and deleted in batches, against one
 topic with a partition per rank (the layout the per-topic one was weighed against).
 
-    .venv/bin/python benchmarks/topic_admin_bench.py [--ranks 10240] [--batch 500] [--bootstrap-servers H:P]
+    .venv/bin/python -m benchmarks.topic_admin_bench [--ranks 10240] [--batch 500] [--bootstrap-servers H:P]
 
 Rows, run one after another on the same broker, each under a job name of its own whose topics are deleted at
 the end, even on failure:
@@ -29,9 +29,9 @@ import sys
 import time
 import uuid
 
-from _table import add_markdown_flag, print_table
 from confluent_kafka.admin import AdminClient
 
+from benchmarks._table import add_markdown_flag, print_table
 from topics.admin import (
     DEFAULT_BATCH_TOPICS,
     TopicSpec,

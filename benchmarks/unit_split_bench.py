@@ -1,7 +1,7 @@
 """Multi-level partitioning: draining a source that is one huge Parquet row group, with and without
 ``unit_target_s``.
 
-    .venv/bin/python benchmarks/unit_split_bench.py [--rows 6000] [--loaders 2] [--repeats 3]
+    .venv/bin/python -m benchmarks.unit_split_bench [--rows 6000] [--loaders 2] [--repeats 3]
         [--pieces 8] [--bootstrap-servers HOST:PORT]
 
 Baseline ("fixed units"): ``unit_target_s`` unset. The planner cannot cut inside a row group, so the file
@@ -33,14 +33,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from pipeline.roles.loader.source_runtime import SourceRuntime
+from pipeline.spec import load_spec
+from topics.admin import ensure_job_topics
+from topics.log_reader import read_to_end
+from topics.names import JobTopics
 
-from pipeline.roles.loader.source_runtime import SourceRuntime  # noqa: E402
-from pipeline.spec import load_spec  # noqa: E402
-from topics.admin import ensure_job_topics  # noqa: E402
-from topics.log_reader import read_to_end  # noqa: E402
-from topics.names import JobTopics  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def build_source(folder: Path, rows: int) -> None:

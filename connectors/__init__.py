@@ -2,51 +2,30 @@
 
 Nothing here talks to Kafka; the source loader role in ``pipeline`` calls it."""
 
-from connectors.cost import measure_cost_per_byte
-from connectors.planning import plan_units, shuffle_units, split_file, unit_bytes
-from connectors.readers import (
-    READERS,
-    ArrowReader,
-    Document,
-    FileLayout,
-    JsonlReader,
-    ParquetReader,
-    Reader,
-    SourceNotFoundError,
-    TextReader,
-    make_reader,
-)
-from connectors.sample_ids import SampleId, document_id, parse_sample_id, sample_id, with_suffixes
-from connectors.samples import Built, SampleBuilder
-from connectors.seeding import stable_rng
-from connectors.tokenizer import TextTokenizer, TokenizerError
-from connectors.work_units import WorkUnit
+import lazy_loader
 
-__all__ = [
-    "READERS",
-    "ArrowReader",
-    "Built",
-    "Document",
-    "FileLayout",
-    "JsonlReader",
-    "ParquetReader",
-    "Reader",
-    "SampleBuilder",
-    "SampleId",
-    "SourceNotFoundError",
-    "TextReader",
-    "TextTokenizer",
-    "TokenizerError",
-    "WorkUnit",
-    "document_id",
-    "make_reader",
-    "measure_cost_per_byte",
-    "parse_sample_id",
-    "plan_units",
-    "sample_id",
-    "shuffle_units",
-    "split_file",
-    "stable_rng",
-    "unit_bytes",
-    "with_suffixes",
-]
+# Each name is imported from its module on first use: a process loads only the modules it touches.
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "cost": ["measure_cost_per_byte"],
+        "planning": ["plan_units", "shuffle_units", "split_file", "unit_bytes"],
+        "readers": [
+            "READERS",
+            "ArrowReader",
+            "Document",
+            "FileLayout",
+            "JsonlReader",
+            "ParquetReader",
+            "Reader",
+            "SourceNotFoundError",
+            "TextReader",
+            "make_reader",
+        ],
+        "sample_ids": ["SampleId", "document_id", "parse_sample_id", "sample_id", "with_suffixes"],
+        "samples": ["Built", "SampleBuilder"],
+        "seeding": ["stable_rng"],
+        "tokenizer": ["TextTokenizer", "TokenizerError"],
+        "work_units": ["WorkUnit"],
+    },
+)

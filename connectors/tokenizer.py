@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from tokenizers import Tokenizer
 
 from topics.errors import MixflowError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 class TokenizerError(MixflowError):
@@ -29,6 +32,8 @@ class TextTokenizer:
     @classmethod
     def from_file(cls, path: str | Path, *, add_special_tokens: bool = False) -> TextTokenizer:
         """Load any ``tokenizer.json``; ``TokenizerError`` naming the path when it cannot be loaded."""
+        from tokenizers import Tokenizer  # here: a loader of a pre-tokenized source needs no tokenizer library
+
         path = Path(path)
         if not path.is_file():
             msg = f"tokenizer file {path} does not exist"

@@ -21,4 +21,10 @@ echo "test: Kafka at $KAFKA_BOOTSTRAP_SERVERS"
 .venv/bin/lint-imports
 # The Kafka tests mostly wait on the broker and on role processes, so several workers share the cores
 # well; a test file stays on one worker (module fixtures build a job once). MIXFLOW_TEST_WORKERS=0: serial.
-.venv/bin/python -m pytest -p no:cacheprovider -n "${MIXFLOW_TEST_WORKERS:-3}" --dist loadfile "$@"
+# --durations: the slowest tests, to see where the suite's time goes.
+began=$SECONDS
+status=0
+.venv/bin/python -m pytest -p no:cacheprovider -n "${MIXFLOW_TEST_WORKERS:-3}" --dist loadfile --durations=15 "$@" \
+  || status=$?
+echo "test: suite took $((SECONDS - began)) s"
+exit "$status"

@@ -11,17 +11,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def test_exported_plans_are_timed_and_summarised(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    import gpu_bench
+    from benchmarks import gpu_bench
 
     exported = tmp_path / "plans.json"
     export = ["--export-plans", str(exported), "--steps", "1", "--warm-up", "1", "--contexts", "8k"]
     subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "balance_sim_bench.py"), *export],
+        [sys.executable, "-m", "benchmarks.balance_sim_bench", *export],
         check=True,
         capture_output=True,
         timeout=120,

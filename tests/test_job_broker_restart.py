@@ -20,13 +20,12 @@ from topics.log_reader import read_to_end
 from topics.names import JobTopics
 
 
-# Opt-in (`pytest -m chaos`): tests/test_chaos.py restarts the broker under a whole job in CI. What a restart
-# does to the roles' clients: one can forget a partition (_UNKNOWN_PARTITION on an end-offset lookup, which
-# is retried), and a transactional producer can wait forever in send_offsets once the broker is back
-# (librdkafka#5511), until the watchdog ends the role with 3 (after 25 s: one attempt is watched, not the
+# What a restart does to the roles' clients: one can forget a partition (_UNKNOWN_PARTITION on an end-offset
+# lookup, which is retried), and a transactional producer can wait forever in send_offsets once the broker is
+# back (librdkafka#5511), until the watchdog ends the role with 3 (after 25 s: one attempt is watched, not the
 # whole retry deadline).
-@pytest.mark.chaos
 @pytest.mark.kafka  # starts a broker of its own (not the session's)
+@pytest.mark.timeout(600)  # a whole job and a broker restart: its own waits bound it (180 s, then 300 s)
 def test_a_job_survives_a_broker_restart(
     private_broker: tuple[LocalBroker, str], tmp_path: Path, unique_name: str
 ) -> None:

@@ -252,12 +252,12 @@ def test_reader_arguments_checked_at_construction(tmp_path: Path) -> None:
 def test_the_file_formats_are_listed_once() -> None:
     """The spec's readers, their default globs and fields, and the readers' table all come from
     ``topics.file_formats``."""
-    from connectors.readers import READERS
+    from connectors.readers import READERS, reader_class
     from pipeline.spec.sources import COLUMNAR_READERS, DEFAULT_GLOBS, ReaderKind
     from topics.file_formats import FILE_FORMATS
 
     assert [r.value for r in ReaderKind] == list(FILE_FORMATS) == list(READERS)
     for name, file_format in FILE_FORMATS.items():
-        assert READERS[name].file_format is file_format
+        assert reader_class(name).file_format is file_format
         assert DEFAULT_GLOBS[ReaderKind(name)] == file_format.default_glob
         assert (ReaderKind(name) in COLUMNAR_READERS) == file_format.fields

@@ -455,9 +455,9 @@ def test_pool_order_is_the_pools() -> None:
 
 
 def test_simulator_smoke() -> None:
-    """``benchmarks/balance_sim_bench.py --quick`` runs and prints its table and target lines."""
+    """``python -m benchmarks.balance_sim_bench --quick`` runs and prints its table and target lines."""
     result = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "balance_sim_bench.py"), "--quick", "--markdown"],
+        [sys.executable, "-m", "benchmarks.balance_sim_bench", "--quick", "--markdown"],
         capture_output=True,
         text=True,
         timeout=240,

@@ -3,20 +3,16 @@ tensors, with an exact-resume state.
 
 This package imports ``topics`` only: never ``pipeline`` or ``connectors``."""
 
-from trainer_sink.dataset import KafkaBatchDataset
-from trainer_sink.parallel import ParallelLayout, rank_from_environment
-from trainer_sink.position import SinkPosition
-from trainer_sink.reader import SinkTimeoutError
-from trainer_sink.tensors import Layout, MicroBatch, block_causal_mask, micro_batch_tensors
+import lazy_loader
 
-__all__ = [
-    "KafkaBatchDataset",
-    "Layout",
-    "MicroBatch",
-    "ParallelLayout",
-    "SinkPosition",
-    "SinkTimeoutError",
-    "block_causal_mask",
-    "micro_batch_tensors",
-    "rank_from_environment",
-]
+# Each name is imported from its module on first use: a process loads only the modules it touches.
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "dataset": ["KafkaBatchDataset"],
+        "parallel": ["ParallelLayout", "rank_from_environment"],
+        "position": ["SinkPosition"],
+        "reader": ["SinkTimeoutError"],
+        "tensors": ["Layout", "MicroBatch", "block_causal_mask", "micro_batch_tensors"],
+    },
+)

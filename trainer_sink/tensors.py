@@ -51,12 +51,22 @@ class Layout(StrEnum):
     PADDED = "padded"
 
 
-# Token ids are a view of the (immutable) message: sharing it is the point, writing to it is not. The
-# filter covers only this module's calls; catch_warnings() per call would not be thread-safe.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=__name__)
+def _quiet_read_only_warning() -> None:
+    """Token ids are a view of the (immutable) message: sharing it is the point, and the sink never writes
+    to it. torch warns once per process that such a tensor is not writable; this spends that once here,
+    unseen, where no other thread runs (catch_warnings() around each call would not be thread-safe, and
+    a filter added to the process's list would be overridden by any filter the trainer adds later)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        read_only = np.frombuffer(bytes(4), dtype=np.int32)
+        torch.from_numpy(read_only)
+
+
+_quiet_read_only_warning()
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor sharing ``array``'s memory, read-only or not."""
     return torch.from_numpy(array)
 
 

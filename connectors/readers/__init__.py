@@ -1,30 +1,42 @@
-"""Readers for source files, one class per format of ``topics.file_formats``, and a table to pick one by name."""
+"""Readers for source files, one class per format of ``topics.file_formats``, and a table to pick one by name.
+
+Each reader's module is imported on first use: a loader of Parquet files loads ``pyarrow.parquet`` and
+not ``pyarrow.compute``, which only the Arrow reader needs."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from connectors.readers.arrow_ipc import ArrowReader
-from connectors.readers.base import (
-    ContentKind,
-    Document,
-    FileLayout,
-    Reader,
-    SourceNotFoundError,
-    location,
-)
-from connectors.readers.jsonl import JsonlReader
-from connectors.readers.parquet import ParquetReader
-from connectors.readers.text import TextReader
+import lazy_loader
+
+from connectors.readers.base import ContentKind, Document, FileLayout, Reader, SourceNotFoundError, location
 from topics.file_formats import FILE_FORMATS
+
+if TYPE_CHECKING:
+    from connectors.readers.arrow_ipc import ArrowReader
+    from connectors.readers.jsonl import JsonlReader
+    from connectors.readers.parquet import ParquetReader
+    from connectors.readers.text import TextReader
 
 ReaderFormat = str
 """A name of ``topics.file_formats.FILE_FORMATS``."""
-READERS: dict[str, type[Reader]] = {
-    reader.file_format.name: reader for reader in (JsonlReader, ParquetReader, ArrowReader, TextReader)
+# The reader class of each format, (module, class name), whose ``file_format`` names the format.
+READERS: dict[str, tuple[str, str]] = {
+    "jsonl": ("connectors.readers.jsonl", "JsonlReader"),
+    "parquet": ("connectors.readers.parquet", "ParquetReader"),
+    "arrow": ("connectors.readers.arrow_ipc", "ArrowReader"),
+    "text": ("connectors.readers.text", "TextReader"),
 }
 if missing := FILE_FORMATS.keys() - READERS.keys():
     raise ImportError(f"no reader for the file formats {sorted(missing)} of topics.file_formats")
+
+
+def reader_class(file_format: str) -> type[Reader]:
+    """The reader class of ``file_format``; ``KeyError`` when there is none."""
+    module, name = READERS[file_format]
+    return getattr(importlib.import_module(module), name)
 
 
 def make_reader(
@@ -38,13 +50,22 @@ def make_reader(
 ) -> Reader:
     """The reader for ``file_format``; ``ValueError`` naming the known formats otherwise."""
     try:
-        reader_class = READERS[file_format]
+        reader = reader_class(file_format)
     except KeyError as exc:
         msg = f"source {source}: format {file_format!r} is not one of {', '.join(READERS)}"
         raise ValueError(msg) from exc
-    return reader_class(source, root, glob, field, content=content)
+    return reader(source, root, glob, field, content=content)
 
 
+__getattr__, _, _ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "arrow_ipc": ["ArrowReader"],
+        "jsonl": ["JsonlReader"],
+        "parquet": ["ParquetReader"],
+        "text": ["TextReader"],
+    },
+)
 __all__ = [
     "READERS",
     "ArrowReader",
@@ -59,4 +80,5 @@ __all__ = [
     "TextReader",
     "location",
     "make_reader",
+    "reader_class",
 ]

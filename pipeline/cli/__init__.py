@@ -1,4 +1,5 @@
-"""The `mixflow` command line: one module per top-level sub-command, each describing it as a `Command`."""
+"""The `mixflow` command line: one module per top-level sub-command, named in `COMMANDS` and imported only
+when that command runs."""
 
 from __future__ import annotations
 
@@ -12,46 +13,74 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from pipeline.cli import (
-    autoscale,
-    calibrate,
-    chaos,
-    construct,
-    control,
-    deploy,
-    load,
-    plan,
-    replay,
-    report_plots,
-    run,
-    spec,
-    stack,
-    top,
-    topics,
-)
 from pipeline.cli.command import Command, add_commands
-from pipeline.kafka.clients import KafkaClientStuckError
 from topics.errors import MixflowError
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
-# In the order `mixflow --help` lists them.
+# In the order `mixflow --help` lists them; each module is imported only when its command is chosen.
 COMMANDS: tuple[Command, ...] = (
-    stack.COMMAND,
-    plan.COMMAND,
-    calibrate.COMMAND,
-    load.COMMAND,
-    spec.COMMAND,
-    construct.COMMAND,
-    control.COMMAND,
-    replay.COMMAND,
-    run.COMMAND,
-    autoscale.COMMAND,
-    top.COMMAND,
-    topics.COMMAND,
-    report_plots.COMMAND,
-    chaos.COMMAND,
-    deploy.COMMAND,
+    Command(
+        "stack",
+        "start, stop or inspect the local Kafka broker, or a local cluster of several (no Docker needed)",
+        module="pipeline.cli.stack",
+    ),
+    Command(
+        "plan",
+        "plan one global step from a .npy file of int64 sample lengths (index 0 oldest)",
+        module="pipeline.cli.plan",
+    ),
+    Command(
+        "calibrate",
+        "time attention and linear layers on this device and print the spec's cost section (alpha, beta, gamma)",
+        module="pipeline.cli.calibrate",
+    ),
+    Command(
+        "load", "run one source loader: work units in, tokenized samples out, exactly once", module="pipeline.cli.load"
+    ),
+    Command("spec", "check a job spec, or print its JSON schema", module="pipeline.cli.spec"),
+    Command(
+        "construct",
+        "run the data constructor: mix, balance and write one batch per rank per step",
+        module="pipeline.cli.construct",
+    ),
+    Command("control", "change a running job: its mixture from a given step on", module="pipeline.cli.control"),
+    Command(
+        "replay",
+        "rebuild steps of a job into another job, under its step shape (an audit) or another number of ranks",
+        module="pipeline.cli.replay",
+    ),
+    Command(
+        "run",
+        "run every role of a job on this machine until its sources are drained, then report",
+        module="pipeline.cli.run",
+    ),
+    Command(
+        "autoscale",
+        "run the loader autoscaling policy on a running job and export its decisions as Prometheus gauges",
+        module="pipeline.cli.autoscale",
+    ),
+    Command(
+        "top",
+        "a live view of a running job: sources' rates, backlog, loaders and shares; the constructor; dead letters",
+        module="pipeline.cli.top",
+    ),
+    Command(
+        "topics",
+        "the jobs whose topics a cluster holds, and deleting a finished job's topics and consumer groups",
+        module="pipeline.cli.topics",
+    ),
+    Command(
+        "report",
+        "write PNG plots (shares, imbalance, fill, throughput and backlog) and a Markdown summary of a job",
+        module="pipeline.cli.report_plots",
+    ),
+    Command(
+        "chaos",
+        "run a whole job while killing its roles and restarting its broker at random, then audit it",
+        module="pipeline.cli.chaos",
+    ),
+    Command("deploy", "Kubernetes manifests of a job", module="pipeline.cli.deploy"),
 )
 
 
@@ -70,6 +99,13 @@ def _dump_stacks_on_sigusr1() -> None:
         faulthandler.register(signal.SIGUSR1, file=sys.stderr)
 
 
+def _is_stuck_client(exc: MixflowError) -> bool:
+    # Only a command that loaded the Kafka clients can raise it; importing them here would load
+    # confluent_kafka for every command.
+    clients = sys.modules.get("pipeline.kafka.clients")
+    return clients is not None and isinstance(exc, clients.KafkaClientStuckError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _dump_stacks_on_sigusr1()
@@ -80,11 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.run(args) or 0)
-    except KafkaClientStuckError as exc:
-        print(f"mixflow {args.command}: error: {exc}", file=sys.stderr, flush=True)
-        os._exit(3)  # a stuck Kafka client would hang the interpreter's exit as well
     except MixflowError as exc:
-        print(f"mixflow {args.command}: error: {exc}", file=sys.stderr)
+        print(f"mixflow {args.command}: error: {exc}", file=sys.stderr, flush=True)
+        if _is_stuck_client(exc):
+            os._exit(3)  # a stuck Kafka client would hang the interpreter's exit as well
         return 2
     except KeyboardInterrupt:
         return 130

@@ -13,15 +13,6 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from confluent_kafka import KafkaException
-
-from pipeline.cli.command import Command
-from pipeline.metrics import role_registry, serve_metrics
-from pipeline.roles.autoscale import Autoscaler, JobProbe, PolicySettings
-from pipeline.roles.autoscale.metrics import AutoscalerMetrics
-from pipeline.spec import load_spec
-from topics.errors import MixflowError
-
 log = logging.getLogger(__name__)
 
 
@@ -38,6 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
+    from pipeline.metrics import role_registry, serve_metrics
+    from pipeline.roles.autoscale import Autoscaler, JobProbe, PolicySettings
+    from pipeline.roles.autoscale.metrics import AutoscalerMetrics
+    from pipeline.spec import load_spec
+    from topics.errors import MixflowError
+
     spec = load_spec(args.spec)
     if args.max_total_loaders is not None and args.max_total_loaders < 1:
         msg = f"--max-total-loaders must be at least 1, got {args.max_total_loaders}"
@@ -75,11 +74,3 @@ def run(args: argparse.Namespace) -> int:
         if server is not None:
             server.close()
     return 0
-
-
-COMMAND = Command(
-    name="autoscale",
-    help="run the loader autoscaling policy on a running job and export its decisions as Prometheus gauges",
-    add_arguments=add_arguments,
-    run=run,
-)

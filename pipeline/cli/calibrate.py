@@ -7,9 +7,7 @@ import sys
 from datetime import date
 from pathlib import Path
 
-from pipeline.cli.command import Command
-from pipeline.tools.calibrate import calibration_grid, cost_section, default_lengths, fit_cost, fit_table
-from pipeline.tools.calibrate.section import Provenance
+from pipeline.tools.calibrate.grid import default_lengths
 from topics.errors import MixflowError
 
 # Powers of two up to a micro-batch of this many tokens, by device: a CPU is for trying the command out.
@@ -57,6 +55,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
+    from pipeline.tools.calibrate import calibration_grid, cost_section, fit_cost, fit_table
+    from pipeline.tools.calibrate.section import Provenance
+
     try:
         import torch
 
@@ -127,11 +128,3 @@ def run(args: argparse.Namespace) -> int:
             msg = f"--out: cannot write {args.out}: {exc}"
             raise MixflowError(msg) from exc
     return 0
-
-
-COMMAND = Command(
-    name="calibrate",
-    help="time attention and linear layers on this device and print the spec's cost section (alpha, beta, gamma)",
-    add_arguments=add_arguments,
-    run=run,
-)

@@ -6,8 +6,7 @@ import argparse
 import signal
 from pathlib import Path
 
-from pipeline.cli.command import Command
-from pipeline.tools.chaos import ChaosOptions, FaultKind, run_chaos
+from pipeline.tools.chaos.schedule import FaultKind
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +59,8 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.tools.chaos import ChaosOptions, run_chaos
+
     # A run stopped from outside still ends its roles and its private broker.
     signal.signal(signal.SIGTERM, _interrupt)
     options = ChaosOptions(
@@ -77,11 +78,3 @@ def run(args: argparse.Namespace) -> int:
     for line in report.lines():
         print(line)
     return 0 if report.ok else 1
-
-
-COMMAND = Command(
-    name="chaos",
-    help="run a whole job while killing its roles and restarting its broker at random, then audit it",
-    add_arguments=add_arguments,
-    run=run,
-)

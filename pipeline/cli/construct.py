@@ -7,13 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
-from pipeline.cli.command import Command, add_metrics_port
-from pipeline.metrics import role_registry, serve_metrics
-from pipeline.roles.constructor import ConstructorOptions, DataConstructor
+from pipeline.cli.command import add_metrics_port
 from pipeline.roles.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS
-from pipeline.roles.constructor.metrics import ConstructorMetrics, SourceBacklog
-from pipeline.spec import load_spec
-from topics.names import JobTopics
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.metrics import role_registry, serve_metrics
+    from pipeline.roles.constructor import ConstructorOptions, DataConstructor
+    from pipeline.roles.constructor.metrics import ConstructorMetrics, SourceBacklog
+    from pipeline.spec import load_spec
+    from topics.names import JobTopics
+
     spec = load_spec(args.spec)
     options = ConstructorOptions(
         output_job=args.output_job,
@@ -84,11 +85,3 @@ def run(args: argparse.Namespace) -> int:
     }
     print(json.dumps(summary))
     return 0
-
-
-COMMAND = Command(
-    name="construct",
-    help="run the data constructor: mix, balance and write one batch per rank per step",
-    add_arguments=add_arguments,
-    run=run,
-)

@@ -102,15 +102,11 @@ def _wait_for_answer(config: KafkaConfig, topics: JobTopics, change_id: str, wai
     return "published"
 
 
-COMMAND = Command(
-    name="control",
-    help="change a running job: its mixture from a given step on",
-    actions=(
-        Command(
-            name="set-mixture",
-            help="publish new mixture shares from step K on; the constructor accepts them if it has not written K",
-            add_arguments=_add_set_mixture_arguments,
-            run=_set_mixture,
-        ),
+ACTIONS = (
+    Command(
+        name="set-mixture",
+        help="publish new mixture shares from step K on; the constructor accepts them if it has not written K",
+        add_arguments=_add_set_mixture_arguments,
+        run=_set_mixture,
     ),
 )

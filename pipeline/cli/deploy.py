@@ -58,15 +58,11 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command(
-    name="deploy",
-    help="Kubernetes manifests of a job",
-    actions=(
-        Command(
-            name="render",
-            help="write the job's ConfigMap, loaders, constructors, autoscaler and KEDA ScaledObjects to a folder",
-            add_arguments=_add_render_arguments,
-            run=_render,
-        ),
+ACTIONS = (
+    Command(
+        name="render",
+        help="write the job's ConfigMap, loaders, constructors, autoscaler and KEDA ScaledObjects to a folder",
+        add_arguments=_add_render_arguments,
+        run=_render,
     ),
 )

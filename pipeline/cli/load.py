@@ -7,15 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.cli.command import Command, add_metrics_port
+from pipeline.cli.command import add_metrics_port
 from pipeline.kafka.group_membership import DEFAULT_REJOIN_AFTER_S
-from pipeline.metrics import role_registry, serve_metrics
-from pipeline.roles.loader.metrics import LoaderMetrics, WorkUnitLag
-from pipeline.roles.loader.role import LoaderOptions, SourceLoader
-from pipeline.roles.loader.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
-from pipeline.spec import OnExhausted, load_spec
-from topics.admin import ensure_job_topics
-from topics.names import JobTopics
+from pipeline.roles.loader.defaults import TARGET_UNIT_SECONDS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.metrics import role_registry, serve_metrics
+    from pipeline.roles.loader.metrics import LoaderMetrics, WorkUnitLag
+    from pipeline.roles.loader.role import LoaderOptions, SourceLoader
+    from pipeline.roles.loader.source_runtime import SourceRuntime
+    from pipeline.spec import OnExhausted, load_spec
+    from topics.admin import ensure_job_topics
+    from topics.names import JobTopics
+
     spec = load_spec(args.spec)
     if args.source not in spec.source_names:
         print(
@@ -108,11 +110,3 @@ def run(args: argparse.Namespace) -> int:
     }
     print(json.dumps(summary))
     return 0
-
-
-COMMAND = Command(
-    name="load",
-    help="run one source loader: work units in, tokenized samples out, exactly once",
-    add_arguments=add_arguments,
-    run=run,
-)

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.cli.command import Command
-from pipeline.planning.scheduler import DEFAULT_COST_MODEL, CostModel, plan_step, validate_plan
+from pipeline.spec.cost import DEFAULT_COST_MODEL, CostModel
 from topics.errors import MixflowError
 
 
@@ -45,6 +44,8 @@ def _load_lengths(path: Path) -> np.ndarray:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.planning.scheduler import plan_step, validate_plan
+
     lengths = _load_lengths(args.lengths)
     try:
         cost_model = CostModel(alpha=args.alpha, beta=args.beta)
@@ -64,11 +65,3 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     print(f"plan_seconds={seconds:.6f}")
     return 0
-
-
-COMMAND = Command(
-    name="plan",
-    help="plan one global step from a .npy file of int64 sample lengths (index 0 oldest)",
-    add_arguments=add_arguments,
-    run=run,
-)

@@ -7,10 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.cli.command import Command
-from pipeline.spec import load_spec
-from pipeline.tools.replay import ReplayRequest, replay, verify
-
 MISMATCH_EXIT = 1
 
 
@@ -51,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.spec import load_spec
+    from pipeline.tools.replay import ReplayRequest, replay, verify
+
     spec = load_spec(args.spec)
     config = spec.kafka.client_config(args.bootstrap_servers)
     request = ReplayRequest(args.to_job, args.from_step, args.to_step, args.ranks, args.micro_batches, args.job)
@@ -64,11 +63,3 @@ def run(args: argparse.Namespace) -> int:
             status = MISMATCH_EXIT
     print(json.dumps(summary))
     return status
-
-
-COMMAND = Command(
-    name="replay",
-    help="rebuild steps of a job into another job, under its step shape (an audit) or another number of ranks",
-    add_arguments=add_arguments,
-    run=run,
-)

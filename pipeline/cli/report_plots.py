@@ -5,12 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.cli.command import Command
-from pipeline.spec import load_spec
-from topics.admin import topic_exists
-from topics.errors import MixflowError
-from topics.names import JobTopics
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec")
@@ -20,6 +14,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.spec import load_spec
+    from topics.admin import topic_exists
+    from topics.errors import MixflowError
+    from topics.names import JobTopics
+
     spec = load_spec(args.spec)
     config = spec.kafka.client_config(args.bootstrap_servers)
     job = args.job or spec.job
@@ -31,11 +30,3 @@ def run(args: argparse.Namespace) -> int:
     summary = write_report(config, spec, args.out, job)
     print(f"report of job {job}: {summary} and the plots beside it")
     return 0
-
-
-COMMAND = Command(
-    name="report",
-    help="write PNG plots (shares, imbalance, fill, throughput and backlog) and a Markdown summary of a job",
-    add_arguments=add_arguments,
-    run=run,
-)

@@ -5,13 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.cli.command import Command
-from pipeline.metrics import METRICS_FILE, RunMetrics
-from pipeline.tools.observe.rank_topics import job_report
-from pipeline.tools.run.job import job_spec_file, run_local_job, trainer_command
-from pipeline.tools.run.progress import JobProgress
-from pipeline.tools.stack.local_broker import default_state_dir
-from topics.admin import ensure_job_topics
+from pipeline.metrics.endpoints import METRICS_FILE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.metrics import RunMetrics
+    from pipeline.tools.observe.rank_topics import job_report
+    from pipeline.tools.run.job import job_spec_file, run_local_job, trainer_command
+    from pipeline.tools.run.progress import JobProgress
+    from pipeline.tools.stack.local_broker import default_state_dir
+    from topics.admin import ensure_job_topics
+
     state_dir = args.state_dir or default_state_dir()
     job_name = args.job or "spec"
     folder = state_dir / "jobs" / job_name
@@ -81,11 +82,3 @@ def run(args: argparse.Namespace) -> int:
     for line in report.lines():
         print(line)
     return 0 if report.exactly_once else 1
-
-
-COMMAND = Command(
-    name="run",
-    help="run every role of a job on this machine until its sources are drained, then report",
-    add_arguments=add_arguments,
-    run=run,
-)

@@ -56,22 +56,18 @@ def _schema(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command(
-    name="spec",
-    help="check a job spec, or print its JSON schema",
-    actions=(
-        Command(
-            name="check",
-            help="validate a job spec and list every problem",
-            add_arguments=_add_check_arguments,
-            run=_check,
-        ),
-        Command(
-            name="schema",
-            help="print the JSON schema of a job spec",
-            add_arguments=_add_schema_arguments,
-            run=_schema,
-        ),
+ACTIONS = (
+    Command(
+        name="check",
+        help="validate a job spec and list every problem",
+        add_arguments=_add_check_arguments,
+        run=_check,
     ),
-    action_dest="spec_command",
+    Command(
+        name="schema",
+        help="print the JSON schema of a job spec",
+        add_arguments=_add_schema_arguments,
+        run=_schema,
+    ),
 )
+ACTION_DEST = "spec_command"

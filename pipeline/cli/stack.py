@@ -160,35 +160,30 @@ def _add_stop_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kill", action="store_true", help="SIGKILL, as a crash would, instead of a clean stop")
 
 
-COMMAND = Command(
-    name="stack",
-    help="start, stop or inspect the local Kafka broker, or a local cluster of several (no Docker needed)",
-    actions=(
-        Command(
-            name="up",
-            help="start the broker (or the cluster's nodes) unless it runs; print the bootstrap address(es) last",
-            add_arguments=_add_up_arguments,
-            run=_up,
-        ),
-        Command(
-            name="down",
-            help="stop the broker or every node of the cluster started from this state folder (--wipe: and delete it)",
-            add_arguments=_add_down_arguments,
-            run=_down,
-        ),
-        Command(name="status", help="say what runs where", add_arguments=_add_stack_arguments, run=_status),
-        Command(
-            name="stop-node",
-            help="stop one node of the cluster (for fault tests)",
-            add_arguments=_add_stop_node_arguments,
-            run=_stop_node,
-        ),
-        Command(
-            name="start-node",
-            help="start one stopped node of the cluster again; print the bootstrap addresses last",
-            add_arguments=_add_node_arguments,
-            run=_start_node,
-        ),
+ACTIONS = (
+    Command(
+        name="up",
+        help="start the broker (or the cluster's nodes) unless it runs; print the bootstrap address(es) last",
+        add_arguments=_add_up_arguments,
+        run=_up,
     ),
-    action_dest="action",
+    Command(
+        name="down",
+        help="stop the broker or every node of the cluster started from this state folder (--wipe: and delete it)",
+        add_arguments=_add_down_arguments,
+        run=_down,
+    ),
+    Command(name="status", help="say what runs where", add_arguments=_add_stack_arguments, run=_status),
+    Command(
+        name="stop-node",
+        help="stop one node of the cluster (for fault tests)",
+        add_arguments=_add_stop_node_arguments,
+        run=_stop_node,
+    ),
+    Command(
+        name="start-node",
+        help="start one stopped node of the cluster again; print the bootstrap addresses last",
+        add_arguments=_add_node_arguments,
+        run=_start_node,
+    ),
 )

@@ -7,18 +7,6 @@ import json
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.live import Live
-
-from pipeline.cli.command import Command
-from pipeline.spec import load_spec
-from pipeline.tools.observe.collector import JobCollector
-from pipeline.tools.observe.frame import build_frame, render_frame
-from pipeline.tools.stack.local_broker import default_state_dir
-from topics.admin import topic_exists
-from topics.errors import MixflowError
-from topics.names import JobTopics
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec")
@@ -39,6 +27,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from pipeline.spec import load_spec
+    from pipeline.tools.observe.collector import JobCollector
+    from pipeline.tools.observe.frame import build_frame, render_frame
+    from pipeline.tools.stack.local_broker import default_state_dir
+    from topics.admin import topic_exists
+    from topics.errors import MixflowError
+    from topics.names import JobTopics
+
     if args.interval <= 0 or args.window <= 0:
         msg = f"--interval and --window must be > 0, got {args.interval} and {args.window}"
         raise MixflowError(msg)
@@ -70,11 +69,3 @@ def run(args: argparse.Namespace) -> int:
                 live.update(render_frame(build_frame(collector.collect())), refresh=True)
     finally:
         collector.close()
-
-
-COMMAND = Command(
-    name="top",
-    help="a live view of a running job: sources' rates, backlog, loaders and shares; the constructor; dead letters",
-    add_arguments=add_arguments,
-    run=run,
-)

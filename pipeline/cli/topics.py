@@ -81,21 +81,17 @@ def _delete(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command(
-    name="topics",
-    help="the jobs whose topics a cluster holds, and deleting a finished job's topics and consumer groups",
-    actions=(
-        Command(
-            name="list",
-            help="every job with mixflow topics: topics and partitions",
-            add_arguments=_add_cluster_arguments,
-            run=_list,
-        ),
-        Command(
-            name="delete",
-            help="delete one job's topics and consumer groups (a dry run without --yes)",
-            add_arguments=_add_delete_arguments,
-            run=_delete,
-        ),
+ACTIONS = (
+    Command(
+        name="list",
+        help="every job with mixflow topics: topics and partitions",
+        add_arguments=_add_cluster_arguments,
+        run=_list,
+    ),
+    Command(
+        name="delete",
+        help="delete one job's topics and consumer groups (a dry run without --yes)",
+        add_arguments=_add_delete_arguments,
+        run=_delete,
     ),
 )

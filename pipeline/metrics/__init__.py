@@ -8,18 +8,14 @@ Names follow Prometheus conventions: ``mixflow_<role>_<what>_total`` counters, `
 of its own (``role_registry``), served on its ``--metrics-port``; a role made without one keeps its
 metrics in a private registry nobody serves, so tests and replays in one process never collide."""
 
-from pipeline.metrics.endpoints import METRICS_FILE, Endpoint, RunMetrics, read_endpoints
-from pipeline.metrics.reasons import DeadLetterReason, reason_class
-from pipeline.metrics.serving import MetricsServer, role_registry, serve_metrics
+import lazy_loader
 
-__all__ = [
-    "METRICS_FILE",
-    "DeadLetterReason",
-    "Endpoint",
-    "MetricsServer",
-    "RunMetrics",
-    "read_endpoints",
-    "reason_class",
-    "role_registry",
-    "serve_metrics",
-]
+# Each name is imported from its module on first use: a process loads only the modules it touches.
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "endpoints": ["METRICS_FILE", "Endpoint", "RunMetrics", "read_endpoints"],
+        "reasons": ["DeadLetterReason", "reason_class"],
+        "serving": ["MetricsServer", "role_registry", "serve_metrics"],
+    },
+)

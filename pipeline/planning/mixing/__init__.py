@@ -6,25 +6,16 @@ scheduler, and stores ``draw.settle(deferred)`` — a ``MixerState`` of a few hu
 in its per-step state record.
 """
 
-from pipeline.planning.mixing.changes import MixtureChange, MixtureTimeline, refusal
-from pipeline.planning.mixing.draw import Draw, DrawStatus, LongContext, draw_step
-from pipeline.planning.mixing.mixer import DEFAULT_OVERDRAW, Mixer, step_budget, step_rng
-from pipeline.planning.mixing.schedule import Schedule, schedule_weights
-from pipeline.planning.mixing.state import MixerState
+import lazy_loader
 
-__all__ = [
-    "DEFAULT_OVERDRAW",
-    "Draw",
-    "DrawStatus",
-    "LongContext",
-    "Mixer",
-    "MixerState",
-    "MixtureChange",
-    "MixtureTimeline",
-    "Schedule",
-    "draw_step",
-    "refusal",
-    "schedule_weights",
-    "step_budget",
-    "step_rng",
-]
+# Each name is imported from its module on first use: a process loads only the modules it touches.
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "changes": ["MixtureChange", "MixtureTimeline", "refusal"],
+        "draw": ["Draw", "DrawStatus", "LongContext", "draw_step"],
+        "mixer": ["DEFAULT_OVERDRAW", "Mixer", "step_budget", "step_rng"],
+        "schedule": ["Schedule", "schedule_weights"],
+        "state": ["MixerState"],
+    },
+)

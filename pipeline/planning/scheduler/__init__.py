@@ -3,22 +3,18 @@
 A pure library of numba kernels over arrays; it imports no Kafka client.
 """
 
-from pipeline.planning.scheduler.lpt import plan_lpt
-from pipeline.planning.scheduler.plan import DEFAULT_TOLERANCE, PlanSummary, StepPlan, plan_step
-from pipeline.planning.scheduler.rank_order import RankOrders, rank_order, rank_orders
-from pipeline.planning.scheduler.validation import validate_plan
+import lazy_loader
+
 from pipeline.spec.cost import DEFAULT_COST_MODEL, CostModel
 
-__all__ = [
-    "DEFAULT_COST_MODEL",
-    "DEFAULT_TOLERANCE",
-    "CostModel",
-    "PlanSummary",
-    "RankOrders",
-    "StepPlan",
-    "plan_lpt",
-    "plan_step",
-    "rank_order",
-    "rank_orders",
-    "validate_plan",
-]
+# Each name is imported from its module on first use: a process loads only the modules it touches.
+__getattr__, _, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "lpt": ["plan_lpt"],
+        "plan": ["DEFAULT_TOLERANCE", "PlanSummary", "StepPlan", "plan_step"],
+        "rank_order": ["RankOrders", "rank_order", "rank_orders"],
+        "validation": ["validate_plan"],
+    },
+)
+__all__ += ["DEFAULT_COST_MODEL", "CostModel"]

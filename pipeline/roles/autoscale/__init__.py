@@ -2,23 +2,16 @@
 autoscaler that turns one into the other every interval. ``mixflow run`` acts on its decisions
 (``pipeline/tools/run/job.py``); ``mixflow autoscale`` exports them for Kubernetes."""
 
-from pipeline.roles.autoscale.autoscaler import Autoscaler
-from pipeline.roles.autoscale.demand import horizon_shares, source_demands
-from pipeline.roles.autoscale.measure import JobProbe, JobSnapshot, SourceSnapshot
-from pipeline.roles.autoscale.policy import Decision, PolicySettings, PolicyState, SourceReading, decide
-from pipeline.roles.autoscale.rates import SmoothedRate
+import lazy_loader
 
-__all__ = [
-    "Autoscaler",
-    "Decision",
-    "JobProbe",
-    "JobSnapshot",
-    "PolicySettings",
-    "PolicyState",
-    "SmoothedRate",
-    "SourceReading",
-    "SourceSnapshot",
-    "decide",
-    "horizon_shares",
-    "source_demands",
-]
+# Each name is imported from its module on first use: a process loads only the modules it touches.
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "autoscaler": ["Autoscaler"],
+        "demand": ["horizon_shares", "source_demands"],
+        "measure": ["JobProbe", "JobSnapshot", "SourceSnapshot"],
+        "policy": ["Decision", "PolicySettings", "PolicyState", "SourceReading", "decide"],
+        "rates": ["SmoothedRate"],
+    },
+)

@@ -7,11 +7,9 @@ from dataclasses import dataclass
 
 from connectors import FileLayout, Reader, SampleBuilder, TextTokenizer, WorkUnit, make_reader, measure_cost_per_byte
 from connectors.planning import plan_units
+from pipeline.roles.loader.defaults import TARGET_UNIT_SECONDS
 from pipeline.spec import JobSpec, SourceSpec
 
-# Seconds of reading and tokenizing per work unit: long enough that the per-transaction overhead
-# (a few ms) is small, short enough that a killed loader redoes little and units balance over loaders.
-TARGET_UNIT_SECONDS = 0.5
 # Content bytes the planner times its tokenizer on.
 COST_SAMPLE_BYTES = 1 << 18
 # When the job autoscales, the planner times a few KiB once: every source's loaders wait for the plan, and

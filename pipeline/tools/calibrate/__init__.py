@@ -6,17 +6,14 @@ lengths (``timing``, ``block``: torch, imported only there), and ``alpha``, ``be
 spec's ``cost:`` section (``section``).
 """
 
-from pipeline.tools.calibrate.fit import CostFit, Timing, fit_cost
-from pipeline.tools.calibrate.grid import MicroBatchShape, calibration_grid, default_lengths
-from pipeline.tools.calibrate.section import cost_section, fit_table
+import lazy_loader
 
-__all__ = [
-    "CostFit",
-    "MicroBatchShape",
-    "Timing",
-    "calibration_grid",
-    "cost_section",
-    "default_lengths",
-    "fit_cost",
-    "fit_table",
-]
+# Each name is imported from its module on first use: a process loads only the modules it touches.
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "fit": ["CostFit", "Timing", "fit_cost"],
+        "grid": ["MicroBatchShape", "calibration_grid", "default_lengths"],
+        "section": ["cost_section", "fit_table"],
+    },
+)

@@ -2,18 +2,14 @@
 then an audit that nothing was lost or repeated. ``schedule`` is pure; ``roles``, ``watch`` and ``run``
 are the thin shell of processes and Kafka around it; ``sink`` is the trainer stand-in each rank runs."""
 
-from pipeline.tools.chaos.report import ChaosReport, InjectedFault
-from pipeline.tools.chaos.run import ChaosError, ChaosOptions, run_chaos
-from pipeline.tools.chaos.schedule import Fault, FaultKind, Targets, plan_faults
+import lazy_loader
 
-__all__ = [
-    "ChaosError",
-    "ChaosOptions",
-    "ChaosReport",
-    "Fault",
-    "FaultKind",
-    "InjectedFault",
-    "Targets",
-    "plan_faults",
-    "run_chaos",
-]
+# Each name is imported from its module on first use: a process loads only the modules it touches.
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "report": ["ChaosReport", "InjectedFault"],
+        "run": ["ChaosError", "ChaosOptions", "run_chaos"],
+        "schedule": ["Fault", "FaultKind", "Targets", "plan_faults"],
+    },
+)

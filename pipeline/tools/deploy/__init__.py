@@ -1,7 +1,13 @@
 """Kubernetes manifests of a job, made from its spec: ``mixflow deploy render``."""
 
-from pipeline.tools.deploy.links import check_links
-from pipeline.tools.deploy.manifests import DeployOptions, Manifest, render_job
-from pipeline.tools.deploy.write import dump, write_manifests
+import lazy_loader
 
-__all__ = ["DeployOptions", "Manifest", "check_links", "dump", "render_job", "write_manifests"]
+# Each name is imported from its module on first use: a process loads only the modules it touches.
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "links": ["check_links"],
+        "manifests": ["DeployOptions", "Manifest", "render_job"],
+        "write": ["dump", "write_manifests"],
+    },
+)

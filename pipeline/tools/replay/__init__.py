@@ -7,21 +7,15 @@ record, so that ``mixflow construct`` can go on with the replayed job under the 
 replay is one transaction per step and continues where an earlier run of it stopped.
 """
 
-from pipeline.tools.replay.audit import Audit
-from pipeline.tools.replay.plan import ReplayMode, ReplayPlan, ReplayRequest, plan_replay
-from pipeline.tools.replay.reshape import ReshapeError, default_micro_batches, reshape_step
-from pipeline.tools.replay.run import ReplaySummary, replay, verify
+import lazy_loader
 
-__all__ = [
-    "Audit",
-    "ReplayMode",
-    "ReplayPlan",
-    "ReplayRequest",
-    "ReplaySummary",
-    "ReshapeError",
-    "default_micro_batches",
-    "plan_replay",
-    "replay",
-    "reshape_step",
-    "verify",
-]
+# Each name is imported from its module on first use: a process loads only the modules it touches.
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "audit": ["Audit"],
+        "plan": ["ReplayMode", "ReplayPlan", "ReplayRequest", "plan_replay"],
+        "reshape": ["ReshapeError", "default_micro_batches", "reshape_step"],
+        "run": ["ReplaySummary", "replay", "verify"],
+    },
+)

@@ -1,0 +1,6 @@
+"""The loader's settings that `mixflow load --help` shows as defaults, in a module that imports nothing:
+the help loads no reader, tokenizer or Kafka client."""
+
+# Seconds of reading and tokenizing per work unit: long enough that the per-transaction overhead
+# (a few ms) is small, short enough that a killed loader redoes little and units balance over loaders.
+TARGET_UNIT_SECONDS = 0.5
