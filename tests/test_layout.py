@@ -5,6 +5,8 @@ The dependency rules between packages are `lint-imports` contracts (``[tool.impo
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from pathlib import Path
 
 import grimp
@@ -96,3 +98,16 @@ def test_production_modules_are_short() -> None:
             if lines > MAX_MODULE_LINES and name not in NOT_YET_SPLIT:
                 long[name] = lines
     assert long == {}, f"production modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_every_exported_name_resolves() -> None:
+    """Packages load their names lazily (``lazy_loader``), so a name that no longer exists would only fail
+    where it is used: every module is imported and every name in its ``__all__`` looked up here."""
+    missing = []
+    for package in PACKAGES:
+        root = importlib.import_module(package)
+        names = [package, *(info.name for info in pkgutil.walk_packages(root.__path__, f"{package}."))]
+        for name in names:
+            module = importlib.import_module(name)
+            missing += [f"{name}.{attr}" for attr in getattr(module, "__all__", ()) if not hasattr(module, attr)]
+    assert missing == []
