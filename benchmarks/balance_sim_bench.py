@@ -250,10 +250,9 @@ def mixflow(
         if planned is None:
             msg = f"step {step}: {draw.status} for {draw.waiting_for}; make the stream longer"
             raise RuntimeError(msg)
-        numbered = np.concatenate([deferred, *(fifo[s][planned.taken[s]] for s in names)])
+        candidates = planned.candidates_of(deferred, fifo)
         for s in names:
             fifo[s] = np.delete(fifo[s], planned.taken[s])
-        candidates = numbered[planned.order]
         placed = planned.plan.placed_mask
         if step >= warm_up:
             placed_lengths = stream.lengths[candidates[placed]]

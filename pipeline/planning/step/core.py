@@ -11,7 +11,7 @@ order. ``PlannedStep.order`` lists those numbers in the order the scheduler gets
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -56,6 +56,11 @@ class PlannedStep:
     plan: StepPlan
     started: bool
     next_state: MixerState
+
+    def candidates_of(self, deferred: np.ndarray, held: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The candidates in the order planned, for a caller that holds its samples as arrays (of ids, say):
+        ``deferred`` the deferred ones in priority order, ``held`` per source those of its window."""
+        return np.concatenate([deferred, *(held[s][positions] for s, positions in self.taken.items())])[self.order]
 
     @property
     def delivered(self) -> np.ndarray:

@@ -15,6 +15,12 @@ With ``constructor.lanes`` C above 1, lane ``j`` (``ConstructorOptions.lane``) b
 ``k mod C == j`` from partition ``j`` of every source topic, into partition ``j`` of every rank topic and
 of the state topic, with a state record, ``transactional.id``, offsets group and lease of its own. The
 mixer's step is the global step ``k``: schedules, random choices and mixture changes follow it.
+
+This module holds the role's life (shadow or active, one attempt after another) and its bookkeeping; the
+parts live beside it: ``shadow.py`` (following the job without the lease), ``loop.py`` (an attempt's step
+loop around the step core of ``pipeline.planning.step.core``), ``finish.py`` (the job's last steps),
+``control_intake.py`` (mixture changes), ``lead.py`` (pacing by the trainers), ``step_records.py`` (what a
+step's transaction writes) and ``writer.py`` (the transactions, on a thread).
 """
 
 from __future__ import annotations
