@@ -62,16 +62,6 @@ class PlannedStep:
         ``deferred`` the deferred ones in priority order, ``held`` per source those of its window."""
         return np.concatenate([deferred, *(held[s][positions] for s, positions in self.taken.items())])[self.order]
 
-    @property
-    def delivered(self) -> np.ndarray:
-        """The candidates placed, in the order planned."""
-        return self.order[self.plan.placed_mask]
-
-    @property
-    def deferred(self) -> np.ndarray:
-        """The candidates not placed, in the order planned: the next step's deferred samples, in that order."""
-        return self.order[~self.plan.placed_mask]
-
 
 @dataclass(frozen=True)
 class StepOutcome:
@@ -115,8 +105,9 @@ class StepCore:
             return StepOutcome(draw.status, draw.waiting_for)
         taken = {s: np.asarray(draw.take.get(s, ()), dtype=np.int64) for s in window.available}
         ordered = _Ordered.of(window, taken)
-        placement = draw if self.from_placement else None
-        start = None if placement is None else placement.start_for(ordered.source_names(window.sources))
+        start = None
+        if self.from_placement and draw.placement is not None:  # each candidate's source named only for one
+            start = draw.start_for(ordered.source_names(window.sources))
         plan = self._plan(ordered.lengths, start)
         kept = ~plan.placed_mask
         deferred, source = ordered.lengths[kept], ordered.source[kept]
