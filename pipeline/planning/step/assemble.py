@@ -43,15 +43,15 @@ def assemble_step(
     micro-batch. Unplaced candidates come back as deferred."""
     lengths = np.fromiter((c.sample.length for c in candidates), dtype=np.int64, count=len(candidates))
     plan = plan_step(lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, cost_model, start=start)
-    return assemble_plan(step, candidates, plan, lengths, start is not None)
+    return _assembled(step, candidates, plan, lengths, start is not None)
 
 
 def assemble_planned(planned: PlannedStep, candidates: Sequence[Candidate]) -> AssembledStep:
     """The batches of a step the step core planned; ``candidates`` in ``planned.order`` (``SamplePool.take``)."""
-    return assemble_plan(planned.step, candidates, planned.plan, planned.lengths, planned.started)
+    return _assembled(planned.step, candidates, planned.plan, planned.lengths, planned.started)
 
 
-def assemble_plan(
+def _assembled(
     step: int, candidates: Sequence[Candidate], plan: StepPlan, lengths: np.ndarray, started: bool
 ) -> AssembledStep:
     """Each rank's batch of ``plan`` of ``candidates`` (``lengths`` theirs); the unplaced ones as deferred."""
