@@ -10,8 +10,8 @@ samples of the H200 fit of one transformer block, t(L) = 8.78e-8 L^2 + 1.92e-3 L
 - **naive**: sample i goes to rank i mod R, which packs its samples first-fit in arrival order into its
   micro-batches; the first that does not fit waits (with all after it) for that rank's next step.
 - **today**: ``draw_step`` (5% overdraw) then ``plan_step`` over all ranks, deferred samples first in the
-  next draw, candidates in ``SamplePool.take``'s order.
-- **composed**: ``compose_step`` (look-ahead window) then ``plan_step``, the same way (from the
+  next draw, candidates in the pool's order: the constructor's step core (``StepCore``) makes the steps.
+- **composed**: ``compose_step`` (look-ahead window) then ``plan_step``, by the same step core (from the
   composition's packing too, where it packed the holes: ``Draw.placement``, as the constructor does).
 
 Reported per mix and context, each the median over seeds, over the steps after a warm-up (composition
@@ -39,10 +39,12 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._table import add_markdown_flag, print_table
-from pipeline.planning.mixing import DrawStatus, MixerState, draw_step, step_budget
-from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, compose_step, waiting_bound
-from pipeline.planning.mixing.draw import Draw
+from pipeline.planning.mixing import Mixer, Schedule, step_budget
+from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, waiting_bound
+from pipeline.planning.mixing.mixer import Composition
 from pipeline.planning.scheduler import CostModel, plan_step
+from pipeline.planning.step.core import StepCore, StepWindow
+from pipeline.planning.step.spec_change import StepShape
 
 RANKS = 8
 ALPHA, BETA, CONSTANT = 8.78e-8, 1.92e-3, -0.006  # ms; the H200 block fit
@@ -210,66 +212,52 @@ def mixflow(
     keep_plans: bool = False,
     use_start: bool = True,  # False: plan composed steps from scratch (for comparison)
 ) -> Result:
-    """Steps drawn by ``draw_step`` (or ``compose_step``) and planned by ``plan_step``, as the constructor
-    does: a FIFO of sample ids per source, the deferred ids first in the next step."""
+    """Steps made by the constructor's step core (``StepCore``: ``draw_step`` or ``compose_step``, then
+    ``plan_step``) over a FIFO of sample ids per source, the deferred ids first in the next step."""
     result = Result(plans=[] if keep_plans else None)
     names = stream.names
     capacity = RANKS * micro_batches * context
     budget = step_budget(capacity)
     goal = min(budget, capacity) if composed else budget
+    composition = Composition(RANKS, micro_batches, context, COST_MODEL, window, due) if composed else None
+    mixer = Mixer(Schedule(names, [0], [list(stream.weights.values())]), budget, composition=composition)
+    core = StepCore(StepShape(RANKS, micro_batches, context), COST_MODEL, from_placement=use_start)
     fifo = {s: np.flatnonzero(stream.source == k) for k, s in enumerate(names)}
     deferred = np.zeros(0, dtype=np.int64)
-    state = MixerState.initial(names)
+    state = mixer.initial_state()
     entered: dict[int, int] = {}
     delivered = np.zeros(len(stream.lengths), dtype=bool)
     for step in range(warm_up + steps):
         look = {s: _head(fifo[s], stream.lengths, (window + 2) * stream.weights[s] * budget) for s in names}
         available = {s: stream.lengths[fifo[s][:n]] for s, n in look.items()}
-        before = {s: stream.lengths[deferred[stream.source[deferred] == k]] for k, s in enumerate(names)}
+        window_of_step = StepWindow(available, stream.source[deferred], stream.lengths[deferred])
         if composed:
             for s in names:
                 n = _head(fifo[s], stream.lengths, window * stream.weights[s] * goal)
                 for i in fifo[s][:n].tolist():
                     entered.setdefault(i, step)
         began = time.perf_counter()  # the draw's own time, not the simulator's bookkeeping above
-        if composed:
-            draw = compose_step(
-                state,
-                stream.weights,
-                budget,
-                available,
-                before,
-                ranks=RANKS,
-                micro_batches=micro_batches,
-                capacity=context,
-                cost_model=COST_MODEL,
-                window=window,
-                due=due,
-            )
-        else:
-            draw = draw_step(state, stream.weights, budget, available, before)
+        draw = core.draw(mixer, state, window_of_step)
         if step >= warm_up:
             result.draw_times.append(time.perf_counter() - began)
             result.draw_s += result.draw_times[-1]
-        if draw.status is not DrawStatus.OK:
+        planned = core.plan(draw, window_of_step).planned
+        if planned is None:
             msg = f"step {step}: {draw.status} for {draw.waiting_for}; make the stream longer"
             raise RuntimeError(msg)
-        taken = {s: fifo[s][draw.take[s]] for s in names}
+        candidates = planned.candidates_of(deferred, fifo)
         for s in names:
-            fifo[s] = np.delete(fifo[s], draw.take[s])
-        candidates = _pool_order(deferred, taken, stream)
-        start = draw.start_for([names[k] for k in stream.source[candidates].tolist()]) if use_start else None
-        plan = plan_step(stream.lengths[candidates], RANKS, micro_batches, context, COST_MODEL, start=start)
-        placed = plan.placed_mask
+            fifo[s] = np.delete(fifo[s], planned.taken[s])
+        placed = planned.plan.placed_mask
         if step >= warm_up:
             placed_lengths = stream.lengths[candidates[placed]]
-            result.add(placed_lengths, plan.rank[placed], capacity, plan.micro[placed], micro_batches)
+            result.add(placed_lengths, planned.plan.rank[placed], capacity, planned.plan.micro[placed], micro_batches)
         if composed:
             result.max_wait = max(
                 [result.max_wait, *(step - entered.get(i, step) for i in candidates[placed].tolist())]
             )
         deferred = candidates[~placed]
-        state = _settle(draw, deferred, stream)
+        state = planned.next_state
         delivered[candidates[placed]] = True
         if step >= warm_up:
             for k in range(len(names)):
@@ -284,23 +272,6 @@ def _head(ids: np.ndarray, lengths: np.ndarray, tokens: float) -> int:
     """How many of ``ids`` it takes to hold ``tokens`` (all of them if they hold fewer)."""
     total = np.cumsum(lengths[ids])
     return min(int(np.searchsorted(total, tokens, side="left")) + 1, len(ids))
-
-
-def _pool_order(deferred: np.ndarray, taken: dict[str, np.ndarray], stream: Stream) -> np.ndarray:
-    """``SamplePool.take``: deferred first, then the drawn samples interleaved by the share of their
-    source's drawn tokens before them."""
-    keys, ids = [], []
-    for k, s in enumerate(stream.names):
-        lengths = stream.lengths[taken[s]].astype(np.float64)
-        before = (np.cumsum(lengths) - lengths) / (lengths.sum() or 1.0)
-        keys += [(float(b), k, i) for i, b in enumerate(before)]
-        ids.append(taken[s])
-    keys.sort()
-    return np.concatenate([deferred, np.array([ids[k][i] for _, k, i in keys], dtype=np.int64)])
-
-
-def _settle(draw: Draw, deferred: np.ndarray, stream: Stream) -> MixerState:
-    return draw.settle({s: stream.lengths[deferred[stream.source[deferred] == k]] for k, s in enumerate(stream.names)})
 
 
 def run(

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from pipeline.planning.mixing import Draw, DrawStatus, MixerState
 from pipeline.planning.scheduler import CostModel, plan_step, rank_order
 from pipeline.planning.step.assemble import build_batches
+from pipeline.planning.step.order import candidate_order
 from pipeline.planning.step.pool import SamplePool, SourceFifo
 from pipeline.planning.step.state import ConstructorState, SourcePosition
 from tests.length_families import FAMILIES, draw_lengths
@@ -148,31 +149,24 @@ def test_fifo_takes_like_a_list(lengths: list[int], takes: list) -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_pool_interleaves_the_draw_as_sorted_tuples(seed: int) -> None:
-    """``SamplePool.take`` orders the drawn samples by (share of its source's draw before it, source, place),
-    as sorting those tuples does."""
+def test_pool_hands_the_draw_over_in_the_candidate_order(seed: int) -> None:
+    """``SamplePool.take`` gives the drawn samples in ``candidate_order`` (the step core's), heads or not."""
     rng = np.random.default_rng(seed)
     sources = ["a", "b", "c"]
-    state = ConstructorState.initial(MixerState.initial(sources))
-    pool = SamplePool(state)
+    pool = SamplePool(ConstructorState.initial(MixerState.initial(sources)))
     for s in sources:
         for offset in range(int(rng.integers(0, 30))):
             pool.add(s, offset, Sample(f"{s}/{offset}", s, np.zeros(int(rng.integers(1, 5)) * 8, np.int32)))
     positions = {
         s: np.flatnonzero(rng.random(len(pool.fifos[s].offsets)) < 0.6)
         if seed % 2
-        else np.arange(int(rng.integers(0, 8)))
+        else np.arange(min(int(rng.integers(0, 8)), len(pool.fifos[s].offsets)))
         for s in sources
     }
-    positions = {s: p[p < len(pool.fifos[s].offsets)] for s, p in positions.items()}
-    drawn = {s: [pool.fifos[s].samples[i] for i in p.tolist()] for s, p in positions.items()}
-    keys = []
-    for index, s in enumerate(sources):
-        lengths = np.asarray([x.length for x in drawn[s]], dtype=np.float64)
-        before = (np.cumsum(lengths) - lengths) / (lengths.sum() or 1.0)
-        keys += [(float(b), index, i) for i, b in enumerate(before)]
-    expected = [drawn[sources[index]][i] for _, index, i in sorted(keys)]
-    assert [c.sample for c in pool.take(positions)] == expected
+    window = pool.window()
+    numbered = [pool.fifos[s].samples[i] for s in sources for i in positions[s].tolist()]
+    order = candidate_order(0, [window.available[s][positions[s]] for s in sources])
+    assert [c.sample for c in pool.take(positions)] == [numbered[i] for i in order.tolist()]
 
 
 @pytest.mark.parametrize("seed", range(6))

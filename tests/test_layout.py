@@ -17,7 +17,6 @@ MAX_MODULE_LINES = 400
 # Modules still waiting to be split along their responsibilities; the list only shrinks.
 NOT_YET_SPLIT = {
     "pipeline/planning/mixing/_compose_select.py",
-    "pipeline/roles/constructor/role.py",
 }
 
 

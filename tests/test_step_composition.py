@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.planning.mixing import Draw, DrawStatus, MixerState, draw_step
+from pipeline.planning.mixing import Draw, DrawStatus, Mixer, MixerState, Schedule, draw_step
 from pipeline.planning.mixing._compose_bins import pack_bins_kernel
 from pipeline.planning.mixing._compose_select import (
     Groups,
@@ -28,7 +28,10 @@ from pipeline.planning.mixing._compose_select import (
     score,
 )
 from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, HEADROOM, compose_step, waiting_bound
-from pipeline.planning.scheduler import CostModel, plan_step, validate_plan
+from pipeline.planning.mixing.mixer import Composition
+from pipeline.planning.scheduler import CostModel, validate_plan
+from pipeline.planning.step.core import StepCore, StepWindow
+from pipeline.planning.step.spec_change import StepShape as StepCoreShape
 from pipeline.spec import OnExhausted
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,15 +150,19 @@ def _simulate(
     window: float = DEFAULT_WINDOW,
     due: float = DEFAULT_DUE,
 ) -> Run:
+    """Steps made by the constructor's step core over a FIFO of sample ids per source."""
     names = list(weights)
     shares = [w / sum(weights.values()) for w in weights.values()]
     lengths, source = _stream(families, shares, (steps + 2 * window + 4) * shape.tokens, shape.capacity, seed)
     unset = np.full(len(lengths), -1)
     run = Run(lengths, source, unset.copy(), unset.copy(), unset.copy(), np.zeros(len(names)))
     cost_model = _cost_model(shape.capacity)
+    composition = Composition(shape.ranks, shape.micro_batches, shape.capacity, cost_model, window, due)
+    mixer = Mixer(Schedule(names, [0], [list(weights.values())]), shape.tokens, composition=composition)
+    core = StepCore(StepCoreShape(shape.ranks, shape.micro_batches, shape.capacity), cost_model)
     fifo = {s: np.flatnonzero(source == k) for k, s in enumerate(names)}
     deferred = np.zeros(0, dtype=np.int64)
-    state = MixerState.initial(names)
+    state = mixer.initial_state()
     goal = math.floor(shape.tokens * (1 - HEADROOM))
     for step in range(steps):
         available = {}
@@ -165,32 +172,21 @@ def _simulate(
             inside = fifo[s][ahead < window * unit]
             run.entered[inside[run.entered[inside] < 0]] = step
             available[s] = lengths[fifo[s][ahead < (window + 2) * unit + 2 * shape.capacity]]
-        before = {s: lengths[deferred[source[deferred] == k]] for k, s in enumerate(names)}
-        draw = compose_step(
-            state,
-            weights,
-            shape.tokens,
-            available,
-            before,
-            ranks=shape.ranks,
-            micro_batches=shape.micro_batches,
-            capacity=shape.capacity,
-            cost_model=cost_model,
-            window=window,
-            due=due,
-        )
+        held = StepWindow(available, source[deferred], lengths[deferred])
+        draw = core.draw(mixer, state, held)
         assert draw.status is DrawStatus.OK
+        before = held.deferred_by_source()
         _check_valid(draw, available, before)
         _check_due(draw, available, before, goal, due)
         _check_placement(draw, shape)
         run.packed += draw.placement is not None
-        taken = {s: fifo[s][draw.take[s]] for s in names}
+        planned = core.plan(draw, held).planned
+        assert planned is not None
+        candidates = planned.candidates_of(deferred, fifo)
         for s in names:
-            fifo[s] = np.delete(fifo[s], draw.take[s])
-            run.drawn[taken[s]] = step
-        candidates = _pool_candidates(deferred, taken, lengths, names)
-        start = draw.start_for([names[k] for k in source[candidates].tolist()])
-        plan = plan_step(lengths[candidates], shape.ranks, shape.micro_batches, shape.capacity, cost_model, start=start)
+            run.drawn[fifo[s][planned.taken[s]]] = step
+            fifo[s] = np.delete(fifo[s], planned.taken[s])
+        plan = planned.plan
         validate_plan(plan, lengths[candidates])
         placed = candidates[plan.placed_mask]
         run.placed[placed] = step
@@ -198,22 +194,9 @@ def _simulate(
         costs = plan.rank_costs(lengths[candidates], cost_model)
         run.ratios.append(float(costs.max() / costs.mean()) if costs.max() > 0 else 1.0)
         deferred = candidates[~plan.placed_mask]
-        state = draw.settle({s: lengths[deferred[source[deferred] == k]] for k, s in enumerate(names)})
+        state = planned.next_state
         run.credits.append(dict(state.credit))
     return run
-
-
-def _pool_candidates(
-    deferred: np.ndarray, taken: dict[str, np.ndarray], lengths: np.ndarray, names: list[str]
-) -> np.ndarray:
-    """Sample ids in ``SamplePool.take``'s order (the order ``pool_order`` gives lengths in)."""
-    keys = []
-    for k, s in enumerate(names):
-        chosen = lengths[taken[s]].astype(np.float64)
-        before = (np.cumsum(chosen) - chosen) / (chosen.sum() or 1.0)
-        keys += [(float(b), k, int(i)) for b, i in zip(before, taken[s].tolist(), strict=True)]
-    keys.sort()
-    return np.concatenate([deferred, np.array([i for _, _, i in keys], dtype=np.int64)])
 
 
 def _check_valid(draw: Draw, available: dict[str, np.ndarray], before: dict[str, np.ndarray]) -> None:

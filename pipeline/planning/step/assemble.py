@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.planning.scheduler import CostModel, StepPlan, plan_step, rank_orders
+from pipeline.planning.step.core import PlannedStep
 from pipeline.planning.step.pool import Candidate
 from pipeline.spec import StepSpec
 from topics.batch import Batch
@@ -43,11 +44,23 @@ def assemble_step(
     micro-batch. Unplaced candidates come back as deferred."""
     lengths = np.fromiter((c.sample.length for c in candidates), dtype=np.int64, count=len(candidates))
     plan = plan_step(lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, cost_model, start=start)
+    return _assembled(step, candidates, plan, lengths, start is not None)
+
+
+def assemble_planned(planned: PlannedStep, candidates: Sequence[Candidate]) -> AssembledStep:
+    """The batches of a step the step core planned; ``candidates`` in ``planned.order`` (``SamplePool.take``)."""
+    return _assembled(planned.step, candidates, planned.plan, planned.lengths, planned.started)
+
+
+def _assembled(
+    step: int, candidates: Sequence[Candidate], plan: StepPlan, lengths: np.ndarray, started: bool
+) -> AssembledStep:
+    """Each rank's batch of ``plan`` of ``candidates`` (``lengths`` theirs); the unplaced ones as deferred."""
     batches = build_batches(step, plan, [c.sample for c in candidates], lengths)
-    placed = plan.placed_mask
-    delivered = [c for c, p in zip(candidates, placed.tolist(), strict=True) if p]
-    deferred = [c for c, p in zip(candidates, placed.tolist(), strict=True) if not p]
-    return AssembledStep(step, batches, delivered, deferred, plan, lengths, start is not None)
+    placed = plan.placed_mask.tolist()
+    delivered = [c for c, p in zip(candidates, placed, strict=True) if p]
+    deferred = [c for c, p in zip(candidates, placed, strict=True) if not p]
+    return AssembledStep(step, batches, delivered, deferred, plan, lengths, started)
 
 
 def build_batches(step: int, plan: StepPlan, samples: Sequence[Sample], lengths: np.ndarray) -> list[Batch]:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.planning.step.core import StepWindow
+from pipeline.planning.step.order import candidate_order
 from pipeline.planning.step.state import ConstructorState, SampleRef, SourcePosition
 from topics.sample import Sample
 
@@ -106,39 +108,24 @@ class SamplePool:
 
     # -- drawing ----------------------------------------------------------------------------------
 
-    def available_lengths(self) -> dict[str, np.ndarray]:
-        return {s: np.asarray(f.lengths, dtype=np.int64) for s, f in self.fifos.items()}
+    def window(self) -> StepWindow:
+        """What the next step is drawn from: each source's FIFO lengths and the deferred samples."""
+        available = {s: np.asarray(f.lengths, dtype=np.int64) for s, f in self.fifos.items()}
+        index = {s: k for k, s in enumerate(self.sources)}
+        deferred_source = np.fromiter((index[c.ref.source] for c in self.deferred), np.int64, len(self.deferred))
+        deferred_lengths = np.fromiter((c.sample.length for c in self.deferred), np.int64, len(self.deferred))
+        return StepWindow(available, deferred_source, deferred_lengths)
 
-    def deferred_lengths(self) -> dict[str, np.ndarray]:
-        out: dict[str, list[int]] = {s: [] for s in self.sources}
-        for c in self.deferred:
-            out[c.ref.source].append(c.sample.length)
-        return {s: np.asarray(v, dtype=np.int64) for s, v in out.items()}
-
-    def take(self, positions: Mapping[str, np.ndarray]) -> list[Candidate]:
-        """The step's candidates in priority order: the deferred samples first (oldest first), then the
-        newly drawn ones of all sources interleaved by how far into their source's draw they lie, so
-        that no source is always last when the scheduler has to defer."""
+    def take(self, positions: Mapping[str, np.ndarray], order: np.ndarray | None = None) -> list[Candidate]:
+        """The step's candidates: the deferred samples, then those at ``positions`` of each source's FIFO
+        (removed from it), in ``order`` (``PlannedStep.order``), by default ``candidate_order``'s."""
         old, self.deferred = self.deferred, []
         drawn = [self.fifos[s].take(np.asarray(positions.get(s, []), dtype=np.int64)) for s in self.sources]
-        befores, indices, within = [], [], []
-        for index, candidates in enumerate(drawn):
-            lengths = np.asarray([c.sample.length for c in candidates], dtype=np.float64)
-            total = lengths.sum() or 1.0
-            befores.append((np.cumsum(lengths) - lengths) / total)
-            indices.append(np.full(len(candidates), index))
-            within.append(np.arange(len(candidates)))
-        if not befores:
-            return old
-        source_of, position = np.concatenate(indices), np.concatenate(within)
-        # Sorted by (before, source index, position), as sorting those tuples would.
-        order = np.lexsort((position, source_of, np.concatenate(befores))).tolist()
-        source_list, position_list = source_of.tolist(), position.tolist()
-        return old + [drawn[source_list[k]][position_list[k]] for k in order]
-
-    def take_everything(self) -> list[Candidate]:
-        """All samples held, deferred first then each source's FIFO: for the job's last steps."""
-        return self.take({s: np.arange(len(f.offsets)) for s, f in self.fifos.items()})
+        if order is None:
+            lengths = [np.fromiter((c.sample.length for c in d), np.int64, len(d)) for d in drawn]
+            order = candidate_order(len(old), lengths)
+        numbered = [*old, *(c for candidates in drawn for c in candidates)]
+        return [numbered[i] for i in order.tolist()]
 
     def settle(self, delivered: Iterable[Candidate], deferred: list[Candidate]) -> None:
         """Record what a step delivered and put its deferred samples back, first in line."""

@@ -12,6 +12,7 @@ Reports only delay steps, never change them: exactly-once and determinism do not
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, TopicPartition
@@ -60,3 +61,38 @@ class ProgressReader:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+class TrainerPacing:
+    """Whether a step is close enough ahead of the slowest trainer to be drawn (always, without
+    ``max_lead_steps`` N, given as ``lead``, or without a reader of the reports)."""
+
+    def __init__(self, progress: ProgressReader | None, lead: int | None, ranks: int, log_interval_s: float) -> None:
+        self.progress = progress
+        self.lead = lead
+        self.ranks = ranks
+        self.log_interval_s = log_interval_s
+        self._last_log = 0.0
+
+    def allows(self, step: int) -> bool:
+        """Reports are read only when the last ones say no, then this waits up to 0.2 s for news (a trainer
+        resumed from an older checkpoint is heard the next time the constructor waits)."""
+        lead, progress = self.lead, self.progress
+        if lead is None or progress is None:
+            return True
+        if lead_allows(step, progress.reported, self.ranks, lead):
+            return True
+        progress.read(0.2)
+        if lead_allows(step, progress.reported, self.ranks, lead):
+            return True
+        if time.monotonic() - self._last_log > self.log_interval_s:
+            rank, reached = slowest_rank(progress.reported, self.ranks)
+            log.info(
+                "step %d waits for the trainers: rank %d holds step %d, and max_lead_steps is %d",
+                step,
+                rank,
+                reached,
+                lead,
+            )
+            self._last_log = time.monotonic()
+        return False

@@ -53,89 +53,110 @@ def backlog_tokens(holding: SourceHolding, end_offset: int) -> float:
     return holding.held_tokens + max(0, end_offset - holding.next_offset) * holding.mean_sample_tokens
 
 
+class _JobSeries:
+    """Makes series in ``registry`` labelled with ``job`` (and, per source, with the source)."""
+
+    def __init__(self, registry: CollectorRegistry, job: str) -> None:
+        self.registry = registry
+        self.job = job
+
+    def gauge(self, name: str, help_text: str) -> Gauge:
+        return Gauge(name, help_text, ["job"], registry=self.registry).labels(self.job)
+
+    def counter(self, name: str, help_text: str) -> Counter:
+        return Counter(name, help_text, ["job"], registry=self.registry).labels(self.job)
+
+    def histogram(self, name: str, help_text: str, buckets: Sequence[float]) -> Histogram:
+        return Histogram(name, help_text, ["job"], buckets=buckets, registry=self.registry).labels(self.job)
+
+    def per_source(self, name: str, help_text: str, sources: Iterable[str]) -> Counter:
+        """A counter with a series per source, each there from the start, at 0."""
+        counter = Counter(name, help_text, ["job", "source"], registry=self.registry)
+        for source in sources:
+            counter.labels(self.job, source)
+        return counter
+
+
 class ConstructorMetrics:
     def __init__(self, registry: CollectorRegistry, job: str, spec: JobSpec) -> None:
         self.job = job
         self.capacity = spec.step.tokens_per_step
         self.cost_model = spec.cost.cost_model()
-        sources = spec.source_names
         self.holdings: dict[str, SourceHolding] = {}  # replaced whole: read by scrapes on other threads
         self._pool: SamplePool | None = None
         self._pool_read: dict[str, int] = {}
         self._pool_look_at = -POOL_LOOK_S
-        j, js = ["job"], ["job", "source"]
+        series = _JobSeries(registry, job)
+        self._define_written_series(series, spec.source_names)
+        self._define_balance_series(series)
+        self.dead_letters = dead_letters_counter(registry)
+        self.active = series.gauge(
+            "mixflow_constructor_active", "1 while this instance is the active one, 0 as a shadow"
+        )
+        self.takeovers = series.counter("mixflow_constructor_takeovers", "Times this instance became the active one")
+        self.fenced = series.counter("mixflow_constructor_fencings", "Times a newer instance fenced this one")
 
-        def gauge(name: str, help_text: str) -> Gauge:
-            return Gauge(name, help_text, j, registry=registry).labels(job)
-
-        def counter(name: str, help_text: str) -> Counter:
-            return Counter(name, help_text, j, registry=registry).labels(job)
-
-        def histogram(name: str, help_text: str, buckets: Sequence[float]) -> Histogram:
-            return Histogram(name, help_text, j, buckets=buckets, registry=registry).labels(job)
-
-        self.steps = counter("mixflow_constructor_steps", "Steps committed")
-        self.last_step = gauge(
+    def _define_written_series(self, series: _JobSeries, sources: Sequence[str]) -> None:
+        """What the committed steps wrote, per source what was read, and what waits for a later step."""
+        self.steps = series.counter("mixflow_constructor_steps", "Steps committed")
+        self.last_step = series.gauge(
             "mixflow_constructor_last_step",
             "The last step this process committed (-1: none yet); minus a rank's mixflow_sink_step it is the "
             "constructor's lead over that rank",
         )
         self.last_step.set(-1)
-        self.samples = Counter(
-            "mixflow_constructor_samples", "Samples written to the rank topics", js, registry=registry
-        )
-        self.tokens = Counter("mixflow_constructor_tokens", "Tokens written to the rank topics", js, registry=registry)
-        self.consumed_tokens = Counter(
+        self.samples = series.per_source("mixflow_constructor_samples", "Samples written to the rank topics", sources)
+        self.tokens = series.per_source("mixflow_constructor_tokens", "Tokens written to the rank topics", sources)
+        self.consumed_tokens = series.per_source(
             "mixflow_constructor_consumed_tokens",
             "Tokens read from <job>.src.<source> into the constructor's pool (read again after a resume: again)",
-            js,
-            registry=registry,
+            sources,
         )
-        self.deferred = counter(
+        self.deferred = series.counter(
             "mixflow_constructor_deferred_samples",
             "Samples a step deferred to a later step (a sample deferred twice counts twice)",
         )
-        self.packed = counter(
+        self.packed = series.counter(
             "mixflow_constructor_packed_steps",
             "Steps whose composition packed the micro-batches' holes (the scheduler started from its packing)",
         )
-        self.waiting_deferred = gauge(
+        self.waiting_deferred = series.gauge(
             "mixflow_constructor_waiting_deferred_samples", "Deferred samples waiting for the next step"
         )
-        self.last_max_cost = gauge(
+
+    def _define_balance_series(self, series: _JobSeries) -> None:
+        """How well the steps were balanced and filled, and their transactions."""
+        self.last_max_cost = series.gauge(
             "mixflow_constructor_last_step_max_rank_cost",
             "The last step's costliest rank: its sum of alpha*L^2 + beta*L (the spec's cost model) over its samples",
         )
-        self.last_mean_cost = gauge("mixflow_constructor_last_step_mean_rank_cost", "The last step's mean rank cost")
-        self.last_imbalance = gauge(
+        self.last_mean_cost = series.gauge(
+            "mixflow_constructor_last_step_mean_rank_cost", "The last step's mean rank cost"
+        )
+        self.last_imbalance = series.gauge(
             "mixflow_constructor_last_step_imbalance_ratio", "The last step's max over mean rank cost (1: balanced)"
         )
-        self.last_fill = gauge(
+        self.last_fill = series.gauge(
             "mixflow_constructor_last_step_fill_ratio",
             "The last step's tokens over its capacity (ranks x micro-batches x tokens per micro-batch)",
         )
-        self.imbalance = histogram(
+        self.imbalance = series.histogram(
             "mixflow_constructor_step_imbalance_ratio",
             "Steps by max over mean rank cost (1: balanced)",
             IMBALANCE_BUCKETS,
         )
-        self.fill = histogram("mixflow_constructor_step_fill_ratio", "Steps by tokens over capacity", FILL_BUCKETS)
-        self.transaction_seconds = histogram(
+        self.fill = series.histogram(
+            "mixflow_constructor_step_fill_ratio", "Steps by tokens over capacity", FILL_BUCKETS
+        )
+        self.transaction_seconds = series.histogram(
             "mixflow_constructor_transaction_seconds",
             "Committed step transactions: from begin (producing the step's batches and state) to the commit's answer",
             TRANSACTION_BUCKETS,
         )
-        self.aborted = counter(
+        self.aborted = series.counter(
             "mixflow_constructor_aborted_transactions",
             "Step transactions aborted: the constructor resumes from its last committed step",
         )
-        self.dead_letters = dead_letters_counter(registry)
-        for source in sources:  # each source's series exists from the start, at 0
-            for series in (self.samples, self.tokens, self.consumed_tokens):
-                series.labels(job, source)
-        self.active = gauge("mixflow_constructor_active", "1 while this instance is the active one, 0 as a shadow")
-        self.takeovers = counter("mixflow_constructor_takeovers", "Times this instance became the active one")
-        self.fenced = counter("mixflow_constructor_fencings", "Times a newer instance fenced this one")
 
     # -- hooks of the role ------------------------------------------------------------------------
 
