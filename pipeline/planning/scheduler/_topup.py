@@ -23,8 +23,14 @@ def _cheapest_with_room(min_cost: np.ndarray, max_room: np.ndarray, leaves: int,
     while depth > 0:
         depth -= 1
         node = stack[depth]
-        if max_room[node] < length or min_cost[node] >= best_cost:
+        if max_room[node] < length or min_cost[node] > best_cost:
             continue
+        if min_cost[node] == best_cost:
+            low = node
+            while low < leaves:
+                low *= 2
+            if low - leaves > best:
+                continue
         if node >= leaves:
             best, best_cost = node - leaves, min_cost[node]
             continue
