@@ -14,7 +14,6 @@ PACKAGES = ("pipeline", "topics", "connectors", "trainer_sink")
 MAX_MODULE_LINES = 400
 # Modules still waiting to be split along their responsibilities; the list only shrinks.
 NOT_YET_SPLIT = {
-    "pipeline/planning/mixing/_compose_select.py",
     "pipeline/roles/constructor/role.py",
     "pipeline/roles/loader/role.py",
     "topics/admin.py",
