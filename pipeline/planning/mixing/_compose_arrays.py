@@ -1,4 +1,5 @@
-"""The arrays the composition kernels take, grouped as numba passes them (``typing.NamedTuple``s)."""
+"""The arrays the composition kernels take, grouped as numba passes them (``typing.NamedTuple``s), and made
+from the values composition passes around (``_compose_types``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
+from pipeline.planning.mixing._compose_types import HoleFill, Longs
 
 
 class Samples(NamedTuple):
@@ -60,6 +62,20 @@ class Packing(NamedTuple):
     seed_slot: np.ndarray
     cand_slot: np.ndarray
     first_slot: np.ndarray
+
+
+def as_samples(samples: Longs) -> Samples:
+    return Samples(samples.excess.astype(np.float64), samples.length.astype(np.int64), samples.source.astype(np.int64))
+
+
+def as_holes(holes: HoleFill) -> Holes:
+    return Holes(
+        holes.by_length.astype(np.int64),
+        holes.filler.astype(np.float64),
+        holes.first.astype(np.int64),
+        float(holes.goal),
+        np.array(holes.excess, dtype=np.float64),
+    )
 
 
 @kernel

@@ -24,7 +24,17 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import RankTrees, least_with_room, new_min_tree, rank_trees, set_key, update_rank
-from pipeline.planning.mixing._compose_arrays import Grid, Grouping, Holes, Packing, Samples, copy_of, take_candidate
+from pipeline.planning.mixing._compose_arrays import (
+    Grid,
+    Grouping,
+    Holes,
+    Packing,
+    Samples,
+    as_holes,
+    as_samples,
+    copy_of,
+    take_candidate,
+)
 from pipeline.planning.mixing._compose_free import next_free
 from pipeline.planning.mixing._compose_holes import fill_holes, fullest_with_room
 from pipeline.planning.mixing._compose_types import Groups, HoleFill, Longs, Slots, StepShape
@@ -66,20 +76,6 @@ def build_groups(
     if anchor >= 0:
         cand_slot[anchor], seed_slot = seed_slot[-1], seed_slot[:-1]
     return Groups(packing.chosen, packing.excess, packing.bins, Slots(seed_slot, cand_slot, packing.first_slot))
-
-
-def as_samples(samples: Longs) -> Samples:
-    return Samples(samples.excess.astype(np.float64), samples.length.astype(np.int64), samples.source.astype(np.int64))
-
-
-def as_holes(holes: HoleFill) -> Holes:
-    return Holes(
-        holes.by_length.astype(np.int64),
-        holes.filler.astype(np.float64),
-        holes.first.astype(np.int64),
-        float(holes.goal),
-        np.array(holes.excess, dtype=np.float64),
-    )
 
 
 @kernel
