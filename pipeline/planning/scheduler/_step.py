@@ -31,7 +31,7 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.scheduler._lpt import by_index, lpt_kernel
-from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, copy_of, move_tokens
+from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, copy_of, flat_slot, move_tokens
 from pipeline.planning.scheduler._refine import move_from_costliest
 from pipeline.planning.scheduler._repair import deferred_oldest_first, prefer_older, starvation_safe
 from pipeline.planning.scheduler._topup import top_up
@@ -104,17 +104,15 @@ def _hold_back(lengths: np.ndarray, cands: Candidates, plan: Placement, grid: Gr
     while newest > 0 and held + lengths[newest - 1] <= reserve_tokens:
         newest -= 1
         held += lengths[newest]
-    low_bits = (1 << grid.shift) - 1
     for k in range(plan.at.shape[0]):
         if cands.order[k] >= newest and plan.at[k] >= 0:
-            slot = (plan.at[k] >> grid.shift) * grid.micro + (plan.at[k] & low_bits)
-            move_tokens(plan, grid, slot, -np.int64(cands.length[k]), -cands.cost[k])
+            move_tokens(plan, grid, flat_slot(grid, plan.at[k]), -np.int64(cands.length[k]), -cands.cost[k])
             plan.at[k] = -1
 
 
 @kernel
 def _held_back(lengths: np.ndarray, cands: Candidates, lpt: Placement, grid: Grid) -> Placement:
-    """Steps 3: LPT's plan without its newest candidates, then filled (a copy)."""
+    """Step 3: LPT's plan without its newest candidates, then filled (a copy)."""
     plan = copy_of(lpt)
     lpt_deferred = np.int64(0)
     for k in range(plan.at.shape[0]):
