@@ -83,7 +83,7 @@ def lpt_place(cands: Candidates, plan: Placement, grid: Grid) -> None:
         while tokens[base + m] > fits:
             m += 1
         held = tokens[base + m]
-        move_tokens(plan, grid, base + m, length, cands.cost[k])
+        move_tokens(plan, r, base + m, length, cands.cost[k])
         plan.at[k] = (r << grid.shift) | m
         if held == least[r]:  # it was an emptiest micro-batch: the room may have shrunk
             least[r] = tokens[base : base + n_micro].min()

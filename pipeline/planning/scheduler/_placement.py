@@ -47,8 +47,8 @@ def flat_slot(grid: Grid, at: np.int64) -> np.int64:
 
 
 @kernel(inline="always")
-def move_tokens(plan: Placement, grid: Grid, slot: np.int64, tokens: np.int64, cost: float) -> None:
-    """Add ``tokens`` and ``cost`` (either may be negative) to micro-batch ``slot`` and its rank."""
+def move_tokens(plan: Placement, rank: np.int64, slot: np.int64, tokens: np.int64, cost: float) -> None:
+    """Add ``tokens`` and ``cost`` (either may be negative) to micro-batch ``slot`` and its ``rank``."""
     plan.tokens[slot] += tokens
     plan.micro_cost[slot] += cost
-    plan.rank_cost[slot // grid.micro] += cost
+    plan.rank_cost[rank] += cost

@@ -13,10 +13,19 @@ import numpy as np
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import MinTree, new_min_tree, set_key
 from pipeline.planning.scheduler._micro import micro_with_room
-from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, move_tokens
+from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, flat_slot, move_tokens
 
 # Cheapest ranks tried for one costly rank before giving up on it.
 _TRIES = 8
+
+
+class ByCost(NamedTuple):
+    """The ranks cheapest first and costliest first (keyed by minus the cost), and room for the ranks
+    taken out of ``cheapest`` while one costly rank tries them."""
+
+    cheapest: MinTree
+    costliest: MinTree
+    skipped: np.ndarray
 
 
 class Givers(NamedTuple):
@@ -34,15 +43,14 @@ def move_from_costliest(cands: Candidates, plan: Placement, grid: Grid, target: 
     with room: the sample whose cost is nearest half their difference, below it. Only the samples of ranks
     above ``target`` at the start move, each at most once. In place; returns the moves."""
     givers = _givers(plan, grid, target)
-    cheapest = new_min_tree(grid.ranks)
-    costliest = new_min_tree(grid.ranks)  # keyed by minus the cost
+    by_cost = ByCost(new_min_tree(grid.ranks), new_min_tree(grid.ranks), np.empty(_TRIES, np.int64))
     for r in range(grid.ranks):
-        set_key(cheapest, r, plan.rank_cost[r])
-        set_key(costliest, r, -plan.rank_cost[r])
+        set_key(by_cost.cheapest, r, plan.rank_cost[r])
+        set_key(by_cost.costliest, r, -plan.rank_cost[r])
     moves = 0
     while moves < max_moves:
-        a = costliest.ids[0]
-        if plan.rank_cost[a] <= target or not _give_away(cands, plan, grid, givers, a, cheapest, costliest):
+        a = by_cost.costliest.ids[0]
+        if plan.rank_cost[a] <= target or not _give_away(cands, plan, grid, givers, a, by_cost):
             break
         moves += 1
     return moves
@@ -69,12 +77,10 @@ def _givers(plan: Placement, grid: Grid, target: float) -> Givers:
 
 
 @kernel
-def _give_away(
-    cands: Candidates, plan: Placement, grid: Grid, givers: Givers, a: int, cheapest: MinTree, costliest: MinTree
-) -> bool:
+def _give_away(cands: Candidates, plan: Placement, grid: Grid, givers: Givers, a: int, by_cost: ByCost) -> bool:
     """Move one sample of rank ``a`` to the first of its ``_TRIES`` cheapest ranks that one suits; whether
     one moved. The ranks tried in vain are out of ``cheapest`` while the others are tried."""
-    skipped = np.empty(_TRIES, np.int64)
+    cheapest, skipped = by_cost.cheapest, by_cost.skipped
     n_skipped = 0
     moved = False
     while n_skipped < _TRIES:
@@ -92,7 +98,7 @@ def _give_away(
         _move(cands, plan, grid, givers, a, b, best)
         for r in (a, b):
             set_key(cheapest, r, plan.rank_cost[r])
-            set_key(costliest, r, -plan.rank_cost[r])
+            set_key(by_cost.costliest, r, -plan.rank_cost[r])
         moved = True
         break
     for t in range(n_skipped):
@@ -124,8 +130,8 @@ def _move(cands: Candidates, plan: Placement, grid: Grid, givers: Givers, a: int
     givers.count[a] -= 1
     length = np.int64(cands.length[k])
     cost = cands.cost[k]
-    move_tokens(plan, grid, a * grid.micro + (plan.at[k] & ((1 << grid.shift) - 1)), -length, -cost)
+    move_tokens(plan, a, flat_slot(grid, plan.at[k]), -length, -cost)
     base_b = b * grid.micro
     m = micro_with_room(plan.tokens, plan.micro_cost, base_b, grid.micro, grid.capacity - length)
-    move_tokens(plan, grid, base_b + m, length, cost)
+    move_tokens(plan, b, base_b + m, length, cost)
     plan.at[k] = (b << grid.shift) | m

@@ -123,7 +123,7 @@ def _swap(cands: Candidates, plan: Placement, grid: Grid, runs: Runs, k: int, h:
     kj = runs.top[h]
     slot = plan.at[kj]
     tokens = np.int64(cands.length[k]) - np.int64(cands.length[kj])
-    move_tokens(plan, grid, flat_slot(grid, slot), tokens, cands.cost[k] - cands.cost[kj])
+    move_tokens(plan, slot >> grid.shift, flat_slot(grid, slot), tokens, cands.cost[k] - cands.cost[kj])
     plan.at[k] = slot
     plan.at[kj] = -1
     previous = kj - 1

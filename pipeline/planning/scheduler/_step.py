@@ -83,7 +83,7 @@ def _started(start: np.ndarray, cands: Candidates, like: np.ndarray, grid: Grid)
         slot = start[cands.order[k]]
         if slot >= 0:
             plan.at[k] = ((slot // grid.micro) << grid.shift) | (slot % grid.micro)
-            move_tokens(plan, grid, slot, np.int64(cands.length[k]), cands.cost[k])
+            move_tokens(plan, slot // grid.micro, slot, np.int64(cands.length[k]), cands.cost[k])
     return plan
 
 
@@ -106,7 +106,8 @@ def _hold_back(lengths: np.ndarray, cands: Candidates, plan: Placement, grid: Gr
         held += lengths[newest]
     for k in range(plan.at.shape[0]):
         if cands.order[k] >= newest and plan.at[k] >= 0:
-            move_tokens(plan, grid, flat_slot(grid, plan.at[k]), -np.int64(cands.length[k]), -cands.cost[k])
+            at = plan.at[k]
+            move_tokens(plan, at >> grid.shift, flat_slot(grid, at), -np.int64(cands.length[k]), -cands.cost[k])
             plan.at[k] = -1
 
 

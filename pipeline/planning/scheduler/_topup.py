@@ -42,5 +42,5 @@ def top_up(items: np.ndarray, cands: Candidates, plan: Placement, grid: Grid, co
         base = r * n_micro
         best = micro_with_room(tokens, plan.micro_cost, base, n_micro, grid.capacity - length)
         plan.at[k] = (r << grid.shift) | best
-        move_tokens(plan, grid, base + best, length, cost)
+        move_tokens(plan, r, base + best, length, cost)
         update_rank(trees, r, plan.rank_cost[r], grid.capacity - tokens[base : base + n_micro].min())
