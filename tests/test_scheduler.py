@@ -190,23 +190,24 @@ def test_a_full_step_defers_only_its_newest_samples() -> None:
 
 def test_repair_swaps_an_older_deferred_sample_into_a_newer_ones_place() -> None:
     from pipeline.planning.scheduler._lpt import by_index
+    from pipeline.planning.scheduler._placement import Candidates, Grid, Placement
     from pipeline.planning.scheduler._repair import prefer_older, starvation_safe
     from pipeline.planning.scheduler._sort import longest_first
 
     lengths = np.array([5, 3, 8, 5], np.int64)  # sample 0 deferred; 2 and 3 newer and at least as long
     costs = COSTS.costs(lengths)
-    order, sorted_length, sorted_cost = longest_first(lengths, costs, 4, 8)
-    assert order.tolist() == [2, 0, 3, 1]
+    cands = Candidates(*longest_first(lengths, costs, 4, 8))
+    assert cands.order.tolist() == [2, 0, 3, 1]
     at = np.array([0, -1, 1, 0], np.int32)  # rank << 0 | micro-batch 0, by position: rank = [-1, 0, 0, 1]
-    tokens = np.array([11, 5], np.int64)
     micro_cost = np.array([costs[1] + costs[2], costs[3]])
-    rank_cost = micro_cost.copy()
-    assert not starvation_safe(order, sorted_length, at)
-    assert prefer_older(order, sorted_length, sorted_cost, at, 0, rank_cost, tokens, micro_cost) == 1
-    assert starvation_safe(order, sorted_length, at)
-    rank, _ = by_index(4, order, at, 0)
+    plan = Placement(at, micro_cost.copy(), np.array([11, 5], np.int64), micro_cost)
+    grid = Grid(ranks=2, micro=1, capacity=16, shift=0)
+    assert not starvation_safe(cands, at)
+    assert prefer_older(cands, plan, grid) == 1
+    assert starvation_safe(cands, at)
+    rank, _ = by_index(4, cands.order, at, 0)
     assert rank.tolist() == [1, 0, 0, -1]  # the shortest at least as long (5, not 8) gives way
-    assert tokens.tolist() == [11, 5] and rank_cost[1] == costs[0]
+    assert plan.tokens.tolist() == [11, 5] and plan.rank_cost[1] == costs[0]
 
 
 def test_balances_a_realistic_step() -> None:

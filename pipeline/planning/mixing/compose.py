@@ -48,7 +48,8 @@ from dataclasses import replace
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pipeline.planning.mixing._compose_select import SourceWindow, StepShape, compose_takes
+from pipeline.planning.mixing._compose_select import compose_takes
+from pipeline.planning.mixing._compose_types import SourceWindow, StepShape
 from pipeline.planning.mixing._take import EMPTY
 from pipeline.planning.mixing.draw import Draw, DrawStatus, draw_step
 from pipeline.planning.mixing.state import MixerState

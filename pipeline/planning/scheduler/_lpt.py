@@ -5,21 +5,21 @@ Longest (so costliest) first, each sample goes to the least costly rank (ties: t
 micro-batch with room for it, into its first micro-batch with room; a sample no micro-batch has room
 for is deferred.
 
-The kernels work on the candidates in sorted order (``_sort.py``): position ``k`` holds sample
-``order[k]``, and ``at[k]`` is where it goes, ``rank << shift | micro_batch``, or -1 while deferred.
-Rank ``r``'s micro-batch ``m`` lives at flat position ``r * n_micro + m`` of the per-micro-batch arrays.
+The kernels work on the candidates in sorted order, and a placement of them (``_placement.py``).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-from pipeline.planning.scheduler._heaps import new_min_tree, pop, push, set_key
+from pipeline.planning.kernels.jit import kernel
+from pipeline.planning.kernels.trees import new_min_tree, set_key
+from pipeline.planning.scheduler._heap import pop, push
+from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, move_tokens
 from pipeline.planning.scheduler._sort import longest_first
 
 
-@njit(cache=True)
+@kernel
 def candidates(lengths: np.ndarray, step_tokens: np.int64) -> tuple[int, int]:
     """The longest prefix of ``lengths`` whose tokens fit in ``step_tokens``: its size and longest sample."""
     limit = 0
@@ -32,7 +32,7 @@ def candidates(lengths: np.ndarray, step_tokens: np.int64) -> tuple[int, int]:
     return limit, longest
 
 
-@njit(cache=True)
+@kernel
 def micro_bits(n_micro: int) -> int:
     """Bits of ``at`` that hold the micro-batch."""
     shift = 0
@@ -46,81 +46,71 @@ def at_dtype(n_ranks: int, n_micro: int) -> type:
     return np.int32 if (n_ranks - 1) << (n_micro - 1).bit_length() <= 2**31 - 1 else np.int64
 
 
-@njit(cache=True)
-def lpt_place(
-    sorted_length: np.ndarray,
-    sorted_cost: np.ndarray,
-    capacity: int,
-    at: np.ndarray,
-    shift: int,
-    rank_cost: np.ndarray,
-    tokens: np.ndarray,
-    micro_cost: np.ndarray,
-) -> None:
-    """Place the samples (sorted, longest first) by LPT, in place: ``at`` and the rank and micro-batch totals.
+@kernel
+def lpt_place(cands: Candidates, plan: Placement, grid: Grid) -> None:
+    """Place the candidates (sorted, longest first) by LPT, in place: ``at`` and the rank and micro-batch totals.
 
     A rank too full for the current length is parked by its room (the free tokens of its emptiest
     micro-batch) and comes back once lengths fall to its room: lengths never grow along the order.
     """
-    n_ranks = rank_cost.shape[0]
-    n_micro = tokens.shape[0] // n_ranks
+    n_ranks, n_micro = grid.ranks, grid.micro
+    tokens = plan.tokens
     least = np.empty(n_ranks, np.int64)  # tokens of the emptiest micro-batch: the rank's room is capacity - least
-    by_cost, by_cost_id, inner = new_min_tree(n_ranks)
+    by_cost = new_min_tree(n_ranks)
     for r in range(n_ranks):
         least[r] = tokens[r * n_micro : (r + 1) * n_micro].min()
-        set_key(by_cost, by_cost_id, inner, r, rank_cost[r])
+        set_key(by_cost, r, plan.rank_cost[r])
     parked_least = np.zeros(n_ranks, np.int64)  # the heap of parked ranks, most room first, is keyed by this
     parked = np.empty(n_ranks, np.int64)
     n_parked = 0
-    for k in range(sorted_length.shape[0]):
-        length = np.int64(sorted_length[k])
-        fits = capacity - length  # a micro-batch has room when it holds at most this
+    for k in range(cands.length.shape[0]):
+        length = np.int64(cands.length[k])
+        fits = grid.capacity - length  # a micro-batch has room when it holds at most this
         while n_parked > 0 and least[parked[0]] <= fits:
             r, n_parked = pop(parked, n_parked, parked_least)
-            set_key(by_cost, by_cost_id, inner, r, rank_cost[r])
-        while by_cost[0] < np.inf and least[by_cost_id[0]] > fits:
-            r = by_cost_id[0]
-            set_key(by_cost, by_cost_id, inner, r, np.inf)
+            set_key(by_cost, r, plan.rank_cost[r])
+        while by_cost.keys[0] < np.inf and least[by_cost.ids[0]] > fits:
+            r = by_cost.ids[0]
+            set_key(by_cost, r, np.inf)
             parked_least[r] = least[r]
             n_parked = push(parked, n_parked, r, parked_least)
-        if by_cost[0] == np.inf:
-            at[k] = -1
+        if by_cost.keys[0] == np.inf:
+            plan.at[k] = -1
             continue
-        r = by_cost_id[0]
+        r = by_cost.ids[0]
         base = r * n_micro
         m = 0
         while tokens[base + m] > fits:
             m += 1
         held = tokens[base + m]
-        tokens[base + m] = held + length
-        micro_cost[base + m] += sorted_cost[k]
-        rank_cost[r] += sorted_cost[k]
-        at[k] = (r << shift) | m
+        move_tokens(plan, r, base + m, length, cands.cost[k])
+        plan.at[k] = (r << grid.shift) | m
         if held == least[r]:  # it was an emptiest micro-batch: the room may have shrunk
             least[r] = tokens[base : base + n_micro].min()
-        set_key(by_cost, by_cost_id, inner, r, rank_cost[r])
+        set_key(by_cost, r, plan.rank_cost[r])
 
 
-@njit(cache=True)
+@kernel
 def lpt_kernel(
     lengths: np.ndarray, costs: np.ndarray, n_ranks: int, n_micro: int, capacity: int, at: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[Candidates, Placement, Grid]:
     """LPT over the candidates (the longest prefix that fits the step; the rest deferred). ``at`` is scratch
     of ``lengths``' size: int32 where ``rank << shift | micro_batch`` fits (``at_dtype``), else int64. Returns
-    the candidates' sorted order, lengths and costs (``longest_first``), ``at`` and its ``shift``, and the
-    cost of every rank, the tokens and cost of every micro-batch."""
+    the candidates in sorted order (``longest_first``), their placement and the step's grid."""
     limit, longest = candidates(lengths, np.int64(n_ranks) * n_micro * capacity)
-    order, sorted_length, sorted_cost = longest_first(lengths, costs, limit, longest)
-    shift = micro_bits(n_micro)
-    at = at[:limit]
-    rank_cost = np.zeros(n_ranks, np.float64)
-    tokens = np.zeros(n_ranks * n_micro, np.int64)
-    micro_cost = np.zeros(n_ranks * n_micro, np.float64)
-    lpt_place(sorted_length, sorted_cost, capacity, at, shift, rank_cost, tokens, micro_cost)
-    return order, sorted_length, sorted_cost, at, shift, rank_cost, tokens, micro_cost
+    cands = Candidates(*longest_first(lengths, costs, limit, longest))
+    grid = Grid(n_ranks, n_micro, capacity, micro_bits(n_micro))
+    plan = Placement(
+        at[:limit],
+        np.zeros(n_ranks, np.float64),
+        np.zeros(n_ranks * n_micro, np.int64),
+        np.zeros(n_ranks * n_micro, np.float64),
+    )
+    lpt_place(cands, plan, grid)
+    return cands, plan, grid
 
 
-@njit(cache=True)
+@kernel
 def by_index(n: int, order: np.ndarray, at: np.ndarray, shift: int) -> tuple[np.ndarray, np.ndarray]:
     """``rank`` and ``micro`` of samples ``0..n-1`` (int32, -1 when deferred) from ``at`` in sorted order."""
     rank = np.empty(n, np.int32)

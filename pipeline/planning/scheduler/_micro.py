@@ -6,10 +6,11 @@ Rank ``r``'s micro-batch ``m`` lives at flat position ``r * n_micro + m`` of the
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from pipeline.planning.kernels.jit import kernel
 
 
-@njit(cache=True, inline="always")
+@kernel(inline="always")
 def micro_with_room(tokens: np.ndarray, micro_cost: np.ndarray, base: int, n_micro: int, fits: int) -> int:
     """The least costly micro-batch of the rank at ``base`` holding at most ``fits`` tokens, or -1."""
     best = -1

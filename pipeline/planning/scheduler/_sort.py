@@ -8,10 +8,11 @@ order is also by cost.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from pipeline.planning.kernels.jit import kernel
 
 
-@njit(cache=True)
+@kernel
 def _counting_sort(
     lengths: np.ndarray, costs: np.ndarray, limit: int, longest: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -40,7 +41,7 @@ def _counting_sort(
     return order, sorted_length, sorted_cost
 
 
-@njit(cache=True)
+@kernel
 def _comparison_sort(lengths: np.ndarray, costs: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     order = np.argsort(-lengths[:limit], kind="mergesort")
     sorted_length = np.empty(limit, np.int32)
@@ -51,7 +52,7 @@ def _comparison_sort(lengths: np.ndarray, costs: np.ndarray, limit: int) -> tupl
     return order, sorted_length, sorted_cost
 
 
-@njit(cache=True)
+@kernel
 def longest_first(
     lengths: np.ndarray, costs: np.ndarray, limit: int, longest: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

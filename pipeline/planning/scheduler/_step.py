@@ -21,16 +21,17 @@
 6. Samples move from the costliest ranks to the cheapest while the costliest is more than ``tolerance``
    above the lower bound (``_refine.py``): the costliest rank only falls, what is placed stays.
 
-numba's on-disk cache (``cache=True``) recompiles ``plan_kernel`` when this file changes, not when a module
-it calls does: after editing one, delete ``pipeline/planning/scheduler/__pycache__/*.nbi`` and ``*.nbc``.
+The kernels are cached on disk by ``pipeline.planning.kernels.jit.kernel``, which compiles them again after
+an edit of any planning module.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.scheduler._lpt import by_index, lpt_kernel
+from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, copy_of, flat_slot, move_tokens
 from pipeline.planning.scheduler._refine import move_from_costliest
 from pipeline.planning.scheduler._repair import deferred_oldest_first, prefer_older, starvation_safe
 from pipeline.planning.scheduler._topup import top_up
@@ -40,113 +41,91 @@ from pipeline.planning.scheduler._topup import top_up
 RESERVE = 0.002
 
 
-@njit(cache=True)
-def score(at: np.ndarray, sorted_cost: np.ndarray, rank_cost: np.ndarray, tokens: np.ndarray) -> tuple[np.int64, float]:
+@kernel
+def score(cands: Candidates, plan: Placement) -> tuple[np.int64, float]:
     """Tokens placed, and the costliest rank over the lower bound ``max(placed cost / ranks, largest placed
     cost)`` (1.0 when that is 0): ``PlanSummary``'s ``tokens_placed`` and ``balance_ratio``."""
     largest = 0.0
-    for k in range(at.shape[0]):  # longest first: the first placed is the costliest
-        if at[k] >= 0:
-            largest = sorted_cost[k]
+    for k in range(plan.at.shape[0]):  # longest first: the first placed is the costliest
+        if plan.at[k] >= 0:
+            largest = cands.cost[k]
             break
+    rank_cost = plan.rank_cost
     lower = max(rank_cost.sum() / rank_cost.shape[0], largest)
-    return tokens.sum(), rank_cost.max() / lower if lower > 0.0 else 1.0
+    return plan.tokens.sum(), rank_cost.max() / lower if lower > 0.0 else 1.0
 
 
-@njit(cache=True)
+@kernel
 def at_least_as_good(plan: tuple[np.int64, float], reference: tuple[np.int64, float]) -> bool:
     """Whether a plan's ``score`` is no worse than the reference's on either."""
     return plan[0] >= reference[0] and plan[1] <= reference[1]
 
 
-@njit(cache=True)
-def balance_fill(rank_cost: np.ndarray, tokens: np.ndarray, capacity: int) -> float:
+@kernel
+def balance_fill(plan: Placement, capacity: int) -> float:
     """Mean over largest rank cost (1.0 when nothing costs) times the share of the step's tokens placed."""
-    largest = rank_cost.max()
-    balance = rank_cost.sum() / rank_cost.shape[0] / largest if largest > 0.0 else 1.0
-    return balance * tokens.sum() / (np.float64(tokens.shape[0]) * capacity)
+    largest = plan.rank_cost.max()
+    balance = plan.rank_cost.sum() / plan.rank_cost.shape[0] / largest if largest > 0.0 else 1.0
+    return balance * plan.tokens.sum() / (np.float64(plan.tokens.shape[0]) * capacity)
 
 
-@njit(cache=True)
-def _started(
-    start: np.ndarray,
-    order: np.ndarray,
-    sorted_length: np.ndarray,
-    sorted_cost: np.ndarray,
-    like: np.ndarray,
-    shift: int,
-    n_ranks: int,
-    n_micro: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The plan ``start`` gives (``rank * n_micro + m`` per sample, -1 for none) in sorted order: ``at`` (of
-    ``like``'s type), the cost of every rank, the tokens and cost of every micro-batch."""
-    at = np.full_like(like, -1)
-    rank_cost = np.zeros(n_ranks, np.float64)
-    tokens = np.zeros(n_ranks * n_micro, np.int64)
-    micro_cost = np.zeros(n_ranks * n_micro, np.float64)
-    for k in range(order.shape[0]):
-        slot = start[order[k]]
+@kernel
+def _started(start: np.ndarray, cands: Candidates, like: np.ndarray, grid: Grid) -> Placement:
+    """The plan ``start`` gives (``rank * micro + m`` per sample, -1 for none) in sorted order, ``at`` of
+    ``like``'s type."""
+    plan = Placement(
+        np.full_like(like, -1),
+        np.zeros(grid.ranks, np.float64),
+        np.zeros(grid.ranks * grid.micro, np.int64),
+        np.zeros(grid.ranks * grid.micro, np.float64),
+    )
+    for k in range(cands.order.shape[0]):
+        slot = start[cands.order[k]]
         if slot >= 0:
-            at[k] = ((slot // n_micro) << shift) | (slot % n_micro)
-            tokens[slot] += sorted_length[k]
-            micro_cost[slot] += sorted_cost[k]
-            rank_cost[slot // n_micro] += sorted_cost[k]
-    return at, rank_cost, tokens, micro_cost
+            plan.at[k] = ((slot // grid.micro) << grid.shift) | (slot % grid.micro)
+            move_tokens(plan, slot // grid.micro, slot, np.int64(cands.length[k]), cands.cost[k])
+    return plan
 
 
-@njit(cache=True)
-def _fill(
-    order: np.ndarray,
-    sorted_length: np.ndarray,
-    sorted_cost: np.ndarray,
-    at: np.ndarray,
-    shift: int,
-    rank_cost: np.ndarray,
-    tokens: np.ndarray,
-    micro_cost: np.ndarray,
-    capacity: int,
-    cost_cap: float,
-) -> None:
+@kernel
+def _fill(cands: Candidates, plan: Placement, grid: Grid, cost_cap: float) -> None:
     """Place deferred samples, oldest first, where they fit without lifting a rank above ``cost_cap``, then
     make the plan starvation-safe. In place."""
-    deferred = deferred_oldest_first(order, at)
-    top_up(deferred, sorted_length, sorted_cost, at, shift, rank_cost, tokens, micro_cost, capacity, cost_cap)
-    if not starvation_safe(order, sorted_length, at):
-        prefer_older(order, sorted_length, sorted_cost, at, shift, rank_cost, tokens, micro_cost)
+    top_up(deferred_oldest_first(cands.order, plan.at), cands, plan, grid, cost_cap)
+    if not starvation_safe(cands, plan.at):
+        prefer_older(cands, plan, grid)
 
 
-@njit(cache=True)
-def _hold_back(
-    lengths: np.ndarray,
-    order: np.ndarray,
-    sorted_length: np.ndarray,
-    sorted_cost: np.ndarray,
-    at: np.ndarray,
-    shift: int,
-    rank_cost: np.ndarray,
-    tokens: np.ndarray,
-    micro_cost: np.ndarray,
-    reserve_tokens: np.int64,
-) -> None:
+@kernel
+def _hold_back(lengths: np.ndarray, cands: Candidates, plan: Placement, grid: Grid, reserve_tokens: np.int64) -> None:
     """Take the newest candidates holding at most ``reserve_tokens`` out of the plan, in place."""
-    newest = order.shape[0]
+    newest = cands.order.shape[0]
     held = np.int64(0)
     while newest > 0 and held + lengths[newest - 1] <= reserve_tokens:
         newest -= 1
         held += lengths[newest]
-    n_micro = tokens.shape[0] // rank_cost.shape[0]
-    low_bits = (1 << shift) - 1
-    for k in range(at.shape[0]):
-        if order[k] >= newest and at[k] >= 0:
-            r = at[k] >> shift
-            slot = r * n_micro + (at[k] & low_bits)
-            tokens[slot] -= sorted_length[k]
-            micro_cost[slot] -= sorted_cost[k]
-            rank_cost[r] -= sorted_cost[k]
-            at[k] = -1
+    for k in range(plan.at.shape[0]):
+        if cands.order[k] >= newest and plan.at[k] >= 0:
+            at = plan.at[k]
+            move_tokens(plan, at >> grid.shift, flat_slot(grid, at), -np.int64(cands.length[k]), -cands.cost[k])
+            plan.at[k] = -1
 
 
-@njit(cache=True)
+@kernel
+def _held_back(lengths: np.ndarray, cands: Candidates, lpt: Placement, grid: Grid) -> Placement:
+    """Step 3: LPT's plan without its newest candidates, then filled (a copy)."""
+    plan = copy_of(lpt)
+    lpt_deferred = np.int64(0)
+    for k in range(plan.at.shape[0]):
+        if plan.at[k] < 0:
+            lpt_deferred += cands.length[k]
+    reserve_tokens = max(np.int64(RESERVE * np.float64(grid.ranks) * grid.micro * grid.capacity), lpt_deferred)
+    _hold_back(lengths, cands, plan, grid, reserve_tokens)
+    _fill(cands, plan, grid, lpt.rank_cost.max())
+    return plan
+
+
+@kernel
 def plan_kernel(
     lengths: np.ndarray,
     costs: np.ndarray,
@@ -160,41 +139,21 @@ def plan_kernel(
     """Rank and micro-batch of every sample (int32, -1 when deferred). ``lengths`` are checked already and
     ``costs`` are theirs (``CostModel.costs``); ``at`` is scratch for ``lpt_kernel``; ``start`` a checked
     placement to start from (step 5), or empty."""
-    order, sorted_length, sorted_cost, at, shift, rank_cost, tokens, micro_cost = lpt_kernel(
-        lengths, costs, n_ranks, n_micro, capacity, at
-    )
-    sorted_plan = (order, sorted_length, sorted_cost)
-    held_plan = (at.copy(), shift, rank_cost.copy(), tokens.copy(), micro_cost.copy())
-    lpt_costliest = rank_cost.max()
-
-    if not starvation_safe(order, sorted_length, at):
-        prefer_older(*sorted_plan, at, shift, rank_cost, tokens, micro_cost)
-    reference = score(at, sorted_cost, rank_cost, tokens)
-
-    lpt_deferred = np.int64(0)
-    for k in range(at.shape[0]):
-        if held_plan[0][k] < 0:
-            lpt_deferred += sorted_length[k]
-    reserve_tokens = max(np.int64(RESERVE * np.float64(n_ranks) * n_micro * capacity), lpt_deferred)
-    _hold_back(lengths, *sorted_plan, *held_plan, reserve_tokens)
-    _fill(*sorted_plan, *held_plan, capacity, lpt_costliest)
-    held_at, _, held_rank_cost, held_tokens, held_micro_cost = held_plan
-    if at_least_as_good(score(held_at, sorted_cost, held_rank_cost, held_tokens), reference):
-        at, rank_cost, tokens, micro_cost = held_at, held_rank_cost, held_tokens, held_micro_cost
+    cands, plan, grid = lpt_kernel(lengths, costs, n_ranks, n_micro, capacity, at)
+    held = _held_back(lengths, cands, plan, grid)  # from LPT's plan, before the repair below changes it
+    if not starvation_safe(cands, plan.at):
+        prefer_older(cands, plan, grid)
+    if at_least_as_good(score(cands, held), score(cands, plan)):
+        plan = held
     else:
-        _fill(*sorted_plan, at, shift, rank_cost, tokens, micro_cost, capacity, rank_cost.max())
-
+        _fill(cands, plan, grid, plan.rank_cost.max())
     if start.shape[0] > 0:
-        s_at, s_rank_cost, s_tokens, s_micro_cost = _started(start, *sorted_plan, at, shift, n_ranks, n_micro)
-        _fill(*sorted_plan, s_at, shift, s_rank_cost, s_tokens, s_micro_cost, capacity, s_rank_cost.max())
-        if balance_fill(s_rank_cost, s_tokens, capacity) > balance_fill(rank_cost, tokens, capacity):
-            at, rank_cost, tokens, micro_cost = s_at, s_rank_cost, s_tokens, s_micro_cost
-
-    _, ratio = score(at, sorted_cost, rank_cost, tokens)
+        started = _started(start, cands, plan.at, grid)
+        _fill(cands, started, grid, started.rank_cost.max())
+        if balance_fill(started, capacity) > balance_fill(plan, capacity):
+            plan = started
+    _, ratio = score(cands, plan)
     if ratio > 1.0 + tolerance:
-        target = (1.0 + tolerance) * rank_cost.max() / ratio
-        moves = 4 * n_ranks + 64
-        move_from_costliest(
-            sorted_length, sorted_cost, at, shift, rank_cost, tokens, micro_cost, capacity, target, moves
-        )
-    return by_index(lengths.shape[0], order, at, shift)
+        target = (1.0 + tolerance) * plan.rank_cost.max() / ratio
+        move_from_costliest(cands, plan, grid, target, 4 * n_ranks + 64)
+    return by_index(lengths.shape[0], cands.order, plan.at, grid.shift)

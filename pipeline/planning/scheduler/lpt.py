@@ -34,10 +34,10 @@ def plan_lpt(
     """
     lengths, ranks, micro_batches, capacity = check_step(lengths, ranks, micro_batches, capacity)
     costs = cost_model.costs(lengths)
-    order, sorted_length, sorted_cost, at, shift, rank_cost, tokens, micro_cost = lpt_kernel(
+    cands, plan, grid = lpt_kernel(
         lengths, costs, ranks, micro_batches, capacity, np.empty(lengths.size, at_dtype(ranks, micro_batches))
     )
-    if starvation_safe and not _repair.starvation_safe(order, sorted_length, at):
-        _repair.prefer_older(order, sorted_length, sorted_cost, at, shift, rank_cost, tokens, micro_cost)
-    rank, micro = by_index(lengths.size, order, at, shift)
+    if starvation_safe and not _repair.starvation_safe(cands, plan.at):
+        _repair.prefer_older(cands, plan, grid)
+    rank, micro = by_index(lengths.size, cands.order, plan.at, grid.shift)
     return StepPlan(rank=rank, micro=micro, ranks=ranks, micro_batches=micro_batches, capacity=capacity)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
+from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.scheduler.plan import StepPlan
 
 
@@ -46,7 +46,7 @@ class RankOrders:
         return self.indices[begin:end], self.micro[begin:end]
 
 
-@njit(cache=True)
+@kernel
 def _by_slot(rank: np.ndarray, micro: np.ndarray, n_ranks: int, n_micro: int) -> tuple[np.ndarray, np.ndarray]:
     """Placed samples by (rank, micro-batch), oldest first within each: a counting sort over the slots, which
     visits the samples in index order. Returns the indices and where each slot's run starts (one more)."""

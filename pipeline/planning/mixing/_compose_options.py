@@ -1,0 +1,74 @@
+"""Scoring composed options as the scheduler will plan them, and choosing one without planning them all."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import cache
+
+import numpy as np
+
+from pipeline.planning.mixing._compose_types import StepShape
+from pipeline.planning.mixing._take import EMPTY
+from pipeline.planning.scheduler import CostModel, plan_step
+
+
+def pool_permutation(before: Sequence[np.ndarray], drawn: Sequence[np.ndarray]) -> np.ndarray:
+    """Where each of a step's candidates lies in ``np.concatenate([*before, *drawn])``, in the order
+    ``SamplePool.take`` hands them to the scheduler: the deferred samples first, then the drawn samples of
+    all sources interleaved by the share of their source's drawn tokens before them (ties: source order,
+    then FIFO order)."""
+    n_before = sum(len(lengths) for lengths in before)
+    fractions, source_index = [], []
+    for k, lengths in enumerate(drawn):
+        as_float = lengths.astype(np.float64)
+        total = as_float.sum() or 1.0
+        fractions.append((np.cumsum(as_float) - as_float) / total)
+        source_index.append(np.full(len(lengths), k))
+    if not fractions:
+        return np.arange(n_before)
+    order = np.lexsort((np.concatenate(source_index), np.concatenate(fractions)))  # stable: FIFO order kept
+    return np.concatenate([np.arange(n_before), n_before + order])
+
+
+def pool_order(before: Sequence[np.ndarray], drawn: Sequence[np.ndarray]) -> np.ndarray:
+    """The lengths of a step's candidates in ``SamplePool.take``'s order (``pool_permutation``)."""
+    return np.concatenate([EMPTY, *before, *drawn]).astype(np.int64)[pool_permutation(before, drawn)]
+
+
+def score(lengths: np.ndarray, shape: StepShape, cost_model: CostModel, start: np.ndarray | None = None) -> float:
+    """Mean over largest rank cost of the scheduler's plan of ``lengths`` (from ``start`` too, where
+    given), times the share of the step's capacity it places: 1 for a full, perfectly balanced step."""
+    if not len(lengths):
+        return 0.0
+    plan = plan_step(lengths, shape.ranks, shape.micro_batches, shape.capacity, cost_model, start=start)
+    costs = plan.rank_costs(lengths, cost_model)
+    largest = float(costs.max())
+    balance = math.fsum(costs) / len(costs) / largest if largest > 0 else 1.0
+    return balance * float(lengths[plan.placed_mask].sum()) / shape.tokens
+
+
+def choose_option(
+    count: int,
+    upper_of: Callable[[int], float],
+    score_of: Callable[[int], float],
+    prefer_older: float,
+    bound: float = math.inf,
+) -> int:
+    """The first of ``count`` options whose score is within ``prefer_older`` of the best score, where option
+    ``i`` scores ``score_of(i)`` and no more than ``upper_of(i)``, and no upper is above ``bound``.
+    ``score_of`` is called only for the options that could change the answer, in order; ``upper_of``
+    (which may have to build the option) only where ``bound`` cannot settle the answer, once each."""
+    upper = cache(upper_of)
+    scores: dict[int, float] = {}
+    best = -math.inf
+    for i in range(count):
+        if upper(i) >= best - prefer_older:  # else it can be neither the choice nor the best
+            scores[i] = score_of(i)
+            best = max(best, scores[i])
+        chosen = next(j for j, value in scores.items() if value >= best - prefer_older)
+        if scores[chosen] >= bound - prefer_older:
+            return chosen
+        if scores[chosen] >= max((upper(j) for j in range(i + 1, count)), default=-math.inf) - prefer_older:
+            return chosen
+    return next(j for j, value in scores.items() if value >= best - prefer_older)
