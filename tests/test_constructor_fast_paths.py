@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.planning.mixing import Draw, DrawStatus, MixerState
+from pipeline.planning.order import candidate_order
 from pipeline.planning.scheduler import CostModel, plan_step, rank_order
 from pipeline.planning.step.assemble import build_batches
-from pipeline.planning.step.order import candidate_order
 from pipeline.planning.step.pool import SamplePool, SourceFifo
 from pipeline.planning.step.state import ConstructorState, SourcePosition
 from tests.length_families import FAMILIES, draw_lengths

@@ -10,12 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.planning.mixing import DrawStatus, Mixer, MixerState, Schedule, step_budget
-from pipeline.planning.mixing._compose_select import pool_permutation
 from pipeline.planning.mixing.mixer import Composition
+from pipeline.planning.order import candidate_order
 from pipeline.planning.scheduler import CostModel, validate_plan
 from pipeline.planning.step.assemble import assemble_planned
 from pipeline.planning.step.core import NothingFitsError, StepCore, StepWindow
-from pipeline.planning.step.order import candidate_order
 from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.spec_change import StepShape
 from pipeline.planning.step.state import ConstructorState
@@ -39,15 +38,6 @@ def test_candidate_order_sorts_share_before_source_and_place(deferred: int, draw
         first += len(lengths)
     expected = list(range(deferred)) + [int(numbers[k][i]) for _, k, i in sorted(keys)]
     assert candidate_order(deferred, drawn).tolist() == expected
-
-
-@settings(deadline=None, max_examples=200)
-@given(st.lists(st.integers(0, 3), max_size=4), drawn_lengths)
-def test_composition_scores_options_in_the_same_order(before_counts: list[int], drawn: list[np.ndarray]) -> None:
-    """``pool_permutation``, by which composition scores its options, is ``candidate_order``."""
-    before = [np.ones(n, np.int64) for n in before_counts]
-    expected = candidate_order(sum(before_counts), drawn)
-    np.testing.assert_array_equal(pool_permutation(before, drawn), expected)
 
 
 def _mixer(weights: dict[str, float], shape: StepShape, cost_model: CostModel, composed: bool) -> Mixer:

@@ -10,25 +10,14 @@ import numpy as np
 
 from pipeline.planning.mixing._compose_types import StepShape
 from pipeline.planning.mixing._take import EMPTY
+from pipeline.planning.order import candidate_order
 from pipeline.planning.scheduler import CostModel, plan_step
 
 
 def pool_permutation(before: Sequence[np.ndarray], drawn: Sequence[np.ndarray]) -> np.ndarray:
     """Where each of a step's candidates lies in ``np.concatenate([*before, *drawn])``, in the order
-    ``SamplePool.take`` hands them to the scheduler: the deferred samples first, then the drawn samples of
-    all sources interleaved by the share of their source's drawn tokens before them (ties: source order,
-    then FIFO order)."""
-    n_before = sum(len(lengths) for lengths in before)
-    fractions, source_index = [], []
-    for k, lengths in enumerate(drawn):
-        as_float = lengths.astype(np.float64)
-        total = as_float.sum() or 1.0
-        fractions.append((np.cumsum(as_float) - as_float) / total)
-        source_index.append(np.full(len(lengths), k))
-    if not fractions:
-        return np.arange(n_before)
-    order = np.lexsort((np.concatenate(source_index), np.concatenate(fractions)))  # stable: FIFO order kept
-    return np.concatenate([np.arange(n_before), n_before + order])
+    ``SamplePool.take`` hands them to the scheduler (``candidate_order``)."""
+    return candidate_order(sum(len(lengths) for lengths in before), drawn)
 
 
 def pool_order(before: Sequence[np.ndarray], drawn: Sequence[np.ndarray]) -> np.ndarray:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pipeline.planning.mixing import Draw, DrawStatus, Mixer, MixerState
+from pipeline.planning.order import candidate_order
 from pipeline.planning.scheduler import CostModel, StepPlan, plan_step
-from pipeline.planning.step.order import candidate_order
 from pipeline.planning.step.spec_change import StepShape
 from topics.errors import MixflowError
 

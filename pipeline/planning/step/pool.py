@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.planning.order import candidate_order
 from pipeline.planning.step.core import StepWindow
-from pipeline.planning.step.order import candidate_order
 from pipeline.planning.step.state import ConstructorState, SampleRef, SourcePosition
 from topics.sample import Sample
 
