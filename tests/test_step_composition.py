@@ -640,21 +640,3 @@ def test_an_option_scores_at_most_the_share_of_capacity_it_draws(family: str, sh
     lengths = _lengths(family, rng, int(rng.integers(1, 60 * shape.ranks * shape.micro_batches)), shape.capacity)
     for cost_model in (_cost_model(shape.capacity), CostModel(alpha=1.0, beta=0.0), CostModel(alpha=0.0, beta=1.0)):
         assert score(lengths, step, cost_model) <= min(int(lengths.sum()), step.tokens) / step.tokens + 1e-9
-
-
-@given(
-    st.integers(1, 70),
-    st.data(),
-)
-@settings(max_examples=300, deadline=None)
-def test_the_rank_search_finds_the_least_excess_with_room_lowest_rank_first(ranks: int, data: st.DataObject) -> None:
-    """``_least_with_room`` against a scan of every rank, with many ties (excess from a few values)."""
-    from pipeline.planning.mixing._compose_groups import _least_with_room, rank_trees
-
-    excess = data.draw(st.lists(st.sampled_from([0.0, 1.0, 2.5, 7.0]), min_size=ranks, max_size=ranks))
-    room = data.draw(st.lists(st.integers(0, 8), min_size=ranks, max_size=ranks))
-    length = data.draw(st.integers(0, 9))
-    min_excess, max_room, leaves = rank_trees(np.asarray(excess), np.asarray(room, dtype=np.int64))
-    fits = [(excess[r], r) for r in range(ranks) if room[r] >= length]
-    expected = min(fits)[1] if fits else -1
-    assert _least_with_room(min_excess, max_room, leaves, np.int64(length)) == expected

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
-from pipeline.planning.kernels.trees import RankTrees, least_with_room, new_min_tree, rank_trees, set_key, update_rank
+from pipeline.planning.kernels.trees import least_with_room, new_min_tree, rank_trees, set_key, update_rank
 from pipeline.planning.mixing._compose_arrays import (
     Grid,
     Grouping,
@@ -177,8 +177,3 @@ def _pack(packing: Packing, cands: Samples, holes: Holes, capacity: int) -> None
     trial = copy_of(packing)
     fill_holes(trial, np.inf, cands, holes, capacity)
     fill_holes(packing, trial.excess.mean(), cands, holes, capacity)
-
-
-def _least_with_room(min_excess: np.ndarray, max_room: np.ndarray, leaves: int, length: np.int64) -> int:
-    """``least_with_room`` with its trees' arrays apart, as ``tests/test_step_composition.py`` calls it."""
-    return least_with_room(RankTrees(min_excess, max_room, leaves), length)
