@@ -5,6 +5,7 @@ The dependency rules between packages are `lint-imports` contracts (``[tool.impo
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
 from pathlib import Path
@@ -14,6 +15,7 @@ import grimp
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("pipeline", "topics", "connectors", "trainer_sink")
 MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
@@ -106,3 +108,15 @@ def test_every_exported_name_resolves() -> None:
             module = importlib.import_module(name)
             missing += [f"{name}.{attr}" for attr in getattr(module, "__all__", ()) if not hasattr(module, attr)]
     assert missing == []
+
+
+def test_production_functions_are_short() -> None:
+    long = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = node.end_lineno - node.lineno + 1 if node.end_lineno else 0
+                    if lines > MAX_FUNCTION_LINES:
+                        long[f"{path.relative_to(REPO)}:{node.lineno} {node.name}"] = lines
+    assert long == {}, f"production functions over {MAX_FUNCTION_LINES} lines: {long}"
