@@ -1,4 +1,4 @@
-"""Balance simulator: naive per-rank loading, today's mixflow and composed steps on the same arrival stream.
+"""Balance simulator: naive per-rank loading, the in-order draw and composed steps on the same arrival stream.
 
     .venv/bin/python -m benchmarks.balance_sim_bench [--quick] [--steps N] [--seeds N] [--markdown]
 
@@ -9,7 +9,7 @@ samples of the H200 fit of one transformer block, t(L) = 8.78e-8 L^2 + 1.92e-3 L
 
 - **naive**: sample i goes to rank i mod R, which packs its samples first-fit in arrival order into its
   micro-batches; the first that does not fit waits (with all after it) for that rank's next step.
-- **today**: ``draw_step`` (5% overdraw) then ``plan_step`` over all ranks, deferred samples first in the
+- **in-order**: ``draw_step`` (5% overdraw) then ``plan_step`` over all ranks, deferred samples first in the
   next draw, candidates in the pool's order: the constructor's step core (``StepCore``) makes the steps.
 - **composed**: ``compose_step`` (look-ahead window) then ``plan_step``, by the same step core (from the
   composition's packing too, where it packed the holes: ``Draw.placement``, as the constructor does).
@@ -298,18 +298,18 @@ def run(
 
     base = median(lambda r: r[0].tokens_per_s)
     row: dict[str, object] = {"mix": mix.name, "context": context_name, "MxC": f"{micro_batches}x{context}"}
-    for k, name in enumerate(("naive", "today", "composed")):
+    for k, name in enumerate(("naive", "in-order", "composed")):
         rate = median(lambda r, k=k: r[k].tokens_per_s)
         row[f"{name} Mtok/s"] = f"{rate / 1e6:.2f}" + ("" if k == 0 else f" ({rate / base:.2f}x)")
     row["ceiling"] = f"{median(lambda r: r[3]) / 1e6:.2f} ({median(lambda r: r[3]) / base:.2f}x)"
-    for k, name in enumerate(("naive", "today", "composed")):
+    for k, name in enumerate(("naive", "in-order", "composed")):
         row[f"max/mean {name}"] = f"{median(lambda r, k=k: r[k].median_ratio):.3f}"
-    for k, name in enumerate(("naive", "today", "composed")):
+    for k, name in enumerate(("naive", "in-order", "composed")):
         row[f"fill {name}"] = f"{median(lambda r, k=k: r[k].fill):.3f}"
-    for k, name in enumerate(("today", "composed"), start=1):
+    for k, name in enumerate(("in-order", "composed"), start=1):
         row[f"cost/tok {name}"] = f"{median(lambda r, k=k: r[k].cost_per_token(r[4])):.3f}"
     row["max wait"] = str(max(r[2].max_wait for r in per_seed))
-    for k, name in enumerate(("today", "composed"), start=1):
+    for k, name in enumerate(("in-order", "composed"), start=1):
         row[f"used/runs {name}"] = f"{max(r[k].used for r in per_seed)}/{max(r[k].runs for r in per_seed)}"
     row["compose ms"] = f"{median(lambda r: r[2].draw_s / r[2].steps * 1e3):.0f}"
     return row
@@ -333,7 +333,7 @@ def export_plans(
         stream = make_stream(mix, context, tokens, np.random.default_rng([0, context]))
         results = {
             "naive": naive(stream, micro_batches, context, steps, warm_up, keep_plans=True),
-            "today": mixflow(stream, micro_batches, context, steps, warm_up, composed=False, keep_plans=True),
+            "in-order": mixflow(stream, micro_batches, context, steps, warm_up, composed=False, keep_plans=True),
             "composed": mixflow(
                 stream, micro_batches, context, steps, warm_up, composed=True, window=window, due=due, keep_plans=True
             ),

@@ -17,7 +17,7 @@
    256 to 64k, and the fit ``t(L) = alpha*L^2 + beta*L + gamma`` per sample plus a constant per
    micro-batch (the cost model the scheduler balances).
 
-3. **Planned steps on real blocks.** The micro-batches that naive per-rank loading, today's in-order draw
+3. **Planned steps on real blocks.** The micro-batches that naive per-rank loading, the in-order draw
    and composed steps give on the same arrival stream (``balance_sim_bench.py --export-plans``), each timed
    as one forward and backward of the block above over its packed samples (varlen ``cu_seqlens``). A rank's
    step time is the sum of its micro-batches', a step waits for its slowest rank. Reported per context and

@@ -6,7 +6,7 @@
 For each lane count C the example job's sources are loaded once, under a job of their own whose source
 topics have C partitions (the same files, the same work units; each unit's samples in one partition).
 Then, per repeat, C ``mixflow construct --lane j --output-job NAME`` processes run side by side into a
-fresh output job, as ``mixflow run`` starts them. C = 1 is the baseline: the single constructor of today.
+fresh output job, as ``mixflow run`` starts them. C = 1 is the baseline: a single constructor.
 
 Reported per C (medians over the repeats): tokens per second over the wall time of the whole run (process
 start, imports and the scheduler's warm-up included), tokens per second over the lanes' own run time

@@ -85,9 +85,9 @@ SCENARIOS = (
     Scenario("zipf-like pareto 1.1", "L^2", QUADRATIC, 4096, 4, _pareto(1.1, 16)),
     Scenario("bimodal 512 / 4k", "flops", FLOPS, 8192, 8, _bimodal),
     Scenario("uniform long 4k-8k", "linear", LINEAR, 8192, 4, lambda rng, n: rng.uniform(4096, 8192, n)),
-    # Two hard cases (labelled #11): a heavy tail under a pure quadratic cost, a long/short mix at 32k.
-    Scenario("#11 pareto 1.1 (min 64)", "L^2", QUADRATIC, 8192, 8, _pareto(1.1, 64), ranks=(256,)),
-    Scenario("#11 mix 32k (3% long)", "flops", FLOPS, 32768, 2, _long_short(8192, 32768, 0.03), ranks=(128,)),
+    # Two hard cases (labelled "hard"): a heavy tail under a pure quadratic cost, a long/short mix at 32k.
+    Scenario("hard: pareto 1.1 (min 64)", "L^2", QUADRATIC, 8192, 8, _pareto(1.1, 64), ranks=(256,)),
+    Scenario("hard: mix 32k (3% long)", "flops", FLOPS, 32768, 2, _long_short(8192, 32768, 0.03), ranks=(128,)),
     # 10,240 ranks, a few micro-batches each, about 2M samples a step, a pool of 105% of the step.
     Scenario("10k web (lognormal ~500)", "flops", FLOPS, 32768, 4, _lognormal(500, 0.8), (TENK,), 1.05),
     Scenario("10k mix 64k (3% long)", "flops", FLOPS, 65536, 4, _long_short(8192, 32768, 0.03), (TENK,), 1.05),
@@ -208,7 +208,7 @@ def rank_order_times(scenario: Scenario, plan: StepPlan, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small scales only (64 and 512 ranks), no 10k rows")
-    parser.add_argument("--tenk", action="store_true", help=f"only the {TENK}-rank scenarios (issue #10)")
+    parser.add_argument("--tenk", action="store_true", help=f"only the {TENK}-rank scenarios")
     parser.add_argument("--repeats", type=int, default=None, help="timing rounds (default 7, 3 with --quick)")
     parser.add_argument("--seed", type=int, default=0)
     add_markdown_flag(parser)

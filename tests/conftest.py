@@ -3,7 +3,7 @@
 1. ``KAFKA_BOOTSTRAP_SERVERS`` when set (``.ci/run`` sets it after ``mixflow stack up``);
 2. a testcontainers ``apache/kafka`` container when a Docker engine answers;
 3. ``mixflow stack up`` with the state folder ``.mixflow/`` of the repository, stopped again at the end
-   when this session started it.
+   when this test run started it.
 """
 
 from __future__ import annotations

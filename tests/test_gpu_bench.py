@@ -28,7 +28,7 @@ def test_exported_plans_are_timed_and_summarised(tmp_path: Path) -> None:
     )
     plans = json.loads(exported.read_text())
     entry = plans["contexts"]["8k"]
-    for method in ("naive", "today", "composed"):
+    for method in ("naive", "in-order", "composed"):
         (step,) = entry["methods"][method]["plans"]
         assert len(step) == plans["ranks"] and all(len(rank) == entry["micro_batches"] for rank in step)
         assert all(sum(mb) <= entry["capacity"] for rank in step for mb in rank)
