@@ -2,7 +2,8 @@
 writes one batch per rank per step in one Kafka transaction with its state record."""
 
 from pipeline.planning.step.state import ConstructorState, SampleRef, SourcePosition
-from pipeline.roles.constructor.role import ConstructorOptions, ConstructorStats, DataConstructor, StepRecord
+from pipeline.roles.constructor.role import ConstructorOptions, DataConstructor
+from pipeline.roles.constructor.stats import ConstructorStats, StepRecord
 
 __all__ = [
     "ConstructorOptions",

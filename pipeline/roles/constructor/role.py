@@ -24,7 +24,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from confluent_kafka import KafkaException, Producer, TopicPartition
@@ -44,6 +44,7 @@ from pipeline.roles.constructor.lead import ProgressReader, lead_allows, slowest
 from pipeline.roles.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS, ConstructorLease
 from pipeline.roles.constructor.metrics import ConstructorMetrics
 from pipeline.roles.constructor.sources import SourceTopicFeed
+from pipeline.roles.constructor.stats import DEFAULT_RECENT_STEPS, ConstructorStats, StepRecord
 from pipeline.roles.constructor.writer import PreparedStep, Record, StepWriter
 from pipeline.spec import JobSpec, OnExhausted
 from topics.admin import ensure_job_topics
@@ -75,32 +76,7 @@ class ConstructorOptions:
     lease_session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS
     instance: str = ""
     lane: int = 0  # which of the spec's constructor lanes this instance builds
-
-
-@dataclass
-class StepRecord:
-    step: int
-    tokens: int
-    samples: int
-    deferred: int
-    state_bytes: int
-    max_rank_cost: float
-    mean_rank_cost: float
-    tokens_by_source: dict[str, int]
-    packed: bool = False  # composition packed the holes and the scheduler started from its packing
-
-
-@dataclass
-class ConstructorStats:
-    steps: list[StepRecord] = field(default_factory=list)
-    seconds: float = 0.0
-    finished: bool = False
-    takeovers: int = 0  # times this instance became the active one
-    fenced: int = 0  # times a newer instance fenced it
-
-    @property
-    def tokens(self) -> int:
-        return sum(s.tokens for s in self.steps)
+    recent_steps: int | None = DEFAULT_RECENT_STEPS  # steps kept in detail in stats.recent (None: every one)
 
 
 class DataConstructor(TransactionalRole):
@@ -129,7 +105,7 @@ class DataConstructor(TransactionalRole):
             raise MixflowError(msg)
         self.mixer = Mixer.from_spec(spec)
         self.cost_model = spec.cost.cost_model()
-        self.stats = ConstructorStats()
+        self.stats = ConstructorStats(options.recent_steps)
         self.metrics = metrics or ConstructorMetrics(CollectorRegistry(), self.out.job, spec)
         self._dormant: dict[str, SourcePosition] = {}  # sources the spec no longer mixes, kept where they were
         self.instance = options.instance or f"{socket.gethostname()}-{os.getpid()}"
@@ -310,7 +286,7 @@ class DataConstructor(TransactionalRole):
                 log.warning("the step in flight was aborted; resuming from the last committed step")
                 return
             self.metrics.look_at_pool(pool)
-            written = len(self.stats.steps) + writer.in_flight
+            written = self.stats.steps_written + writer.in_flight
             if self.options.max_steps is not None and written >= self.options.max_steps:
                 if not writer.wait():  # the last step aborted: redo it before stopping
                     log.warning("the last step was aborted; resuming from the last committed step")
@@ -396,7 +372,7 @@ class DataConstructor(TransactionalRole):
             while not pool.empty():
                 if (
                     self.options.max_steps is not None
-                    and len(self.stats.steps) + writer.in_flight >= self.options.max_steps
+                    and self.stats.steps_written + writer.in_flight >= self.options.max_steps
                 ):
                     if writer.wait():
                         self._stopping = True
@@ -545,7 +521,7 @@ class DataConstructor(TransactionalRole):
             tokens_by_source=by_source,
             packed=assembled.started,
         )
-        self.stats.steps.append(record)
+        self.stats.add(record)
         log.debug(
             "step %d: %d tokens, %d samples, %d deferred", record.step, record.tokens, record.samples, record.deferred
         )

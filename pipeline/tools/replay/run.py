@@ -23,14 +23,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ReplaySummary:
-    """What a replay run did: ``written`` the steps it wrote, and where the target stands after it."""
+    """What a replay run did: ``written`` the steps it wrote (consecutive), and where the target stands after it."""
 
     job: str
     target: str
     mode: ReplayMode
     shape: StepShape
     from_step: int
-    written: tuple[int, ...]
+    written: range
     steps: int
     finished: bool
     seconds: float
@@ -75,7 +75,7 @@ def replay(
         target,
         _first_step(config, request.target) if target is not None and target.records else None,
     )
-    written: list[int] = []
+    written = range(0)
     finished = target is not None and target.finished
     if plan.done:
         log.info("replay of %s into %s: nothing left to write", job, request.target)
@@ -89,7 +89,7 @@ def replay(
         mode=plan.mode,
         shape=plan.shape,
         from_step=plan.from_step,
-        written=tuple(written),
+        written=written,
         steps=written[-1] + 1 if written else (target.steps if target is not None and target.records else 0),
         finished=finished,
         seconds=time.monotonic() - began,
@@ -103,7 +103,7 @@ def verify(config: KafkaConfig, job: str, target: str, from_step: int) -> Audit:
 
 def _write(
     spec: JobSpec, config: KafkaConfig, target: str, original: JobHistory, plan: ReplayPlan, timeout_ms: int
-) -> tuple[list[int], bool]:
+) -> tuple[range, bool]:
     """The steps written, and whether the target job has ended."""
     if plan.mode is ReplayMode.REPLAN:
         cost_model = spec.cost.cost_model()
@@ -119,7 +119,11 @@ def _write(
         replay_changes=plan.changes,
     )
     stats = DataConstructor(spec, config, options).run()
-    return [record.step for record in stats.steps], stats.finished
+    if stats.first_step is None or stats.last_step is None:
+        return range(0), stats.finished
+    written = range(stats.first_step, stats.last_step + 1)
+    assert len(written) == stats.steps_written, "a replay under the original's shape writes consecutive steps"
+    return written, stats.finished
 
 
 def _first_step(config: KafkaConfig, job: str) -> int | None:
