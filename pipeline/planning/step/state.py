@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, NonNegativeInt, PlainValidator, Stri
 from pipeline.planning.mixing import MixerState, MixtureChange
 from pipeline.planning.mixing.changes import MixtureChangeDocument
 from pipeline.planning.mixing.state import MixerStateDocument
+from pipeline.planning.step.used_bitmap import encode_used, unpack
 from topics.validation import decode_versioned_json
 
 STATE_VERSION = 1
@@ -66,7 +67,9 @@ class ConstructorState:
         body: dict[str, object] = {
             "v": STATE_VERSION,
             "mixer": json.loads(self.mixer.to_bytes()),
-            "sources": {s: [p.low, encode_offsets(p.used)] for s, p in self.positions.items()},
+            "sources": {
+                s: [p.low, encode_used(p.low, p.used, encode_offsets(p.used))] for s, p in self.positions.items()
+            },
             "deferred": [[r.source, r.offset] for r in self.deferred],
             "exhausted": list(self.exhausted),
             "finished": self.finished,
@@ -123,6 +126,23 @@ def _offset_item(value: object) -> int | tuple[int, int]:
 OffsetItem = Annotated[int | tuple[int, int], PlainValidator(_offset_item)]
 
 
+def _used(value: object) -> tuple[int | tuple[int, int], ...] | str:
+    """Used offsets as a list of offsets and runs, or a ``bits:`` bitmap (kept as is: it needs the low
+    watermark to be read, ``used_bitmap.unpack``)."""
+    if isinstance(value, str):
+        unpack(0, value)  # validates it
+        return value
+    return _USED_LIST.validate_python(value)
+
+
+_USED_LIST = TypeAdapter(tuple[OffsetItem, ...])
+UsedOffsets = Annotated[tuple[OffsetItem, ...] | str, PlainValidator(_used)]
+
+
+def _decode_used(low: int, used: tuple[int | tuple[int, int], ...] | str) -> tuple[int, ...]:
+    return unpack(low, used) if isinstance(used, str) else decode_offsets(used)
+
+
 def decode_offsets(items: tuple[int | tuple[int, int], ...]) -> tuple[int, ...]:
     out: list[int] = []
     for item in items:
@@ -141,7 +161,9 @@ class ConstructorStateDocument(BaseModel):
          "changes":[{"id":"...","from_step":<step>,"shares":{"code":<share>,...}},...],"refused":["<id>",...]}
 
     Used offsets are sorted; ``MIN_RUN`` or more consecutive ones are written as a run ``[first, end]``
-    (``end`` exclusive), which keeps the record small when composition takes samples out of order.
+    (``end`` exclusive), which keeps the record small when composition takes samples out of order. A list
+    over ``used_bitmap.BITMAP_ABOVE_BYTES`` is written instead as ``"bits:<base64>"``, a bitmap of the
+    offsets from ``low`` on, where that is shorter (at hundreds of ranks and more).
     ``control``, ``changes`` and ``refused`` may be missing (records written before they existed).
 
     Offsets are validated in pydantic's lax mode, as the ``int()`` this replaces (``"7"`` and ``7.0`` are
@@ -151,7 +173,7 @@ class ConstructorStateDocument(BaseModel):
 
     v: Literal[1]
     mixer: MixerStateDocument
-    sources: dict[str, tuple[int, tuple[OffsetItem, ...]]]
+    sources: dict[str, tuple[int, UsedOffsets]]
     deferred: tuple[tuple[str, int], ...]
     exhausted: tuple[str, ...]
     finished: StrictBool
@@ -162,7 +184,7 @@ class ConstructorStateDocument(BaseModel):
     def state(self) -> ConstructorState:
         return ConstructorState(
             mixer=self.mixer.state(),
-            positions={s: SourcePosition(low, decode_offsets(used)) for s, (low, used) in self.sources.items()},
+            positions={s: SourcePosition(low, _decode_used(low, used)) for s, (low, used) in self.sources.items()},
             deferred=tuple(SampleRef(s, o) for s, o in self.deferred),
             exhausted=self.exhausted,
             finished=self.finished,
