@@ -12,8 +12,9 @@ default composition (``Mixer`` with window 8, due share 1/8) draws, ``assemble_s
 of the context), shares 0.70/0.25/0.05 of the tokens, seed 0.
 
 Reported per rank count: samples per step; the state record's bytes at the last step, the median and
-the most over the steps after ``--warm-up``; and what they hold at the largest: used offsets above the
-low watermarks (and the runs they form), deferred references, and each part's bytes.
+the most over the steps after ``--warm-up``, and the most with every used-offset list in list form (as
+records were before ``used_bitmap``); and what the largest holds: used offsets above the low watermarks
+(and the runs they form), deferred references, and each part's bytes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pipeline.planning.mixing import DrawStatus, Mixer, Schedule
 from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW
 from pipeline.planning.mixing.mixer import Composition, step_budget
 from pipeline.planning.scheduler import plan_step
+from pipeline.planning.step import used_bitmap
 from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.state import ConstructorState, SourcePosition
 from pipeline.spec import OnExhausted
@@ -76,12 +78,22 @@ class Measure:
     last_bytes: int
     median_bytes: float
     max_bytes: int
+    max_list_bytes: int  # the most with every source's used offsets as a list (the form before the bitmap)
     used: int
     runs: int
     deferred: int
     sources_bytes: int
     deferred_bytes: int
     seconds_per_step: float
+
+
+def list_form_bytes(state: ConstructorState) -> int:
+    """The record's bytes with every source's used offsets as a list, however long."""
+    limit, used_bitmap.BITMAP_ABOVE_BYTES = used_bitmap.BITMAP_ABOVE_BYTES, 1 << 62
+    try:
+        return len(state.to_bytes())
+    finally:
+        used_bitmap.BITMAP_ABOVE_BYTES = limit
 
 
 def runs_of(offsets: tuple[int, ...]) -> int:
@@ -98,7 +110,7 @@ def measure(ranks: int, micro_batches: int, capacity: int, steps: int, warm_up: 
     pool = SamplePool(state)
     stream = Stream(capacity, seed)
     mixer_state = state.mixer
-    sizes, samples, largest, seconds = [], [], None, []
+    sizes, list_sizes, samples, largest, seconds = [], [], [], None, []
     for step in range(steps):
         began = time.perf_counter()
         for s in sources:  # SourceTopicFeed.hold(window + 2, weights): that many steps of its share, plus one
@@ -120,10 +132,12 @@ def measure(ranks: int, micro_batches: int, capacity: int, steps: int, warm_up: 
         seconds.append(time.perf_counter() - began)
         if step >= warm_up:
             sizes.append(size)
+            list_sizes.append(list_form_bytes(written))
             samples.append(len(delivered))
             if largest is None or size >= len(largest.to_bytes()):
                 largest = written
         print(f"{ranks} ranks, step {step}: {len(delivered)} samples, state {size:,} bytes", flush=True)
+        print(f"  {_positions_summary(written.positions)}; {len(written.deferred)} deferred", flush=True)
     assert largest is not None
     body = json.loads(largest.to_bytes())
     used = sum(len(p.used) for p in largest.positions.values())
@@ -134,6 +148,7 @@ def measure(ranks: int, micro_batches: int, capacity: int, steps: int, warm_up: 
         sizes[-1],
         statistics.median(sizes),
         max(sizes),
+        max(list_sizes),
         used,
         runs,
         len(largest.deferred),
@@ -167,6 +182,7 @@ def main() -> None:
         "state bytes: last",
         "median",
         "max",
+        "max as lists",
         "at the max: used offsets",
         "their runs",
         "deferred refs",
@@ -181,6 +197,7 @@ def main() -> None:
             f"{m.last_bytes:,}",
             f"{m.median_bytes:,.0f}",
             f"{m.max_bytes:,}",
+            f"{m.max_list_bytes:,}",
             f"{m.used:,}",
             f"{m.runs:,}",
             f"{m.deferred:,}",

@@ -16,6 +16,7 @@ from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.state import ConstructorState, SourcePosition, encode_offsets
 from pipeline.planning.step.used_bitmap import BITMAP_ABOVE_BYTES, encode_used, pack, unpack
 from pipeline.roles.constructor.stats import ConstructorStats, StepRecord
+from pipeline.roles.loader.role import EPOCHS_KEPT, LoaderStats
 from topics.sample import Sample
 
 SOURCES = ("a", "b", "c", "d")
@@ -134,3 +135,14 @@ def test_a_state_record_with_a_bitmap_round_trips(case: tuple[int, list[int]], s
     used = tuple(sorted(low + u for u in above))
     state = ConstructorState(MixerState.initial(["a", "b"]), {"a": SourcePosition(low, used), "b": SourcePosition()})
     assert ConstructorState.from_bytes(state.to_bytes()) == state
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 500), st.integers(0, 100)), max_size=400))
+def test_a_loader_keeps_the_samples_of_its_latest_epochs_only(units: list[tuple[int, int]]) -> None:
+    """Under ``next_epoch`` a loader's epochs never end; its stats keep the latest ``EPOCHS_KEPT``."""
+    stats = LoaderStats()
+    for epoch, samples in sorted(units):
+        stats.count_epoch(epoch, samples)
+    latest = sorted({e for e, _ in units})[-EPOCHS_KEPT:]
+    assert stats.by_epoch == {e: sum(n for u, n in units if u == e) for e in latest}

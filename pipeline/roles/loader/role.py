@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 # Documents tokenized together: big enough for the tokenizer's parallel batch encoding to pay off.
 DOCUMENTS_PER_BATCH = 256
+EPOCHS_KEPT = 16
 
 
 @dataclass
@@ -68,7 +69,13 @@ class LoaderStats:
     seconds: float = 0.0
     busy_seconds: float = 0.0  # inside transactions: reading, tokenizing, encoding, producing, committing
     rejoins: int = 0  # consumers replaced after the group left this loader without partitions too long
-    by_epoch: dict[int, int] = field(default_factory=dict)
+    by_epoch: dict[int, int] = field(default_factory=dict)  # samples of the last EPOCHS_KEPT epochs loaded
+
+    def count_epoch(self, epoch: int, samples: int) -> None:
+        """Under ``next_epoch`` a loader runs for ever: only the latest epochs are kept."""
+        self.by_epoch[epoch] = self.by_epoch.get(epoch, 0) + samples
+        while len(self.by_epoch) > EPOCHS_KEPT:
+            del self.by_epoch[min(self.by_epoch)]
 
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
@@ -473,7 +480,7 @@ class SourceLoader(TransactionalRole):
         self.stats.tokens += tokens
         self.stats.dead_letters += letters
         if unit is not None:
-            self.stats.by_epoch[unit.epoch] = self.stats.by_epoch.get(unit.epoch, 0) + samples
+            self.stats.count_epoch(unit.epoch, samples)
         self.metrics.unit_committed(samples, tokens)
 
     def _aborted(self) -> None:
