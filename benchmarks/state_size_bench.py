@@ -132,12 +132,16 @@ def measure(ranks: int, micro_batches: int, capacity: int, steps: int, warm_up: 
         seconds.append(time.perf_counter() - began)
         if step >= warm_up:
             sizes.append(size)
-            list_sizes.append(list_form_bytes(written))
+            list_sizes.append(listed)
             samples.append(len(delivered))
             if largest is None or size >= len(largest.to_bytes()):
                 largest = written
-        print(f"{ranks} ranks, step {step}: {len(delivered)} samples, state {size:,} bytes", flush=True)
-        print(f"  {_positions_summary(written.positions)}; {len(written.deferred)} deferred", flush=True)
+        listed = list_form_bytes(written)
+        print(f"{ranks} ranks, step {step}: {len(delivered)} samples, state {size:,} bytes ({listed:,} as lists)")
+        print(
+            f"  {_positions_summary(written.positions)}; {len(written.deferred)} deferred, {seconds[-1]:.1f} s",
+            flush=True,
+        )
     assert largest is not None
     body = json.loads(largest.to_bytes())
     used = sum(len(p.used) for p in largest.positions.values())
