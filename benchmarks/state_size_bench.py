@@ -130,13 +130,13 @@ def measure(ranks: int, micro_batches: int, capacity: int, steps: int, warm_up: 
         written = ConstructorState(mixer_state, pool.positions(), pool.deferred_refs())
         size = len(written.to_bytes())
         seconds.append(time.perf_counter() - began)
+        listed = list_form_bytes(written)
         if step >= warm_up:
             sizes.append(size)
             list_sizes.append(listed)
             samples.append(len(delivered))
             if largest is None or size >= len(largest.to_bytes()):
                 largest = written
-        listed = list_form_bytes(written)
         print(f"{ranks} ranks, step {step}: {len(delivered)} samples, state {size:,} bytes ({listed:,} as lists)")
         print(
             f"  {_positions_summary(written.positions)}; {len(written.deferred)} deferred, {seconds[-1]:.1f} s",
