@@ -62,7 +62,7 @@ def load_sources(spec_path: Path, bootstrap: str, folder: Path) -> None:
 
 
 def run_constructor(spec: JobSpec, config: dict, output_job: str) -> tuple[float, DataConstructor]:
-    constructor = DataConstructor(spec, config, ConstructorOptions(output_job=output_job))
+    constructor = DataConstructor(spec, config, ConstructorOptions(output_job=output_job, recent_steps=None))
     began = time.perf_counter()
     constructor.run()
     return time.perf_counter() - began, constructor
@@ -107,8 +107,8 @@ def report_table(spec: JobSpec, config: dict, rows: list, output_job: str, markd
     seconds = statistics.median(r[0] for r in rows)
     stats = rows[-1][1]
     tokens = stats.tokens
-    steps = len(stats.steps)
-    sizes = np.array([s.state_bytes for s in stats.steps])
+    steps = stats.steps_written
+    sizes = np.array([s.state_bytes for s in stats.recent])  # every step: recent_steps=None
     report = job_report(config, spec, output_job)
     batches = read_steps(config, output_job, spec.step.ranks)
     sources = spec.source_names

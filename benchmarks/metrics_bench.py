@@ -127,7 +127,7 @@ def _spec(shape: StepSpec) -> SimpleNamespace:
 
 
 def _record(assembled, cost) -> object:
-    from pipeline.roles.constructor.role import StepRecord
+    from pipeline.roles.constructor.stats import StepRecord
 
     costs = assembled.plan.rank_costs(assembled.lengths, cost)
     by_source: dict[str, int] = {}

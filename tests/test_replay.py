@@ -193,7 +193,7 @@ def test_a_stopped_replay_continues_without_repeats(
     first = replay(original, config, ReplayRequest(unique_name, 1, to_step=6, ranks=ranks))
     assert list(first.written) == list(range(1, 7)) and not first.finished and first.steps == 7
     again = replay(original, config, ReplayRequest(unique_name, 1, to_step=6, ranks=ranks))
-    assert again.written == () and again.steps == 7  # nothing left up to step 6: nothing written twice
+    assert len(again.written) == 0 and again.steps == 7  # nothing left up to step 6: nothing written twice
     rest = replay(original, config, ReplayRequest(unique_name, 1, ranks=ranks))
     before, _ = steps_of(kafka_bootstrap, original.job, 2)
     assert list(rest.written) == list(range(7, len(before))) and rest.finished
@@ -203,7 +203,7 @@ def test_a_stopped_replay_continues_without_repeats(
     assert max(ids.values()) == 1
     assert verify(config, original.job, unique_name, 1).mismatch is None
     done = replay(original, config, ReplayRequest(unique_name, 1, ranks=ranks))
-    assert done.written == () and done.finished
+    assert len(done.written) == 0 and done.finished
 
 
 def test_the_constructor_goes_on_with_a_replayed_job_under_the_new_shape(
@@ -215,7 +215,7 @@ def test_the_constructor_goes_on_with_a_replayed_job_under_the_new_shape(
     path = tmp_path / "wider.yaml"
     path.write_text(yaml.safe_dump(wider))
     stats = construct(load_spec(path), output_job=unique_name)
-    assert stats.finished and stats.steps[0].step == 9
+    assert stats.finished and stats.first_step == 9
     before, _ = steps_of(kafka_bootstrap, original.job, 2)
     after, end = steps_of(kafka_bootstrap, unique_name, 3)
     assert after[0][0].step == 3 and end == 3 + len(after)

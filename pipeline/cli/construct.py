@@ -69,19 +69,18 @@ def run(args: argparse.Namespace) -> int:
         if server is not None:
             server.close()
         backlog.close()
-    steps = stats.steps
     summary = {
         "job": args.output_job or spec.job,
         "lane": args.lane,
-        "steps": len(steps),
+        "steps": stats.steps_written,
         "tokens": stats.tokens,
-        "samples": sum(s.samples for s in steps),
-        "packed_steps": sum(s.packed for s in steps),
+        "samples": stats.samples,
+        "packed_steps": stats.packed_steps,
         "finished": stats.finished,
         "takeovers": stats.takeovers,
         "fenced": stats.fenced,
         "seconds": round(stats.seconds, 3),
-        "max_state_bytes": max((s.state_bytes for s in steps), default=0),
+        "max_state_bytes": stats.max_state_bytes,
     }
     print(json.dumps(summary))
     return 0

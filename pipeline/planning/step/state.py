@@ -17,6 +17,7 @@ from pydantic import GetCoreSchemaHandler, NonNegativeInt, PlainValidator, Stric
 from pydantic_core import CoreSchema
 
 from pipeline.planning.mixing import MixerState, MixtureChange
+from pipeline.planning.step.used_bitmap import encode_used, unpack
 from topics.json_record import decode, encode, json_field, json_record, shaped_schema
 
 STATE_VERSION = 1
@@ -44,18 +45,20 @@ class SourcePosition:
 
     In a state record: ``[low, [<used offset or run>, ...]]``, ``MIN_RUN`` or more consecutive used offsets
     as a run ``[first, end]`` (``end`` exclusive), which keeps the record small when composition takes
-    samples out of order. Offsets are read in pydantic's lax mode, as ``int()`` would take them (``"7"``
-    and ``7.0`` are 7)."""
+    samples out of order; a list over ``used_bitmap.BITMAP_ABOVE_BYTES`` is written instead as
+    ``"bits:<base64>"``, a bitmap of the offsets from ``low`` on, where that is shorter (at hundreds of
+    ranks and more). Offsets are read in pydantic's lax mode, as ``int()`` would take them (``"7"`` and
+    ``7.0`` are 7)."""
 
     low: int = 0
     used: tuple[int, ...] = ()
 
     def to_json_value(self) -> list[object]:
-        return [self.low, encode_offsets(self.used)]
+        return [self.low, encode_used(self.low, self.used, encode_offsets(self.used))]
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        return shaped_schema(handler, tuple[int, tuple[OffsetItem, ...]], lambda v: cls(v[0], decode_offsets(v[1])))
+        return shaped_schema(handler, tuple[int, UsedOffsets], lambda v: cls(v[0], _decode_used(v[0], v[1])))
 
 
 @json_record(
@@ -140,6 +143,23 @@ def _offset_item(value: object) -> int | tuple[int, int]:
 
 
 OffsetItem = Annotated[int | tuple[int, int], PlainValidator(_offset_item)]
+_USED_LIST = TypeAdapter(tuple[OffsetItem, ...])
+
+
+def _used(value: object) -> tuple[int | tuple[int, int], ...] | str:
+    """Used offsets as a list of offsets and runs, or a ``bits:`` bitmap (kept as is: it needs the low
+    watermark to be read, ``used_bitmap.unpack``)."""
+    if isinstance(value, str):
+        unpack(0, value)  # validates it
+        return value
+    return _USED_LIST.validate_python(value)
+
+
+UsedOffsets = Annotated[tuple[OffsetItem, ...] | str, PlainValidator(_used)]
+
+
+def _decode_used(low: int, used: tuple[int | tuple[int, int], ...] | str) -> tuple[int, ...]:
+    return unpack(low, used) if isinstance(used, str) else decode_offsets(used)
 
 
 def decode_offsets(items: tuple[int | tuple[int, int], ...]) -> tuple[int, ...]:

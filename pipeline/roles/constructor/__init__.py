@@ -9,7 +9,8 @@ from pipeline.planning.step.state import ConstructorState, SampleRef, SourcePosi
 __getattr__, _, __all__ = lazy_loader.attach(
     __name__,
     submod_attrs={
-        "role": ["ConstructorOptions", "ConstructorStats", "DataConstructor", "StepRecord"],
+        "role": ["ConstructorOptions", "DataConstructor"],
+        "stats": ["ConstructorStats", "StepRecord"],
     },
 )
 __all__ += ["ConstructorState", "SampleRef", "SourcePosition"]

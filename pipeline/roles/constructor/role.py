@@ -29,7 +29,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from confluent_kafka import Producer
@@ -53,6 +53,7 @@ from pipeline.roles.constructor.loop import StepLoop
 from pipeline.roles.constructor.metrics import ConstructorMetrics
 from pipeline.roles.constructor.shadow import ShadowEnd, ShadowFollower
 from pipeline.roles.constructor.sources import SourceTopicFeed
+from pipeline.roles.constructor.stats import DEFAULT_RECENT_STEPS, ConstructorStats, StepRecord
 from pipeline.roles.constructor.step_records import StepRecords
 from pipeline.roles.constructor.writer import StepWriter
 from pipeline.spec import JobSpec
@@ -79,32 +80,7 @@ class ConstructorOptions:
     lease_session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS
     instance: str = ""
     lane: int = 0  # which of the spec's constructor lanes this instance builds
-
-
-@dataclass
-class StepRecord:
-    step: int
-    tokens: int
-    samples: int
-    deferred: int
-    state_bytes: int
-    max_rank_cost: float
-    mean_rank_cost: float
-    tokens_by_source: dict[str, int]
-    packed: bool = False  # composition packed the holes and the scheduler started from its packing
-
-
-@dataclass
-class ConstructorStats:
-    steps: list[StepRecord] = field(default_factory=list)
-    seconds: float = 0.0
-    finished: bool = False
-    takeovers: int = 0  # times this instance became the active one
-    fenced: int = 0  # times a newer instance fenced it
-
-    @property
-    def tokens(self) -> int:
-        return sum(s.tokens for s in self.steps)
+    recent_steps: int | None = DEFAULT_RECENT_STEPS  # steps kept in detail in stats.recent (None: every one)
 
 
 class DataConstructor(TransactionalRole):
@@ -136,7 +112,7 @@ class DataConstructor(TransactionalRole):
         shape = spec.step
         self.shape = StepShape(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch)
         self.core = StepCore(self.shape, self.cost_model, self.lanes)
-        self.stats = ConstructorStats()
+        self.stats = ConstructorStats(options.recent_steps)
         self.metrics = metrics or ConstructorMetrics(CollectorRegistry(), self.out.job, spec)
         self.instance = options.instance or f"{socket.gethostname()}-{os.getpid()}"
         self._lease: ConstructorLease | None = None
@@ -277,7 +253,7 @@ class DataConstructor(TransactionalRole):
         return not self.stopping and self._lease.poll()
 
     def at_max_steps(self, in_flight: int) -> bool:
-        return self.options.max_steps is not None and self._steps_written() + in_flight >= self.options.max_steps
+        return self.options.max_steps is not None and self.stats.steps_written + in_flight >= self.options.max_steps
 
     def end_at_max_steps(self) -> None:
         self._stopping = True
@@ -289,10 +265,6 @@ class DataConstructor(TransactionalRole):
         self.stats.finished = True
 
     # -- bookkeeping ------------------------------------------------------------------------------
-
-    def _steps_written(self) -> int:
-        """Steps this instance has committed."""
-        return len(self.stats.steps)
 
     def _record(self, assembled: AssembledStep, state_bytes: int) -> None:
         costs = assembled.plan.rank_costs(assembled.lengths, self.cost_model)
@@ -310,7 +282,7 @@ class DataConstructor(TransactionalRole):
             tokens_by_source=by_source,
             packed=assembled.started,
         )
-        self.stats.steps.append(record)
+        self.stats.add(record)
         log.debug(
             "step %d: %d tokens, %d samples, %d deferred", record.step, record.tokens, record.samples, record.deferred
         )

@@ -7,6 +7,8 @@ from typing import NamedTuple
 
 from connectors import WorkUnit
 
+EPOCHS_KEPT = 16
+
 
 class UnitCounts(NamedTuple):
     """What one unit produced in its transaction."""
@@ -26,7 +28,7 @@ class LoaderStats:
     seconds: float = 0.0
     busy_seconds: float = 0.0  # inside transactions: reading, tokenizing, encoding, producing, committing
     rejoins: int = 0  # consumers replaced after the group left this loader without partitions too long
-    by_epoch: dict[int, int] = field(default_factory=dict)
+    by_epoch: dict[int, int] = field(default_factory=dict)  # samples of the last EPOCHS_KEPT epochs loaded
 
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
@@ -38,7 +40,13 @@ class LoaderStats:
         self.tokens += counts.tokens
         self.dead_letters += counts.dead_letters
         if unit is not None:
-            self.by_epoch[unit.epoch] = self.by_epoch.get(unit.epoch, 0) + counts.samples
+            self.count_epoch(unit.epoch, counts.samples)
+
+    def count_epoch(self, epoch: int, samples: int) -> None:
+        """Under ``next_epoch`` a loader runs for ever: only the latest epochs are kept."""
+        self.by_epoch[epoch] = self.by_epoch.get(epoch, 0) + samples
+        while len(self.by_epoch) > EPOCHS_KEPT:
+            del self.by_epoch[min(self.by_epoch)]
 
     def describe(self) -> str:
         return (

@@ -56,7 +56,7 @@ class ElasticReplay(TransactionalRole):
         self.ranks = shape.ranks
         self.micro_batches = shape.micro_batches
         self.cost_model = cost_model
-        self.written: list[int] = []
+        self.written = range(0)  # the steps written, consecutive
         self.finished = False
 
     @property
@@ -64,7 +64,7 @@ class ElasticReplay(TransactionalRole):
         # The constructor's id for the target job: whichever of the two writes it fences the other.
         return f"{self.out.job}.constructor"
 
-    def run(self, first: int, last: int, end: bool) -> list[int]:
+    def run(self, first: int, last: int, end: bool) -> range:
         """Write steps ``first`` to ``last``, then, with ``end``, the end of the job; the steps written."""
         self.stop_on_signals()
         ensure_job_topics(self.config, self.out.job, [], self.ranks)
@@ -94,7 +94,7 @@ class ElasticReplay(TransactionalRole):
                     self._commit(
                         producer, step.step, reshaped, self._state(self.original.before(step.step + 1), step.step)
                     )
-                    self.written.append(step.step)
+                    self.written = range(self.written.start if self.written else step.step, step.step + 1)
         finally:
             producer.flush(30)
         return self.written

@@ -25,14 +25,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ReplaySummary:
-    """What a replay run did: ``written`` the steps it wrote, and where the target stands after it."""
+    """What a replay run did: ``written`` the steps it wrote (consecutive), and where the target stands after it."""
 
     job: str
     target: str
     mode: ReplayMode
     shape: StepShape
     from_step: int
-    written: tuple[int, ...]
+    written: range
     steps: int
     finished: bool
     seconds: float
@@ -77,7 +77,7 @@ def replay(
         target,
         _first_step(config, request.target) if target is not None and target.records else None,
     )
-    written: list[int] = []
+    written = range(0)
     finished = target is not None and target.finished
     if plan.done:
         log.info("replay of %s into %s: nothing left to write", job, request.target)
@@ -91,7 +91,7 @@ def replay(
         mode=plan.mode,
         shape=plan.shape,
         from_step=plan.from_step,
-        written=tuple(written),
+        written=written,
         steps=written[-1] + 1 if written else (target.steps if target is not None and target.records else 0),
         finished=finished,
         seconds=time.monotonic() - began,
@@ -105,7 +105,7 @@ def verify(config: KafkaConfig, job: str, target: str, from_step: int) -> Audit:
 
 def _write(
     spec: JobSpec, config: KafkaConfig, target: str, original: JobHistory, plan: ReplayPlan, timeout_ms: int
-) -> tuple[list[int], bool]:
+) -> tuple[range, bool]:
     """The steps written, and whether the target job has ended."""
     if plan.mode is ReplayMode.REPLAN:
         cost_model = spec.cost.cost_model()
@@ -113,7 +113,7 @@ def _write(
         written = role.run(plan.first, plan.last, plan.end)
         return written, role.finished
     records = read_spec_records(config, JobTopics(original.job))
-    written: list[int] = []
+    first = last = None
     finished = False
     stretches = replay_specs(original.job, spec, records, plan.first, plan.last)
     for index, stretch in enumerate(stretches):
@@ -131,10 +131,13 @@ def _write(
             replay_changes=plan.changes,
         )
         stats = DataConstructor(stretch.spec, config, options).run()
-        written += [record.step for record in stats.steps]
         finished = stats.finished
-        if finished or not written or written[-1] < stretch.last:  # stopped early (a signal, or the end)
+        if stats.first_step is not None and stats.last_step is not None:
+            first = stats.first_step if first is None else first
+            last = stats.last_step
+        if finished or last is None or last < stretch.last:  # stopped early (a signal, or the end)
             break
+    written = range(0) if first is None or last is None else range(first, last + 1)
     return written, finished
 
 
