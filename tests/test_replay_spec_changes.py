@@ -45,7 +45,7 @@ def _resumed_job(folder: Path, job: str, bootstrap: str) -> JobSpec:
     """10 steps under three sources, then resumed with a fourth added, to the job's end."""
     three, four = _specs(folder, job, bootstrap)
     fill_sources(four, 50, _uniform)
-    assert len(construct(three, max_steps=10).steps) == 10
+    assert construct(three, max_steps=10).steps_written == 10
     assert construct(four).finished
     return four
 
