@@ -15,6 +15,7 @@ from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
 from topics.errors import MixflowError
 from topics.file_formats import FileFormat
+from topics.media import MediaKind
 
 ContentKind = Literal["text", "tokens"]
 CONTENT_KINDS: tuple[str, ...] = get_args(ContentKind)
@@ -26,15 +27,38 @@ class SourceNotFoundError(MixflowError, FileNotFoundError):
 
 
 @dataclass(frozen=True, slots=True)
+class MediaRef:
+    """An image or clip as a reader finds it, not yet decoded: its encoded bytes (``data``) or a file
+    (``path``, relative to the source root), exactly one of them. ``where``: the location a dead letter
+    names (``shard.tar:key=000001.jpg``, ``rows.jsonl:row=3:image=0``)."""
+
+    kind: MediaKind
+    where: str
+    data: bytes | None = None
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.data is None) == (self.path is None):
+            msg = f"media at {self.where} must have exactly one of data and path"
+            raise ValueError(msg)
+
+
+Part = str | MediaRef
+"""One segment of an interleaved document: text, or an image or clip."""
+
+
+@dataclass(frozen=True, slots=True)
 class Document:
     """One document read from a source: row ``row`` of file ``path`` (relative to the source root), with
-    either ``text`` or pre-tokenized ``tokens`` (int32)."""
+    exactly one of ``text``, pre-tokenized ``tokens`` (int32), or ``parts``: text and media interleaved,
+    in order (an image-text pair is ``(image, caption)``)."""
 
     source: str
     path: str
     row: int
     text: str | None = None
     tokens: np.ndarray | None = None
+    parts: tuple[Part, ...] | None = None
 
     @property
     def document_id(self) -> str:
@@ -42,8 +66,8 @@ class Document:
         return document_id(self.source, self.path, self.row)
 
     def __post_init__(self) -> None:
-        if (self.text is None) == (self.tokens is None):
-            msg = f"document {self.document_id} must have exactly one of text and tokens"
+        if (self.text is not None) + (self.tokens is not None) + (self.parts is not None) != 1:
+            msg = f"document {self.document_id} must have exactly one of text, tokens and parts"
             raise ValueError(msg)
 
 
