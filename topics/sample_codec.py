@@ -25,6 +25,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from topics._headers import Headers, find_header
 from topics.errors import DecodeError
+from topics.media import MediaItem
 from topics.sample import Sample
 
 SCHEMA_HEADER = "mixflow.schema"
@@ -33,18 +34,38 @@ SCHEMA_HEADER = "mixflow.schema"
 _INT32_MIN, _INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
 
 
-def _load_schema() -> tuple[dict[str, Any], bytes]:
-    text = resources.files("topics").joinpath("sample.avsc").read_text(encoding="utf-8")
+def _load_schema(name: str) -> tuple[dict[str, Any], bytes]:
+    text = resources.files("topics").joinpath(name).read_text(encoding="utf-8")
     parsed = parse_schema(json.loads(text))
     # fastavro gives the fingerprint's bytes in little-endian order, as Avro's Java implementation does.
     return parsed, bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
 
 
-SAMPLE_SCHEMA, SAMPLE_FINGERPRINT = _load_schema()
-"""The current writer schema (parsed) and its 8-byte fingerprint."""
+SAMPLE_SCHEMA, SAMPLE_FINGERPRINT = _load_schema("sample.avsc")
+"""The writer schema of a sample without media (parsed) and its 8-byte fingerprint."""
 
-_KNOWN_SCHEMAS: dict[bytes, dict[str, Any]] = {SAMPLE_FINGERPRINT: SAMPLE_SCHEMA}
-"""Writer schemas this reader can decode, by fingerprint. Keep old ones here when the schema evolves."""
+MEDIA_SAMPLE_SCHEMA, MEDIA_SAMPLE_FINGERPRINT = _load_schema("sample_media.avsc")
+"""The writer schema of a sample with media: ``sample.avsc`` and a ``media`` array (default empty)."""
+
+_KNOWN_SCHEMAS: dict[bytes, dict[str, Any]] = {
+    SAMPLE_FINGERPRINT: SAMPLE_SCHEMA,
+    MEDIA_SAMPLE_FINGERPRINT: MEDIA_SAMPLE_SCHEMA,
+}
+"""Writer schemas this reader can decode, by fingerprint. Keep old ones here when the schema evolves.
+Every record is read into ``MEDIA_SAMPLE_SCHEMA`` by Avro's schema resolution (no media: ``media == []``)."""
+
+_MEDIA_FIELDS = (
+    "kind",
+    "grid_t",
+    "grid_h",
+    "grid_w",
+    "merge_size",
+    "temporal_patch_size",
+    "height",
+    "width",
+    "token_offset",
+    "encoding",
+)
 
 
 def _tokens_bytes(sample: Sample) -> tuple[bytes, int]:
@@ -73,20 +94,39 @@ def _check_strings(sample: Sample) -> None:
             raise ValueError(msg)
 
 
+def _check_media(sample: Sample, length: int) -> None:
+    for k, item in enumerate(sample.media):
+        try:
+            item.check()
+        except ValueError as exc:
+            msg = f"sample {sample.sample_id!r}: media item {k}: {exc}"
+            raise ValueError(msg) from exc
+        if item.token_offset + item.tokens > length:
+            msg = f"sample {sample.sample_id!r}: media item {k}'s placeholders run past its {length} tokens"
+            raise ValueError(msg)
+
+
 def encode_sample(sample: Sample) -> tuple[bytes, list[tuple[str, bytes]]]:
-    """Encode a sample as ``(value, headers)`` for a produce call. Raises ``ValueError`` on a bad sample."""
+    """Encode a sample as ``(value, headers)`` for a produce call. Raises ``ValueError`` on a bad sample.
+
+    A sample without media is written under ``sample.avsc``, one with media under ``sample_media.avsc``."""
     _check_strings(sample)
     token_bytes, length = _tokens_bytes(sample)
-    record = {
+    record: dict[str, Any] = {
         "id": sample.sample_id,
         "source": sample.source,
         "tokens": token_bytes,
         "length": length,
         "metadata": dict(sample.metadata) or None,
     }
+    schema, fp = SAMPLE_SCHEMA, SAMPLE_FINGERPRINT
+    if sample.media:
+        _check_media(sample, length)
+        record["media"] = [{name: getattr(item, name) for name in (*_MEDIA_FIELDS, "frames")} for item in sample.media]
+        schema, fp = MEDIA_SAMPLE_SCHEMA, MEDIA_SAMPLE_FINGERPRINT
     out = io.BytesIO()
-    schemaless_writer(out, SAMPLE_SCHEMA, record)
-    return out.getvalue(), [(SCHEMA_HEADER, SAMPLE_FINGERPRINT)]
+    schemaless_writer(out, schema, record)
+    return out.getvalue(), [(SCHEMA_HEADER, fp)]
 
 
 def decode_sample(
@@ -120,7 +160,7 @@ def decode_sample(
         raise error(f"written under unknown schema fingerprint {fp.hex()}; this reader knows {known}")
     stream = io.BytesIO(value)
     try:
-        record = schemaless_reader(stream, schema, None)
+        record = schemaless_reader(stream, schema, MEDIA_SAMPLE_SCHEMA)
     except Exception as exc:  # fastavro raises EOFError, UnicodeDecodeError, IndexError, ... on bad input
         raise error(f"truncated or corrupt Avro record ({type(exc).__name__}: {exc})") from exc
     if stream.tell() != len(value):
@@ -182,7 +222,19 @@ def _to_sample(record: dict[str, Any], error: Callable[[str], DecodeError]) -> S
     if record["length"] != length:
         raise error(f"length field says {record['length']} tokens but tokens holds {length}")
     tokens = np.frombuffer(token_bytes, dtype="<i4").astype(np.int32, copy=False)
-    return Sample(record["id"], record["source"], tokens, dict(record["metadata"] or {}))
+    media = tuple(_to_media_item(k, item, length, error) for k, item in enumerate(record["media"]))
+    return Sample(record["id"], record["source"], tokens, dict(record["metadata"] or {}), media)
+
+
+def _to_media_item(k: int, record: dict[str, Any], length: int, error: Callable[[str], DecodeError]) -> MediaItem:
+    item = MediaItem(**{name: record[name] for name in _MEDIA_FIELDS}, frames=tuple(record["frames"]))
+    try:
+        item.check()
+    except ValueError as exc:
+        raise error(f"media item {k}: {exc}") from exc
+    if item.token_offset + item.tokens > length:
+        raise error(f"media item {k}'s placeholders run past the sample's {length} tokens")
+    return item
 
 
 def decode_sample_message(message: Any) -> Sample:
