@@ -245,10 +245,16 @@ class GPT(nn.Module):
             nn.init.normal_(parameter, std=std)
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits [T, vocab] of a packed micro-batch."""
-        x = self.embed(input_ids)
+        """Logits [T, vocab] of a packed micro-batch; ``inputs_embeds`` in place of the token embeddings (a
+        vision-language model puts its image embeddings there)."""
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         rotary = None
         if self.position_embed is not None:
             x = x + self.position_embed(position_ids)
