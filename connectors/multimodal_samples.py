@@ -112,9 +112,13 @@ class InterleavedBuilder:
         the first reference that fails."""
         texts = iter(text_tokens)
         segments = []
-        for part in document.parts or ():
+        for k, part in enumerate(document.parts or ()):
             if not isinstance(part, MediaRef):
-                segments.append(Segment(next(texts)))
+                tokens = next(texts)
+                if reason := self._stray_vision_token(tokens):
+                    where = location(document.path, row=document.row)
+                    return DeadLetter(document.source, where, f"text part {k} {reason}")
+                segments.append(Segment(tokens))
                 continue
             try:
                 item = self._decode(part)
@@ -124,6 +128,20 @@ class InterleavedBuilder:
         if self.eod_id is not None:
             segments.append(Segment(np.array([self.eod_id], dtype=np.int32)))
         return segments
+
+    def _stray_vision_token(self, tokens: np.ndarray) -> str | None:
+        """Why a text's tokens cannot stand beside placeholder blocks: a vision token in them would pair
+        with no item (a text holding ``<|vision_start|>`` or ``<|image_pad|>`` literally)."""
+        if self.decoder is None or not len(tokens):
+            return None
+        config = self.decoder.config
+        names = ("image_token_id", "video_token_id", "vision_start_id", "vision_end_id")
+        ids = np.array([getattr(config, name) for name in names], dtype=np.int32)
+        found = np.isin(ids, tokens)
+        if not found.any():
+            return None
+        name = names[int(np.argmax(found))]
+        return f"holds the vision token {getattr(config, name)} ({name}); only media may place vision tokens"
 
     def _decode(self, ref: MediaRef) -> MediaItem:
         if self.decoder is None:

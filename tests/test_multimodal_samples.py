@@ -333,3 +333,24 @@ def test_interleaved_items_carry_the_decoded_pixels(tokenizer: CountingTokenizer
     )
     decoded = MediaDecoder(replace(VISION, encoding="png")).decode(ref)
     assert sample.media == (replace(decoded, token_offset=sample.media[0].token_offset),)
+
+
+def test_a_text_holding_a_vision_token_is_a_dead_letter(tokenizer: CountingTokenizer) -> None:
+    class VisionTokenInText(CountingTokenizer):
+        def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+            encoded = super().encode_batch(texts)
+            return [
+                np.append(e, VISION.vision_start_id).astype(np.int32) if "<v>" in t else e
+                for t, e in zip(texts, encoded, strict=True)
+            ]
+
+    literal = VisionTokenInText(tokenizer._tokenizer)
+    builder = SampleBuilder(literal, max_length=100, vision=VISION)
+    built = builder.build([interleaved(0, "a <v> b", image_ref(56, 56)), interleaved(1, "fine", image_ref(56, 56))])
+    assert [s.sample_id for s in built.samples] == ["mm/rows.jsonl/1"]
+    assert [(d.location, d.reason) for d in built.dead_letters] == [
+        (
+            "rows.jsonl:row=0",
+            "text part 0 holds the vision token 252 (vision_start_id); only media may place vision tokens",
+        )
+    ]
