@@ -29,7 +29,7 @@ def decode_video(source: io.BytesIO | Path, config: VisionConfig) -> MediaItem:
     try:
         container = av.open(source if isinstance(source, io.BytesIO) else str(source), mode="r")
     except Exception as exc:  # PyAV raises InvalidDataError, OSError, ValueError ... for what is not media
-        raise MediaError(f"not a video FFmpeg can read: {exc}") from exc
+        raise MediaError(f"not a video FFmpeg can read: {_reason(exc)}") from exc
     with container:
         stream = _video_stream(container, config)
         try:
@@ -38,7 +38,7 @@ def decode_video(source: io.BytesIO | Path, config: VisionConfig) -> MediaItem:
         except MediaError:
             raise
         except Exception as exc:  # FFmpeg errors while demuxing or decoding: a corrupt or truncated file
-            raise MediaError(f"the video does not decode: {type(exc).__name__}: {exc}") from exc
+            raise MediaError(f"the video does not decode: {type(exc).__name__}: {_reason(exc)}") from exc
     count = padded_count(len(frames), config.temporal_patch_size)
     pixels = np.stack(frames + [frames[-1]] * (count - len(frames)))
     _, height, width, _ = pixels.shape
@@ -56,6 +56,11 @@ def decode_video(source: io.BytesIO | Path, config: VisionConfig) -> MediaItem:
         encoding=config.encoding,
         frames=encode_frames(pixels, config.encoding, jpeg_quality=config.jpeg_quality),
     )
+
+
+def _reason(exc: Exception) -> str:
+    """FFmpeg's words for an error, without PyAV's errno and file name (``'<none>'`` for bytes)."""
+    return getattr(exc, "strerror", None) or str(exc)
 
 
 def _video_stream(container: av.container.InputContainer, config: VisionConfig) -> av.video.stream.VideoStream:
