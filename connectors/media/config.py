@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topics.media import PixelEncoding
+from topics.media import PIXEL_ENCODINGS, PixelEncoding
+
+TOKEN_ID_LIMIT = 2**31
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,7 @@ class VisionConfig:
     ``vision_end_id`` in the token sequence. Pixels travel as ``encoding`` (``raw`` uint8 RGB, or
     each frame re-encoded as ``jpeg`` at ``jpeg_quality`` or ``png``). An image of more than
     ``max_decoded_pixels`` pixels before resizing is refused (a decompression bomb), as is one with a
-    side of 0.
+    side of 0. ``ValueError`` naming the field for a value outside these rules.
     """
 
     image_token_id: int
@@ -41,3 +43,29 @@ class VisionConfig:
     def factor(self) -> int:
         """Each resized side is a multiple of this: ``patch_size * merge_size``."""
         return self.patch_size * self.merge_size
+
+    def __post_init__(self) -> None:
+        for name in ("image_token_id", "video_token_id", "vision_start_id", "vision_end_id"):
+            if not 0 <= getattr(self, name) < TOKEN_ID_LIMIT:
+                msg = f"vision {name} must be in [0, 2**31), got {getattr(self, name)}"
+                raise ValueError(msg)
+        for name in ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_decoded_pixels"):
+            if getattr(self, name) < 1:
+                msg = f"vision {name} must be >= 1, got {getattr(self, name)}"
+                raise ValueError(msg)
+        if self.max_pixels < self.min_pixels:
+            msg = f"vision max_pixels {self.max_pixels} must be >= min_pixels {self.min_pixels}"
+            raise ValueError(msg)
+        if not self.video_fps > 0:
+            msg = f"vision video_fps must be > 0, got {self.video_fps}"
+            raise ValueError(msg)
+        if self.video_max_frames < self.temporal_patch_size:
+            frames, patch = self.video_max_frames, self.temporal_patch_size
+            msg = f"vision video_max_frames {frames} must be >= temporal_patch_size {patch}"
+            raise ValueError(msg)
+        if self.encoding not in PIXEL_ENCODINGS:
+            msg = f"vision encoding {self.encoding!r} is not one of {', '.join(PIXEL_ENCODINGS)}"
+            raise ValueError(msg)
+        if not 1 <= self.jpeg_quality <= 100:
+            msg = f"vision jpeg_quality must be in [1, 100], got {self.jpeg_quality}"
+            raise ValueError(msg)

@@ -1,0 +1,31 @@
+"""A media reference to a media item, by its kind: the one entry point the sample builder calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from connectors.media.config import VisionConfig
+from connectors.media.refs import media_input
+from connectors.readers.base import MediaRef
+from topics.media import MediaItem
+
+
+class MediaDecoder:
+    """Decodes images (Pillow) and clips (PyAV) per ``config``; path references are files under ``root``.
+
+    The decoders' modules load on the first image or clip, so a text source never imports Pillow or PyAV."""
+
+    def __init__(self, config: VisionConfig, root: str | Path | None = None) -> None:
+        self.config = config
+        self.root = None if root is None else Path(root).resolve()
+
+    def decode(self, ref: MediaRef) -> MediaItem:
+        """``ref`` decoded and resized, ``token_offset`` 0; ``MediaError`` saying why it cannot be."""
+        source = media_input(ref, self.root)
+        if ref.kind == "image":
+            from connectors.media.image import decode_image
+
+            return decode_image(source, self.config)
+        from connectors.media.video import decode_video
+
+        return decode_video(source, self.config)

@@ -1,0 +1,100 @@
+"""Images with Pillow: refuse what is too big or broken, convert to RGB, resize to the smart size, patch grid."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from connectors.media.config import VisionConfig
+from connectors.media.errors import MediaError
+from connectors.media.resize import smart_resize
+from topics.media import MediaItem
+from topics.media_pixels import encode_frames
+
+_ORIENTATION = 0x0112  # the EXIF tag saying how the camera was held
+_SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
+_WHITE = (255, 255, 255, 255)
+
+
+def decode_image(source: io.BytesIO | Path, config: VisionConfig) -> MediaItem:
+    """One image as a ``MediaItem`` (``token_offset`` 0): its first frame, upright (EXIF), RGB with any
+    transparency over white, resized with BICUBIC to ``smart_resize`` of its size, pixels in
+    ``config.encoding``. ``MediaError`` for what cannot be read, before decoding any pixel where the header
+    already says the image is too large (``max_decoded_pixels``) or has a side of 0."""
+    height, width, pixels = _resized_pixels(source, config)
+    patch = config.patch_size
+    frames = encode_frames(pixels[np.newaxis], config.encoding, jpeg_quality=config.jpeg_quality)
+    return MediaItem(
+        kind="image",
+        grid_t=1,
+        grid_h=height // patch,
+        grid_w=width // patch,
+        merge_size=config.merge_size,
+        temporal_patch_size=config.temporal_patch_size,
+        height=height,
+        width=width,
+        token_offset=0,
+        encoding=config.encoding,
+        frames=frames,
+    )
+
+
+def _resized_pixels(source: io.BytesIO | Path, config: VisionConfig) -> tuple[int, int, np.ndarray]:
+    try:
+        with Image.open(source) as image:
+            _check_header(image, config)
+            image.load()
+            upright = _upright(image)
+            height, width = smart_resize(
+                upright.height,
+                upright.width,
+                factor=config.factor,
+                min_pixels=config.min_pixels,
+                max_pixels=config.max_pixels,
+            )
+            resized = rgb(upright).resize((width, height), Image.Resampling.BICUBIC)
+            return height, width, np.asarray(resized)
+    except MediaError:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise MediaError(f"the image header says it is too large to decode safely: {exc}") from exc
+    except UnidentifiedImageError as exc:
+        reason = "not an image Pillow can read (an unknown format, or a corrupt or zero-sized header)"
+        raise MediaError(reason) from exc
+    except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, struct.error ... on bad data
+        raise MediaError(f"the image does not decode: {type(exc).__name__}: {exc}") from exc
+
+
+def _check_header(image: Image.Image, config: VisionConfig) -> None:
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise MediaError(f"the image header says {width}x{height} pixels: a side of 0")
+    if width * height > config.max_decoded_pixels:
+        pixels = f"{width}x{height} = {width * height} pixels"
+        raise MediaError(f"the image header says {pixels}, more than max_decoded_pixels {config.max_decoded_pixels}")
+
+
+def _upright(image: Image.Image) -> Image.Image:
+    """The image as it is meant to be seen: turned or mirrored as its EXIF orientation says."""
+    if image.getexif().get(_ORIENTATION, 1) in (0, 1):
+        return image
+    return ImageOps.exif_transpose(image)
+
+
+def rgb(image: Image.Image) -> Image.Image:
+    """``image`` in RGB: transparency composited over white (as ``transformers``' ``convert_to_rgb`` does),
+    16-bit samples scaled to 8 bits rather than clipped, palette and CMYK converted."""
+    if image.mode == "RGB":
+        return image
+    if image.mode in _SIXTEEN_BIT_MODES:
+        wide = np.clip(np.asarray(image, dtype=np.int64), 0, 65535)
+        # 16-bit to 8-bit, rounding to nearest: x * 255 / 65535 is x / 257.
+        narrow = ((wide + 128) // 257).astype(np.uint8)
+        return Image.fromarray(narrow, "L").convert("RGB")
+    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, _WHITE), rgba).convert("RGB")
+    return image.convert("RGB")
