@@ -12,8 +12,17 @@ from PIL import Image, ImageDraw
 
 from connectors.media.config import VisionConfig
 
-VISION = VisionConfig(image_token_id=250, video_token_id=251, vision_start_id=252, vision_end_id=253)
-"""Qwen2-VL's defaults (patch 14, merge 2, temporal patch 2), token ids inside a small test vocabulary."""
+VISION = VisionConfig(
+    image_token_id=250,
+    video_token_id=251,
+    vision_start_id=252,
+    vision_end_id=253,
+    video_min_pixels=56 * 56,
+    video_max_pixels=28 * 28 * 1280,
+    encoding="raw",
+)
+"""Qwen2-VL's defaults (patch 14, merge 2, temporal patch 2), token ids inside a small test vocabulary, raw
+pixels, and a clip's frames in the image bounds."""
 
 
 def text_image(width: int, height: int, text: str = "mixflow", *, mode: str = "RGB") -> Image.Image:

@@ -14,7 +14,8 @@ class VisionConfig:
     """The Qwen2-VL conventions, per source.
 
     Resize ("smart resize"): each side becomes a multiple of ``patch_size * merge_size``, the aspect
-    ratio is kept, and the pixels of a frame end between ``min_pixels`` and ``max_pixels``. A clip is
+    ratio is kept, and the pixels of an image end between ``min_pixels`` and ``max_pixels``, those of a
+    clip's frames between ``video_min_pixels`` and ``video_max_pixels``. A clip is
     sampled at ``video_fps`` frames per second, at most ``video_max_frames`` frames, its frame count a
     multiple of ``temporal_patch_size``. An image or clip becomes ``vision_start_id``, then one
     ``image_token_id`` (``video_token_id``) per ``merge_size x merge_size`` patches, then
@@ -33,9 +34,11 @@ class VisionConfig:
     temporal_patch_size: int = 2
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
+    video_min_pixels: int = 128 * 28 * 28
+    video_max_pixels: int = 768 * 28 * 28
     video_fps: float = 2.0
     video_max_frames: int = 16
-    encoding: PixelEncoding = "raw"
+    encoding: PixelEncoding = "jpeg"
     jpeg_quality: int = 90
     max_decoded_pixels: int = 64 * 1024 * 1024
 
@@ -53,9 +56,10 @@ class VisionConfig:
             if getattr(self, name) < 1:
                 msg = f"vision {name} must be >= 1, got {getattr(self, name)}"
                 raise ValueError(msg)
-        if self.max_pixels < self.min_pixels:
-            msg = f"vision max_pixels {self.max_pixels} must be >= min_pixels {self.min_pixels}"
-            raise ValueError(msg)
+        for low, high in (("min_pixels", "max_pixels"), ("video_min_pixels", "video_max_pixels")):
+            if getattr(self, low) < 1 or getattr(self, high) < getattr(self, low):
+                msg = f"vision {high} {getattr(self, high)} must be >= {low} {getattr(self, low)} >= 1"
+                raise ValueError(msg)
         if not self.video_fps > 0:
             msg = f"vision video_fps must be > 0, got {self.video_fps}"
             raise ValueError(msg)

@@ -146,8 +146,8 @@ class _FrameResizer:
                 frame.height,
                 frame.width,
                 factor=config.factor,
-                min_pixels=config.min_pixels,
-                max_pixels=config.max_pixels,
+                min_pixels=config.video_min_pixels,
+                max_pixels=config.video_max_pixels,
             )
         height, width = self.size
         return frame.reformat(width=width, height=height, format="rgb24", interpolation="BICUBIC").to_ndarray()

@@ -13,6 +13,7 @@ from pipeline.spec._paths import resolve_path
 from pipeline.spec._problems import Problems
 from pipeline.spec.autoscaling import SourceAutoscaleSpec
 from pipeline.spec.names import SourceName
+from pipeline.spec.vision import VisionSpec
 from topics.file_formats import FILE_FORMATS
 
 
@@ -77,6 +78,11 @@ class SourceSpec(BaseModel):
         description="Seconds of loading per work unit: the planner's target (in place of `mixflow load "
         "--unit-seconds`), and the loaders measure the source's cost and split a unit they take that would "
         "run over (file, then row groups, then row ranges); unset: units are sized once, at planning.",
+    )
+    vision: VisionSpec | None = Field(
+        None,
+        description="Makes the source multimodal: its documents interleave text with images and clips, "
+        "decoded, resized and turned into placeholder tokens as this section says.",
     )
     autoscale: SourceAutoscaleSpec | None = Field(
         None, description="Bounds of the source's loaders under job-level autoscaling; without it: always `loaders`."
