@@ -85,10 +85,11 @@ def media_columns(fields: MediaFields, names: list[str]) -> list[str] | str:
     (no segments column, and no text column or no image or video column), the reason."""
     present = set(names)
     if not present & set(fields.segments):
-        wanted = (("a text", fields.text), ("an image or video", (*fields.image, *fields.video)))
+        wanted = (("text", fields.text), ("image or video", (*fields.image, *fields.video)))
         for what, options in wanted:
             if not present & set(options):
-                return f"no {what} column ({', '.join(options)}) nor a segments column ({', '.join(fields.segments)})"
+                segments = ", ".join(fields.segments)
+                return f"no {what} column ({', '.join(options)}) and no segments column ({segments})"
     return [n for n in names if n in set(fields.names)]
 
 
