@@ -27,21 +27,24 @@ if TYPE_CHECKING:
     from connectors.readers.base import Reader
 
 MediaResolver = Callable[[MediaKind, object, str], MediaRef]
-"""``(kind, value, where)`` to the ``MediaRef`` that ``value`` names; ``NotMedia`` when it names none."""
+"""``(kind, value, where)`` to the ``MediaRef`` that ``value`` names; ``BadRecord`` when it names none."""
 
 
-class NotMedia(ValueError):
+_KINDS: tuple[MediaKind, ...] = ("image", "video")
+
+
+class BadRecord(ValueError):
     """A record that is no document: the reason is its message."""
 
 
 def relative_media_path(value: str) -> str:
-    """``value`` normalised (``a/./b.jpg`` to ``a/b.jpg``); ``NotMedia`` when it is empty, absolute or leaves
+    """``value`` normalised (``a/./b.jpg`` to ``a/b.jpg``); ``BadRecord`` when it is empty, absolute or leaves
     the source root (``../x``, ``a/../../x``)."""
     normal = posixpath.normpath(value) if value else ""
     if not value or normal == ".":
-        raise NotMedia(f"path {value!r} names no file")
+        raise BadRecord(f"path {value!r} names no file")
     if posixpath.isabs(value) or normal == ".." or normal.startswith("../"):
-        raise NotMedia(f"path {value!r} leaves the source root")
+        raise BadRecord(f"path {value!r} leaves the source root")
     return normal
 
 
@@ -50,15 +53,15 @@ def value_media(kind: MediaKind, value: object, where: str) -> MediaRef:
     if isinstance(value, Mapping):
         data, path = value.get("bytes"), value.get("path")
         if data is None and path is None:
-            raise NotMedia("has neither bytes nor path")
+            raise BadRecord("has neither bytes nor path")
         if data is not None and not isinstance(data, bytes | bytearray | memoryview):
-            raise NotMedia(f"bytes is {type(data).__name__}, not bytes")
+            raise BadRecord(f"bytes is {type(data).__name__}, not bytes")
         value = data if data is not None else path
     if isinstance(value, bytes | bytearray | memoryview):
         return MediaRef(kind, where, data=bytes(value))
     if isinstance(value, str):
         return MediaRef(kind, where, path=relative_media_path(value))
-    raise NotMedia(f"is {type(value).__name__}, not bytes, a path or a {{bytes, path}} struct")
+    raise BadRecord(f"is {type(value).__name__}, not bytes, a path or a {{bytes, path}} struct")
 
 
 def first_present(record: Mapping[str, object], names: tuple[str, ...]) -> object:
@@ -81,7 +84,7 @@ class _Parts:
 
     def text(self, value: object, what: str) -> None:
         if not isinstance(value, str):
-            raise NotMedia(f"{what} is {type(value).__name__}, not a string")
+            raise BadRecord(f"{what} is {type(value).__name__}, not a string")
         if value:
             self.parts.append(value)
 
@@ -89,36 +92,36 @@ class _Parts:
         count = self.counts[kind]
         try:
             ref = self.resolve(kind, value, f"{self.where}:{kind}={count}")
-        except NotMedia as exc:
-            raise NotMedia(f"{kind} {count}: {exc}") from None
+        except BadRecord as exc:
+            raise BadRecord(f"{kind} {count}: {exc}") from None
         self.counts[kind] = count + 1
         self.parts.append(ref)
 
     def checked(self) -> tuple[Part, ...]:
         if not any(isinstance(p, MediaRef) for p in self.parts):
-            raise NotMedia("no image or video")
+            raise BadRecord("no image or video")
         if not any(isinstance(p, str) for p in self.parts):
-            raise NotMedia("no text")
+            raise BadRecord("no text")
         return tuple(self.parts)
 
 
 def record_parts(
     record: Mapping[str, object], fields: MediaFields, where: str, resolve: MediaResolver = value_media
 ) -> tuple[Part, ...]:
-    """The parts of ``record`` (see the module's docstring); ``NotMedia`` with the reason otherwise.
+    """The parts of ``record`` (see the module's docstring); ``BadRecord`` with the reason otherwise.
     ``where`` is the record's location; its media are named ``<where>:image=0``, ``<where>:video=0``..."""
     parts = _Parts(where, resolve)
     segments = first_present(record, fields.segments)
     if segments is not None:
         if not isinstance(segments, list):
-            raise NotMedia(f"segments is {type(segments).__name__}, not a list")
+            raise BadRecord(f"segments is {type(segments).__name__}, not a list")
         for index, segment in enumerate(segments):
             _add_segment(parts, fields, index, segment)
         return parts.checked()
-    for kind, names in (("image", fields.image), ("video", fields.video)):
-        value = first_present(record, names)
+    for kind in _KINDS:
+        value = first_present(record, getattr(fields, kind))
         for item in value if isinstance(value, list) else [] if value is None else [value]:
-            parts.media(kind, item)  # type: ignore[arg-type]
+            parts.media(kind, item)
     text = first_present(record, fields.text)
     if text is not None:
         parts.text(text, "text")
@@ -130,20 +133,16 @@ def _add_segment(parts: _Parts, fields: MediaFields, index: int, segment: object
         parts.text(segment, f"segment {index}")
         return
     if not isinstance(segment, Mapping):
-        raise NotMedia(f"segment {index} is {type(segment).__name__}, not an object or a string")
-    given = [
-        (role, value)
-        for role, names in (("text", fields.text), ("image", fields.image), ("video", fields.video))
-        if (value := first_present(segment, names)) is not None
-    ]
-    if len(given) != 1:
-        found = ", ".join(role for role, _ in given) or "none"
-        raise NotMedia(f"segment {index} must hold exactly one of text, image and video, not {found}")
-    ((role, value),) = given
-    if role == "text":
-        parts.text(value, f"segment {index}")
+        raise BadRecord(f"segment {index} is {type(segment).__name__}, not an object or a string")
+    text = first_present(segment, fields.text)
+    media = [(kind, value) for kind in _KINDS if (value := first_present(segment, getattr(fields, kind))) is not None]
+    if (text is not None) + len(media) != 1:
+        found = ", ".join(["text"] * (text is not None) + [kind for kind, _ in media]) or "none"
+        raise BadRecord(f"segment {index} must hold exactly one of text, image and video, not {found}")
+    if text is not None:
+        parts.text(text, f"segment {index}")
     else:
-        parts.media(role, value)  # type: ignore[arg-type]
+        parts.media(*media[0])
 
 
 def media_document(reader: Reader, path: str, row: int, record: object) -> Document | DeadLetter:
@@ -153,6 +152,6 @@ def media_document(reader: Reader, path: str, row: int, record: object) -> Docum
         return reader.dead_letter(where, f"record is {type(record).__name__}, not an object")
     try:
         parts = record_parts(record, reader.media_fields, where)
-    except NotMedia as exc:
+    except BadRecord as exc:
         return reader.dead_letter(where, str(exc))
     return Document(reader.source, path, row, parts=parts)

@@ -29,7 +29,7 @@ import numpy as np
 
 from connectors.readers._tar_members import KeyGroup, TarBreak, TarEntry, TarShard
 from connectors.readers.base import ContentKind, Document, FileLayout, MediaFields, MediaRef, Reader, location
-from connectors.readers.media_parts import MediaResolver, NotMedia, first_present, record_parts
+from connectors.readers.media_parts import BadRecord, MediaResolver, first_present, record_parts
 from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
 from topics.file_formats import FILE_FORMATS
@@ -122,7 +122,7 @@ class WebDatasetReader(Reader):
             members = _by_extension(group)
             resolve = _member_resolver(shard, path, members)
             parts = record_parts(self._record(shard, group, members), self.media_fields, where, resolve)
-        except NotMedia as exc:
+        except BadRecord as exc:
             return self.dead_letter(where, str(exc))
         except (tarfile.TarError, OSError) as exc:
             return self.dead_letter(where, f"cannot read a member: {exc}")
@@ -151,7 +151,7 @@ def _by_extension(group: KeyGroup) -> dict[str, TarEntry]:
     members: dict[str, TarEntry] = {}
     for entry in group.members:
         if entry.extension in members:
-            raise NotMedia(f"two members with the extension {entry.extension!r}")
+            raise BadRecord(f"two members with the extension {entry.extension!r}")
         members[entry.extension] = entry
     return members
 
@@ -161,10 +161,10 @@ def _member_resolver(shard: TarShard, path: str, members: dict[str, TarEntry]) -
 
     def member_media(kind: MediaKind, value: object, _where: str) -> MediaRef:
         if not isinstance(value, str):
-            raise NotMedia(f"is {type(value).__name__}, not the extension of a member of the key")
+            raise BadRecord(f"is {type(value).__name__}, not the extension of a member of the key")
         entry = members.get(value.lower())
         if entry is None or media_kind(entry.extension) != kind:
-            raise NotMedia(f"names {value!r}, but the key has no {kind} member of that extension")
+            raise BadRecord(f"names {value!r}, but the key has no {kind} member of that extension")
         return MediaRef(kind, key_location(path, entry.name), data=shard.read(entry))
 
     return member_media
@@ -177,9 +177,9 @@ def _json_member(shard: TarShard, members: dict[str, TarEntry]) -> dict[str, obj
     try:
         described = json.loads(shard.read(entry))
     except ValueError as exc:
-        raise NotMedia(f"unparsable .json: {exc}") from None
+        raise BadRecord(f"unparsable .json: {exc}") from None
     if not isinstance(described, dict):
-        raise NotMedia(f".json holds a {type(described).__name__}, not an object")
+        raise BadRecord(f".json holds a {type(described).__name__}, not an object")
     return described
 
 
@@ -187,4 +187,4 @@ def _text_member(shard: TarShard, entry: TarEntry) -> str:
     try:
         return shard.read(entry).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise NotMedia(f".txt is not UTF-8: byte {exc.start}") from None
+        raise BadRecord(f".txt is not UTF-8: byte {exc.start}") from None
