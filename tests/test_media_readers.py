@@ -624,3 +624,29 @@ def test_content_kinds_per_reader(tmp_path: Path) -> None:
     assert make_reader("webdataset", "wds", tmp_path, content="media").glob == "**/*.tar"
     with pytest.raises(ValueError, match="distinct"):
         MediaFields(text=("text",), image=("text",))
+
+
+class CountingReads(io.FileIO):
+    """A file that counts the bytes read from it."""
+
+    read_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = super().read(size)
+        self.read_bytes += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        count = super().readinto(buffer)
+        self.read_bytes += count or 0
+        return count
+
+
+def test_webdataset_layout_reads_headers_only(tmp_path: Path) -> None:
+    big = 64 << 10
+    write_shard(tmp_path / "s.tar", [{"__key__": f"{i:04d}", "jpg": b"\x01" * big, "txt": b"c"} for i in range(20)])
+    with CountingReads(tmp_path / "s.tar") as file:
+        groups = list(TarShard(file).groups())
+        assert len(groups) == 20
+        # a header block per member (and a byte before each to find a truncated member), and the trailer
+        assert file.read_bytes < 40 * 1024 + 10240 < big
