@@ -93,7 +93,8 @@ def test_field_errors_all_at_once(tmp_path: Path) -> None:
     joined = "\n".join(problems)
     assert "job: " in joined and "'my.job'" in joined
     assert "sources[0].feild: unknown key (did you mean 'field'?)" in joined
-    assert "sources[1].reader: Input should be 'jsonl', 'parquet', 'arrow' or 'text' (got 'csv')" in joined
+    reader_kinds = "'jsonl', 'parquet', 'arrow', 'text' or 'webdataset'"
+    assert f"sources[1].reader: Input should be {reader_kinds} (got 'csv')" in joined
     assert "step.ranks:" in joined and "(got 0)" in joined
     assert "cost: give either alpha/beta or hidden_size/num_layers/causal" in joined
 

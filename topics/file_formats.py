@@ -25,5 +25,6 @@ FILE_FORMATS: dict[str, FileFormat] = {
         FileFormat("parquet", "**/*.parquet", fields=True),
         FileFormat("arrow", "**/*.arrow", fields=True),
         FileFormat("text", "**/*.txt", fields=False),
+        FileFormat("webdataset", "**/*.tar", fields=False),
     )
 }

@@ -11,7 +11,17 @@ from typing import TYPE_CHECKING
 
 import lazy_loader
 
-from connectors.readers.base import ContentKind, Document, FileLayout, Reader, SourceNotFoundError, location
+from connectors.readers.base import (
+    ContentKind,
+    Document,
+    FileLayout,
+    MediaFields,
+    MediaRef,
+    Part,
+    Reader,
+    SourceNotFoundError,
+    location,
+)
 from topics.file_formats import FILE_FORMATS
 
 if TYPE_CHECKING:
@@ -19,6 +29,7 @@ if TYPE_CHECKING:
     from connectors.readers.jsonl import JsonlReader
     from connectors.readers.parquet import ParquetReader
     from connectors.readers.text import TextReader
+    from connectors.readers.webdataset_shards import WebDatasetReader
 
 ReaderFormat = str
 """A name of ``topics.file_formats.FILE_FORMATS``."""
@@ -28,6 +39,7 @@ READERS: dict[str, tuple[str, str]] = {
     "parquet": ("connectors.readers.parquet", "ParquetReader"),
     "arrow": ("connectors.readers.arrow_ipc", "ArrowReader"),
     "text": ("connectors.readers.text", "TextReader"),
+    "webdataset": ("connectors.readers.webdataset_shards", "WebDatasetReader"),
 }
 if missing := FILE_FORMATS.keys() - READERS.keys():
     raise ImportError(f"no reader for the file formats {sorted(missing)} of topics.file_formats")
@@ -47,14 +59,17 @@ def make_reader(
     field: str = "text",
     *,
     content: ContentKind = "text",
+    media_fields: MediaFields | None = None,
 ) -> Reader:
-    """The reader for ``file_format``; ``ValueError`` naming the known formats otherwise."""
+    """The reader for ``file_format``; ``ValueError`` naming the known formats otherwise. ``content="media"``
+    reads text, images and clips (Parquet, JSONL, Arrow and WebDataset) from the keys or columns that
+    ``media_fields`` names (default ``MediaFields()``)."""
     try:
         reader = reader_class(file_format)
     except KeyError as exc:
         msg = f"source {source}: format {file_format!r} is not one of {', '.join(READERS)}"
         raise ValueError(msg) from exc
-    return reader(source, root, glob, field, content=content)
+    return reader(source, root, glob, field, content=content, media_fields=media_fields)
 
 
 __getattr__, _, _ = lazy_loader.attach(
@@ -64,6 +79,7 @@ __getattr__, _, _ = lazy_loader.attach(
         "jsonl": ["JsonlReader"],
         "parquet": ["ParquetReader"],
         "text": ["TextReader"],
+        "webdataset_shards": ["WebDatasetReader"],
     },
 )
 __all__ = [
@@ -73,11 +89,15 @@ __all__ = [
     "Document",
     "FileLayout",
     "JsonlReader",
+    "MediaFields",
+    "MediaRef",
     "ParquetReader",
+    "Part",
     "Reader",
     "ReaderFormat",
     "SourceNotFoundError",
     "TextReader",
+    "WebDatasetReader",
     "location",
     "make_reader",
     "reader_class",

@@ -1,4 +1,5 @@
-"""Turning an Arrow column (from Parquet or Arrow IPC) into documents, shared by both readers."""
+"""Turning an Arrow column (from Parquet or Arrow IPC), or a table of multimodal columns, into documents,
+shared by both readers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from connectors.readers.base import INT32_LIMIT, Document, Reader, location
+from connectors.readers.base import INT32_LIMIT, Document, MediaFields, Reader, location
+from connectors.readers.media_parts import media_document
 from topics.dead_letter import DeadLetter
 
 
@@ -73,3 +75,29 @@ def _token_chunk(reader: Reader, path: str, first_row: int, chunk: pa.Array) -> 
             yield reader.dead_letter(location(path, row=row), "token ids outside [0, 2**31)")
         else:
             yield Document(reader.source, path, row, tokens=tokens[offsets[offset] : offsets[offset + 1]])
+
+
+_MEDIA_BATCH_ROWS = 256
+
+
+def media_columns(fields: MediaFields, names: list[str]) -> list[str] | str:
+    """The columns of ``names`` that ``fields`` names, in the table's order; or, when they make no document
+    (no segments column, and no text column or no image or video column), the reason."""
+    present = set(names)
+    if not present & set(fields.segments):
+        wanted = (("text", fields.text), ("image or video", (*fields.image, *fields.video)))
+        for what, options in wanted:
+            if not present & set(options):
+                segments = ", ".join(fields.segments)
+                return f"no {what} column ({', '.join(options)}) and no segments column ({segments})"
+    return [n for n in names if n in set(fields.names)]
+
+
+def media_documents(reader: Reader, path: str, first_row: int, table: pa.Table) -> Iterator[Document | DeadLetter]:
+    """A document of parts for each row of ``table`` (its columns named by ``reader.media_fields``), whose
+    first row is row ``first_row`` of ``path``."""
+    row = first_row
+    for batch in table.to_batches(max_chunksize=_MEDIA_BATCH_ROWS):
+        for record in batch.to_pylist():
+            yield media_document(reader, path, row, record)
+            row += 1

@@ -17,8 +17,9 @@ from topics.errors import MixflowError
 from topics.file_formats import FileFormat
 from topics.media import MediaKind
 
-ContentKind = Literal["text", "tokens"]
+ContentKind = Literal["text", "tokens", "media"]
 CONTENT_KINDS: tuple[str, ...] = get_args(ContentKind)
+TEXT_CONTENT: tuple[str, ...] = ("text", "tokens")
 INT32_LIMIT = 2**31
 
 
@@ -45,6 +46,30 @@ class MediaRef:
 
 Part = str | MediaRef
 """One segment of an interleaved document: text, or an image or clip."""
+
+
+@dataclass(frozen=True, slots=True)
+class MediaFields:
+    """The keys (JSON) or columns (Parquet, Arrow) of a multimodal record, each a list of names tried in order:
+    the first present and non-null one is taken. The defaults follow Hugging Face ``datasets`` and LLaVA:
+    ``{"image": ..., "text": ...}``, ``{"images": [...], "caption": ...}``, ``{"video": ...}``, and
+    ``{"segments": [{"text": ...}, {"image": ...}]}`` for an interleaved document."""
+
+    text: tuple[str, ...] = ("text", "caption")
+    image: tuple[str, ...] = ("image", "images")
+    video: tuple[str, ...] = ("video", "videos")
+    segments: tuple[str, ...] = ("segments",)
+
+    def __post_init__(self) -> None:
+        names = [*self.text, *self.image, *self.video, *self.segments]
+        if not all(names) or len(set(names)) != len(names):
+            msg = f"media field names must be non-empty and distinct, got {names}"
+            raise ValueError(msg)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name, in the order above: the columns a multimodal reader reads."""
+        return (*self.text, *self.image, *self.video, *self.segments)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +139,14 @@ class Reader(ABC):
     """Reads the files of one source. A new format is one subclass with :meth:`layout` and :meth:`read`.
 
     ``glob`` selects files under ``root`` (``**`` recurses); ``field`` names the column or JSON key holding
-    each document; ``content`` says whether it holds text or a list of token ids. Nothing is read from
-    disk until :meth:`files` is called.
+    each document; ``content`` says whether it holds text or a list of token ids, or (``"media"``) text,
+    images and clips in the keys or columns that ``media_fields`` names (``field`` is then not used).
+    Nothing is read from disk until :meth:`files` is called.
     """
 
     file_format: ClassVar[FileFormat]
     """The format it reads (``topics.file_formats``): its name and default glob."""
-    supported_content: ClassVar[tuple[str, ...]] = CONTENT_KINDS
+    supported_content: ClassVar[tuple[str, ...]] = TEXT_CONTENT
 
     def __init__(
         self,
@@ -130,6 +156,7 @@ class Reader(ABC):
         field: str = "text",
         *,
         content: ContentKind = "text",
+        media_fields: MediaFields | None = None,
     ) -> None:
         if not source or "/" in source:
             msg = f"source name {source!r} must be non-empty and hold no '/'"
@@ -143,6 +170,7 @@ class Reader(ABC):
         self.glob = glob or self.file_format.default_glob
         self.field = field
         self.content = content
+        self.media_fields = media_fields or MediaFields()
 
     def files(self) -> list[str]:
         """The matching files, relative to the root with '/' separators, sorted."""

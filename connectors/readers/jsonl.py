@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from connectors.readers.base import Document, FileLayout, Reader, location
+from connectors.readers.media_parts import media_document
 from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
 from topics.file_formats import FILE_FORMATS
@@ -22,9 +23,15 @@ def line_bounds(data: bytes, base: int) -> np.ndarray:
 
 class JsonlReader(Reader):
     """Each line holds an object whose ``field`` is the text (or, with ``content="tokens"``, a list of
-    token ids). Blank lines are rows without a document; they are skipped silently."""
+    token ids). Blank lines are rows without a document; they are skipped silently.
+
+    With ``content="media"`` each object is a pair or an interleaved document (``media_parts``) whose
+    images and clips are files named relative to the source root: ``{"image": "imgs/1.jpg", "text": ...}``,
+    ``{"images": [...], ...}``, ``{"video": "c.mp4", ...}``, ``{"segments": [{"text": ...}, {"image": ...}]}``.
+    A path that leaves the root is a dead letter; whether the file exists is the decoder's to find out."""
 
     file_format = FILE_FORMATS["jsonl"]
+    supported_content = ("text", "tokens", "media")
 
     def layout(self, path: str) -> FileLayout:
         parts = [np.zeros(1, dtype=np.int64)]
@@ -75,8 +82,10 @@ class JsonlReader(Reader):
             return self.dead_letter(where, f"invalid JSON: {exc}", payload=line)
         if not isinstance(record, dict):
             return self.dead_letter(where, f"line is a JSON {type(record).__name__}, not an object", line)
-        value = record.get(self.field)
-        result = self.document(path, row, value)
+        if self.content == "media":
+            result = media_document(self, path, row, record)
+        else:
+            result = self.document(path, row, record.get(self.field))
         if isinstance(result, DeadLetter):
             return self.dead_letter(result.location, result.reason, payload=line)
         return result

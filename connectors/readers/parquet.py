@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from connectors.readers._columns import column_documents
+from connectors.readers._columns import column_documents, media_columns, media_documents
 from connectors.readers.base import Document, FileLayout, Reader, location
 from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
@@ -19,9 +19,16 @@ from topics.file_formats import FILE_FORMATS
 class ParquetReader(Reader):
     """Reads one column, ``field``: strings, or lists of integer token ids with ``content="tokens"``.
     A file is split only at row group boundaries; a corrupt row group becomes one dead letter and the
-    file's other row groups are still read."""
+    file's other row groups are still read.
+
+    With ``content="media"`` it reads the columns ``media_fields`` names that the file has, each row a pair
+    or an interleaved document (``media_parts``): a text column and an image column as Hugging Face
+    ``datasets`` writes its ``Image()`` feature (``struct<bytes: binary, path: string>``; a list of them for
+    several images), plain ``binary``, or ``string`` paths relative to the source root; likewise a video
+    column; or a segments column, ``list<struct<text: string, image: struct<bytes, path>>>`` (and ``video``)."""
 
     file_format = FILE_FORMATS["parquet"]
+    supported_content = ("text", "tokens", "media")
 
     def layout(self, path: str) -> FileLayout:
         full = self.full_path(path)
@@ -41,11 +48,13 @@ class ParquetReader(Reader):
         return FileLayout(path, size, row_bounds, row_groups=row_groups)
 
     def _content_bytes(self, group: pq.RowGroupMetaData) -> int:
-        for j in range(group.num_columns):
-            column = group.column(j)
-            if column.path_in_schema.split(".")[0] == self.field:
-                return column.total_uncompressed_size
-        return group.total_byte_size
+        names = set(self.media_fields.names) if self.content == "media" else {self.field}
+        sizes = [
+            group.column(j).total_uncompressed_size
+            for j in range(group.num_columns)
+            if group.column(j).path_in_schema.split(".")[0] in names
+        ]
+        return sum(sizes) if sizes else group.total_byte_size
 
     def read(self, unit: WorkUnit) -> Iterator[Document | DeadLetter]:
         self.check_unit(unit)
@@ -54,9 +63,10 @@ class ParquetReader(Reader):
         except (OSError, pa.ArrowException) as exc:
             yield self.dead_letter(location(unit.path), f"cannot open as Parquet: {exc}")
             return
-        if self.field not in parquet.schema_arrow.names:
+        columns = self._columns(parquet.schema_arrow.names)
+        if isinstance(columns, str):
             names = ", ".join(parquet.schema_arrow.names)
-            yield self.dead_letter(location(unit.path), f"no column {self.field!r} (columns: {names})")
+            yield self.dead_letter(location(unit.path), f"{columns} (columns: {names})")
             return
         meta = parquet.metadata
         starts = np.concatenate([[0], np.cumsum([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])])
@@ -67,7 +77,7 @@ class ParquetReader(Reader):
         for group in self._groups(unit, starts):
             block = location(unit.path, row_group=group)
             try:
-                table = parquet.read_row_group(group, columns=[self.field])
+                table = parquet.read_row_group(group, columns=columns)
             except (OSError, pa.ArrowException) as exc:
                 yield self.dead_letter(block, f"cannot read row group: {exc}")
                 continue
@@ -75,7 +85,16 @@ class ParquetReader(Reader):
             if unit.kind == "rows":
                 lo, hi = max(unit.start, first), min(unit.stop, int(starts[group + 1]))
                 table, first = table.slice(lo - first, hi - lo), lo
-            yield from column_documents(self, unit.path, first, table.column(self.field), block)
+            if self.content == "media":
+                yield from media_documents(self, unit.path, first, table)
+            else:
+                yield from column_documents(self, unit.path, first, table.column(self.field), block)
+
+    def _columns(self, names: list[str]) -> list[str] | str:
+        """The columns to read, or why the file has none to read."""
+        if self.content != "media":
+            return [self.field] if self.field in names else f"no column {self.field!r}"
+        return media_columns(self.media_fields, names)
 
     @staticmethod
     def _groups(unit: WorkUnit, starts: np.ndarray) -> range:
