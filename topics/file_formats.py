@@ -11,20 +11,23 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class FileFormat:
     """``name`` as a spec's ``reader`` gives it; ``default_glob`` picks a source's files when its spec gives
-    no glob; ``fields``: its records have named columns or keys (a spec's ``field`` picks one)."""
+    no glob; ``fields``: its records have named columns or keys (a spec's ``field`` picks one); ``text``: it
+    reads text (or token) sources; ``media``: it reads multimodal sources."""
 
     name: str
     default_glob: str
     fields: bool
+    text: bool = True
+    media: bool = False
 
 
 FILE_FORMATS: dict[str, FileFormat] = {
     f.name: f
     for f in (
-        FileFormat("jsonl", "**/*.jsonl", fields=True),
-        FileFormat("parquet", "**/*.parquet", fields=True),
-        FileFormat("arrow", "**/*.arrow", fields=True),
+        FileFormat("jsonl", "**/*.jsonl", fields=True, media=True),
+        FileFormat("parquet", "**/*.parquet", fields=True, media=True),
+        FileFormat("arrow", "**/*.arrow", fields=True, media=True),
         FileFormat("text", "**/*.txt", fields=False),
-        FileFormat("webdataset", "**/*.tar", fields=False),
+        FileFormat("webdataset", "**/*.tar", fields=False, text=False, media=True),
     )
 }

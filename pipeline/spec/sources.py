@@ -13,7 +13,7 @@ from pipeline.spec._paths import resolve_path
 from pipeline.spec._problems import Problems
 from pipeline.spec.autoscaling import SourceAutoscaleSpec
 from pipeline.spec.names import SourceName
-from pipeline.spec.vision import VisionSpec
+from pipeline.spec.vision import MediaFieldsSpec, VisionSpec
 from topics.file_formats import FILE_FORMATS
 
 
@@ -32,6 +32,9 @@ DEFAULT_GLOBS: dict[ReaderKind, str] = {ReaderKind(f.name): f.default_glob for f
 DEFAULT_FIELD = "text"
 # Readers of records with named columns or keys; the text reader has none.
 COLUMNAR_READERS = frozenset(ReaderKind(f.name) for f in FILE_FORMATS.values() if f.fields)
+# Readers of multimodal sources, and those of nothing else.
+MEDIA_READERS = frozenset(ReaderKind(f.name) for f in FILE_FORMATS.values() if f.media)
+MEDIA_ONLY_READERS = frozenset(ReaderKind(f.name) for f in FILE_FORMATS.values() if f.media and not f.text)
 
 
 class SourceSpec(BaseModel):
@@ -84,6 +87,9 @@ class SourceSpec(BaseModel):
         description="Makes the source multimodal: its documents interleave text with images and clips, "
         "decoded, resized and turned into placeholder tokens as this section says.",
     )
+    media_fields: MediaFieldsSpec | None = Field(
+        None, description="A multimodal source's keys or columns of text, images, clips and interleaved segments."
+    )
     autoscale: SourceAutoscaleSpec | None = Field(
         None, description="Bounds of the source's loaders under job-level autoscaling; without it: always `loaders`."
     )
@@ -96,7 +102,10 @@ class SourceSpec(BaseModel):
     @model_validator(mode="after")
     def _reader_defaults(self) -> SourceSpec:
         problems = Problems("SourceSpec")
-        if self.reader in COLUMNAR_READERS:
+        self._check_media(problems)
+        if self.vision is not None:
+            pass  # _check_media: its text is named in media_fields, and it is never pretokenized
+        elif self.reader in COLUMNAR_READERS:
             self.field = self.field or DEFAULT_FIELD
         else:
             if self.field is not None:
@@ -109,6 +118,25 @@ class SourceSpec(BaseModel):
         problems.raise_if_any()
         self.glob = self.glob or DEFAULT_GLOBS[self.reader]
         return self
+
+    def _check_media(self, problems: Problems) -> None:
+        if self.vision is None:
+            if self.reader in MEDIA_ONLY_READERS:
+                problems.add(("vision",), f"the {self.reader.value} reader reads media: add a vision section")
+            if self.media_fields is not None:
+                problems.add(("media_fields",), "only a multimodal source (one with a vision section) has media fields")
+            return
+        if self.reader not in MEDIA_READERS:
+            kinds = _listed(r.value for r in MEDIA_READERS)
+            problems.add(("vision",), f"the {self.reader.value} reader reads no media; multimodal readers: {kinds}")
+        if self.pretokenized:
+            problems.add(("pretokenized",), "a multimodal source tokenizes its text parts", True)
+        if self.field is not None:
+            problems.add(("field",), "a multimodal source names its text column in media_fields.text", self.field)
+
+    @property
+    def multimodal(self) -> bool:
+        return self.vision is not None
 
     def loader_bounds(self) -> tuple[int, int]:
         """``(fewest, most)`` loaders of the source under autoscaling: ``loaders`` both without ``autoscale``."""

@@ -63,3 +63,29 @@ class VisionSpec(BaseModel):
             problems.add(("image_token_id",), "the four vision token ids must differ", values)
         problems.raise_if_any()
         return self
+
+
+FieldNames = str | list[str]
+
+
+class MediaFieldsSpec(BaseModel):
+    """Where a multimodal source's records hold their text and media: keys (JSONL) or columns (Parquet,
+    Arrow), each a name or a list of names tried in order. Unset: the readers' defaults, after Hugging Face
+    ``datasets`` and LLaVA (``text``/``caption``, ``image``/``images``, ``video``/``videos``, ``segments``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: FieldNames | None = Field(None, description="The caption or text of an image-text or video-text pair.")
+    image: FieldNames | None = Field(None, description="An image (bytes, a {bytes, path} struct or a path), or a list.")
+    video: FieldNames | None = Field(None, description="A clip (bytes or a path), or a list.")
+    segments: FieldNames | None = Field(
+        None, description="An interleaved document: a list of {text: ...}, {image: ...} or {video: ...}."
+    )
+
+    def given(self) -> dict[str, tuple[str, ...]]:
+        """The names given, as tuples, by field: what ``connectors.readers.MediaFields`` takes."""
+        return {
+            name: (value,) if isinstance(value, str) else tuple(value)
+            for name, value in self.model_dump().items()
+            if value is not None
+        }

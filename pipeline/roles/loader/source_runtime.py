@@ -6,7 +6,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from connectors import FileLayout, Reader, SampleBuilder, TextTokenizer, WorkUnit, make_reader, measure_cost_per_byte
+from connectors.media.config import VisionConfig
 from connectors.planning import plan_units
+from connectors.readers import MediaFields
 from pipeline.roles.loader.defaults import TARGET_UNIT_SECONDS
 from pipeline.spec import JobSpec, SourceSpec
 
@@ -28,18 +30,23 @@ class SourceRuntime:
     def from_spec(cls, job: JobSpec, source: str) -> SourceRuntime:
         """Build the reader and the sample builder; a missing root or tokenizer is a MixflowError."""
         spec = job.source(source)
+        media_fields = None if spec.media_fields is None else MediaFields(**spec.media_fields.given())
         reader = make_reader(
             spec.reader.value,
             spec.name,
             spec.path,
             spec.glob,
             spec.field or "text",
-            content="tokens" if spec.pretokenized else "text",
+            content="media" if spec.multimodal else "tokens" if spec.pretokenized else "text",
+            media_fields=media_fields,
         )
         reader.files()  # fail at start-up, naming the path, when the root or glob finds nothing
         tokenizer = None if spec.pretokenized else TextTokenizer.from_file(spec.tokenizer)  # type: ignore[arg-type]
         max_length = spec.max_sample_length or job.step.tokens_per_micro_batch
-        builder = SampleBuilder(tokenizer, max_length=max_length, eod_id=spec.eod_token_id)
+        vision = None if spec.vision is None else VisionConfig(**spec.vision.model_dump())
+        builder = SampleBuilder(
+            tokenizer, max_length=max_length, eod_id=spec.eod_token_id, vision=vision, media_root=spec.path
+        )
         return cls(spec, reader, builder, quick_cost=job.autoscaling.enabled)
 
     def measure_cost(self, layouts: list[FileLayout] | None = None) -> float:
