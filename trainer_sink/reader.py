@@ -29,6 +29,7 @@ from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import DecodeError, MixflowError
 from topics.lanes import LaneOrder, first_step_at_or_after
+from topics.media_packing import PixelOptions
 from topics.renewing_consumer import RenewingConsumer
 from topics.step_index import locate_step
 from trainer_sink.buffer import ByteBoundedQueue, Closed
@@ -82,6 +83,7 @@ class ReadOptions:
     pad_token_id: int = 0
     attention_mask: bool = True
     pad_to_multiple_of: int = 1
+    pixels: PixelOptions | None = None
     pin_memory: bool = False
     prefetch_bytes: int = 64 * 1024 * 1024
     wait_timeout_s: float = 600.0
@@ -237,6 +239,7 @@ class RankTopicReader:
                 pad_token_id=self.options.pad_token_id,
                 attention_mask=self.options.attention_mask,
                 pad_to_multiple_of=self.options.pad_to_multiple_of,
+                pixels=self.options.pixels,
             )
         ):
             if not self.position.is_due(batch.step, m):
