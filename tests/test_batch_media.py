@@ -196,3 +196,18 @@ def test_flipped_bytes_in_a_media_batch_raise_decode_error_or_keep_the_invariant
 
 def test_media_field_is_the_fifth_column() -> None:
     assert MEDIA_BATCH_SCHEMA.names == [*BATCH_SCHEMA.names, MEDIA_FIELD.name]
+
+
+@settings(deadline=None, max_examples=20)
+@given(batch=media_batches())
+def test_a_trusted_batch_with_media_is_the_checked_one(batch: Batch) -> None:
+    fields = ("step", "rank", "ranks", "micro_batches", "capacity", "sample_ids", "sources", "micro_batch", "offsets")
+    arguments = {name: getattr(batch, name) for name in fields}
+    arguments.update(
+        tokens=batch.tokens,
+        with_media=True,
+        media=[s.media for s in batch.samples()],
+        patches_per_micro_batch=batch.patches_per_micro_batch,
+    )
+    trusted = Batch.from_arrays(**arguments, trusted=True)
+    assert trusted == Batch.from_arrays(**arguments) == batch
