@@ -3,6 +3,7 @@ decoded on the reading thread (never the trainer's), and a resumed dataset yield
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import threading
@@ -16,6 +17,7 @@ import topics.media_packing
 from tests.sink_media_support import media_sample
 from tests.sink_support import write_steps
 from topics.batch import Batch
+from topics.errors import DecodeError
 from trainer_sink import KafkaBatchDataset, Layout, micro_batch_tensors
 
 RANKS, MICRO_BATCHES, STEPS = 2, 2, 4
@@ -115,3 +117,20 @@ def test_resuming_yields_exactly_what_followed(kafka_bootstrap: str, media_job: 
         second = dataset()
         second.load_state_dict(state)
         assert head + [_fingerprint(mb) for mb in second] == reference, point
+
+
+@pytest.mark.kafka
+def test_a_frame_that_does_not_decode_names_its_step_and_topic(kafka_bootstrap: str, unique_name: str) -> None:
+    rng = np.random.default_rng(1)
+    sample = media_sample(rng, "vl/0", [("image", (1, 2, 2))], encoding="jpeg")
+    broken = dataclasses.replace(sample.media[0], frames=(sample.media[0].frames[0][:40],))
+    batch = Batch.from_samples(
+        step=0, rank=0, ranks=1, capacity=99, micro_batches=[[dataclasses.replace(sample, media=(broken,))]],
+        with_media=True,
+    )  # fmt: skip
+    write_steps(kafka_bootstrap, unique_name, [[batch]])
+    dataset = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    with pytest.raises(
+        DecodeError, match=rf"topic={unique_name}\.rank\.0.*step 0: jpeg frame 0 of a image does not decode"
+    ):
+        next(iter(dataset))

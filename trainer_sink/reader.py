@@ -232,16 +232,19 @@ class RankTopicReader:
             self._queue_micro_batches(batch, message.offset())
 
     def _queue_micro_batches(self, batch: Batch, offset: int | None) -> None:
-        for m, tensors in enumerate(
-            micro_batch_tensors(
+        options = self.options
+        try:
+            micro_batches = micro_batch_tensors(
                 batch,
-                self.options.layout,
-                pad_token_id=self.options.pad_token_id,
-                attention_mask=self.options.attention_mask,
-                pad_to_multiple_of=self.options.pad_to_multiple_of,
-                pixels=self.options.pixels,
+                options.layout,
+                pad_token_id=options.pad_token_id,
+                attention_mask=options.attention_mask,
+                pad_to_multiple_of=options.pad_to_multiple_of,
+                pixels=options.pixels,
             )
-        ):
+        except DecodeError as exc:  # a JPEG or PNG frame that does not decode to its item's size
+            raise DecodeError(f"step {batch.step}: {exc.reason}", topic=self.position.topic, offset=offset) from exc
+        for m, tensors in enumerate(micro_batches):
             if not self.position.is_due(batch.step, m):
                 continue
             if self.options.pin_memory:
