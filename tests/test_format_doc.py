@@ -1,17 +1,21 @@
 """topics/FORMAT.md is right: its decoding snippet, run as written with only pyarrow and
-confluent_kafka, reads what the encoder writes, directly and through the real broker."""
+confluent_kafka, reads what the encoder writes, directly and through the real broker, media included; its
+pixel snippet (numpy and Pillow) makes the sink's pixel values bit for bit."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import numpy as np
 from confluent_kafka import Producer
 
+from tests.sink_media_support import media_sample
 from topics.admin import delete_job_topics, ensure_job_topics
 from topics.batch import Batch
 from topics.batch_codec import encode_batch
+from topics.media_packing import pack_media
 from topics.names import JobTopics
 from topics.sample import Sample
 from topics.sample_codec import SAMPLE_FINGERPRINT
@@ -20,12 +24,18 @@ FORMAT_MD = Path(__file__).resolve().parent.parent / "topics" / "FORMAT.md"
 TIMEOUT_S = 30.0
 
 
-def _snippets() -> tuple[str, str]:
+def _blocks() -> list[str]:
     blocks = re.findall(r"```python\n(.*?)```", FORMAT_MD.read_text(encoding="utf-8"), flags=re.DOTALL)
-    assert len(blocks) == 2, "FORMAT.md should hold two python blocks: decode(), then the consumer"
-    for block in blocks:
+    assert len(blocks) == 3, "FORMAT.md should hold three python blocks: decode(), the consumer, patches()"
+    allowed = [{"pyarrow", "confluent_kafka"}] * 2 + [{"io", "numpy", "PIL"}]
+    for block, modules in zip(blocks, allowed, strict=True):
         imported = re.findall(r"^\s*(?:from|import)\s+([\w.]+)", block, flags=re.MULTILINE)
-        assert set(imported) <= {"pyarrow", "confluent_kafka"}, imported
+        assert set(imported) <= modules, imported
+    return blocks
+
+
+def _snippets() -> tuple[str, str]:
+    blocks = _blocks()
     return blocks[0], blocks[1]
 
 
@@ -61,11 +71,44 @@ def test_snippet_decodes_an_encoded_batch() -> None:
     assert namespace["decode"](value, headers)["sample_id"] == []
 
 
+def _media_batch(encoding: str) -> Batch:
+    rng = np.random.default_rng(3)
+    specs = [[("image", (1, 4, 6))], [], [("video", (2, 2, 4)), ("image", (1, 2, 2))]]
+    samples = [media_sample(rng, f"vl/{i}", spec, encoding=encoding) for i, spec in enumerate(specs)]
+    return Batch.from_samples(
+        step=3, rank=0, ranks=1, capacity=999, micro_batches=[samples[:2], samples[2:]], with_media=True,
+        patches_per_micro_batch=40,
+    )  # fmt: skip
+
+
+def test_snippets_decode_a_batch_with_media() -> None:
+    decode_block, _, pixels_block = _blocks()
+    namespace: dict = {}
+    exec(compile(decode_block + "\n" + pixels_block, str(FORMAT_MD), "exec"), namespace)
+    for encoding in ("raw", "jpeg", "png"):
+        batch = _media_batch(encoding)
+        _, value, headers = encode_batch(batch)
+        decoded = namespace["decode"](value, headers)
+        _assert_matches(decoded, batch)
+        assert decoded["patches_per_micro_batch"] == 40
+        expected = [
+            [{**dataclasses.asdict(item), "frames": list(item.frames)} for item in s.media] for s in batch.samples()
+        ]
+        assert decoded["media"] == expected
+        items = [item for row in decoded["media"] for item in row]
+        for kind, key in (("image", "pixel_values"), ("video", "pixel_values_videos")):
+            made = [namespace["patches"](item) for item in items if item["kind"] == kind]
+            packed = np.concatenate([getattr(media, key) for media in pack_media(batch)])
+            np.testing.assert_array_equal(np.concatenate(made), packed)
+    text_only = namespace["decode"](*encode_batch(_batch())[1:])
+    assert "media" not in text_only and "patches_per_micro_batch" not in text_only
+
+
 def test_document_names_what_the_encoder_writes() -> None:
     text = FORMAT_MD.read_text(encoding="utf-8")
     assert SAMPLE_FINGERPRINT.hex() in text
     key, _, headers = encode_batch(_batch())
-    for name, _value in headers:
+    for name, _value in [*headers, *encode_batch(_media_batch("raw"))[2]]:
         assert f"`{name}`" in text, name
     assert key == b"1234"
 

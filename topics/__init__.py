@@ -18,7 +18,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "job_layout",
             "topic_exists",
         ],
-        "batch": ["BATCH_SCHEMA", "Batch"],
+        "batch": ["BATCH_SCHEMA", "MEDIA_BATCH_SCHEMA", "Batch"],
         "batch_codec": ["BATCH_FORMAT_VERSION", "batch_key", "decode_batch", "decode_batch_message", "encode_batch"],
         "dead_letter": ["DeadLetter", "decode_dead_letter", "decode_dead_letter_message", "encode_dead_letter"],
         "errors": ["DecodeError", "InvalidNameError", "MixflowError", "TopicLayoutError"],
@@ -32,6 +32,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "validate_job_name",
             "validate_source_name",
         ],
+        "media_packing": ["PackedMedia", "PixelOptions", "pack_media"],
         "packing": ["PackedMicroBatch", "pack_micro_batches"],
         "sample": ["Sample"],
         "sample_codec": [

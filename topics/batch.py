@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from topics.media import MediaItem
+from topics.media_checks import check_media
+from topics.media_column import MEDIA_FIELD, MediaTable, media_column
 from topics.sample import Sample
 
 BATCH_SCHEMA = pa.schema(
@@ -25,6 +28,9 @@ BATCH_SCHEMA = pa.schema(
     ]
 )
 """The columns every batch has, in this order. Readers ignore columns after these."""
+
+MEDIA_BATCH_SCHEMA = BATCH_SCHEMA.append(MEDIA_FIELD)
+"""The columns of every batch of a job with media: the four, then ``media`` (``topics.media_column``)."""
 
 CHECK_TRUSTED_ENV = "MIXFLOW_CHECK_TRUSTED_BATCHES"
 """Set to 1 to check batches made with ``trusted=True`` as fully as any other (tests set it)."""
@@ -43,8 +49,10 @@ class Batch:
 
     ``records`` has the columns of ``BATCH_SCHEMA``: row ``i`` is one sample, in micro-batch
     ``micro_batch[i]`` (``0 <= micro_batch < micro_batches``, non-decreasing down the rows), and no
-    micro-batch holds more than ``capacity`` tokens. Making a Batch that breaks these raises
-    ``ValueError``.
+    micro-batch holds more than ``capacity`` tokens. A batch of a job with media has the ``media`` column
+    too (``MEDIA_BATCH_SCHEMA``; ``topics.media_checks`` says what it must satisfy), and with
+    ``patches_per_micro_batch`` no micro-batch holds more vision patches. Making a Batch that breaks these
+    raises ``ValueError``.
     """
 
     step: int
@@ -53,6 +61,7 @@ class Batch:
     micro_batches: int
     capacity: int
     records: pa.RecordBatch
+    patches_per_micro_batch: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("step", "rank", "ranks", "micro_batches", "capacity"):
@@ -66,11 +75,19 @@ class Batch:
         if not isinstance(self.records, pa.RecordBatch):
             msg = f"records must be a pyarrow.RecordBatch, not {type(self.records).__name__}"
             raise ValueError(msg)
+        budget = self.patches_per_micro_batch
+        if budget is not None and (_non_negative("patches_per_micro_batch", budget) < 1):
+            msg = "patches_per_micro_batch must be at least 1 (None: no budget)"
+            raise ValueError(msg)
         self._check_records()
+        if self.with_media:
+            budget = self.patches_per_micro_batch
+            check_media(self.media, self.offsets, self.tokens, self.micro_batch, self.micro_batches, budget)
 
     def _check_records(self) -> None:
         schema = self.records.schema
-        for expected in BATCH_SCHEMA:
+        expected_fields = MEDIA_BATCH_SCHEMA if schema.get_field_index(MEDIA_FIELD.name) >= 0 else BATCH_SCHEMA
+        for expected in expected_fields:
             index = schema.get_field_index(expected.name)
             if index < 0:
                 msg = f"column {expected.name!r} is missing"
@@ -84,7 +101,7 @@ class Batch:
             msg = f"invalid Arrow data: {exc}"
             raise ValueError(msg) from exc
         tokens = self.records.column("tokens")
-        for name in BATCH_SCHEMA.names:
+        for name in expected_fields.names:
             if self.records.column(name).null_count:
                 msg = f"column {name!r} holds nulls"
                 raise ValueError(msg)
@@ -119,10 +136,16 @@ class Batch:
         offsets: np.ndarray | Sequence[int],
         tokens: np.ndarray,
         trusted: bool = False,
+        with_media: bool = False,
+        media: Sequence[Sequence[MediaItem]] | None = None,
+        patches_per_micro_batch: int | None = None,
     ) -> Batch:
         """Build from flat arrays: sample ``i`` has ids ``tokens[offsets[i]:offsets[i + 1]]``.
 
         ``offsets`` has one more entry than there are samples, starts at 0 and ends at ``len(tokens)``.
+        ``with_media`` adds the ``media`` column (a job with media sets it on every batch, so that all its
+        batches have the same columns), ``media[i]`` sample ``i``'s items (``None``: none at all);
+        ``patches_per_micro_batch`` is the vision-patch budget of a micro-batch (``None``: none).
         ``trusted`` skips ``__post_init__``'s checks of the records (about half the time of this call): only
         for a caller whose arrays meet them by construction, as the constructor's ``build_batches`` does
         from a scheduler plan. Batches decoded from Kafka, and all others, are always checked."""
@@ -144,29 +167,41 @@ class Batch:
             pa.array(np.asarray(micro_batch, dtype=np.int32), pa.int32()),
             pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(tokens)),
         ]
-        records = pa.RecordBatch.from_arrays(columns, schema=BATCH_SCHEMA)
+        schema = BATCH_SCHEMA
+        if with_media:
+            rows = len(columns[0])
+            columns.append(media_column(media if media is not None else [()] * rows))
+            schema = MEDIA_BATCH_SCHEMA
+        elif media is not None and any(media):
+            msg = "media given for a batch without the media column (with_media=False)"
+            raise ValueError(msg)
+        records = pa.RecordBatch.from_arrays(columns, schema=schema)
+        fields = (step, rank, ranks, micro_batches, capacity, records, patches_per_micro_batch)
         if trusted and os.environ.get(CHECK_TRUSTED_ENV) != "1":
-            return cls._unchecked(step, rank, ranks, micro_batches, capacity, records)
-        return cls(step, rank, ranks, micro_batches, capacity, records)
+            return cls._unchecked(*fields)
+        return cls(*fields)
 
     @classmethod
-    def _unchecked(
-        cls, step: int, rank: int, ranks: int, micro_batches: int, capacity: int, records: pa.RecordBatch
-    ) -> Batch:
+    def _unchecked(cls, *fields: object) -> Batch:
         batch = object.__new__(cls)
-        for name, value in zip(
-            ("step", "rank", "ranks", "micro_batches", "capacity", "records"),
-            (step, rank, ranks, micro_batches, capacity, records),
-            strict=True,
-        ):
+        for name, value in zip(cls.__dataclass_fields__, fields, strict=True):
             object.__setattr__(batch, name, value)
         return batch
 
     @classmethod
     def from_samples(
-        cls, *, step: int, rank: int, ranks: int, capacity: int, micro_batches: Sequence[Sequence[Sample]]
+        cls,
+        *,
+        step: int,
+        rank: int,
+        ranks: int,
+        capacity: int,
+        micro_batches: Sequence[Sequence[Sample]],
+        with_media: bool = False,
+        patches_per_micro_batch: int | None = None,
     ) -> Batch:
-        """Build from samples grouped by micro-batch (``micro_batches[m]`` are micro-batch ``m``'s)."""
+        """Build from samples grouped by micro-batch (``micro_batches[m]`` are micro-batch ``m``'s); with
+        ``with_media``, with their media (see ``from_arrays``)."""
         samples = [s for group in micro_batches for s in group]
         lengths = np.array([s.length for s in samples], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
@@ -182,6 +217,9 @@ class Batch:
             micro_batch=np.repeat(np.arange(len(micro_batches)), [len(g) for g in micro_batches]),
             offsets=offsets,
             tokens=np.concatenate(arrays) if arrays else np.zeros(0, np.int32),
+            with_media=with_media,
+            media=[s.media for s in samples],
+            patches_per_micro_batch=patches_per_micro_batch,
         )
 
     @property
@@ -225,10 +263,28 @@ class Batch:
         sums = np.bincount(self.micro_batch, weights=self.lengths, minlength=self.micro_batches)
         return sums.astype(np.int64)
 
+    @property
+    def with_media(self) -> bool:
+        """Whether the batch has the ``media`` column (every batch of a job with media has it)."""
+        return self.records.schema.get_field_index(MEDIA_FIELD.name) >= 0
+
+    @property
+    def media(self) -> MediaTable:
+        """The items of the ``media`` column (none in a batch without it)."""
+        if not self.with_media:
+            return MediaTable.from_column(media_column([()] * self.num_samples))
+        return MediaTable.from_column(self.records.column(MEDIA_FIELD.name))
+
     def samples(self) -> list[Sample]:
-        """The rows as ``Sample`` objects (token arrays are views into the batch)."""
+        """The rows as ``Sample`` objects (token arrays are views into the batch; media frames are copies)."""
         tokens, offsets = self.tokens, self.offsets
+        media = self.media if self.with_media else None
         return [
-            Sample(sample_id, source, tokens[offsets[i] : offsets[i + 1]])
+            Sample(
+                sample_id,
+                source,
+                tokens[offsets[i] : offsets[i + 1]],
+                media=media.row_items(i) if media is not None else (),
+            )
             for i, (sample_id, source) in enumerate(zip(self.sample_ids, self.sources, strict=True))
         ]

@@ -30,6 +30,8 @@ RANKS_KEY = "mixflow.ranks"
 MICRO_BATCHES_KEY = "mixflow.micro_batches"
 CAPACITY_KEY = "mixflow.capacity"
 SAMPLES_KEY = "mixflow.samples"
+PATCHES_KEY = "mixflow.patches_per_micro_batch"
+"""The vision-patch budget of a micro-batch; only in batches of a job that sets one."""
 END_KEY = "mixflow.end"
 """Header of the end-of-data record: the number of steps the job wrote, in decimal ASCII."""
 END_RECORD_KEY = b"end"
@@ -58,6 +60,8 @@ def _metadata(batch: Batch) -> dict[str, bytes]:
     meta = {VERSION_KEY: decimal(BATCH_FORMAT_VERSION)}
     meta.update({key: decimal(getattr(batch, attr)) for key, attr in _FIELDS.items()})
     meta[SAMPLES_KEY] = decimal(batch.num_samples)
+    if batch.patches_per_micro_batch is not None:
+        meta[PATCHES_KEY] = decimal(batch.patches_per_micro_batch)
     return meta
 
 
@@ -145,7 +149,20 @@ def _to_batch(records: pa.RecordBatch, headers: Headers) -> Batch:
     if values[SAMPLES_KEY] != records.num_rows:
         msg = f"{SAMPLES_KEY} says {values[SAMPLES_KEY]} rows but the record batch holds {records.num_rows}"
         raise ValueError(msg)
-    return Batch(**{attr: values[key] for key, attr in _FIELDS.items()}, records=records)
+    return Batch(
+        **{attr: values[key] for key, attr in _FIELDS.items()},
+        records=records,
+        patches_per_micro_batch=_patch_budget(meta, headers),
+    )
+
+
+def _patch_budget(meta: dict[bytes, bytes], headers: Headers) -> int | None:
+    raw = meta.get(PATCHES_KEY.encode())
+    header = find_header(headers, PATCHES_KEY)
+    if headers is not None and header != raw:
+        msg = f"header {PATCHES_KEY} is {header!r} but the schema metadata says {raw!r}"
+        raise ValueError(msg)
+    return None if raw is None else parse_decimal(f"schema metadata {PATCHES_KEY}", raw)
 
 
 def decode_batch_message(message: Any) -> Batch:

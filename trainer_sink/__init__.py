@@ -13,6 +13,6 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "parallel": ["ParallelLayout", "rank_from_environment"],
         "position": ["SinkPosition"],
         "reader": ["SinkTimeoutError"],
-        "tensors": ["Layout", "MicroBatch", "block_causal_mask", "micro_batch_tensors"],
+        "tensors": ["Layout", "MicroBatch", "PixelOptions", "block_causal_mask", "micro_batch_tensors"],
     },
 )

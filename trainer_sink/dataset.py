@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from torch.utils.data import IterableDataset, get_worker_info
 
 from topics.errors import MixflowError
+from topics.media_packing import PixelOptions
 from topics.names import JobTopics
 from trainer_sink.config import SinkSource
 from trainer_sink.device import to_device
@@ -54,6 +55,11 @@ class KafkaBatchDataset(IterableDataset):
     ``pad_to_multiple_of`` pads each packed micro-batch with one padding segment to a multiple of that many
     tokens, which makes a GPU's matrix products faster (``trainer_sink.tensors``).
 
+    A job with media (its batches have the ``media`` column) also yields each micro-batch's images and clips
+    as a vision-language model takes them (``pixel_values``, ``image_grid_thw``, ``mrope_position_ids`` ...:
+    ``trainer_sink.media_tensors``); ``pixels`` sets the normalization and the encoder's patch sizes
+    (Qwen2-VL's by default). Frames are decoded and normalized on the reading thread, ahead of the trainer.
+
     A background thread reads and decodes ahead, up to ``prefetch_bytes``, pinning memory when CUDA is
     present. With ``device`` a CUDA device, the next micro-batch is copied there on a side stream while
     the current one trains. Use it without a DataLoader or under ``DataLoader(dataset,
@@ -91,6 +97,7 @@ class KafkaBatchDataset(IterableDataset):
         pad_token_id: int = 0,
         attention_mask: bool = True,
         pad_to_multiple_of: int = 1,
+        pixels: PixelOptions | None = None,
         device: torch.device | str | None = None,
         pin_memory: bool | None = None,
         prefetch_bytes: int = 64 * 1024 * 1024,
@@ -125,6 +132,7 @@ class KafkaBatchDataset(IterableDataset):
             pad_token_id=pad_token_id,
             attention_mask=attention_mask,
             pad_to_multiple_of=pad_to_multiple_of,
+            pixels=pixels,
             pin_memory=bool(pin_memory),
             prefetch_bytes=prefetch_bytes,
             wait_timeout_s=wait_timeout_s,

@@ -29,6 +29,7 @@ from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import DecodeError, MixflowError
 from topics.lanes import LaneOrder, first_step_at_or_after
+from topics.media_packing import PixelOptions
 from topics.renewing_consumer import RenewingConsumer
 from topics.step_index import locate_step
 from trainer_sink.buffer import ByteBoundedQueue, Closed
@@ -82,6 +83,7 @@ class ReadOptions:
     pad_token_id: int = 0
     attention_mask: bool = True
     pad_to_multiple_of: int = 1
+    pixels: PixelOptions | None = None
     pin_memory: bool = False
     prefetch_bytes: int = 64 * 1024 * 1024
     wait_timeout_s: float = 600.0
@@ -230,15 +232,19 @@ class RankTopicReader:
             self._queue_micro_batches(batch, message.offset())
 
     def _queue_micro_batches(self, batch: Batch, offset: int | None) -> None:
-        for m, tensors in enumerate(
-            micro_batch_tensors(
+        options = self.options
+        try:
+            micro_batches = micro_batch_tensors(
                 batch,
-                self.options.layout,
-                pad_token_id=self.options.pad_token_id,
-                attention_mask=self.options.attention_mask,
-                pad_to_multiple_of=self.options.pad_to_multiple_of,
+                options.layout,
+                pad_token_id=options.pad_token_id,
+                attention_mask=options.attention_mask,
+                pad_to_multiple_of=options.pad_to_multiple_of,
+                pixels=options.pixels,
             )
-        ):
+        except DecodeError as exc:  # a JPEG or PNG frame that does not decode to its item's size
+            raise DecodeError(f"step {batch.step}: {exc.reason}", topic=self.position.topic, offset=offset) from exc
+        for m, tensors in enumerate(micro_batches):
             if not self.position.is_due(batch.step, m):
                 continue
             if self.options.pin_memory:

@@ -29,6 +29,10 @@ capacity ``C`` (a fixed shape, for CUDA graphs and ``torch.compile``), ``input_i
 within each sample, nothing across samples or onto padding (``True`` = may attend, as
 ``scaled_dot_product_attention`` reads it). The mask takes ``C * C`` bytes; build it on the device
 from ``segment_ids`` with ``block_causal_mask`` instead where that is too much.
+
+A batch of a job with media (one with the ``media`` column) adds the vision keys of
+``trainer_sink.media_tensors`` in both layouts: ``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``,
+``mrope_position_ids`` and the rest; a batch without it has exactly the keys above.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ import numpy as np
 import torch
 
 from topics.batch import Batch
+from topics.media_packing import PixelOptions, pack_media
 from topics.packing import IGNORE_INDEX, PackedMicroBatch, pack_micro_batches
+from trainer_sink.media_tensors import media_tensors
 
 MicroBatch = dict[str, Any]
 
@@ -77,12 +83,15 @@ def micro_batch_tensors(
     pad_token_id: int = 0,
     attention_mask: bool = True,
     pad_to_multiple_of: int = 1,
+    pixels: PixelOptions | None = None,
 ) -> list[MicroBatch]:
     """Every micro-batch of ``batch``, in order, empty ones included. ``pad_to_multiple_of`` applies to the
-    packed layout (the padded one is always the capacity)."""
+    packed layout (the padded one is always the capacity). A batch with media also gets the vision keys of
+    ``trainer_sink.media_tensors``, its frames decoded and normalized by ``pixels``."""
     if pad_to_multiple_of < 1:
         msg = f"pad_to_multiple_of must be at least 1, got {pad_to_multiple_of}"
         raise ValueError(msg)
+    media = pack_media(batch, pixels) if batch.with_media else None
     out = []
     for m, packed in enumerate(pack_micro_batches(batch)):
         padding = 0
@@ -100,6 +109,9 @@ def micro_batch_tensors(
             rank=batch.rank,
             sample_ids=packed.sample_ids,
         )
+        if media is not None:
+            padded_to = batch.capacity if layout is Layout.PADDED else None
+            tensors.update(media_tensors(media[m], padding, padded_to))
         out.append(tensors)
     return out
 
