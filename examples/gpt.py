@@ -32,6 +32,8 @@ from torch import nn
 from trainer_sink.attention import causal_varlen_attn
 
 IGNORE_INDEX = -100
+MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+"""The sink's keys of a micro-batch with images or clips that a vision-language model (``vlm.VLM``) takes."""
 
 
 @dataclass(frozen=True)
@@ -278,11 +280,13 @@ def loss_sum(model: nn.Module, micro_batch: Mapping[str, Any]) -> tuple[torch.Te
         key: micro_batch[key].to(device, non_blocking=True)
         for key in ("input_ids", "labels", "position_ids", "cu_seqlens")
     }
+    media = {key: micro_batch[key].to(device, non_blocking=True) for key in MEDIA_KEYS if key in micro_batch}
     logits = model(
         input_ids=tensors["input_ids"],
         position_ids=tensors["position_ids"],
         cu_seqlens=tensors["cu_seqlens"],
         max_seqlen=int(micro_batch["max_seqlen"]),
+        **media,
     )
     total = F.cross_entropy(logits.float(), tensors["labels"], ignore_index=IGNORE_INDEX, reduction="sum")
     return total, label_count(micro_batch)
@@ -306,6 +310,8 @@ def label_count(micro_batch: Mapping[str, Any]) -> int:
     return int(micro_batch["input_ids"].numel()) - padding - samples
 
 
-def describe(model: GPT) -> str:
+def describe(model: nn.Module) -> str:
+    """The model's GPT config and parameter count (a VLM's vision tower included)."""
     parameters = sum(p.numel() for p in model.parameters())
-    return f"GPT {asdict(model.config)}: {parameters / 1e6:.2f} M parameters"
+    kind = "GPT" if isinstance(model, GPT) else f"{type(model).__name__} over a GPT"
+    return f"{kind} {asdict(model.config)}: {parameters / 1e6:.2f} M parameters"

@@ -54,6 +54,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpt  # examples/ is not a package: its folder goes on sys.path
+import vlm
 
 from trainer_sink import KafkaBatchDataset, MicroBatch
 from trainer_sink.config import SinkSource
@@ -115,6 +116,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         help="each process serves its sink's Prometheus metrics on this port plus its LOCAL_RANK (0: off)",
     )
     gpt.add_model_arguments(parser)
+    vlm.add_vision_arguments(parser)
     args = parser.parse_args(argv)
     if args.steps is not None and args.steps < 0:
         parser.error("--steps must not be negative")
@@ -386,7 +388,10 @@ def restore(
 def train(args: argparse.Namespace, group: Group) -> dict[str, Any]:
     config = gpt.config_from_arguments(args)
     torch.manual_seed(args.seed)
-    model = gpt.GPT(config).to(group.device)
+    model: nn.Module = gpt.GPT(config)
+    if args.vision:
+        model = vlm.from_spec(model, args.spec, args)
+    model = model.to(group.device)
     optimizer = make_optimizer(model, args)
     if group.rank == 0:
         log.info("%s on %s, %d rank(s)", gpt.describe(model), group.device, group.world)
@@ -431,6 +436,8 @@ def train(args: argparse.Namespace, group: Group) -> dict[str, Any]:
     try:
         while args.steps is None or step < args.steps:
             micro_batches = next_step(batches, step)
+            if args.vision:
+                micro_batches = [vlm.without_placeholder_labels(m, model.vision.config) for m in micro_batches]
             labels = sum(gpt.label_count(m) for m in micro_batches)
             tokens = sum(int(_sample_tokens(m).numel()) for m in micro_batches)
             if group.device.type == "cpu":

@@ -12,8 +12,8 @@ window becomes one embedding of the LLM's width, and those replace, in order, th
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gpt
@@ -30,16 +30,17 @@ class VisionConfig:
     heads: int = 4
     merge_size: int = 2
     max_grid: int = 64  # patches per side the position tables cover
-    image_token_id: int = 8194
-    video_token_id: int = 8195
+    image_token_id: int = 0
+    video_token_id: int = 0
 
 
 def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("vision tower (multimodal jobs)")
+    group.add_argument(
+        "--vision", action="store_true", help="train a VLM: a vision tower laid out as the spec's vision sections say"
+    )
     group.add_argument("--vision-width", type=int, default=64)
     group.add_argument("--vision-depth", type=int, default=2)
-    group.add_argument("--image-token-id", type=int, default=8194)
-    group.add_argument("--video-token-id", type=int, default=8195)
 
 
 class _Block(nn.Module):
@@ -95,41 +96,64 @@ class VisionTower(nn.Module):
 
 
 class VLM(nn.Module):
-    """``gpt.GPT`` whose placeholder tokens take the vision tower's embeddings."""
+    """``gpt.GPT`` whose placeholder tokens take the vision tower's embeddings; called as the GPT is, plus the
+    sink's media keys (``gpt.MEDIA_KEYS``) when the micro-batch has images or clips."""
 
     def __init__(self, llm: gpt.GPT, vision: VisionConfig) -> None:
         super().__init__()
+        self.config = llm.config
         self.llm = llm
         self.vision = VisionTower(vision, llm.config.d_model)
 
-    def forward(self, micro_batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        input_ids = micro_batch["input_ids"]
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int,
+        **media: torch.Tensor,
+    ) -> torch.Tensor:
         embeds = self.llm.embed(input_ids)
         for pixels, grids, token in (
             ("pixel_values", "image_grid_thw", self.vision.config.image_token_id),
             ("pixel_values_videos", "video_grid_thw", self.vision.config.video_token_id),
         ):
-            if micro_batch.get(grids) is not None and micro_batch[grids].numel():
-                merged = self.vision(micro_batch[pixels], micro_batch[grids])
+            if grids in media and media[grids].numel():
+                merged = self.vision(media[pixels], media[grids])
                 where = (input_ids == token).nonzero().squeeze(1)
                 embeds = embeds.index_put((where,), merged.to(embeds.dtype))
-        return self.llm(
-            input_ids,
-            micro_batch["position_ids"],
-            micro_batch["cu_seqlens"],
-            int(micro_batch["max_seqlen"]),
-            inputs_embeds=embeds,
-        )
+        return self.llm(input_ids, position_ids, cu_seqlens, max_seqlen, inputs_embeds=embeds)
 
 
-def loss_sum(model: nn.Module, micro_batch: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
-    """Summed cross-entropy over the labels that are not ``-100`` nor a placeholder token, and their count."""
-    core = model.module if hasattr(model, "module") else model
-    device = next(model.parameters()).device
-    tensors = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in micro_batch.items()}
-    labels = tensors["labels"].clone()
-    config = core.vision.config
-    labels[(labels == config.image_token_id) | (labels == config.video_token_id)] = gpt.IGNORE_INDEX
-    logits = model(tensors)
-    total = F.cross_entropy(logits.float(), labels, ignore_index=gpt.IGNORE_INDEX, reduction="sum")
-    return total, int((labels != gpt.IGNORE_INDEX).sum())
+def without_placeholder_labels(micro_batch: dict[str, Any], config: VisionConfig) -> dict[str, Any]:
+    """The micro-batch with ``-100`` for labels that are placeholder tokens (nothing to learn there)."""
+    labels = micro_batch["labels"]
+    placeholder = (labels == config.image_token_id) | (labels == config.video_token_id)
+    if bool(placeholder.any()):
+        micro_batch = {**micro_batch, "labels": labels.masked_fill(placeholder, gpt.IGNORE_INDEX)}
+    return micro_batch
+
+
+def from_spec(llm: gpt.GPT, spec_path: str, args: argparse.Namespace) -> VLM:
+    """The VLM for the job's multimodal sources (their vision sections must agree on the patch layout)."""
+    import yaml
+
+    spec = yaml.safe_load(Path(spec_path).read_text(encoding="utf-8"))
+    sections = [s["vision"] for s in spec["sources"] if s.get("vision")]
+    if not sections:
+        raise SystemExit(f"--vision: no source of {spec_path} has a vision section")
+    first = sections[0]
+    patch, temporal, merge = (
+        first.get("patch_size", 14),
+        first.get("temporal_patch_size", 2),
+        first.get("merge_size", 2),
+    )
+    config = VisionConfig(
+        patch_dim=3 * temporal * patch * patch,
+        width=args.vision_width,
+        depth=args.vision_depth,
+        merge_size=merge,
+        image_token_id=first["image_token_id"],
+        video_token_id=first["video_token_id"],
+    )
+    return VLM(llm, config)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +23,12 @@ from pipeline.tools.chaos import ChaosOptions, FaultKind, Targets, plan_faults, 
 from pipeline.tools.chaos.audit import check_samples, check_sink_record, read_rank_topic
 from pipeline.tools.chaos.roles import RoleKind, Supervisor
 from pipeline.tools.chaos.sink_state import checkpoint_steps
-from pipeline.tools.delivery import RECEIVED_FILE, rank_micro_batches, tokens_sha256
+from pipeline.tools.delivery import RECEIVED_FILE, rank_micro_batches, sample_sha256, tokens_sha256
 from tests.loader_support import REPO, build_example_data, write_spec
 from tests.sink_support import random_batch, write_sink_spec, write_steps
 from topics.batch import Batch
+from topics.media import MediaItem
+from topics.sample import Sample
 
 TARGETS = Targets(loaders=("load-a-0", "load-b-0", "load-b-1"), sinks=("sink-0", "sink-1"), shadows=1, broker=True)
 
@@ -212,3 +215,18 @@ def test_a_job_survives_a_fault_of_every_kind_with_nothing_lost_or_repeated(tmp_
     assert report.failures == []
     assert report.audit is not None and report.audit.steps > 0 and report.audit.samples == report.audit.expected
     assert len(report.gaps_s) == sum(f.kind is FaultKind.KILL_ACTIVE_CONSTRUCTOR for f in report.planned)
+
+
+def test_the_audit_compares_media_bytes_as_well_as_tokens() -> None:
+    frame = bytes(range(256)) * 12  # 32 x 32 RGB
+    item = MediaItem("image", 1, 2, 2, 2, 2, 32, 32, 1, "raw", (frame,))
+    samples = [Sample("pairs/a.tar/0", "pairs", np.arange(4, dtype=np.int32), {}, (item,))]
+    batch = Batch.from_samples(step=0, rank=0, ranks=1, capacity=16, micro_batches=[samples], with_media=True)
+    expected = {s.sample_id: sample_sha256(s.tokens, s.media) for s in samples}
+    problems: list[str] = []
+    check_samples([[batch]], expected, problems)
+    assert problems == []
+
+    changed = replace(item, frames=(frame[:-1] + b"\x00",))
+    check_samples([[batch]], {"pairs/a.tar/0": sample_sha256(samples[0].tokens, (changed,))}, problems)
+    assert any("other tokens or media" in p for p in problems), problems

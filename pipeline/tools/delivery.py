@@ -7,7 +7,7 @@ import bisect
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from pipeline.spec import JobSpec
 from topics.batch import Batch
 from topics.dead_letter import decode_dead_letter_message
 from topics.log_reader import read_to_end
+from topics.media import MediaItem
 from topics.names import JobTopics
 from topics.packing import pack_micro_batches
 
@@ -35,6 +36,29 @@ RECEIVED_FILE = "received-rank{rank}.jsonl"
 def tokens_sha256(token_ids: np.ndarray) -> str:
     """The digest a trainer records for a micro-batch's token ids."""
     return hashlib.sha256(np.ascontiguousarray(token_ids, dtype="<i4").tobytes()).hexdigest()
+
+
+def sample_sha256(tokens: np.ndarray, media: Sequence[MediaItem] = ()) -> str:
+    """A sample's digest: its tokens (``tokens_sha256`` for a sample without media), then each media item's
+    layout and the bytes of its frames."""
+    digest = hashlib.sha256(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
+    for item in media:
+        layout = [item.kind, *item.grid, item.merge_size, item.temporal_patch_size, item.height, item.width]
+        digest.update(json.dumps([*layout, item.token_offset, item.encoding, len(item.frames)]).encode())
+        for frame in item.frames:
+            digest.update(len(frame).to_bytes(8, "little"))
+            digest.update(frame)
+    return digest.hexdigest()
+
+
+def batch_sample_digests(batch: Batch) -> list[str]:
+    """``sample_sha256`` of each row of ``batch``, media included."""
+    offsets, flat = batch.offsets, batch.tokens
+    media = batch.media if batch.with_media else None
+    return [
+        sample_sha256(flat[offsets[i] : offsets[i + 1]], media.row_items(i) if media is not None else ())
+        for i in range(batch.num_samples)
+    ]
 
 
 def received_line(micro_batch: Mapping[str, Any]) -> str:
@@ -147,7 +171,7 @@ def received_micro_batches(path: Path) -> list[MicroBatchRecord]:
 
 
 def expected_samples(spec: JobSpec, config: KafkaConfig, source: str) -> dict[str, str]:
-    """Sample id to ``tokens_sha256`` of its tokens, for every sample the source's committed work units
+    """Sample id to ``sample_sha256`` of its tokens and media, for every sample the source's committed work units
     give when read and tokenized here, without the loaders: what an undisturbed run delivers."""
     runtime = SourceRuntime.from_spec(spec, source)
     samples: dict[str, str] = {}
@@ -155,7 +179,7 @@ def expected_samples(spec: JobSpec, config: KafkaConfig, source: str) -> dict[st
         unit = WorkUnit.from_json(record.value())
         documents = [d for d in runtime.reader.read(unit) if isinstance(d, Document)]
         for sample in runtime.builder.build(documents, epoch=unit.epoch).samples:
-            samples[sample.sample_id] = tokens_sha256(sample.tokens)
+            samples[sample.sample_id] = sample_sha256(sample.tokens, sample.media)
     return samples
 
 

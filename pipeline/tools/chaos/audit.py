@@ -20,11 +20,11 @@ from pipeline.spec import JobSpec, StepSpec
 from pipeline.tools.delivery import (
     RECEIVED_FILE,
     SourceCheck,
+    batch_sample_digests,
     check_sources,
     expected_samples,
     rank_micro_batches,
     received_micro_batches,
-    tokens_sha256,
 )
 from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
@@ -123,20 +123,19 @@ def read_rank_topic(
 
 
 def check_samples(per_rank: list[list[Batch]], expected: dict[str, str], problems: list[str]) -> Counter[str]:
-    """Every sample of ``expected`` (id to ``tokens_sha256``) delivered once with those tokens, and nothing
-    else; the ids delivered, with their counts."""
+    """Every sample of ``expected`` (id to ``sample_sha256``) delivered once with those tokens and media
+    bytes, and nothing else; the ids delivered, with their counts."""
     delivered: Counter[str] = Counter()
     tokens: dict[str, str] = {}
     for batch in (b for batches in per_rank for b in batches):
-        offsets, flat = batch.offsets, batch.tokens
-        for i, sample_id in enumerate(batch.sample_ids):
+        for sample_id, digest in zip(batch.sample_ids, batch_sample_digests(batch), strict=True):
             delivered[sample_id] += 1
-            tokens[sample_id] = tokens_sha256(flat[offsets[i] : offsets[i + 1]])
+            tokens[sample_id] = digest
     _problem(problems, "samples delivered more than once", [f"{i} x{n}" for i, n in delivered.items() if n > 1])
     _problem(problems, "expected samples never delivered", sorted(expected.keys() - delivered.keys()))
     _problem(problems, "samples delivered that no work unit gives", sorted(delivered.keys() - expected.keys()))
     changed = sorted(i for i in expected.keys() & delivered.keys() if expected[i] != tokens[i])
-    _problem(problems, "samples delivered with other tokens than the data gives", changed)
+    _problem(problems, "samples delivered with other tokens or media than the data gives", changed)
     return delivered
 
 
