@@ -9,7 +9,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipeline.spec._problems import Problems
-from pipeline.spec.cost import CostModel
+from pipeline.spec.cost import CostModel, VisionCostModel
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 DEFAULT_BOOTSTRAP_SERVERS = "localhost:9092"
@@ -73,6 +73,12 @@ class StepSpec(BaseModel):
     ranks: int = Field(ge=1, description="Data-parallel ranks; one batch topic each.")
     micro_batches: int = Field(ge=1, description="Micro-batches per rank per step.")
     tokens_per_micro_batch: int = Field(ge=1, description="Packed length of one micro-batch.")
+    patches_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        description="The vision encoder's budget: the most image and video patches one micro-batch holds "
+        "(unset: no limit).",
+    )
 
     @property
     def tokens_per_step(self) -> int:
@@ -82,6 +88,62 @@ class StepSpec(BaseModel):
 
 _DIRECT = ("alpha", "beta")
 _MODEL = ("hidden_size", "num_layers", "causal")
+_VIT = ("hidden_size", "num_layers")
+
+
+class VisionCostSpec(BaseModel):
+    """Cost in the vision encoder of one image or clip of n patches, ``alpha * n**2 + beta * n + gamma``.
+
+    Give ``alpha`` and ``beta`` (and ``gamma``, default 0), in the unit of the section around it, or the
+    ViT's ``hidden_size`` and ``num_layers``, from which per layer ``4 * h`` FLOPs per pair of patches of
+    one item (attention within each image or clip, not causal) and ``24 * h**2`` per patch; then the LLM's
+    cost must be in FLOPs too (its ``hidden_size``/``num_layers``), since the scheduler adds the two.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    alpha: float | None = Field(None, ge=0, allow_inf_nan=False, description="Cost per pair of patches of an item.")
+    beta: float | None = Field(None, ge=0, allow_inf_nan=False, description="Cost per patch.")
+    gamma: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="Cost per item, whatever its size; only with alpha/beta."
+    )
+    hidden_size: int | None = Field(None, ge=1)
+    num_layers: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> VisionCostSpec:
+        problems = Problems("VisionCostSpec")
+        _check_one_form(self, problems, [k for k in (*_DIRECT, "gamma") if getattr(self, k) is not None], _VIT)
+        problems.raise_if_any()
+        return self
+
+    def cost_model(self) -> VisionCostModel:
+        """The encoder's ``VisionCostModel``: given, or ``VisionCostModel.from_vit``."""
+        if self.alpha is not None and self.beta is not None:
+            return VisionCostModel(float(self.alpha), float(self.beta), float(self.gamma or 0.0))
+        return VisionCostModel.from_vit(self.hidden_size or 1, self.num_layers or 1)
+
+
+def _check_one_form(section: BaseModel, problems: Problems, direct: list[str], shape: tuple[str, ...]) -> None:
+    """The coefficients (``direct``: those given) or the model's ``shape`` fields, not both, and all that the
+    form given needs."""
+    model = [k for k in shape if getattr(section, k) is not None]
+    if direct and model:
+        problems.add(
+            (),
+            f"give either alpha/beta or {'/'.join(shape)}, not both",
+            {k: getattr(section, k) for k in direct + model},
+        )
+    elif not direct and not model:
+        problems.add((), "give alpha and beta, or hidden_size and num_layers")
+    else:
+        needed = _DIRECT if direct else shape[:2]
+        with_ = "hidden_size/num_layers"
+        if direct:
+            with_ = "gamma" if direct == ["gamma"] else "alpha/beta"
+        for key in needed:
+            if getattr(section, key) is None:
+                problems.add((key,), f"required with {with_}")
 
 
 class CostSpec(BaseModel):
@@ -104,30 +166,23 @@ class CostSpec(BaseModel):
     hidden_size: int | None = Field(None, ge=1)
     num_layers: int | None = Field(None, ge=1)
     causal: bool | None = Field(None, description="Causal attention; default true.")
+    vision: VisionCostSpec | None = Field(
+        None, description="Cost of the images and clips in the vision encoder (unset: only the LLM's cost counts)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> CostSpec:
         problems = Problems("CostSpec")
-        direct = [k for k in (*_DIRECT, "gamma") if getattr(self, k) is not None]
-        model = [k for k in _MODEL if getattr(self, k) is not None]
-        if direct and model:
+        _check_one_form(self, problems, [k for k in (*_DIRECT, "gamma") if getattr(self, k) is not None], _MODEL)
+        if self.vision is not None and (self.vision.hidden_size is None) != (self.hidden_size is None):
             problems.add(
-                (),
-                "give either alpha/beta or hidden_size/num_layers/causal, not both",
-                {k: getattr(self, k) for k in direct + model},
+                ("vision",),
+                "give the encoder's cost in the form of the LLM's (both alpha/beta, in one unit, or both "
+                "hidden_size/num_layers, in FLOPs): the scheduler adds the two",
+                self.vision.model_dump(exclude_none=True),
             )
-        elif not direct and not model:
-            problems.add((), "give alpha and beta, or hidden_size and num_layers")
-        else:
-            needed = _DIRECT if direct else _MODEL[:2]
-            with_ = "hidden_size/num_layers"
-            if direct:
-                with_ = "gamma" if direct == ["gamma"] else "alpha/beta"
-            for key in needed:
-                if getattr(self, key) is None:
-                    problems.add((key,), f"required with {with_}")
         problems.raise_if_any()
-        if model and self.causal is None:
+        if self.hidden_size is not None and self.causal is None:
             self.causal = True
         return self
 
@@ -142,6 +197,10 @@ class CostSpec(BaseModel):
     def cost_model(self) -> CostModel:
         """The scheduler's ``CostModel``: ``alpha_beta()`` and ``gamma`` (0 unless given)."""
         return CostModel(*self.alpha_beta(), gamma=float(self.gamma or 0.0))
+
+    def vision_cost_model(self) -> VisionCostModel | None:
+        """The vision encoder's ``VisionCostModel``, or None without a ``vision`` section."""
+        return None if self.vision is None else self.vision.cost_model()
 
 
 class CompositionSpec(BaseModel):

@@ -51,3 +51,47 @@ def check_step(
         )
         raise ValueError(msg)
     return lengths, ranks, micro_batches, capacity
+
+
+def check_costs(costs: object, size: int) -> np.ndarray:
+    """One finite float cost >= 0 per sample, as contiguous float64."""
+    array = np.asarray(costs)
+    if array.shape != (size,) or not (
+        np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
+    ):
+        msg = f"costs must be numbers, one per sample ({size}), got {array.dtype} of shape {array.shape}"
+        raise ValueError(msg)
+    array = np.ascontiguousarray(array, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(array) | (array < 0))
+    if bad.size:
+        msg = f"costs must be finite and >= 0, got costs[{int(bad[0])}] = {float(array[bad[0]])!r}"
+        raise ValueError(msg)
+    return array
+
+
+def check_patches(patches: object, size: int, patch_capacity: object) -> tuple[np.ndarray | None, int]:
+    """Each sample's vision patches (int, >= 0, at most ``patch_capacity`` where that is > 0) as contiguous
+    int64 or None, and the capacity as an int >= 0 (0: no limit)."""
+    if isinstance(patch_capacity, bool) or not isinstance(patch_capacity, numbers.Integral) or patch_capacity < 0:
+        msg = f"patch_capacity must be an integer >= 0 (0: no limit), got {patch_capacity!r}"
+        raise ValueError(msg)
+    if patches is None:
+        return None, int(patch_capacity)
+    array = np.asarray(patches)
+    if array.shape != (size,) or not np.issubdtype(array.dtype, np.integer):
+        msg = f"patches must be integers, one per sample ({size}), got {array.dtype} of shape {array.shape}"
+        raise ValueError(msg)
+    array = np.ascontiguousarray(array, dtype=np.int64)
+    if array.size and int(array.min()) < 0:
+        first = int(np.flatnonzero(array < 0)[0])
+        msg = f"patches must be >= 0, got patches[{first}] = {int(array[first])}"
+        raise ValueError(msg)
+    if patch_capacity > 0 and array.size and int(array.max()) > patch_capacity:
+        too_many = np.flatnonzero(array > patch_capacity)
+        first = int(too_many[0])
+        msg = (
+            f"patches[{first}] = {int(array[first])} exceeds patch_capacity {patch_capacity}"
+            f" ({too_many.size} sample(s) with more patches than a micro-batch holds)"
+        )
+        raise ValueError(msg)
+    return array, int(patch_capacity)

@@ -3,7 +3,7 @@
 
 Longest (so costliest) first, each sample goes to the least costly rank (ties: the lowest) that has a
 micro-batch with room for it, into its first micro-batch with room; a sample no micro-batch has room
-for is deferred.
+for is deferred. With two capacities, costliest first and room for tokens and patches (``_fit.py``).
 
 The kernels work on the candidates in sorted order, and a placement of them (``_placement.py``).
 """
@@ -14,9 +14,10 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import new_min_tree, set_key
+from pipeline.planning.scheduler._fit import lpt_place_two
 from pipeline.planning.scheduler._heap import pop, push
-from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, move_tokens
-from pipeline.planning.scheduler._sort import longest_first
+from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, Samples, move_tokens
+from pipeline.planning.scheduler._sort import costliest_first, longest_first
 
 
 @kernel
@@ -30,6 +31,24 @@ def candidates(lengths: np.ndarray, step_tokens: np.int64) -> tuple[int, int]:
         longest = max(longest, lengths[limit])
         limit += 1
     return limit, longest
+
+
+@kernel
+def candidates_two(samples: Samples, grid: Grid) -> int:
+    """The longest prefix of the samples whose tokens and patches both fit the step: its size."""
+    slots = np.int64(grid.ranks) * grid.micro
+    step_tokens, step_patches = slots * grid.capacity, slots * grid.patch_capacity
+    limit = 0
+    tokens = patches = np.int64(0)
+    while (
+        limit < samples.lengths.shape[0]
+        and tokens + samples.lengths[limit] <= step_tokens
+        and patches + samples.patches[limit] <= step_patches
+    ):
+        tokens += samples.lengths[limit]
+        patches += samples.patches[limit]
+        limit += 1
+    return limit
 
 
 @kernel
@@ -91,23 +110,30 @@ def lpt_place(cands: Candidates, plan: Placement, grid: Grid) -> None:
 
 
 @kernel
-def lpt_kernel(
-    lengths: np.ndarray, costs: np.ndarray, n_ranks: int, n_micro: int, capacity: int, at: np.ndarray
-) -> tuple[Candidates, Placement, Grid]:
+def lpt_kernel(samples: Samples, grid: Grid, at: np.ndarray) -> tuple[Candidates, Placement]:
     """LPT over the candidates (the longest prefix that fits the step; the rest deferred). ``at`` is scratch
-    of ``lengths``' size: int32 where ``rank << shift | micro_batch`` fits (``at_dtype``), else int64. Returns
-    the candidates in sorted order (``longest_first``), their placement and the step's grid."""
-    limit, longest = candidates(lengths, np.int64(n_ranks) * n_micro * capacity)
-    cands = Candidates(*longest_first(lengths, costs, limit, longest))
-    grid = Grid(n_ranks, n_micro, capacity, micro_bits(n_micro))
+    of the samples' size: int32 where ``rank << shift | micro_batch`` fits (``at_dtype``), else int64.
+    Returns the candidates in sorted order (``longest_first``, or ``costliest_first`` with two capacities)
+    and their placement."""
+    n_ranks, n_micro = grid.ranks, grid.micro
+    if grid.patch_capacity > 0:
+        limit = candidates_two(samples, grid)
+        cands = Candidates(*costliest_first(samples.lengths, samples.costs, samples.patches, limit))
+    else:
+        limit, longest = candidates(samples.lengths, np.int64(n_ranks) * n_micro * grid.capacity)
+        cands = Candidates(*longest_first(samples.lengths, samples.costs, limit, longest), samples.patches)
     plan = Placement(
         at[:limit],
         np.zeros(n_ranks, np.float64),
         np.zeros(n_ranks * n_micro, np.int64),
         np.zeros(n_ranks * n_micro, np.float64),
+        np.zeros(n_ranks * n_micro, np.int64),
     )
-    lpt_place(cands, plan, grid)
-    return cands, plan, grid
+    if grid.patch_capacity > 0:
+        lpt_place_two(cands, plan, grid)
+    else:
+        lpt_place(cands, plan, grid)
+    return cands, plan
 
 
 @kernel

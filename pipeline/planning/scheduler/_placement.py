@@ -1,9 +1,16 @@
-"""The arrays a step's plan is made of, as the kernels pass them: the candidates in sorted order, the step's
-shape, and a placement with the totals it implies.
+"""The arrays a step's plan is made of, as the kernels pass them: the samples as given, the candidates in
+sorted order, the step's shape, and a placement with the totals it implies.
 
-Position ``k`` of the sorted candidates holds sample ``order[k]``, longest first (``_sort.py``); ``at[k]`` is
-where it goes, ``rank << shift | micro_batch``, or -1 while deferred. Rank ``r``'s micro-batch ``m`` lives at
-flat position ``r * micro + m`` of the per-micro-batch arrays.
+Position ``k`` of the sorted candidates holds sample ``order[k]``, longest first (``_sort.py``), or costliest
+first where the step has two capacities; ``at[k]`` is where it goes, ``rank << shift | micro_batch``, or -1
+while deferred. Rank ``r``'s micro-batch ``m`` lives at flat position ``r * micro + m`` of the
+per-micro-batch arrays.
+
+**Two capacities.** A step of multimodal samples bounds each micro-batch's tokens and its vision patches
+(``Grid.patch_capacity > 0``): every fit tests both, the candidates are ordered by cost (which no longer
+follows length), and the guarantee against starvation is on both (``_repair_two.py``). With
+``patch_capacity == 0`` (text) the patches are empty arrays that no kernel reads, and every plan is the
+one the kernels made before patches existed.
 """
 
 from __future__ import annotations
@@ -15,10 +22,19 @@ import numpy as np
 from pipeline.planning.kernels.jit import kernel
 
 
+class Samples(NamedTuple):
+    """The step's samples in priority order, as ``plan_step`` checked them."""
+
+    lengths: np.ndarray  # int64
+    costs: np.ndarray  # float64
+    patches: np.ndarray  # int64; empty with one capacity
+
+
 class Candidates(NamedTuple):
     order: np.ndarray  # int64, position -> sample
     length: np.ndarray  # int32
     cost: np.ndarray  # float64
+    patches: np.ndarray  # int64; empty with one capacity
 
 
 class Grid(NamedTuple):
@@ -26,6 +42,7 @@ class Grid(NamedTuple):
     micro: int  # micro-batches a rank
     capacity: int  # tokens a micro-batch
     shift: int  # bits of ``at`` that hold the micro-batch
+    patch_capacity: int = 0  # patches a micro-batch; 0: one capacity (tokens)
 
 
 class Placement(NamedTuple):
@@ -33,11 +50,14 @@ class Placement(NamedTuple):
     rank_cost: np.ndarray  # float64 by rank
     tokens: np.ndarray  # int64 by micro-batch
     micro_cost: np.ndarray  # float64 by micro-batch
+    patches: np.ndarray  # int64 by micro-batch (0 with one capacity)
 
 
 @kernel
 def copy_of(plan: Placement) -> Placement:
-    return Placement(plan.at.copy(), plan.rank_cost.copy(), plan.tokens.copy(), plan.micro_cost.copy())
+    return Placement(
+        plan.at.copy(), plan.rank_cost.copy(), plan.tokens.copy(), plan.micro_cost.copy(), plan.patches.copy()
+    )
 
 
 @kernel(inline="always")
@@ -52,3 +72,18 @@ def move_tokens(plan: Placement, rank: np.int64, slot: np.int64, tokens: np.int6
     plan.tokens[slot] += tokens
     plan.micro_cost[slot] += cost
     plan.rank_cost[rank] += cost
+
+
+@kernel(inline="always")
+def move_patches(plan: Placement, grid: Grid, slot: np.int64, cands: Candidates, k: np.int64, sign: int) -> None:
+    """Add ``sign`` times candidate ``k``'s patches to micro-batch ``slot`` (nothing with one capacity)."""
+    if grid.patch_capacity > 0:
+        plan.patches[slot] += sign * cands.patches[k]
+
+
+@kernel(inline="always")
+def fits_slot(plan: Placement, grid: Grid, slot: np.int64, length: np.int64, patches: np.int64) -> bool:
+    """Whether micro-batch ``slot`` has room for ``length`` tokens and ``patches`` patches."""
+    return plan.tokens[slot] + length <= grid.capacity and (
+        grid.patch_capacity == 0 or plan.patches[slot] + patches <= grid.patch_capacity
+    )

@@ -1,7 +1,8 @@
 """Refinement restricted to the costliest ranks: move placed samples from them to the cheapest ranks.
 
 Only moves: the set of placed samples, hence the lower bound and the guarantee against starvation,
-stays as it is, and every move lowers the larger of the two ranks it touches.
+stays as it is, and every move lowers the larger of the two ranks it touches. With two capacities a sample
+moves only into a micro-batch with room for its tokens and its patches.
 """
 
 from __future__ import annotations
@@ -12,8 +13,16 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import MinTree, new_min_tree, set_key
+from pipeline.planning.scheduler._fit import first_fit, least_costly_fit
 from pipeline.planning.scheduler._micro import micro_with_room
-from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, flat_slot, move_tokens
+from pipeline.planning.scheduler._placement import (
+    Candidates,
+    Grid,
+    Placement,
+    flat_slot,
+    move_patches,
+    move_tokens,
+)
 
 # Cheapest ranks tried for one costly rank before giving up on it.
 _TRIES = 8
@@ -88,8 +97,7 @@ def _give_away(cands: Candidates, plan: Placement, grid: Grid, givers: Givers, a
         gap = plan.rank_cost[a] - plan.rank_cost[b]
         if cheapest.keys[0] == np.inf or gap <= 0.0:
             break
-        base_b = b * grid.micro
-        best = _nearest_half(cands, givers, a, grid.capacity - plan.tokens[base_b : base_b + grid.micro].min(), gap)
+        best = _nearest_half(cands, plan, grid, givers, a, b, gap)
         if best < 0:
             set_key(cheapest, b, np.inf)  # no use to this rank; try the next
             skipped[n_skipped] = b
@@ -107,15 +115,21 @@ def _give_away(cands: Candidates, plan: Placement, grid: Grid, givers: Givers, a
 
 
 @kernel
-def _nearest_half(cands: Candidates, givers: Givers, a: int, room: np.int64, gap: float) -> int:
-    """The slot in ``givers`` of rank ``a``'s sample of at most ``room`` tokens whose cost is nearest half
-    of ``gap``, below ``gap``; -1 where none scores above 0."""
+def _nearest_half(cands: Candidates, plan: Placement, grid: Grid, givers: Givers, a: int, b: int, gap: float) -> int:
+    """The slot in ``givers`` of rank ``a``'s sample that fits a micro-batch of rank ``b`` whose cost is
+    nearest half of ``gap``, below ``gap``; -1 where none scores above 0."""
+    base_b = b * grid.micro
+    room = grid.capacity - plan.tokens[base_b : base_b + grid.micro].min()
+    two = grid.patch_capacity > 0
     best, best_score = -1, -1.0
     for slot in range(givers.begin[a], givers.begin[a] + givers.count[a]):
-        cost = cands.cost[givers.member[slot]]
-        if cands.length[givers.member[slot]] <= room and cost < gap:
+        k = givers.member[slot]
+        cost = cands.cost[k]
+        if cands.length[k] <= room and cost < gap:
             score = min(cost, gap - cost)
-            if score > best_score:
+            if score > best_score and (
+                not two or first_fit(plan, grid, base_b, cands.length[k], cands.patches[k]) >= 0
+            ):
                 best, best_score = slot, score
     return best if best_score > 0.0 else -1
 
@@ -131,7 +145,12 @@ def _move(cands: Candidates, plan: Placement, grid: Grid, givers: Givers, a: int
     length = np.int64(cands.length[k])
     cost = cands.cost[k]
     move_tokens(plan, a, flat_slot(grid, plan.at[k]), -length, -cost)
+    move_patches(plan, grid, flat_slot(grid, plan.at[k]), cands, k, -1)
     base_b = b * grid.micro
-    m = micro_with_room(plan.tokens, plan.micro_cost, base_b, grid.micro, grid.capacity - length)
+    if grid.patch_capacity > 0:
+        m = least_costly_fit(plan, grid, base_b, length, cands.patches[k])
+    else:
+        m = micro_with_room(plan.tokens, plan.micro_cost, base_b, grid.micro, grid.capacity - length)
     move_tokens(plan, b, base_b + m, length, cost)
+    move_patches(plan, grid, base_b + m, cands, k, 1)
     plan.at[k] = (b << grid.shift) | m

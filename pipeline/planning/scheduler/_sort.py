@@ -2,7 +2,8 @@
 
 Lengths are bounded integers, so a counting sort does it in two passes; where a few very long samples
 would make its buckets outnumber the samples, a comparison sort does. Cost grows with length, so the
-order is also by cost.
+order is also by cost. With two capacities (multimodal samples, whose encoder cost does not follow their
+length) the candidates go costliest first instead (``costliest_first``).
 """
 
 from __future__ import annotations
@@ -63,3 +64,20 @@ def longest_first(
     if longest > 4 * limit + 65536:
         return _comparison_sort(lengths, costs, limit)
     return _counting_sort(lengths, costs, limit, longest)
+
+
+@kernel
+def costliest_first(
+    lengths: np.ndarray, costs: np.ndarray, patches: np.ndarray, limit: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Samples ``0..limit-1`` by decreasing cost, ties by increasing index, with two capacities (where cost
+    no longer follows length): ``order`` and the length (int32), cost and patches at each position."""
+    order = np.argsort(-costs[:limit], kind="mergesort")
+    sorted_length = np.empty(limit, np.int32)
+    sorted_cost = np.empty(limit, np.float64)
+    sorted_patches = np.empty(limit, np.int64)
+    for k in range(limit):
+        sorted_length[k] = lengths[order[k]]
+        sorted_cost[k] = costs[order[k]]
+        sorted_patches[k] = patches[order[k]]
+    return order, sorted_length, sorted_cost, sorted_patches

@@ -21,6 +21,11 @@
 6. Samples move from the costliest ranks to the cheapest while the costliest is more than ``tolerance``
    above the lower bound (``_refine.py``): the costliest rank only falls, what is placed stays.
 
+With two capacities (``Grid.patch_capacity > 0``) every phase tests both, the candidates go costliest first
+and the guarantee is on length and patches (``_fit.py``, ``_repair_two.py``). A swap of the repair may then
+raise a rank's cost (a sample with fewer tokens and patches can cost more), so in step 4 the reference with
+its deferred samples put back is kept only where it is no worse than the reference on both.
+
 The kernels are cached on disk by ``pipeline.planning.kernels.jit.kernel``, which compiles them again after
 an edit of any planning module.
 """
@@ -31,9 +36,19 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.scheduler._lpt import by_index, lpt_kernel
-from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, copy_of, flat_slot, move_tokens
+from pipeline.planning.scheduler._placement import (
+    Candidates,
+    Grid,
+    Placement,
+    Samples,
+    copy_of,
+    flat_slot,
+    move_patches,
+    move_tokens,
+)
 from pipeline.planning.scheduler._refine import move_from_costliest
 from pipeline.planning.scheduler._repair import deferred_oldest_first, prefer_older, starvation_safe
+from pipeline.planning.scheduler._repair_two import dominance_safe, prefer_older_two
 from pipeline.planning.scheduler._topup import top_up
 
 # The held-back plan takes out the newest candidates holding this share of the step's tokens, or as many
@@ -78,13 +93,25 @@ def _started(start: np.ndarray, cands: Candidates, like: np.ndarray, grid: Grid)
         np.zeros(grid.ranks, np.float64),
         np.zeros(grid.ranks * grid.micro, np.int64),
         np.zeros(grid.ranks * grid.micro, np.float64),
+        np.zeros(grid.ranks * grid.micro, np.int64),
     )
     for k in range(cands.order.shape[0]):
         slot = start[cands.order[k]]
         if slot >= 0:
             plan.at[k] = ((slot // grid.micro) << grid.shift) | (slot % grid.micro)
             move_tokens(plan, slot // grid.micro, slot, np.int64(cands.length[k]), cands.cost[k])
+            move_patches(plan, grid, slot, cands, k, 1)
     return plan
+
+
+@kernel
+def make_safe(cands: Candidates, plan: Placement, grid: Grid) -> None:
+    """The swap repair where an older sample waits for a newer one that it could replace. In place."""
+    if grid.patch_capacity > 0:
+        if not dominance_safe(cands, plan.at):
+            prefer_older_two(cands, plan, grid)
+    elif not starvation_safe(cands, plan.at):
+        prefer_older(cands, plan, grid)
 
 
 @kernel
@@ -92,8 +119,19 @@ def _fill(cands: Candidates, plan: Placement, grid: Grid, cost_cap: float) -> No
     """Place deferred samples, oldest first, where they fit without lifting a rank above ``cost_cap``, then
     make the plan starvation-safe. In place."""
     top_up(deferred_oldest_first(cands.order, plan.at), cands, plan, grid, cost_cap)
-    if not starvation_safe(cands, plan.at):
-        prefer_older(cands, plan, grid)
+    make_safe(cands, plan, grid)
+
+
+@kernel
+def _filled(cands: Candidates, plan: Placement, grid: Grid) -> Placement:
+    """Step 4's fallback: the reference with its deferred samples put where there is room. With two
+    capacities, on a copy that replaces the reference only where it is no worse on fill and balance."""
+    if grid.patch_capacity == 0:
+        _fill(cands, plan, grid, plan.rank_cost.max())
+        return plan
+    filled = copy_of(plan)
+    _fill(cands, filled, grid, plan.rank_cost.max())
+    return filled if at_least_as_good(score(cands, filled), score(cands, plan)) else plan
 
 
 @kernel
@@ -108,6 +146,7 @@ def _hold_back(lengths: np.ndarray, cands: Candidates, plan: Placement, grid: Gr
         if cands.order[k] >= newest and plan.at[k] >= 0:
             at = plan.at[k]
             move_tokens(plan, at >> grid.shift, flat_slot(grid, at), -np.int64(cands.length[k]), -cands.cost[k])
+            move_patches(plan, grid, flat_slot(grid, at), cands, k, -1)
             plan.at[k] = -1
 
 
@@ -127,33 +166,22 @@ def _held_back(lengths: np.ndarray, cands: Candidates, lpt: Placement, grid: Gri
 
 @kernel
 def plan_kernel(
-    lengths: np.ndarray,
-    costs: np.ndarray,
-    n_ranks: int,
-    n_micro: int,
-    capacity: int,
-    tolerance: float,
-    at: np.ndarray,
-    start: np.ndarray,
+    samples: Samples, grid: Grid, tolerance: float, at: np.ndarray, start: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Rank and micro-batch of every sample (int32, -1 when deferred). ``lengths`` are checked already and
-    ``costs`` are theirs (``CostModel.costs``); ``at`` is scratch for ``lpt_kernel``; ``start`` a checked
+    """Rank and micro-batch of every sample (int32, -1 when deferred). ``samples`` are checked already (their
+    costs ``CostModel.costs`` or the caller's); ``at`` is scratch for ``lpt_kernel``; ``start`` a checked
     placement to start from (step 5), or empty."""
-    cands, plan, grid = lpt_kernel(lengths, costs, n_ranks, n_micro, capacity, at)
-    held = _held_back(lengths, cands, plan, grid)  # from LPT's plan, before the repair below changes it
-    if not starvation_safe(cands, plan.at):
-        prefer_older(cands, plan, grid)
-    if at_least_as_good(score(cands, held), score(cands, plan)):
-        plan = held
-    else:
-        _fill(cands, plan, grid, plan.rank_cost.max())
+    cands, plan = lpt_kernel(samples, grid, at)
+    held = _held_back(samples.lengths, cands, plan, grid)  # from LPT's plan, before the repair below changes it
+    make_safe(cands, plan, grid)
+    plan = held if at_least_as_good(score(cands, held), score(cands, plan)) else _filled(cands, plan, grid)
     if start.shape[0] > 0:
         started = _started(start, cands, plan.at, grid)
         _fill(cands, started, grid, started.rank_cost.max())
-        if balance_fill(started, capacity) > balance_fill(plan, capacity):
+        if balance_fill(started, grid.capacity) > balance_fill(plan, grid.capacity):
             plan = started
     _, ratio = score(cands, plan)
     if ratio > 1.0 + tolerance:
         target = (1.0 + tolerance) * plan.rank_cost.max() / ratio
-        move_from_costliest(cands, plan, grid, target, 4 * n_ranks + 64)
-    return by_index(lengths.shape[0], cands.order, plan.at, grid.shift)
+        move_from_costliest(cands, plan, grid, target, 4 * grid.ranks + 64)
+    return by_index(samples.lengths.shape[0], cands.order, plan.at, grid.shift)

@@ -1,7 +1,9 @@
 """The top-up: deferred samples, oldest first, into whatever room a plan left.
 
 Starvation-safe by construction: rooms only shrink and costs only grow during the top-up, so a sample
-that found no place has no newer sample at least as long placed after it.
+that found no place has no newer sample at least as long placed after it. (With two capacities a newer
+sample with at least the length and patches may cost less, and find a place under the cap: the plan is
+checked after the top-up, ``_step._make_safe``.)
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import least_with_room, rank_trees, update_rank
+from pipeline.planning.scheduler._fit import top_up_two
 from pipeline.planning.scheduler._micro import micro_with_room
 from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, move_tokens
 
@@ -24,6 +27,9 @@ def top_up(items: np.ndarray, cands: Candidates, plan: Placement, grid: Grid, co
     The cap is fixed and the choice exact, and ranks only fill up, so where a sample found no place no
     later sample at least as long (so at least as costly) finds one.
     """
+    if grid.patch_capacity > 0:
+        top_up_two(items, cands, plan, grid, cost_cap)
+        return
     if items.shape[0] == 0:
         return
     n_micro, tokens = grid.micro, plan.tokens

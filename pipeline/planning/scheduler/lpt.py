@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.planning.scheduler import _repair
 from pipeline.planning.scheduler._args import check_step
+from pipeline.planning.scheduler._inputs import step_inputs
 from pipeline.planning.scheduler._lpt import at_dtype, by_index, lpt_kernel
+from pipeline.planning.scheduler._step import make_safe
 from pipeline.planning.scheduler.plan import StepPlan
 from pipeline.spec.cost import DEFAULT_COST_MODEL, CostModel
 
@@ -19,6 +20,9 @@ def plan_lpt(
     cost_model: CostModel = DEFAULT_COST_MODEL,
     *,
     starvation_safe: bool = False,
+    costs: np.ndarray | None = None,
+    patches: np.ndarray | None = None,
+    patch_capacity: int = 0,
 ) -> StepPlan:
     """Plain LPT (longest processing time first) over the candidates ``plan_step`` considers: the longest
     prefix of ``lengths`` whose tokens fit in ``ranks * micro_batches * capacity``, the rest deferred.
@@ -31,13 +35,15 @@ def plan_lpt(
     ``starvation_safe``, the scheduler's swap repair then puts each such older sample in the place of a
     newer one, the shortest at least as long (``_repair.prefer_older``): the reference ``plan_step`` is
     never worse than.
+
+    ``costs``, ``patches`` and ``patch_capacity`` as for ``plan_step``: with them, the prefix fits both
+    capacities, the order is by cost, a micro-batch has room for both, and the repair is on length and
+    patches (``_repair_two.prefer_older_two``).
     """
     lengths, ranks, micro_batches, capacity = check_step(lengths, ranks, micro_batches, capacity)
-    costs = cost_model.costs(lengths)
-    cands, plan, grid = lpt_kernel(
-        lengths, costs, ranks, micro_batches, capacity, np.empty(lengths.size, at_dtype(ranks, micro_batches))
-    )
-    if starvation_safe and not _repair.starvation_safe(cands, plan.at):
-        _repair.prefer_older(cands, plan, grid)
+    samples, grid = step_inputs(lengths, (ranks, micro_batches, capacity), cost_model, costs, patches, patch_capacity)
+    cands, plan = lpt_kernel(samples, grid, np.empty(lengths.size, at_dtype(ranks, micro_batches)))
+    if starvation_safe:
+        make_safe(cands, plan, grid)
     rank, micro = by_index(lengths.size, cands.order, plan.at, grid.shift)
-    return StepPlan(rank=rank, micro=micro, ranks=ranks, micro_batches=micro_batches, capacity=capacity)
+    return StepPlan(rank, micro, ranks, micro_batches, capacity, int(patch_capacity))

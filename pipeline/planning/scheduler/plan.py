@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.planning.scheduler._args import check_step
+from pipeline.planning.scheduler._inputs import step_inputs
 from pipeline.planning.scheduler._lpt import at_dtype
+from pipeline.planning.scheduler._placement import Grid, Samples
 from pipeline.planning.scheduler._step import plan_kernel
 from pipeline.spec.cost import DEFAULT_COST_MODEL, CostModel
 
@@ -42,13 +44,15 @@ class PlanSummary:
 
 @dataclass(frozen=True, eq=False)
 class StepPlan:
-    """Where each sample of a step goes: ``rank[i]``, ``micro[i]`` (int32), both -1 when deferred."""
+    """Where each sample of a step goes: ``rank[i]``, ``micro[i]`` (int32), both -1 when deferred.
+    ``patch_capacity``: the vision patches a micro-batch holds at most (0: no limit)."""
 
     rank: np.ndarray
     micro: np.ndarray
     ranks: int
     micro_batches: int
     capacity: int
+    patch_capacity: int = 0
 
     @property
     def placed_mask(self) -> np.ndarray:
@@ -68,8 +72,12 @@ class StepPlan:
         return flat.reshape(self.ranks, self.micro_batches)
 
     def rank_costs(self, lengths: np.ndarray, cost_model: CostModel = DEFAULT_COST_MODEL) -> np.ndarray:
+        return self.rank_totals(cost_model.costs(np.asarray(lengths)))
+
+    def rank_totals(self, values: np.ndarray) -> np.ndarray:
+        """Per rank, the sum of ``values`` (one per sample: costs of any kind, patches) over its samples."""
         placed = self.placed_mask
-        weights = cost_model.costs(np.asarray(lengths)[placed])
+        weights = np.asarray(values, dtype=np.float64)[placed]
         return np.bincount(self.rank[placed], weights=weights, minlength=self.ranks)
 
     def lower_bound(self, lengths: np.ndarray, cost_model: CostModel = DEFAULT_COST_MODEL) -> float:
@@ -111,9 +119,12 @@ def plan_step(
     *,
     tolerance: float = DEFAULT_TOLERANCE,
     start: np.ndarray | None = None,
+    costs: np.ndarray | None = None,
+    patches: np.ndarray | None = None,
+    patch_capacity: int = 0,
 ) -> StepPlan:
     """Plan one global step over ``ranks`` data-parallel ranks of ``micro_batches`` micro-batches,
-    each holding at most ``capacity`` tokens.
+    each holding at most ``capacity`` tokens (and at most ``patch_capacity`` vision patches, where > 0).
 
     ``lengths`` (int, 1-D) are the candidates in priority order, index 0 the oldest. Only the longest
     prefix whose tokens fit in ``ranks * micro_batches * capacity`` is considered; the rest is
@@ -135,22 +146,30 @@ def plan_step(
 
     Guarantee against starvation: no deferred sample has a newer placed sample at least as long (it
     could always take that one's place).
+
+    **Multimodal steps.** ``costs`` (float64 per sample, such as the LLM's cost plus the vision encoder's)
+    replace ``cost_model.costs(lengths)`` where given; ``patches`` (int per sample) are each sample's vision
+    patches, and with ``patch_capacity > 0`` no micro-batch holds more than that many, in every phase.
+    With either, the candidates go costliest first and the guarantee becomes: no deferred sample has a
+    newer placed sample that is at least as long and has at least as many patches. ``start`` must keep
+    both capacities. Without them (text) the plan is the one described above, bit for bit.
     """
     lengths, ranks, micro_batches, capacity = check_step(lengths, ranks, micro_batches, capacity)
     if not isinstance(tolerance, float | int) or not 0 <= tolerance < 1:
         msg = f"tolerance must be a number in [0, 1), got {tolerance!r}"
         raise ValueError(msg)
-    start = _check_start(start, lengths, ranks * micro_batches, capacity)
-    costs = cost_model.costs(lengths)
+    samples, grid = step_inputs(lengths, (ranks, micro_batches, capacity), cost_model, costs, patches, patch_capacity)
+    start = _check_start(start, samples, grid)
     scratch = np.empty(lengths.size, at_dtype(ranks, micro_batches))
-    rank, micro = plan_kernel(lengths, costs, ranks, micro_batches, capacity, float(tolerance), scratch, start)
-    return StepPlan(rank=rank, micro=micro, ranks=ranks, micro_batches=micro_batches, capacity=capacity)
+    rank, micro = plan_kernel(samples, grid, float(tolerance), scratch, start)
+    return StepPlan(rank, micro, ranks, micro_batches, capacity, int(patch_capacity))
 
 
-def _check_start(start: np.ndarray | None, lengths: np.ndarray, slots: int, capacity: int) -> np.ndarray:
+def _check_start(start: np.ndarray | None, samples: Samples, grid: Grid) -> np.ndarray:
     """``start`` as contiguous int64 (empty for None), or ValueError saying what is wrong with it."""
     if start is None:
         return np.zeros(0, np.int64)
+    lengths, slots, capacity = samples.lengths, grid.ranks * grid.micro, grid.capacity
     array = np.asarray(start)
     if array.shape != lengths.shape or not np.issubdtype(array.dtype, np.integer):
         msg = f"start must be integers, one per sample ({lengths.size}), got {array.dtype} of shape {array.shape}"
@@ -166,4 +185,13 @@ def _check_start(start: np.ndarray | None, lengths: np.ndarray, slots: int, capa
         slot = int(np.argmax(held))
         msg = f"start puts {int(held[slot])} tokens in micro-batch {slot}, more than its capacity {capacity}"
         raise ValueError(msg)
+    if grid.patch_capacity > 0:
+        held = np.bincount(array[placed], weights=samples.patches[placed], minlength=slots)
+        if held.size and held.max() > grid.patch_capacity:
+            slot = int(np.argmax(held))
+            msg = (
+                f"start puts {int(held[slot])} patches in micro-batch {slot}, more than its patch capacity "
+                f"{grid.patch_capacity}"
+            )
+            raise ValueError(msg)
     return array

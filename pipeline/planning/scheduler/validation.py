@@ -8,9 +8,10 @@ from pipeline.planning.scheduler._args import check_lengths
 from pipeline.planning.scheduler.plan import StepPlan
 
 
-def validate_plan(plan: StepPlan, lengths: np.ndarray) -> None:
+def validate_plan(plan: StepPlan, lengths: np.ndarray, patches: np.ndarray | None = None) -> None:
     """Raise ValueError unless every sample appears exactly once (placed in one (rank, micro-batch) or
-    deferred with both set to -1) and no micro-batch holds more than ``plan.capacity`` tokens."""
+    deferred with both set to -1) and no micro-batch holds more than ``plan.capacity`` tokens, nor, with
+    ``patches`` (each sample's vision patches) and ``plan.patch_capacity > 0``, more patches than that."""
     lengths = check_lengths(lengths)
     n = lengths.size
     for name in ("rank", "micro"):
@@ -37,11 +38,18 @@ def validate_plan(plan: StepPlan, lengths: np.ndarray) -> None:
     slots = plan.rank[placed].astype(np.int64) * plan.micro_batches + plan.micro[placed]
     # bincount, not np.add.at (an order of magnitude slower); float64 weights are exact below 2**53 tokens.
     tokens = np.bincount(slots, weights=lengths[placed], minlength=plan.ranks * plan.micro_batches).astype(np.int64)
-    over = np.flatnonzero(tokens > plan.capacity)
+    _check_capacity(plan, tokens, plan.capacity, "tokens", "capacity")
+    if patches is not None and plan.patch_capacity > 0:
+        held = np.bincount(slots, weights=check_lengths(patches)[placed], minlength=plan.ranks * plan.micro_batches)
+        _check_capacity(plan, held.astype(np.int64), plan.patch_capacity, "patches", "patch capacity")
+
+
+def _check_capacity(plan: StepPlan, held: np.ndarray, capacity: int, what: str, name: str) -> None:
+    over = np.flatnonzero(held > capacity)
     if over.size:
         slot = int(over[0])
         msg = (
             f"rank {slot // plan.micro_batches} micro-batch {slot % plan.micro_batches} holds"
-            f" {int(tokens[slot])} tokens, over the capacity {plan.capacity}"
+            f" {int(held[slot])} {what}, over the {name} {capacity}"
         )
         raise ValueError(msg)

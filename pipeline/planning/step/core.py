@@ -7,6 +7,14 @@ on sample lengths and indices only: the caller holds the samples (the constructo
 A step's candidates are numbered as ``[deferred..., *taken]``: the samples the step before deferred, in
 their priority order, then per source (in the window's order) the samples drawn from its window, in window
 order. ``PlannedStep.order`` lists those numbers in the order the scheduler gets them (``candidate_order``).
+
+**Multimodal samples.** A window may carry each sample's vision patches and encoder cost besides its length.
+A step whose candidates have patches (under a patch budget) or an encoder cost is planned with both
+capacities, tokens and patches a micro-batch, and with each sample's cost as its LLM cost plus its
+encoder cost (``plan_step(..., costs=, patches=, patch_capacity=)``); a step of text alone is planned as
+before, bit for bit. Composition chooses from lengths only; where its packing (the scheduler's start)
+puts more patches in a micro-batch than the budget, the newest samples of that micro-batch leave it and
+the scheduler places them like any other.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from pipeline.planning.mixing import Draw, DrawStatus, Mixer, MixerState
 from pipeline.planning.order import candidate_order
 from pipeline.planning.scheduler import CostModel, StepPlan, plan_step
 from pipeline.planning.step.spec_change import StepShape
+from pipeline.spec.cost import VisionCostModel
 from topics.errors import MixflowError
 
 
@@ -27,11 +36,20 @@ from topics.errors import MixflowError
 class StepWindow:
     """What a step is drawn from. ``available``: per source, in a fixed order, the lengths of the samples it
     holds, in FIFO order. The samples the step before deferred, in priority order: each one's source (an
-    index into ``available``) and length."""
+    index into ``available``) and length.
+
+    Where samples carry images or clips: ``patches`` and ``encoder_costs``, per source and aligned with
+    ``available``, each sample's vision patches (int64) and its cost in the vision encoder (float64, in the
+    unit of the LLM's cost model; ``VisionCostModel.sample_costs``), and ``deferred_patches`` and
+    ``deferred_encoder_costs`` the same of the deferred samples. None (all four): text only."""
 
     available: dict[str, np.ndarray]
     deferred_source: np.ndarray
     deferred_lengths: np.ndarray
+    patches: dict[str, np.ndarray] | None = None
+    encoder_costs: dict[str, np.ndarray] | None = None
+    deferred_patches: np.ndarray | None = None
+    deferred_encoder_costs: np.ndarray | None = None
 
     @property
     def sources(self) -> list[str]:
@@ -56,6 +74,24 @@ class PlannedStep:
     plan: StepPlan
     started: bool
     next_state: MixerState
+    patches: np.ndarray | None = None  # the candidates' vision patches in the order planned (None: text)
+    encoder_costs: np.ndarray | None = None  # and their encoder costs
+
+    def llm_rank_costs(self, cost_model: CostModel) -> np.ndarray:
+        """Each rank's cost in the LLM (float64, by rank)."""
+        return self.plan.rank_costs(self.lengths, cost_model)
+
+    def encoder_rank_costs(self) -> np.ndarray:
+        """Each rank's cost in the vision encoder (float64, by rank; zeros for text)."""
+        if self.encoder_costs is None:
+            return np.zeros(self.plan.ranks)
+        return self.plan.rank_totals(self.encoder_costs)
+
+    def rank_patches(self) -> np.ndarray:
+        """Each rank's vision patches (int64, by rank)."""
+        if self.patches is None:
+            return np.zeros(self.plan.ranks, np.int64)
+        return self.plan.rank_totals(self.patches).astype(np.int64)
 
     def candidates_of(self, deferred: np.ndarray, held: Mapping[str, np.ndarray]) -> np.ndarray:
         """The candidates in the order planned, for a caller that holds its samples as arrays (of ids, say):
@@ -80,12 +116,15 @@ class NothingFitsError(MixflowError):
 class StepCore:
     """Makes a lane's steps of one shape. ``lanes``: a lane's next step is this many steps on.
     ``from_placement`` False plans composed steps from scratch, not from composition's packing (a
-    comparison for the simulator)."""
+    comparison for the simulator). ``vision``: the vision encoder's cost model, with which whoever builds
+    the windows (the constructor's ``SamplePool``, the simulator) computes their ``encoder_costs``; None
+    where the job counts only the LLM's cost."""
 
     shape: StepShape
     cost_model: CostModel
     lanes: int = 1
     from_placement: bool = True
+    vision: VisionCostModel | None = None
 
     def next_step(
         self, mixer: Mixer, state: MixerState, window: StepWindow, exhausted: Collection[str] = ()
@@ -108,12 +147,12 @@ class StepCore:
         start = None
         if self.from_placement and draw.placement is not None:  # each candidate's source named only for one
             start = draw.start_for(ordered.source_names(window.sources))
-        plan = self._plan(ordered.lengths, start)
+        plan = self._plan(ordered, start)
         kept = ~plan.placed_mask
         deferred, source = ordered.lengths[kept], ordered.source[kept]
         after = draw.settle({s: deferred[source == k] for k, s in enumerate(window.available)})
         next_state = after if self.lanes == 1 else replace(after, step=after.step - 1 + self.lanes)
-        planned = PlannedStep(draw.step, taken, ordered.order, ordered.lengths, plan, start is not None, next_state)
+        planned = ordered.planned(draw.step, taken, plan, start is not None, next_state)
         return StepOutcome(DrawStatus.OK, planned=planned)
 
     def final_step(self, state: MixerState, window: StepWindow) -> PlannedStep:
@@ -121,28 +160,54 @@ class StepCore:
         moves on a step. Raises ``NothingFitsError`` when none of them fits."""
         taken = {s: np.arange(len(lengths)) for s, lengths in window.available.items()}
         ordered = _Ordered.of(window, taken)
-        plan = self._plan(ordered.lengths, None)
+        plan = self._plan(ordered, None)
         if not plan.placed_mask.any():
             msg = f"step {state.step}: none of the {len(ordered.order)} remaining samples fits a step"
             raise NothingFitsError(msg)
         next_state = MixerState(state.step + self.lanes, state.credit, state.long_credit)
-        return PlannedStep(state.step, taken, ordered.order, ordered.lengths, plan, False, next_state)
+        return ordered.planned(state.step, taken, plan, False, next_state)
 
-    def _plan(self, lengths: np.ndarray, start: np.ndarray | None) -> StepPlan:
+    def _plan(self, ordered: _Ordered, start: np.ndarray | None) -> StepPlan:
         shape = self.shape
-        return plan_step(
-            lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, self.cost_model, start=start
-        )
+        args = (ordered.lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, self.cost_model)
+        patch_capacity = shape.patches_per_micro_batch
+        patches, encoder = ordered.patches, ordered.encoder_costs
+        if patches is None or encoder is None or not ((patch_capacity > 0 and patches.any()) or encoder.any()):
+            return plan_step(*args, start=start)  # text: the plan of one capacity, bit for bit
+        if start is not None and patch_capacity > 0:
+            start = within_patch_capacity(start, patches, shape.ranks * shape.micro_batches, patch_capacity)
+        costs = self.cost_model.costs(ordered.lengths) + encoder
+        return plan_step(*args, start=start, costs=costs, patches=patches, patch_capacity=patch_capacity)
+
+
+def within_patch_capacity(start: np.ndarray, patches: np.ndarray, slots: int, patch_capacity: int) -> np.ndarray:
+    """``start`` (a micro-batch per candidate, -1 for none, candidates in priority order) with the newest
+    samples with patches of every micro-batch over ``patch_capacity`` taken out of it (-1) until it is not."""
+    placed = start >= 0
+    held = np.bincount(start[placed], weights=patches[placed], minlength=slots)
+    over = np.flatnonzero(held > patch_capacity)
+    if not over.size:
+        return start
+    start = start.copy()
+    for slot in over.tolist():
+        members = np.flatnonzero((start == slot) & (patches > 0))[::-1]  # newest first
+        excess = held[slot] - patch_capacity
+        leaving = members[: int(np.searchsorted(np.cumsum(patches[members]), excess)) + 1]
+        start[leaving] = -1
+    return start
 
 
 @dataclass(frozen=True)
 class _Ordered:
     """A step's candidates in the order planned: their numbers (see the module docstring), lengths and
-    sources (indices into the window's sources)."""
+    sources (indices into the window's sources), and for a multimodal window their patches and encoder
+    costs."""
 
     order: np.ndarray
     lengths: np.ndarray
     source: np.ndarray
+    patches: np.ndarray | None = None
+    encoder_costs: np.ndarray | None = None
 
     @classmethod
     def of(cls, window: StepWindow, taken: dict[str, np.ndarray]) -> _Ordered:
@@ -153,7 +218,32 @@ class _Ordered:
             [window.deferred_source.astype(np.int64, copy=False)]
             + [np.full(len(d), k, dtype=np.int64) for k, d in enumerate(drawn)]
         )
-        return cls(order, lengths[order], source[order])
+        if window.patches is None or window.encoder_costs is None:
+            return cls(order, lengths[order], source[order])
+        patches = _gathered(window, window.deferred_patches, window.patches, taken, np.int64)
+        encoder_costs = _gathered(window, window.deferred_encoder_costs, window.encoder_costs, taken, np.float64)
+        return cls(order, lengths[order], source[order], patches[order], encoder_costs[order])
+
+    def planned(
+        self, step: int, taken: dict[str, np.ndarray], plan: StepPlan, started: bool, next_state: MixerState
+    ) -> PlannedStep:
+        return PlannedStep(
+            step, taken, self.order, self.lengths, plan, started, next_state, self.patches, self.encoder_costs
+        )
 
     def source_names(self, names: list[str]) -> list[str]:
         return [names[k] for k in self.source.tolist()]
+
+
+def _gathered(
+    window: StepWindow,
+    deferred: np.ndarray | None,
+    by_source: dict[str, np.ndarray],
+    taken: dict[str, np.ndarray],
+    dtype: type,
+) -> np.ndarray:
+    """The deferred samples' values (0 where not given), then those of the samples taken from each source,
+    in candidate numbering."""
+    parts = [np.zeros(len(window.deferred_lengths), dtype) if deferred is None else np.asarray(deferred, dtype)]
+    parts += [np.asarray(by_source[s], dtype)[taken[s]] for s in window.available]
+    return np.concatenate(parts)

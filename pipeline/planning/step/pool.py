@@ -1,5 +1,9 @@
 """The samples the constructor holds between reading and delivering them: a FIFO per source in offset
-order, and the samples the scheduler deferred, in their priority order. Pure: no Kafka."""
+order, and the samples the scheduler deferred, in their priority order. Pure: no Kafka.
+
+Each sample's vision patches (``Sample.patches``) and encoder cost (the sum over its images and clips,
+``VisionCostModel.sample_costs``, computed once as it arrives) are kept beside its length; once a sample
+with media has arrived, the pool's windows carry them (``StepWindow.patches``, ``encoder_costs``)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import numpy as np
 from pipeline.planning.order import candidate_order
 from pipeline.planning.step.core import StepWindow
 from pipeline.planning.step.state import ConstructorState, SampleRef, SourcePosition
+from pipeline.spec.cost import VisionCostModel
 from topics.sample import Sample
 
 
@@ -18,6 +23,15 @@ from topics.sample import Sample
 class Candidate:
     ref: SampleRef
     sample: Sample
+    encoder_cost: float = 0.0
+
+
+def encoder_cost(sample: Sample, vision: VisionCostModel | None) -> float:
+    """The sample's cost in the vision encoder: 0 for text, or without a vision cost model."""
+    if vision is None or not sample.media:
+        return 0.0
+    patches = np.fromiter((item.patches for item in sample.media), np.int64, len(sample.media))
+    return float(vision.sample_costs(patches, np.array([len(sample.media)]))[0])
 
 
 class SourceFifo:
@@ -27,6 +41,8 @@ class SourceFifo:
         self.offsets: list[int] = []
         self.samples: list[Sample] = []
         self.lengths: list[int] = []
+        self.patches: list[int] = []
+        self.encoder_costs: list[float] = []
         self.next_offset = position.low  # the next offset to read
         self.delivered: set[int] = set(position.used)  # delivered (or dead-lettered) offsets >= low
         self.read_tokens = self.read_samples = 0  # samples read into it so far (for metrics)
@@ -36,10 +52,12 @@ class SourceFifo:
     def tokens(self) -> int:
         return self._tokens
 
-    def append(self, offset: int, sample: Sample) -> None:
+    def append(self, offset: int, sample: Sample, encoder_cost: float = 0.0) -> None:
         self.offsets.append(offset)
         self.samples.append(sample)
         self.lengths.append(sample.length)
+        self.patches.append(sample.patches if sample.media else 0)
+        self.encoder_costs.append(encoder_cost)
         self._tokens += sample.length
 
     def take(self, positions: np.ndarray) -> list[Candidate]:
@@ -47,24 +65,31 @@ class SourceFifo:
         if positions.size == 0:
             return []
         picked = positions.tolist()
-        out = [Candidate(SampleRef(self.samples[i].source, self.offsets[i]), self.samples[i]) for i in picked]
+        out = [
+            Candidate(SampleRef(self.samples[i].source, self.offsets[i]), self.samples[i], self.encoder_costs[i])
+            for i in picked
+        ]
         self._tokens -= sum(self.lengths[i] for i in picked)
+        columns = ("offsets", "samples", "lengths", "patches", "encoder_costs")
         if np.array_equal(positions, np.arange(len(picked))):  # the head: what an in-order draw takes
-            del self.offsets[: len(picked)], self.samples[: len(picked)], self.lengths[: len(picked)]
+            for name in columns:
+                del getattr(self, name)[: len(picked)]
             return out
         keep = np.ones(len(self.offsets), dtype=bool)
         keep[positions] = False
         kept = np.flatnonzero(keep).tolist()
-        self.offsets = [self.offsets[i] for i in kept]
-        self.samples = [self.samples[i] for i in kept]
-        self.lengths = [self.lengths[i] for i in kept]
+        for name in columns:
+            column = getattr(self, name)
+            setattr(self, name, [column[i] for i in kept])
         return out
 
 
 class SamplePool:
     """Every source's FIFO and the deferred samples, with the positions a checkpoint records."""
 
-    def __init__(self, state: ConstructorState) -> None:
+    def __init__(self, state: ConstructorState, vision: VisionCostModel | None = None) -> None:
+        self.vision = vision
+        self.multimodal = False  # a sample with media has arrived: windows carry patches and encoder costs
         self.sources = list(state.positions)
         self.fifos = {s: SourceFifo(state.positions[s]) for s in self.sources}
         self.deferred: list[Candidate] = []
@@ -86,12 +111,13 @@ class SamplePool:
             return
         fifo.read_tokens += sample.length
         fifo.read_samples += 1
+        self.multimodal = self.multimodal or bool(sample.media)
         ref = SampleRef(source, offset)
         if ref in self._pending:
             self._found[ref] = sample
             self._resolve_pending()
             return
-        fifo.append(offset, sample)
+        fifo.append(offset, sample, encoder_cost(sample, self.vision))
 
     def waiting_for_deferred(self) -> dict[str, int]:
         """Sources whose checkpointed deferred samples are not read again yet: the offset to reach."""
@@ -103,18 +129,31 @@ class SamplePool:
 
     def _resolve_pending(self) -> None:
         if all(ref in self._found for ref in self._pending_refs):
-            self.deferred = [Candidate(ref, self._found[ref]) for ref in self._pending_refs] + self.deferred
+            found = [(ref, self._found[ref]) for ref in self._pending_refs]
+            self.deferred = [Candidate(ref, s, encoder_cost(s, self.vision)) for ref, s in found] + self.deferred
             self._pending_refs, self._pending, self._found = [], set(), {}
 
     # -- drawing ----------------------------------------------------------------------------------
 
     def window(self) -> StepWindow:
-        """What the next step is drawn from: each source's FIFO lengths and the deferred samples."""
+        """What the next step is drawn from: each source's FIFO lengths and the deferred samples, and once
+        samples with media have arrived, the patches and encoder costs of each."""
         available = {s: np.asarray(f.lengths, dtype=np.int64) for s, f in self.fifos.items()}
         index = {s: k for k, s in enumerate(self.sources)}
-        deferred_source = np.fromiter((index[c.ref.source] for c in self.deferred), np.int64, len(self.deferred))
-        deferred_lengths = np.fromiter((c.sample.length for c in self.deferred), np.int64, len(self.deferred))
-        return StepWindow(available, deferred_source, deferred_lengths)
+        n = len(self.deferred)
+        deferred_source = np.fromiter((index[c.ref.source] for c in self.deferred), np.int64, n)
+        deferred_lengths = np.fromiter((c.sample.length for c in self.deferred), np.int64, n)
+        if not self.multimodal:
+            return StepWindow(available, deferred_source, deferred_lengths)
+        return StepWindow(
+            available,
+            deferred_source,
+            deferred_lengths,
+            {s: np.asarray(f.patches, dtype=np.int64) for s, f in self.fifos.items()},
+            {s: np.asarray(f.encoder_costs, dtype=np.float64) for s, f in self.fifos.items()},
+            np.fromiter((c.sample.patches for c in self.deferred), np.int64, n),
+            np.fromiter((c.encoder_cost for c in self.deferred), np.float64, n),
+        )
 
     def take(self, positions: Mapping[str, np.ndarray], order: np.ndarray | None = None) -> list[Candidate]:
         """The step's candidates: the deferred samples, then those at ``positions`` of each source's FIFO

@@ -48,20 +48,28 @@ def carry_over(state: ConstructorState, sources: Sequence[str]) -> CarriedState:
 
 @dataclass(frozen=True)
 class StepShape:
+    """A step's ranks, micro-batches a rank and tokens a micro-batch, and the vision patches a micro-batch
+    holds at most (0: no limit)."""
+
     ranks: int
     micro_batches: int
     tokens_per_micro_batch: int
+    patches_per_micro_batch: int = 0
+
+
+_WRITTEN = ("ranks", "micro_batches", "tokens_per_micro_batch")
+"""What the trainers' batches are shaped by; the patch budget may change between runs."""
 
 
 def check_step_shape(written: StepShape | None, spec: StepShape, job: str) -> None:
     """Refuse to resume ``job`` under a step shape other than the one its steps were written with."""
-    if written is None or written == spec:
-        return
     changed = [
         f"step.{name} is {getattr(spec, name)} in the spec but {getattr(written, name)} in the steps written"
-        for name in ("ranks", "micro_batches", "tokens_per_micro_batch")
-        if getattr(spec, name) != getattr(written, name)
+        for name in _WRITTEN
+        if written is not None and getattr(spec, name) != getattr(written, name)
     ]
+    if not changed:
+        return
     msg = (
         f"job {job} cannot resume under this spec: " + "; ".join(changed) + ". A running job keeps its step "
         "shape (its trainers read these rank topics); write the steps into another job instead "

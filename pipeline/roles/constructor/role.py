@@ -110,8 +110,9 @@ class DataConstructor(TransactionalRole):
         self.mixer = Mixer.from_spec(spec)
         self.cost_model = spec.cost.cost_model()
         shape = spec.step
-        self.shape = StepShape(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch)
-        self.core = StepCore(self.shape, self.cost_model, self.lanes)
+        patches = shape.patches_per_micro_batch or 0
+        self.shape = StepShape(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, patches)
+        self.core = StepCore(self.shape, self.cost_model, self.lanes, vision=spec.cost.vision_cost_model())
         self.stats = ConstructorStats(options.recent_steps)
         self.metrics = metrics or ConstructorMetrics(CollectorRegistry(), self.out.job, spec)
         self.instance = options.instance or f"{socket.gethostname()}-{os.getpid()}"
@@ -204,7 +205,7 @@ class DataConstructor(TransactionalRole):
             return
         log.info("constructor %s: resuming at step %d", self.transactional_id, state.step)
         record_spec(self, producer, self.out, self.spec, state.step)
-        pool = SamplePool(state)
+        pool = SamplePool(state, self.core.vision)
         consumer = RenewingConsumer(
             read_committed_settings(
                 self.config,
