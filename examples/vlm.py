@@ -114,6 +114,7 @@ class VLM(nn.Module):
         **media: torch.Tensor,
     ) -> torch.Tensor:
         embeds = self.llm.embed(input_ids)
+        used = False
         for pixels, grids, token in (
             ("pixel_values", "image_grid_thw", self.vision.config.image_token_id),
             ("pixel_values_videos", "video_grid_thw", self.vision.config.video_token_id),
@@ -122,6 +123,9 @@ class VLM(nn.Module):
                 merged = self.vision(media[pixels], media[grids])
                 where = (input_ids == token).nonzero().squeeze(1)
                 embeds = embeds.index_put((where,), merged.to(embeds.dtype))
+                used = True
+        if not used:  # DDP reduces every parameter's gradient: the tower's are zero in a text-only micro-batch
+            embeds = embeds + 0.0 * sum(p.reshape(-1)[0] for p in self.vision.parameters())
         return self.llm(input_ids, position_ids, cu_seqlens, max_seqlen, inputs_embeds=embeds)
 
 

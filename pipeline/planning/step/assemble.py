@@ -12,9 +12,26 @@ import pyarrow as pa
 from pipeline.planning.scheduler import CostModel, StepPlan, plan_step, rank_orders
 from pipeline.planning.step.core import PlannedStep
 from pipeline.planning.step.pool import Candidate
-from pipeline.spec import StepSpec
+from pipeline.spec import JobSpec, StepSpec
 from topics.batch import Batch
 from topics.sample import Sample
+
+
+@dataclass(frozen=True)
+class BatchFormat:
+    """What a job's batches carry besides tokens: the media column (a job with a multimodal source; then every
+    batch has it, empty or not) and the patch budget per micro-batch."""
+
+    with_media: bool = False
+    patches_per_micro_batch: int | None = None
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> BatchFormat:
+        with_media = any(source.multimodal for source in spec.sources)
+        return cls(with_media, spec.step.patches_per_micro_batch if with_media else None)
+
+
+TEXT = BatchFormat()
 
 
 @dataclass(frozen=True)
@@ -47,25 +64,35 @@ def assemble_step(
     return _assembled(step, candidates, plan, lengths, start is not None)
 
 
-def assemble_planned(planned: PlannedStep, candidates: Sequence[Candidate]) -> AssembledStep:
+def assemble_planned(
+    planned: PlannedStep, candidates: Sequence[Candidate], batch_format: BatchFormat = TEXT
+) -> AssembledStep:
     """The batches of a step the step core planned; ``candidates`` in ``planned.order`` (``SamplePool.take``)."""
-    return _assembled(planned.step, candidates, planned.plan, planned.lengths, planned.started)
+    return _assembled(planned.step, candidates, planned.plan, planned.lengths, planned.started, batch_format)
 
 
 def _assembled(
-    step: int, candidates: Sequence[Candidate], plan: StepPlan, lengths: np.ndarray, started: bool
+    step: int,
+    candidates: Sequence[Candidate],
+    plan: StepPlan,
+    lengths: np.ndarray,
+    started: bool,
+    batch_format: BatchFormat = TEXT,
 ) -> AssembledStep:
     """Each rank's batch of ``plan`` of ``candidates`` (``lengths`` theirs); the unplaced ones as deferred."""
-    batches = build_batches(step, plan, [c.sample for c in candidates], lengths)
+    batches = build_batches(step, plan, [c.sample for c in candidates], lengths, batch_format)
     placed = plan.placed_mask.tolist()
     delivered = [c for c, p in zip(candidates, placed, strict=True) if p]
     deferred = [c for c, p in zip(candidates, placed, strict=True) if not p]
     return AssembledStep(step, batches, delivered, deferred, plan, lengths, started)
 
 
-def build_batches(step: int, plan: StepPlan, samples: Sequence[Sample], lengths: np.ndarray) -> list[Batch]:
-    """One batch per rank of ``plan`` (its shape and capacity) holding the ``samples`` it places there,
-    micro-batch by micro-batch in ``rank_order``; ``lengths`` are the samples' token counts."""
+def build_batches(
+    step: int, plan: StepPlan, samples: Sequence[Sample], lengths: np.ndarray, batch_format: BatchFormat = TEXT
+) -> list[Batch]:
+    """One batch per rank of ``plan`` (its shape and capacity) in ``batch_format``, holding the ``samples`` it
+    places there, micro-batch by micro-batch in ``rank_order``; ``lengths`` are the samples' token counts."""
+    with_media = batch_format.with_media
     orders = rank_orders(plan)
     # Each source name once, and each sample's index into them: a rank's source column is built from these.
     names: dict[str, int] = {}
@@ -90,6 +117,9 @@ def build_batches(step: int, plan: StepPlan, samples: Sequence[Sample], lengths:
                 micro_batch=micro_batch,
                 offsets=offsets,
                 tokens=tokens,
+                with_media=with_media,
+                media=[samples[i].media for i in picked] if with_media else None,
+                patches_per_micro_batch=batch_format.patches_per_micro_batch,
                 trusted=True,  # the plan places at most capacity tokens a micro-batch, in micro-batch order
             )
         )

@@ -8,10 +8,11 @@ import logging
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 from pipeline.planning.mixing import DrawStatus, Mixer, MixerState
-from pipeline.planning.step.assemble import AssembledStep, assemble_planned
+from pipeline.planning.step.assemble import AssembledStep, BatchFormat, assemble_planned
 from pipeline.planning.step.core import PlannedStep, StepCore, StepOutcome
 from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.state import ConstructorState, SourcePosition
@@ -65,6 +66,10 @@ class StepLoop:
     dormant: dict[str, SourcePosition]  # sources the spec no longer mixes, kept where they were
     lag_log_interval_s: float = 10.0
     _last_lag_log: float = field(default_factory=time.monotonic)
+
+    @cached_property
+    def batch_format(self) -> BatchFormat:
+        return BatchFormat.of(self.spec)
 
     def run(self, state: ConstructorState) -> None:
         """Steps from ``state`` on, until the job is finished, this instance stops or loses the lease, or a
@@ -170,7 +175,7 @@ class StepLoop:
 
     def write_planned(self, planned: PlannedStep, exhausted: Collection[str]) -> bool:
         """Take the ``planned`` step's samples from the pool, build its batches and hand it to the writer."""
-        assembled = assemble_planned(planned, self.pool.take(planned.taken, planned.order))
+        assembled = assemble_planned(planned, self.pool.take(planned.taken, planned.order), self.batch_format)
         self.pool.settle(assembled.delivered, assembled.deferred)
         return self.write(assembled, planned.next_state, exhausted)
 

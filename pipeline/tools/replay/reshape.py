@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pipeline.planning.scheduler import CostModel, StepPlan, plan_step
-from pipeline.planning.step.assemble import build_batches
+from pipeline.planning.step.assemble import BatchFormat, build_batches
 from topics.batch import Batch
 from topics.errors import MixflowError
 
@@ -52,7 +52,8 @@ def reshape_step(batches: Sequence[Batch], ranks: int, micro_batches: int, cost_
             f"--micro-batches ({least} always fits)"
         )
         raise ReshapeError(msg)
-    return build_batches(step, plan, samples, lengths)
+    first = batches[0]
+    return build_batches(step, plan, samples, lengths, BatchFormat(first.with_media, first.patches_per_micro_batch))
 
 
 def _place_the_rest(plan: StepPlan, lengths: np.ndarray, cost_model: CostModel) -> StepPlan:
