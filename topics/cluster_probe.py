@@ -23,7 +23,7 @@ from topics.errors import BrokerUnreachableError, MixflowError, NotFoundError
 from topics.names import JobTopics, TopicKind, parse_topic
 
 DEFAULT_TIMEOUT_S = 15.0
-GIVE_UP_AFTER_S = 3.0
+GIVE_UP_AFTER_S = 2.0
 """How long every broker may refuse connections (or have a name that does not resolve) before the probe
 says the cluster is not there, rather than waiting for the whole timeout."""
 _ASK_EVERY_S = 0.5

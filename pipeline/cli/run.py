@@ -48,15 +48,13 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.metrics import RunMetrics
     from pipeline.spec import load_spec
     from pipeline.tools.observe.rank_topics import job_report
-    from pipeline.tools.run.folders import job_folder
     from pipeline.tools.run.job import job_spec_file, run_local_job, trainer_command
     from pipeline.tools.run.progress import JobProgress
-    from pipeline.tools.stack.local_broker import default_state_dir
     from topics.admin import ensure_job_topics
     from topics.cluster_probe import cluster_topics
 
     spec = load_spec(args.spec)
-    folder = job_folder(args.state_dir or default_state_dir(), args.job or spec.job)
+    folder = run_folder(args, spec.job)
     train_folder = folder / "train"
     if args.trainer:  # a bad template is refused before anything starts
         trainer_command(args.trainer, args.spec, train_folder)
@@ -92,3 +90,12 @@ def run(args: argparse.Namespace) -> int:
     for line in report.lines():
         print(line)
     return 0 if report.exactly_once else 1
+
+
+def run_folder(args: argparse.Namespace, spec_job: str) -> Path:
+    """Where the job's local files go: ``<state dir>/jobs/<job>/``, for the job ``--job`` names or else the
+    spec's (``mixflow top`` looks there)."""
+    from pipeline.tools.run.folders import job_folder
+    from pipeline.tools.stack.local_broker import default_state_dir
+
+    return job_folder(args.state_dir or default_state_dir(), args.job or spec_job)

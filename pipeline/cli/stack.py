@@ -15,7 +15,7 @@ from pipeline.tools.stack.local_cluster import (
     default_cluster_state_dir,
     is_cluster_state_dir,
 )
-from topics.errors import MixflowError
+from topics.errors import MixflowError, NotFoundError
 
 
 def _add_state_dir(parser: argparse.ArgumentParser) -> None:
@@ -136,7 +136,7 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
     state_dir = args.state_dir or default_cluster_state_dir()
     if not is_cluster_state_dir(state_dir):
         msg = f"no cluster in {state_dir}; start one with `mixflow stack up --brokers 3 --state-dir {state_dir}`"
-        raise MixflowError(msg)
+        raise NotFoundError(msg)
     return LocalCluster(state_dir)
 
 

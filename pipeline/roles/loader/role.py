@@ -38,8 +38,10 @@ __all__ = ["LoaderOptions", "LoaderStats", "SourceLoader"]
 log = logging.getLogger(__name__)
 
 DEFAULT_OPTIONS = LoaderOptions()
+IDLE_CHECK_S = 5.0
 IDLE_NOTICE_S = 30.0
-"""How often a loader that waits for units while every unit of its source is done says so."""
+"""A loader that waits for units looks every ``IDLE_CHECK_S`` whether every unit of its source is done, and
+while they are, says so every ``IDLE_NOTICE_S``."""
 
 
 class SourceLoader(TransactionalRole):
@@ -132,8 +134,9 @@ class SourceLoader(TransactionalRole):
             log.info("loader %s: every unit of %s is done", self.transactional_id, self.source)
             return True
         if not self.options.until_drained and time.monotonic() >= self._idle_notice_at:
-            self._idle_notice_at = time.monotonic() + IDLE_NOTICE_S
+            self._idle_notice_at = time.monotonic() + IDLE_CHECK_S
             if self.planning.drained(self.group.offsets):
+                self._idle_notice_at = time.monotonic() + IDLE_NOTICE_S
                 log.info(
                     "loader %s: every unit of %s is done; waiting for new ones, as asked without --until-drained",
                     self.transactional_id,
