@@ -413,3 +413,20 @@ def test_a_loader_with_every_unit_done_says_so_and_ctrl_c_exits_130(
             process.kill()
     said = log.read_text()
     assert "mixflow load: interrupted" in said and '"source": "docstrings"' in said and "Traceback" not in said, said
+
+
+def test_a_sigint_that_a_role_took_as_a_request_to_stop_still_counts_as_an_interruption() -> None:
+    from pipeline.cli.boundary import watching_sigint
+
+    previous = signal.getsignal(signal.SIGINT)
+    stops: list[int] = []
+    try:
+        with watching_sigint() as interrupted:
+            signal.signal(signal.SIGINT, lambda signum, _frame: stops.append(signum))  # as a role's handler does
+            signal.raise_signal(signal.SIGINT)
+        assert stops == [signal.SIGINT] and interrupted == [True]
+        with watching_sigint() as quiet:
+            pass
+        assert quiet == [False]
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse has said why (a usage error), or printed the help
-        return exc.code if isinstance(exc.code, int) else USAGE
+        return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else USAGE
     except MixflowError as exc:  # an argument's type found a file missing
         return failure_exit(command, exc, verbose)
     _dump_stacks_on_sigusr1()
