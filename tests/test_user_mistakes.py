@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipeline.cli import main
 from tests.loader_support import REPO, write_spec
@@ -430,3 +432,32 @@ def test_a_sigint_that_a_role_took_as_a_request_to_stop_still_counts_as_an_inter
         assert quiet == [False]
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@given(st.one_of(st.integers(-(10**12), 10**12).map(str), st.floats(allow_nan=True).map(repr), st.text(max_size=6)))
+def test_the_argument_types_take_exactly_the_values_in_their_range(text: str) -> None:
+    import argparse
+
+    from pipeline.cli.arguments import non_negative_float, non_negative_int, port, positive_float, positive_int
+
+    def value(kind: type, least: float, above: bool) -> float | None:
+        try:
+            number = kind(text)
+        except ValueError:
+            return None
+        finite = number == number and abs(number) != float("inf")
+        return number if finite and (number > least if above else number >= least) else None
+
+    expected = {
+        positive_int: value(int, 0, True),
+        non_negative_int: value(int, 0, False),
+        positive_float: value(float, 0, True),
+        non_negative_float: value(float, 0, False),
+        port: v if (v := value(int, 0, False)) is not None and v <= 65535 else None,
+    }
+    for parse, wanted in expected.items():
+        if wanted is None:
+            with pytest.raises(argparse.ArgumentTypeError):
+                parse(text)
+        else:
+            assert parse(text) == wanted

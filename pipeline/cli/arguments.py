@@ -1,6 +1,7 @@
 """Argument types of the `mixflow` commands: every count, step, duration, port and path is checked where it
 enters, by the parser, so that a bad value is refused before anything starts (argparse says which argument
-and exits 2). A file that must exist and does not is a ``NotFoundError`` (exit 4) instead.
+and exits 2). A folder to read that does not exist is a ``NotFoundError`` (exit 4) instead. (A spec file is
+read by the command, which says what is wrong with it, missing or not.)
 
 Nothing here creates, opens or changes a file: an output path is checked for being writable only."""
 
@@ -29,7 +30,7 @@ def _number(text: str, kind: type[int] | type[float]) -> int | float:
     return value
 
 
-def _at_least(kind: type[int] | type[float], least: float, above: bool, name: str) -> Callable[[str], int | float]:
+def _at_least(kind: type[int] | type[float], least: float, above: bool) -> Callable[[str], int | float]:
     def parse(text: str) -> int | float:
         value = _number(text, kind)
         if value < least or (above and value == least):
@@ -37,17 +38,16 @@ def _at_least(kind: type[int] | type[float], least: float, above: bool, name: st
             raise argparse.ArgumentTypeError(f"must be {relation} {least:g}, not {text}")
         return value
 
-    parse.__name__ = name  # argparse names the type in some messages
     return parse
 
 
-positive_int = _at_least(int, 0, True, "positive_int")
+positive_int = _at_least(int, 0, True)
 """A count that must be 1 or more (ranks, micro-batches, faults, units)."""
-non_negative_int = _at_least(int, 0, False, "non_negative_int")
+non_negative_int = _at_least(int, 0, False)
 """A step, an instance number, a lane, a count that may be 0."""
-positive_float = _at_least(float, 0.0, True, "positive_float")
+positive_float = _at_least(float, 0.0, True)
 """A duration or interval that must be above 0."""
-non_negative_float = _at_least(float, 0.0, False, "non_negative_float")
+non_negative_float = _at_least(float, 0.0, False)
 """A duration that may be 0 (0: do not wait)."""
 
 
@@ -65,17 +65,6 @@ def job_name(text: str) -> str:
         return validate_job_name(text)
     except MixflowError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def existing_file(text: str) -> Path:
-    """A file to read (a spec, an input): ``NotFoundError`` when it is not there."""
-    path = Path(text)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
-    if not path.is_file():
-        msg = f"no file {text}" + (f" (in {Path.cwd()})" if not path.is_absolute() else "")
-        raise NotFoundError(msg)
-    return path
 
 
 def existing_folder(text: str) -> Path:
