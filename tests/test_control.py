@@ -210,7 +210,7 @@ def test_a_change_applies_from_its_step_across_restarts_as_a_curriculum_would(
     assert published.returncode == 0, published.stderr
     assert json.loads(published.stdout.splitlines()[-1])["status"] == "published"  # no constructor runs
     refused = _set_mixture(spec, out, 1, "code=1")
-    assert refused.returncode == 2 and "step 1 was written already" in refused.stderr, refused.stderr
+    assert refused.returncode == 5 and "step 1 was written already" in refused.stderr, refused.stderr
     _construct(spec, out)  # resumes at step 3; the change accepted in the first run still holds
 
     state = read_last_state({"bootstrap.servers": kafka_bootstrap}, JobTopics(out))
@@ -263,9 +263,9 @@ def test_set_mixture_refuses_unknown_sources_and_a_finished_job(
 ) -> None:
     _, spec = loaded
     unknown = _set_mixture(spec, unique_name, 3, "nope=1")
-    assert unknown.returncode == 2 and "no source 'nope'" in unknown.stderr
+    assert unknown.returncode == 4 and "no source 'nope'" in unknown.stderr
     _construct(spec, unique_name)
     finished = _set_mixture(spec, unique_name, 10**6, "code=1")
-    assert finished.returncode == 2 and "finished at step" in finished.stderr, finished.stderr
+    assert finished.returncode == 5 and "finished at step" in finished.stderr, finished.stderr
     missing = _set_mixture(spec, f"{unique_name}-none", 3, "code=1")
-    assert missing.returncode == 2 and "does not exist" in missing.stderr, missing.stderr
+    assert missing.returncode == 4 and "does not exist" in missing.stderr, missing.stderr

@@ -158,7 +158,7 @@ def test_a_missing_source_path_is_a_clear_error_at_start_up(
     spec = write_spec(tmp_path, unique_name, kafka_bootstrap, tmp_path / "nowhere")
     command = [sys.executable, "-m", "pipeline.cli", "load", "--spec", str(spec), "--source", "code"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 2
+    assert result.returncode == 4
     assert "nowhere" in result.stderr and "does not exist" in result.stderr
 
 

@@ -66,20 +66,20 @@ def test_plan_writes_assignment_and_summary(tmp_path: Path, capsys: pytest.Captu
 
 
 @pytest.mark.parametrize(
-    ("content", "extra", "message"),
+    ("content", "extra", "message", "code"),
     [
-        (None, (), "no such file"),
-        (np.array([1.5, 2.0]), (), "int64"),
-        (np.array([1, 5000], np.int64), (), "lengths[1] = 5000 exceeds capacity 4096"),
-        (np.array([1, 2], np.int64), ("--alpha", "-1"), "alpha"),
+        (None, (), "no such file", 4),
+        (np.array([1.5, 2.0]), (), "int64", 2),
+        (np.array([1, 5000], np.int64), (), "lengths[1] = 5000 exceeds capacity 4096", 2),
+        (np.array([1, 2], np.int64), ("--alpha", "-1"), "alpha", 2),
     ],
 )
 def test_plan_errors_are_clear(
-    tmp_path: Path, capsys: pytest.CaptureFixture, content: np.ndarray | None, extra: tuple, message: str
+    tmp_path: Path, capsys: pytest.CaptureFixture, content: np.ndarray | None, extra: tuple, message: str, code: int
 ) -> None:
     path = tmp_path / "lengths.npy"
     if content is not None:
         np.save(path, content)
-    assert main(_args(path, tmp_path / "plan.npz", *extra)) == 2
+    assert main(_args(path, tmp_path / "plan.npz", *extra)) == code
     err = capsys.readouterr().err
     assert "mixflow plan: error:" in err and message in err and "Traceback" not in err

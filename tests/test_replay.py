@@ -307,7 +307,7 @@ def test_bad_inputs_are_refused_naming_them(
     code, _, err = _cli(
         capsys, f"{unique_name}-nope", kafka_bootstrap, tmp_path, "--from-step", "0", "--to-job", unique_name
     )
-    assert code == 2 and f"job {unique_name}-nope has written no step" in err, err[-2000:]
+    assert code == 4 and f"job '{unique_name}-nope' does not exist at" in err, err[-2000:]
     middle = steps // 2  # how many steps the job wrote depends on how full composition makes them
     code, out, err = _cli(
         capsys, original.job, kafka_bootstrap, tmp_path, "--from-step", str(middle), "--to-job", unique_name, "--verify"

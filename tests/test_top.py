@@ -431,7 +431,7 @@ def test_top_and_set_mixture_follow_every_lane_of_a_job(kafka_bootstrap: str, un
 
         # Lane 0 wrote step 4: a change from step 4 is too late for it; from 5, every lane takes it in time.
         late = _set_mixture(spec_path, 4, "code=1")
-        assert late.returncode == 2 and "a constructor lane is past step 4" in late.stderr, late.stderr
+        assert late.returncode == 5 and "a constructor lane is past step 4" in late.stderr, late.stderr
         published = _set_mixture(spec_path, 5, "code=1")
         assert published.returncode == 0, published.stderr
         change = json.loads(published.stdout.splitlines()[-1])["change"]
@@ -457,7 +457,7 @@ def test_top_and_set_mixture_follow_every_lane_of_a_job(kafka_bootstrap: str, un
         steps_written = frame.constructor.steps_written
         assert _progress_steps(config, unique_name, steps_written) == steps_written
         finished = _set_mixture(spec_path, 10**6, "code=1")
-        assert finished.returncode == 2 and f"finished at step {frame.constructor.steps_written}" in finished.stderr
+        assert finished.returncode == 5 and f"finished at step {frame.constructor.steps_written}" in finished.stderr
     finally:
         collector.close()
 

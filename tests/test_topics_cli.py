@@ -72,7 +72,7 @@ def test_a_running_job_is_not_deleted_unless_forced(
     member = _group_member(kafka_bootstrap, group, JobTopics(unique_name).work("web"))
     try:
         cluster = ["--bootstrap-servers", kafka_bootstrap]
-        assert main(["topics", "delete", "--job", unique_name, "--yes", *cluster]) == 2
+        assert main(["topics", "delete", "--job", unique_name, "--yes", *cluster]) == 5
         err = capsys.readouterr().err
         assert f"job {unique_name} is running" in err and f"{group} (1 members)" in err and "--force" in err
         assert len(list_jobs(kafka_bootstrap)[unique_name]) == 7

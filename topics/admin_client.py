@@ -13,12 +13,16 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, ResourceType
 
-from topics.errors import MixflowError
+from topics.errors import BrokerUnreachableError, MixflowError
 
 DEFAULT_TIMEOUT_S = 15.0
 # Topics a request: small enough that a batch is answered well within the timeout on a loaded broker.
 DEFAULT_BATCH_TOPICS = 500
 _LOG = logging.getLogger("mixflow.kafka")
+# Errors that say the cluster was not reached, rather than that it refused a request.
+_UNREACHED = frozenset(
+    {KafkaError._TRANSPORT, KafkaError._RESOLVE, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT}
+)
 T = TypeVar("T")
 
 
@@ -94,7 +98,9 @@ class DeadlineAdmin:
         reason = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
         if isinstance(exc, TimeoutError):
             reason = f"no answer within {self.timeout_s:g} s"
-        return MixflowError(f"cannot {what} on Kafka at {self.servers}: {reason}")
+        unreached = isinstance(exc, TimeoutError) or (isinstance(exc, KafkaException) and error_code(exc) in _UNREACHED)
+        kind = BrokerUnreachableError if unreached else MixflowError
+        return kind(f"cannot {what} on Kafka at {self.servers}: {reason}")
 
     def topics(self) -> dict[str, int]:
         """Every topic on the cluster and its partition count."""

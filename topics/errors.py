@@ -3,7 +3,36 @@
 
 class MixflowError(Exception):
     """Base class: a problem with input, configuration or the environment, with a message that says
-    what and where. The CLI prints it without a traceback."""
+    what and where. The CLI prints it without a traceback and exits with the class's ``exit_code``: 2
+    here, a bad argument or spec, as for argparse's own usage errors; the subclasses below say which
+    other kind of problem it is."""
+
+    exit_code = 2
+
+
+class NotFoundError(MixflowError):
+    """What a user named does not exist: a file or folder, a job, a topic, a source, a rank."""
+
+    exit_code = 4
+
+
+class RefusedError(MixflowError):
+    """A request refused: it would overwrite or delete what does not belong to the job, or the job's
+    state does not allow it (running, finished, a step written already)."""
+
+    exit_code = 5
+
+
+class BrokerUnreachableError(MixflowError):
+    """No Kafka broker answered at the bootstrap servers."""
+
+    exit_code = 6
+
+
+class NoAnswerError(MixflowError):
+    """A request was made and nobody answered it in time (a running job's constructor, say)."""
+
+    exit_code = 7
 
 
 class InvalidNameError(MixflowError, ValueError):

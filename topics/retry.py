@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
-from topics.errors import MixflowError
+from topics.errors import BrokerUnreachableError
 
 log = logging.getLogger("mixflow.kafka")
 T = TypeVar("T")
@@ -38,7 +38,7 @@ _NOT_NOW = frozenset(
 )
 
 
-class KafkaUnavailableError(MixflowError):
+class KafkaUnavailableError(BrokerUnreachableError):
     """Kafka kept answering with retriable errors past the retry deadline."""
 
 

@@ -12,6 +12,7 @@ import torch
 from prometheus_client import CollectorRegistry
 from torch.utils.data import IterableDataset, get_worker_info
 
+from topics.cluster_probe import require_rank_topic
 from topics.errors import MixflowError
 from topics.media_packing import PixelOptions
 from topics.names import JobTopics
@@ -125,6 +126,8 @@ class KafkaBatchDataset(IterableDataset):
         if pad_to_multiple_of < 1:
             msg = f"pad_to_multiple_of must be at least 1, got {pad_to_multiple_of}"
             raise MixflowError(msg)
+        # Fails fast, in one line: no broker answering (BrokerUnreachableError), no such job or rank (NotFoundError).
+        require_rank_topic(self.kafka_config, self.job, self.rank)
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
         self.options = ReadOptions(

@@ -8,11 +8,11 @@ import contextlib
 import faulthandler
 import io
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
 
+from pipeline.cli.boundary import INTERRUPTED, USAGE, failure_exit, watching_sigint
 from pipeline.cli.command import Command, add_commands
 from topics.errors import MixflowError
 
@@ -99,30 +99,37 @@ def _dump_stacks_on_sigusr1() -> None:
         faulthandler.register(signal.SIGUSR1, file=sys.stderr)
 
 
-def _is_stuck_client(exc: MixflowError) -> bool:
-    # Only a command that loaded the Kafka clients can raise it; importing them here would load
-    # confluent_kafka for every command.
-    clients = sys.modules.get("pipeline.kafka.clients")
-    return clients is not None and isinstance(exc, clients.KafkaClientStuckError)
+def _command_words(argv: Sequence[str]) -> tuple[str, bool]:
+    """The command (for messages, before the arguments are parsed) and whether ``-v`` comes before it."""
+    for i, word in enumerate(argv):
+        if not word.startswith("-"):
+            return word, any(option in ("-v", "--verbose") for option in argv[:i])
+    return "", any(option in ("-v", "--verbose") for option in argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; its exit code (see ``pipeline.cli.boundary``). A failure a user can cause is said
+    in one line on stderr, with its traceback only under ``-v``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command, verbose = _command_words(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has said why (a usage error), or printed the help
+        return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else USAGE
+    except MixflowError as exc:  # an argument's type found a file missing
+        return failure_exit(command, exc, verbose)
     _dump_stacks_on_sigusr1()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    try:
-        return int(args.run(args) or 0)
-    except MixflowError as exc:
-        print(f"mixflow {args.command}: error: {exc}", file=sys.stderr, flush=True)
-        if _is_stuck_client(exc):
-            os._exit(3)  # a stuck Kafka client would hang the interpreter's exit as well
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # output piped into `head` and the like, which stopped reading
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
-        return 0
+    with watching_sigint() as interrupted:
+        try:
+            code = int(args.run(args) or 0)
+        except BaseException as exc:  # the boundary: whatever a user can cause becomes one line
+            return failure_exit(args.command, exc, args.verbose)
+    if interrupted[0] and code == 0:
+        print(f"mixflow {args.command}: interrupted (it stopped after its current piece of work)", file=sys.stderr)
+        return INTERRUPTED
+    return code

@@ -13,18 +13,20 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from pipeline.cli.arguments import port, positive_int
+
 log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec")
     parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
-    parser.add_argument("--metrics-port", type=int, required=True, help="serve the gauges on this port")
+    parser.add_argument("--metrics-port", type=port, required=True, help="serve the gauges on this port")
     parser.add_argument(
-        "--max-total-loaders", type=int, help="budget of loaders of all sources together (default: the spec's)"
+        "--max-total-loaders", type=positive_int, help="budget of loaders of all sources together (default: the spec's)"
     )
     parser.add_argument(
-        "--decisions", type=int, help="stop after this many decisions (default: run until SIGTERM or SIGINT)"
+        "--decisions", type=positive_int, help="stop after this many decisions (default: run until SIGTERM or SIGINT)"
     )
 
 
@@ -38,9 +40,6 @@ def run(args: argparse.Namespace) -> int:
     from topics.errors import MixflowError
 
     spec = load_spec(args.spec)
-    if args.max_total_loaders is not None and args.max_total_loaders < 1:
-        msg = f"--max-total-loaders must be at least 1, got {args.max_total_loaders}"
-        raise MixflowError(msg)
     if not spec.autoscaling.enabled:
         log.info("autoscaling.enabled is false in %s: exporting the decisions all the same", args.spec)
     settings = PolicySettings.from_spec(spec.autoscaling, args.max_total_loaders)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import date
-from pathlib import Path
 
+from pipeline.cli.arguments import output_file
 from pipeline.tools.calibrate.grid import default_lengths
 from topics.errors import MixflowError
 
@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads", type=int, help="CPU threads for torch (default: torch's); 1 is steadiest on a busy machine"
     )
     parser.add_argument("--dtype", choices=tuple(DEFAULT_DTYPES.values()), help="default: bf16 on cuda, fp32 on cpu")
-    parser.add_argument("--out", type=Path, help="also write the cost section to this file")
+    parser.add_argument("--out", type=output_file, help="also write the cost section to this file")
 
 
 def _check_arguments(args: argparse.Namespace) -> None:

@@ -6,19 +6,23 @@ import argparse
 import signal
 from pathlib import Path
 
+from pipeline.cli.arguments import non_negative_int, output_folder, positive_float, positive_int
 from pipeline.tools.chaos.schedule import FaultKind
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec (run under a fresh job name)")
-    parser.add_argument("--faults", type=int, required=True, help="faults to inject, one after the other")
+    parser.add_argument("--faults", type=non_negative_int, required=True, help="faults to inject, one after the other")
     parser.add_argument("--seed", type=int, required=True, help="seed of the fault schedule")
     parser.add_argument(
-        "--shadows", type=int, default=1, help="shadow constructors beside the active one (default: %(default)s)"
+        "--shadows",
+        type=non_negative_int,
+        default=1,
+        help="shadow constructors beside the active one (default: %(default)s)",
     )
     parser.add_argument(
         "--out",
-        type=Path,
+        type=output_folder,
         help="a new or empty folder for the logs, the sinks' records, report.json and the private broker "
         "(default: $MIXFLOW_STATE_DIR or .mixflow, then chaos/<job>)",
     )
@@ -34,13 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-lead-steps",
-        type=int,
+        type=positive_int,
         help="the constructor stays at most this many steps ahead of the slowest sink (constructor.max_lead_steps; "
         "default: the spec's)",
     )
     parser.add_argument(
         "--fault-timeout-s",
-        type=float,
+        type=positive_float,
         default=120.0,
         help="how long each fault may take to be survived before the run fails (default: %(default)s)",
     )

@@ -14,11 +14,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.cli.arguments import port
+
 
 def add_metrics_port(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=port,
         default=0,
         help="serve Prometheus metrics at http://HOST:PORT/metrics; one port per process (0: off, the default)",
     )

@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from pipeline.cli.arguments import job_name, non_negative_int, positive_int
 from pipeline.cli.command import add_metrics_port
 from pipeline.roles.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS
 
@@ -14,14 +15,15 @@ from pipeline.roles.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec")
     parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
-    parser.add_argument("--max-steps", type=int, help="stop after writing this many steps (default: no limit)")
+    parser.add_argument("--max-steps", type=positive_int, help="stop after writing this many steps (default: no limit)")
     parser.add_argument(
         "--output-job",
+        type=job_name,
         help="write rank and state topics under this job name while reading the spec's job's sources",
     )
     parser.add_argument(
         "--lease-timeout-ms",
-        type=int,
+        type=positive_int,
         default=DEFAULT_SESSION_TIMEOUT_MS,
         help="how soon a shadow instance takes over from a dead active one (default: %(default)s)",
     )
@@ -29,13 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_metrics_port(parser)
     parser.add_argument(
         "--lane",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="the constructor lane to run, 0 <= LANE < the spec's constructor.lanes (default: %(default)s)",
     )
     parser.add_argument(
         "--transaction-timeout-ms",
-        type=int,
+        type=positive_int,
         default=60_000,
         help="how long an open transaction of a dead constructor blocks readers (default: %(default)s)",
     )

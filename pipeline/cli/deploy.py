@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipeline.cli.arguments import output_folder
 from pipeline.cli.command import Command
 from pipeline.spec import load_spec
 from pipeline.tools.deploy import DeployOptions, check_links, render_job, write_manifests
@@ -16,7 +17,13 @@ _DEFAULTS = DeployOptions()
 
 def _add_render_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec")
-    parser.add_argument("--out", type=Path, required=True, help="folder for the manifests (kubectl apply -f OUT)")
+    parser.add_argument(
+        "--out",
+        type=output_folder,
+        required=True,
+        help="folder for the manifests (kubectl apply -f OUT); files of the same job that a former rendering left "
+        "there are replaced or removed, any other file is kept (and one in the way is refused)",
+    )
     parser.add_argument("--image", default=_DEFAULTS.image, help="the mixflow image (default: %(default)s)")
     parser.add_argument("--namespace", default=_DEFAULTS.namespace, help="namespace (default: %(default)s)")
     parser.add_argument("--bootstrap-servers", help="Kafka in the cluster (default: the spec's kafka section)")
@@ -51,9 +58,11 @@ def _render(args: argparse.Namespace) -> int:
     if problems := check_links(objects):
         msg = "the rendered objects do not fit together:\n  " + "\n  ".join(problems)
         raise MixflowError(msg)
-    written = write_manifests(objects, args.out)
-    print(f"wrote {len(written)} objects of job {spec.job} to {args.out}", file=sys.stderr)
-    for path in written:
+    done = write_manifests(objects, args.out)
+    print(f"wrote {len(done.written)} objects of job {spec.job} to {args.out}", file=sys.stderr)
+    for path in done.removed:
+        print(f"removed {path}: an object of job {spec.job} this rendering no longer has", file=sys.stderr)
+    for path in done.written:
         print(path)
     return 0
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from pipeline.cli.arguments import non_negative_int, positive_float, positive_int
 from pipeline.cli.command import add_metrics_port
 from pipeline.kafka.group_membership import DEFAULT_REJOIN_AFTER_S
 from pipeline.roles.loader.defaults import TARGET_UNIT_SECONDS
@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", required=True, help="the source this loader reads")
     parser.add_argument(
         "--instance",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="this loader's number among the source's loaders; a restart with the same number takes "
         "over at once from a dead predecessor (default: %(default)s)",
@@ -25,32 +25,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--until-drained",
         action="store_true",
-        help="exit once every work unit of the source is done (default: keep waiting for units)",
+        help="exit once every work unit of the source is done (default: keep waiting for units, saying so while "
+        "every unit is done)",
     )
     parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
     add_metrics_port(parser)
     parser.add_argument(
         "--transaction-timeout-ms",
-        type=int,
+        type=positive_int,
         default=60_000,
         help="how long an open transaction of a dead loader blocks readers (default: %(default)s)",
     )
     parser.add_argument(
         "--unit-seconds",
-        type=float,
+        type=positive_float,
         default=TARGET_UNIT_SECONDS,
         help="when this loader plans the source: seconds of work per unit (default: %(default)s)",
     )
     parser.add_argument(
         "--rejoin-after-s",
-        type=float,
+        type=positive_float,
         default=DEFAULT_REJOIN_AFTER_S,
         help="replace the consumer when the source's group has left this loader without an assignment this "
         "long while the brokers answer (a librdkafka consumer can fail to rejoin after a broker restart) "
         "(default: %(default)s)",
     )
     parser.add_argument(
-        "--max-units", type=int, help="leave the group after this many units, e.g. to scale down (default: none)"
+        "--max-units",
+        type=positive_int,
+        help="leave the group after this many units, e.g. to scale down (default: none)",
     )
 
 
@@ -61,15 +64,13 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.roles.loader.source_runtime import SourceRuntime
     from pipeline.spec import OnExhausted, load_spec
     from topics.admin import ensure_job_topics
+    from topics.errors import NotFoundError
     from topics.names import JobTopics
 
     spec = load_spec(args.spec)
     if args.source not in spec.source_names:
-        print(
-            f"mixflow load: error: no source {args.source!r} in {args.spec} (sources: {', '.join(spec.source_names)})",
-            file=sys.stderr,
-        )
-        return 2
+        msg = f"no source {args.source!r} in {args.spec} (sources: {', '.join(spec.source_names)})"
+        raise NotFoundError(msg)
     config = spec.kafka.client_config(args.bootstrap_servers)
     runtime = SourceRuntime.from_spec(spec, args.source)
     topics = JobTopics(spec.job)

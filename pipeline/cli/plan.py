@@ -8,15 +8,16 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.cli.arguments import output_file, positive_int
 from pipeline.spec.cost import DEFAULT_COST_MODEL, CostModel
-from topics.errors import MixflowError
+from topics.errors import MixflowError, NotFoundError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lengths", type=Path, required=True, help=".npy file of int64 sample lengths")
-    parser.add_argument("--ranks", type=int, required=True, help="data-parallel ranks")
-    parser.add_argument("--micro-batches", type=int, required=True, help="micro-batches per rank")
-    parser.add_argument("--capacity", type=int, required=True, help="tokens per micro-batch")
+    parser.add_argument("--ranks", type=positive_int, required=True, help="data-parallel ranks")
+    parser.add_argument("--micro-batches", type=positive_int, required=True, help="micro-batches per rank")
+    parser.add_argument("--capacity", type=positive_int, required=True, help="tokens per micro-batch")
     parser.add_argument(
         "--alpha",
         type=float,
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="quadratic cost per sample, alpha*L^2 (default: hidden 4096, 32 layers, causal)",
     )
     parser.add_argument("--beta", type=float, default=DEFAULT_COST_MODEL.beta, help="linear cost, beta*L")
-    parser.add_argument("--out", type=Path, required=True, help="output .npz with int32 arrays rank, micro")
+    parser.add_argument("--out", type=output_file, required=True, help="output .npz with int32 arrays rank, micro")
 
 
 def _load_lengths(path: Path) -> np.ndarray:
@@ -32,7 +33,7 @@ def _load_lengths(path: Path) -> np.ndarray:
         lengths = np.load(path, allow_pickle=False)
     except FileNotFoundError as exc:
         msg = f"no such file: {path}"
-        raise MixflowError(msg) from exc
+        raise NotFoundError(msg) from exc
     except (OSError, ValueError) as exc:
         msg = f"cannot read {path} as a .npy array: {exc}"
         raise MixflowError(msg) from exc

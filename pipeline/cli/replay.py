@@ -7,28 +7,34 @@ import json
 import sys
 from pathlib import Path
 
+from pipeline.cli.arguments import job_name, non_negative_int, positive_int
+
 MISMATCH_EXIT = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True, help="the spec of the job to replay, as it ran")
-    parser.add_argument("--from-step", type=int, required=True, help="the first step to replay")
-    parser.add_argument("--to-job", required=True, help="the job to write the replayed steps into")
+    parser.add_argument("--from-step", type=non_negative_int, required=True, help="the first step to replay")
+    parser.add_argument("--to-job", type=job_name, required=True, help="the job to write the replayed steps into")
     parser.add_argument(
-        "--job", help="the job to replay, if not the spec's (one written with construct --output-job from its sources)"
+        "--job",
+        type=job_name,
+        help="the job to replay, if not the spec's (one written with construct --output-job from its sources)",
     )
     parser.add_argument(
-        "--to-step", type=int, help="the last step to replay (default: the job's last committed step, and its end)"
+        "--to-step",
+        type=non_negative_int,
+        help="the last step to replay (default: the job's last committed step, and its end)",
     )
     parser.add_argument(
         "--ranks",
-        type=int,
+        type=positive_int,
         help="data-parallel ranks of the replay (default: the job's); another number re-plans "
         "each step's samples over them",
     )
     parser.add_argument(
         "--micro-batches",
-        type=int,
+        type=positive_int,
         help="micro-batches per rank of the replay (default: the job's, or with --ranks enough that every step fits)",
     )
     parser.add_argument(
@@ -40,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
     parser.add_argument(
         "--transaction-timeout-ms",
-        type=int,
+        type=positive_int,
         default=60_000,
         help="how long an open transaction of a killed replay blocks readers (default: %(default)s)",
     )
@@ -49,9 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeline.spec import load_spec
     from pipeline.tools.replay import ReplayRequest, replay, verify
+    from topics.cluster_probe import job_on_cluster
 
     spec = load_spec(args.spec)
     config = spec.kafka.client_config(args.bootstrap_servers)
+    job_on_cluster(config, args.job or spec.job).require()
     request = ReplayRequest(args.to_job, args.from_step, args.to_step, args.ranks, args.micro_batches, args.job)
     summary = replay(spec, config, request, args.transaction_timeout_ms).to_dict()
     status = 0

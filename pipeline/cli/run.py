@@ -5,22 +5,25 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pipeline.cli.arguments import job_name, non_negative_int, output_folder, port
 from pipeline.metrics.endpoints import METRICS_FILE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True, help="the job's YAML spec")
-    parser.add_argument("--job", help="run under this job name instead of the spec's (a fresh set of topics)")
+    parser.add_argument(
+        "--job", type=job_name, help="run under this job name instead of the spec's (a fresh set of topics)"
+    )
     parser.add_argument("--bootstrap-servers", help="override the spec's and $KAFKA_BOOTSTRAP_SERVERS")
     parser.add_argument(
         "--state-dir",
-        type=Path,
+        type=output_folder,
         default=None,
         help="where the job's logs go, under jobs/<job>/ (default: $MIXFLOW_STATE_DIR or .mixflow)",
     )
     parser.add_argument(
         "--shadows",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="shadow constructors to run beside the active one, ready to take over (default: %(default)s)",
     )
@@ -33,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metrics-port-base",
-        type=int,
+        type=port,
         default=0,
         help=f"serve Prometheus metrics from every process on ports from this one up: this supervisor's own "
         f"(role restarts) on it, then one per trainer rank ({{metrics_port}} in --trainer: the first, plus the local "
@@ -43,18 +46,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.metrics import RunMetrics
+    from pipeline.spec import load_spec
     from pipeline.tools.observe.rank_topics import job_report
     from pipeline.tools.run.job import job_spec_file, run_local_job, trainer_command
     from pipeline.tools.run.progress import JobProgress
-    from pipeline.tools.stack.local_broker import default_state_dir
     from topics.admin import ensure_job_topics
+    from topics.cluster_probe import cluster_topics
 
-    state_dir = args.state_dir or default_state_dir()
-    job_name = args.job or "spec"
-    folder = state_dir / "jobs" / job_name
-    spec, spec_path = job_spec_file(args.spec, args.job, folder)
-    config = spec.kafka.client_config(args.bootstrap_servers)
+    spec = load_spec(args.spec)
+    folder = run_folder(args, spec.job)
     train_folder = folder / "train"
+    if args.trainer:  # a bad template is refused before anything starts
+        trainer_command(args.trainer, args.spec, train_folder)
+    config = spec.kafka.client_config(args.bootstrap_servers)
+    cluster_topics(config)  # the broker answers: said at once, before any folder or process is made
+    spec, spec_path = job_spec_file(args.spec, args.job, folder)
     metrics = RunMetrics(folder, spec.job, args.metrics_port_base)
     metrics.serve()
     sink_port = metrics.sink_ports(spec.step.ranks) if args.trainer and "{metrics_port}" in args.trainer else 0
@@ -63,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         f"job {spec.job}: {len(spec.sources)} sources, {spec.step.ranks} ranks x {spec.step.micro_batches} "
         f"micro-batches x {spec.step.tokens_per_micro_batch} tokens; logs in {folder}"
     )
+    if earlier := sorted(path.name for path in folder.glob("*.log")):
+        print(f"job {spec.job} ran here before: its role logs are replaced ({', '.join(earlier)})")
     # Created up front (as every role would) so that the progress view can follow the state topic at once.
     ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks, lanes=spec.constructor.lanes)
     watched = (train_folder, spec.step.ranks, spec.step.micro_batches) if trainer else None
@@ -82,3 +90,12 @@ def run(args: argparse.Namespace) -> int:
     for line in report.lines():
         print(line)
     return 0 if report.exactly_once else 1
+
+
+def run_folder(args: argparse.Namespace, spec_job: str) -> Path:
+    """Where the job's local files go: ``<state dir>/jobs/<job>/``, for the job ``--job`` names or else the
+    spec's (``mixflow top`` looks there)."""
+    from pipeline.tools.run.folders import job_folder
+    from pipeline.tools.stack.local_broker import default_state_dir
+
+    return job_folder(args.state_dir or default_state_dir(), args.job or spec_job)

@@ -7,8 +7,10 @@ import json
 import sys
 from pathlib import Path
 
+from pipeline.cli.arguments import output_file
 from pipeline.cli.command import Command
 from pipeline.spec import JobSpec, SpecError, check_files, load_spec, spec_json_schema
+from topics.errors import NotFoundError
 
 
 def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,8 +27,9 @@ def _check(args: argparse.Namespace) -> int:
             raise SpecError(args.spec, problems)
     except SpecError as exc:
         print(exc, file=sys.stderr)
-        return 2
-    print(f"ok: {spec.job} ({summary(spec)})")
+        return NotFoundError.exit_code if isinstance(exc.__cause__, FileNotFoundError) else exc.exit_code
+    unchecked = "" if args.files else "; source folders, files and tokenizers not checked: --files checks them"
+    print(f"ok: {spec.job} ({summary(spec)}){unchecked}")
     return 0
 
 
@@ -44,7 +47,7 @@ def summary(spec: JobSpec) -> str:
 
 
 def _add_schema_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, help="write it to this file instead")
+    parser.add_argument("--out", type=output_file, help="write it to this file instead")
 
 
 def _schema(args: argparse.Namespace) -> int:

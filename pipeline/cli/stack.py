@@ -6,6 +6,7 @@ import argparse
 import shutil
 from pathlib import Path
 
+from pipeline.cli.arguments import output_folder, port, positive_float, positive_int
 from pipeline.cli.command import Command
 from pipeline.tools.stack.local_broker import DEFAULT_HOST, DEFAULT_PORT, LocalBroker, default_state_dir
 from pipeline.tools.stack.local_cluster import (
@@ -14,13 +15,13 @@ from pipeline.tools.stack.local_cluster import (
     default_cluster_state_dir,
     is_cluster_state_dir,
 )
-from topics.errors import MixflowError
+from topics.errors import MixflowError, NotFoundError
 
 
 def _add_state_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state-dir",
-        type=Path,
+        type=output_folder,
         default=None,
         help=f"folder for config, data and logs (default: $MIXFLOW_STATE_DIR or {default_state_dir()} for one "
         f"broker, $MIXFLOW_CLUSTER_STATE_DIR or {default_cluster_state_dir()} for a cluster)",
@@ -31,7 +32,7 @@ def _add_stack_arguments(parser: argparse.ArgumentParser) -> None:
     _add_state_dir(parser)
     parser.add_argument(
         "--brokers",
-        type=int,
+        type=positive_int,
         default=None,
         help="1: the single broker; 2 or more: a cluster of that many nodes, each a broker and a KRaft controller "
         "(default: what --state-dir holds, else 1)",
@@ -43,16 +44,18 @@ def _add_up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help=f"address to listen on (default: {DEFAULT_HOST})")
     parser.add_argument(
         "--port",
-        type=int,
+        type=port,
         default=None,
         help=f"client port; the KRaft controller uses port + 1 (default: {DEFAULT_PORT}). A cluster's node i "
         f"uses port + 2(i-1) and the port after (default: {DEFAULT_CLUSTER_PORT}, or what the cluster recorded)",
     )
-    parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for the brokers to answer")
+    parser.add_argument(
+        "--timeout", type=positive_float, default=None, help="seconds to wait for the brokers to answer"
+    )
 
 
 def _add_node_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("node", type=int, help="the node's id, 1..N")
+    parser.add_argument("node", type=positive_int, help="the node's id, 1..N")
     parser.add_argument(
         "--state-dir",
         type=Path,
@@ -64,9 +67,6 @@ def _add_node_arguments(parser: argparse.ArgumentParser) -> None:
 def _stack(args: argparse.Namespace) -> LocalBroker | LocalCluster:
     """The single broker or the cluster that ``--brokers`` and ``--state-dir`` name."""
     brokers = args.brokers
-    if brokers is not None and brokers < 1:
-        msg = f"--brokers must be 1 or more, not {brokers}"
-        raise MixflowError(msg)
     state_dir = args.state_dir
     if state_dir is None:
         state_dir = default_cluster_state_dir() if brokers and brokers > 1 else default_state_dir()
@@ -136,7 +136,7 @@ def _cluster(args: argparse.Namespace) -> LocalCluster:
     state_dir = args.state_dir or default_cluster_state_dir()
     if not is_cluster_state_dir(state_dir):
         msg = f"no cluster in {state_dir}; start one with `mixflow stack up --brokers 3 --state-dir {state_dir}`"
-        raise MixflowError(msg)
+        raise NotFoundError(msg)
     return LocalCluster(state_dir)
 
 

@@ -8,10 +8,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeline.cli.arguments import job_name
 from pipeline.cli.command import Command
 from pipeline.spec import BOOTSTRAP_ENV, load_spec
 from topics.admin import delete_groups, delete_job_topics, job_groups, list_jobs
-from topics.errors import MixflowError
+from topics.cluster_probe import cluster_topics
+from topics.errors import MixflowError, RefusedError
 
 
 def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,13 +24,16 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _client_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The cluster's client settings, once a broker there has answered."""
     if args.spec is not None:
-        return load_spec(args.spec).kafka.client_config(args.bootstrap_servers)
-    servers = args.bootstrap_servers or os.environ.get(BOOTSTRAP_ENV)
-    if not servers:
+        config = load_spec(args.spec).kafka.client_config(args.bootstrap_servers)
+    elif servers := args.bootstrap_servers or os.environ.get(BOOTSTRAP_ENV):
+        config = {"bootstrap.servers": servers}
+    else:
         msg = f"say which cluster: --spec SPEC, --bootstrap-servers HOST:PORT or ${BOOTSTRAP_ENV}"
         raise MixflowError(msg)
-    return {"bootstrap.servers": servers}
+    cluster_topics(config)
+    return config
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -45,7 +50,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _add_delete_arguments(parser: argparse.ArgumentParser) -> None:
     _add_cluster_arguments(parser)
-    parser.add_argument("--job", help="the job whose topics to delete (default: the spec's)")
+    parser.add_argument("--job", type=job_name, help="the job whose topics to delete (default: the spec's)")
     parser.add_argument("--yes", action="store_true", help="delete; without it, only say what would be deleted")
     parser.add_argument("--force", action="store_true", help="delete even while the job's consumer groups have members")
 
@@ -66,7 +71,7 @@ def _delete(args: argparse.Namespace) -> int:
     if running and not args.force:
         listed = ", ".join(f"{group} ({members} members)" for group, members in running.items())
         msg = f"job {job} is running at {servers}: {listed}; stop its roles first, or give --force"
-        raise MixflowError(msg)
+        raise RefusedError(msg)
     if not args.yes:
         print(f"would delete from {servers}: {len(found)} topics and {len(groups)} consumer groups of job {job}")
         for name in [*found, *groups]:

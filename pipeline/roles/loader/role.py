@@ -38,6 +38,10 @@ __all__ = ["LoaderOptions", "LoaderStats", "SourceLoader"]
 log = logging.getLogger(__name__)
 
 DEFAULT_OPTIONS = LoaderOptions()
+IDLE_CHECK_S = 5.0
+IDLE_NOTICE_S = 30.0
+"""A loader that waits for units looks every ``IDLE_CHECK_S`` whether every unit of its source is done, and
+while they are, says so every ``IDLE_NOTICE_S``."""
 
 
 class SourceLoader(TransactionalRole):
@@ -68,6 +72,7 @@ class SourceLoader(TransactionalRole):
         self.planning = SourcePlanning(config, topics, runtime, seed, options, self.transactional_id)
         loader = UnitLoader(config, topics, runtime, self.metrics)
         self.transactions = UnitTransactions(self, self.group, loader, self.planning, self.stats, self.metrics, options)
+        self._idle_notice_at = 0.0  # when a loader with nothing to do says so next
 
     @property
     def transactional_id(self) -> str:
@@ -128,4 +133,13 @@ class SourceLoader(TransactionalRole):
         if self.options.until_drained and self.planning.drained(self.group.offsets):
             log.info("loader %s: every unit of %s is done", self.transactional_id, self.source)
             return True
+        if not self.options.until_drained and time.monotonic() >= self._idle_notice_at:
+            self._idle_notice_at = time.monotonic() + IDLE_CHECK_S
+            if self.planning.drained(self.group.offsets):
+                self._idle_notice_at = time.monotonic() + IDLE_NOTICE_S
+                log.info(
+                    "loader %s: every unit of %s is done; waiting for new ones, as asked without --until-drained",
+                    self.transactional_id,
+                    self.source,
+                )
         return False

@@ -32,7 +32,7 @@ from pipeline.tools.chaos.sink_state import checkpoint_steps
 from pipeline.tools.chaos.watch import Lease, LeaseWatch, StateWatch
 from pipeline.tools.stack.local_broker import LocalBroker, default_state_dir, free_port_pair
 from topics.admin import ensure_job_topics
-from topics.errors import MixflowError
+from topics.errors import MixflowError, RefusedError
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,7 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
     folder = (options.out or default_state_dir() / "chaos" / job).absolute()
     if folder.exists() and any(folder.iterdir()):
         msg = f"{folder} holds files already (a run's sink checkpoints would be taken up): give a new or empty folder"
-        raise MixflowError(msg)
-    folder.mkdir(parents=True, exist_ok=True)
+        raise RefusedError(msg)
     base = load_spec(options.spec)
     if base.constructor.lanes > 1:
         msg = (
@@ -75,6 +74,7 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
             f"{base.constructor.lanes} (lanes under SIGKILL are tested by tests/test_lanes.py)"
         )
         raise MixflowError(msg)
+    folder.mkdir(parents=True, exist_ok=True)
     targets = Targets(
         loaders=tuple(f"load-{s.name}-{i}" for s in base.sources for i in range(s.loaders)),
         sinks=tuple(f"sink-{r}" for r in range(base.step.ranks)),

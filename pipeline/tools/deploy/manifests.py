@@ -35,6 +35,10 @@ POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 MAX_NAME_LENGTH = 52
 SPEC_FOLDER = PurePosixPath("/etc/mixflow")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+NAME_LABEL = "app.kubernetes.io/name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+"""Every object of a job carries both: ``mixflow``, and the job's name as a Kubernetes name. Two jobs whose
+names give the same Kubernetes name would clash in a cluster's namespace as they do here."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +80,8 @@ def object_name(*parts: str) -> str:
 
 def labels(job: str, component: str, **extra: str) -> dict[str, str]:
     return {
-        "app.kubernetes.io/name": "mixflow",
-        "app.kubernetes.io/instance": object_name(job),
+        NAME_LABEL: "mixflow",
+        INSTANCE_LABEL: object_name(job),
         "app.kubernetes.io/component": component,
         **extra,
     }

@@ -10,7 +10,7 @@ from pipeline.kafka.state_topic import written_shape
 from pipeline.planning.step.spec_change import StepShape
 from pipeline.planning.step.state import ConstructorState
 from topics.admin import bootstrap_servers, topic_exists
-from topics.errors import DecodeError, MixflowError
+from topics.errors import DecodeError, NotFoundError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
 
@@ -78,12 +78,12 @@ def read_history(config: KafkaConfig, job: str) -> JobHistory | None:
 
 
 def require_history(config: KafkaConfig, job: str) -> JobHistory:
-    """``job``'s history; ``MixflowError`` when the job has written no step."""
+    """``job``'s history; ``NotFoundError`` when the job has written no step."""
     history = read_history(config, job)
     if history is None or history.shape is None or not history.steps:
         where = bootstrap_servers(config)
         msg = f"job {job} has written no step at {where} (no state records on {JobTopics(job).state}): no such job?"
-        raise MixflowError(msg)
+        raise NotFoundError(msg)
     return history
 
 

@@ -15,7 +15,7 @@ from pipeline.planning.step.spec_change import StepShape
 from pipeline.planning.step.state import ConstructorState
 from pipeline.tools.replay.history import JobHistory, adopted
 from pipeline.tools.replay.reshape import default_micro_batches
-from topics.errors import MixflowError
+from topics.errors import MixflowError, RefusedError
 from topics.names import validate_job_name
 
 
@@ -140,13 +140,13 @@ def _resume_at(
     name = request.target
     if target.shape is not None and target.shape != shape:
         msg = f"job {name} holds steps of shape {_describe(target.shape)}; this replay writes {_describe(shape)}"
-        raise MixflowError(msg)
+        raise RefusedError(msg)
     if target_first_step is not None and target_first_step != request.from_step:
         msg = (
             f"job {name} holds a replay from step {target_first_step}, not {request.from_step}: give "
             f"--from-step {target_first_step} to continue it, or another --to-job"
         )
-        raise MixflowError(msg)
+        raise RefusedError(msg)
     theirs = target.last.state
     ours = original.final() if theirs.finished else original.before(theirs.step)
     if ours is None or _progress(ours.state) != _progress(theirs):
@@ -154,7 +154,7 @@ def _resume_at(
             f"job {name} is not a replay of {original.job} up to its step {theirs.step - 1}: its state there differs "
             f"from the original's (written by something else, or continued by mixflow construct); give another --to-job"
         )
-        raise MixflowError(msg)
+        raise RefusedError(msg)
     return None if theirs.finished else theirs.step
 
 

@@ -1,0 +1,204 @@
+"""Whether a Kafka cluster answers, and what a job has there: asked once, before a command or a trainer's
+sink starts its work, so that a wrong address, job name or rank is said at once and in one line.
+
+librdkafka logs every failed connection attempt (a ``FAIL`` line every few hundred milliseconds while no
+broker answers); the probe counts those lines instead of printing them, and its error says how many there
+were and gives the last error. The probe is a consumer that joins nothing: asking it about a topic that does
+not exist never creates one, whatever the brokers' ``auto.create.topics.enable``."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException
+
+from topics.admin_client import bootstrap_servers, client_config
+from topics.errors import BrokerUnreachableError, MixflowError, NotFoundError
+from topics.names import JobTopics, TopicKind, parse_topic
+
+DEFAULT_TIMEOUT_S = 15.0
+GIVE_UP_AFTER_S = 2.0
+"""How long every broker may refuse connections (or have a name that does not resolve) before the probe
+says the cluster is not there, rather than waiting for the whole timeout."""
+_ASK_EVERY_S = 0.5
+# librdkafka's errors that mean no broker could be reached at all (not a broker that is slow to answer).
+_NOT_THERE = frozenset(
+    {KafkaError._TRANSPORT, KafkaError._RESOLVE, KafkaError._ALL_BROKERS_DOWN, KafkaError._AUTHENTICATION}
+)
+
+
+class LibrdkafkaLog(logging.Handler):
+    """Takes a librdkafka client's log lines (its ``logger`` setting) and keeps only their count and the last."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines = 0
+        self.last: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines += 1
+        self.last = record.getMessage()
+
+    def logger(self) -> logging.Logger:
+        """A logger of its own (not registered with ``logging``) that hands every line to this handler."""
+        logger = logging.Logger("mixflow.kafka.probe", logging.DEBUG)
+        logger.addHandler(self)
+        return logger
+
+
+class ClusterProbe:
+    """Asks a cluster for its topics, or one topic; ``BrokerUnreachableError`` when no broker answers: after
+    ``give_up_after_s`` when every connection attempt fails (refused, a name that does not resolve,
+    authentication refused), else after ``timeout_s``."""
+
+    def __init__(
+        self,
+        bootstrap_or_config: str | Mapping[str, Any],
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        give_up_after_s: float = GIVE_UP_AFTER_S,
+    ) -> None:
+        try:
+            config = client_config(bootstrap_or_config)
+        except ValueError as exc:
+            raise MixflowError(str(exc)) from exc
+        self.servers = bootstrap_servers(config)
+        self.timeout_s = timeout_s
+        self.give_up_after_s = give_up_after_s
+        self._log = LibrdkafkaLog()
+        self._unreachable_since: float | None = None
+        self._last_error: KafkaError | None = None
+        settings = {
+            **config,
+            "group.id": f"mixflow-probe-{uuid.uuid4().hex[:12]}",  # required; never joined
+            "enable.auto.commit": False,
+            "logger": self._log.logger(),
+            "error_cb": self._on_error,
+        }
+        try:
+            self._client = Consumer(settings)
+        except KafkaException as exc:
+            msg = f"bad Kafka client settings for {self.servers}: {exc.args[0]}"
+            raise MixflowError(msg) from exc
+
+    def __enter__(self) -> ClusterProbe:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def topics(self, topic: str | None = None) -> dict[str, int]:
+        """Every topic on the cluster (or only ``topic``, if it exists) and its partition count."""
+        began = time.monotonic()
+        while True:
+            try:
+                metadata = self._client.list_topics(topic, timeout=_ASK_EVERY_S)
+            except KafkaException:
+                self._client.poll(0)  # serves the error and log callbacks
+                if self._gave_up(began):
+                    raise self._unreachable(time.monotonic() - began) from None
+                continue
+            return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+
+    def _on_error(self, error: KafkaError) -> None:
+        self._last_error = error
+        if error.code() in _NOT_THERE and self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
+
+    def _gave_up(self, began: float) -> bool:
+        now = time.monotonic()
+        since = self._unreachable_since
+        return now - began >= self.timeout_s or (since is not None and now - since >= self.give_up_after_s)
+
+    def _unreachable(self, seconds: float) -> BrokerUnreachableError:
+        error = self._last_error.str() if self._last_error is not None else self._log.last or "no answer"
+        msg = (
+            f"no Kafka broker answers at {self.servers} ({seconds:.1f} s; librdkafka logged {self._log.lines} "
+            f"lines, the last error: {error}): is the broker running (mixflow stack status), and is the address "
+            "right (--bootstrap-servers, $KAFKA_BOOTSTRAP_SERVERS, the spec's kafka.bootstrap_servers)?"
+        )
+        return BrokerUnreachableError(msg)
+
+
+def cluster_topics(bootstrap_or_config: str | Mapping[str, Any], **probe: float) -> dict[str, int]:
+    """Every topic on the cluster and its partition count (``ClusterProbe``'s errors, ``probe`` its options)."""
+    with ClusterProbe(bootstrap_or_config, **probe) as asking:
+        return asking.topics()
+
+
+@dataclass(frozen=True)
+class JobOnCluster:
+    """What a cluster holds of one job: its topics (name and partitions), and the other jobs there."""
+
+    job: str
+    servers: str
+    topics: Mapping[str, int]
+    jobs: frozenset[str]
+
+    @property
+    def ranks(self) -> int:
+        """The job's rank topics: ``<job>.rank.0`` up to this, not included (every role creates them together)."""
+        return sum(parse_topic(name).kind is TopicKind.RANK for name in self.topics)
+
+    def require(self) -> JobOnCluster:
+        """Itself; ``NotFoundError`` naming the jobs with the closest names when the job has no topic there."""
+        if self.topics:
+            return self
+        close = difflib.get_close_matches(self.job, sorted(self.jobs), n=3, cutoff=0.6)
+        hint = f"; jobs with a name like it: {', '.join(close)}" if close else f"; {len(self.jobs)} other jobs there"
+        msg = (
+            f"job {self.job!r} does not exist at {self.servers} (no topic of it there): it has not started, or "
+            f"its name is wrong{hint}"
+        )
+        raise NotFoundError(msg)
+
+    def require_rank(self, rank: int) -> None:
+        """``NotFoundError`` when the job's rank topics are there and ``rank`` is not one of them."""
+        ranks = self.ranks
+        if ranks and not 0 <= rank < ranks:
+            msg = (
+                f"job {self.job!r} has {ranks} ranks at {self.servers} (topics {self.job}.rank.0 to "
+                f"{self.job}.rank.{ranks - 1}): there is no rank {rank}"
+            )
+            raise NotFoundError(msg)
+
+
+def job_on_cluster(bootstrap_or_config: str | Mapping[str, Any], job: str, **probe: float) -> JobOnCluster:
+    """``job``'s topics on the cluster (``ClusterProbe``'s errors, ``probe`` its options)."""
+    with ClusterProbe(bootstrap_or_config, **probe) as asking:
+        return _job_in(job, asking.servers, asking.topics())
+
+
+def require_rank_topic(bootstrap_or_config: str | Mapping[str, Any], job: str, rank: int, **probe: float) -> None:
+    """Nothing when ``<job>.rank.<rank>`` exists (asked for alone: one metadata request of one topic, which
+    thousands of sinks starting together can afford); ``NotFoundError`` when the job does not exist, or has
+    rank topics and not this one; ``BrokerUnreachableError`` when no broker answers."""
+    topics = JobTopics(job)
+    with ClusterProbe(bootstrap_or_config, **probe) as asking:
+        if topics.rank(rank) in asking.topics(topics.rank(rank)):
+            return
+        found = _job_in(job, asking.servers, asking.topics())  # only when something is wrong: every topic
+    found.require().require_rank(rank)
+
+
+def _job_in(job: str, servers: str, found: Mapping[str, int]) -> JobOnCluster:
+    topics: dict[str, int] = {}
+    jobs: set[str] = set()
+    for name, partitions in found.items():
+        try:
+            topic = parse_topic(name)
+        except MixflowError:
+            continue  # not a mixflow topic
+        jobs.add(topic.job)
+        if topic.job == job:
+            topics[name] = partitions
+    return JobOnCluster(JobTopics(job).job, servers, topics, frozenset(jobs - {job}))
