@@ -24,6 +24,7 @@ from pipeline.tools.observe.frame import JobFacts, SourceFacts
 from pipeline.tools.observe.lanes import LaneStates
 from pipeline.tools.observe.offsets import OffsetProbe
 from pipeline.tools.observe.tally import StepTally
+from pipeline.tools.observe.vision_parts import EncoderWeighing
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.dead_letter import decode_dead_letter_message
 from topics.errors import DecodeError
@@ -64,7 +65,12 @@ class JobCollector:
         self.probe = OffsetProbe(config)
         self.admin = AdminClient(dict(config))
         self.tally = StepTally(
-            spec.source_names, spec.step.ranks, spec.cost.cost_model(), self._weights_at, recent_steps
+            spec.source_names,
+            spec.step.ranks,
+            spec.cost.cost_model(),
+            self._weights_at,
+            recent_steps,
+            EncoderWeighing.for_spec(spec),
         )
         self.dead_letters: Counter[tuple[str, str]] = Counter()
         rank_topics = [self.topics.rank(r) for r in range(spec.step.ranks)]

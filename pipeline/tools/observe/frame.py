@@ -77,6 +77,17 @@ class ConstructorRow:
 
 
 @dataclass(frozen=True)
+class PartRow:
+    """A multimodal job's balance of one part of the rank cost over the recent steps: largest / mean rank
+    cost, as written (median and worst) and under naive per-rank loading (median)."""
+
+    part: str
+    imbalance_median: float
+    imbalance_max: float
+    naive_imbalance_median: float
+
+
+@dataclass(frozen=True)
 class DeadLetterRow:
     source: str
     reason: str
@@ -91,9 +102,13 @@ class Frame:
     constructor: ConstructorRow
     dead_letters: list[DeadLetterRow]  # the most frequent first, at most DEAD_LETTER_ROWS
     dead_letters_total: int
+    parts: list[PartRow] = field(default_factory=list)  # a multimodal job's: encoder + LLM, encoder, LLM
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.parts:  # a text job's frame has no parts
+            del out["parts"]
+        return out
 
 
 def source_row(
@@ -136,6 +151,22 @@ def constructor_row(facts: JobFacts) -> ConstructorRow:
     )
 
 
+def part_rows(recent: Sequence[StepStats]) -> list[PartRow]:
+    """The balance of each part of the recent steps' rank costs; none for steps of a text job."""
+    encoder = recent[-1].encoder if recent else None
+    if encoder is None:
+        return []
+    rows = []
+    for part, balanced, naive in (
+        (encoder.total_label, [s.imbalance for s in recent], [s.naive_imbalance for s in recent]),
+        (encoder.label, [s.encoder_imbalance for s in recent], [s.naive_encoder_imbalance for s in recent]),
+        ("LLM", [s.llm_imbalance for s in recent], [s.naive_llm_imbalance for s in recent]),
+    ):
+        values = np.array(balanced, dtype=np.float64)
+        rows.append(PartRow(part, float(np.median(values)), float(values.max()), float(np.median(naive))))
+    return rows
+
+
 def build_frame(facts: JobFacts) -> Frame:
     if facts.window_s <= 0:
         msg = f"the rate window must be > 0 s, got {facts.window_s}"
@@ -154,6 +185,7 @@ def build_frame(facts: JobFacts) -> Frame:
         constructor=constructor_row(facts),
         dead_letters=[DeadLetterRow(s, r[:REASON_WIDTH], n) for (s, r), n in letters[:DEAD_LETTER_ROWS]],
         dead_letters_total=sum(facts.dead_letters.values()),
+        parts=part_rows(facts.recent),
     )
 
 
@@ -212,9 +244,27 @@ def render_frame(frame: Frame) -> Group:
         _num(c.naive_imbalance_median, ".3f", "-"),
         _pct(c.fill_mean) if c.fill_mean is not None else "-",
     )
+    tables = [sources, constructor]
+    if frame.parts:
+        tables.append(render_parts(frame.parts, c.recent_steps))
     letters = Table(title=Text(f"dead letters: {frame.dead_letters_total}"), title_justify="left")
     for header in ("source", "reason", "records"):
         letters.add_column(header, justify="right" if header == "records" else "left")
     for letter in frame.dead_letters:
         letters.add_row(Text(letter.source), Text(letter.reason), str(letter.records))
-    return Group(sources, constructor, letters)
+    return Group(*tables, letters)
+
+
+def render_parts(parts: Sequence[PartRow], steps: int) -> Table:
+    """A multimodal job's balance by part of the rank cost."""
+    table = Table(title=Text(f"rank cost by part: the last {steps} steps"), title_justify="left")
+    for header in ("part", "imbalance", "worst", "naive"):
+        table.add_column(header, justify="left" if header == "part" else "right")
+    for row in parts:
+        table.add_row(
+            Text(row.part),
+            _num(row.imbalance_median, ".3f"),
+            _num(row.imbalance_max, ".3f"),
+            _num(row.naive_imbalance_median, ".3f"),
+        )
+    return table

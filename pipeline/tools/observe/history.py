@@ -20,6 +20,7 @@ from pipeline.spec import JobSpec
 from pipeline.tools.observe.offsets import OffsetProbe
 from pipeline.tools.observe.rank_topics import read_steps
 from pipeline.tools.observe.step_stats import StepStats, step_stats
+from pipeline.tools.observe.vision_parts import EncoderWeighing
 from topics.errors import DecodeError, MixflowError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
@@ -50,6 +51,7 @@ class JobHistory:
     steps_with_all_sources: int  # steps written before the first source ran out
     backlog_times: np.ndarray  # (T,) seconds since the epoch
     backlog: np.ndarray  # (T, S) source offsets written but not yet delivered into a step, at each time
+    encoder: EncoderWeighing | None = None  # a multimodal job's weighing of the vision encoder
 
     @property
     def tokens_per_step(self) -> np.ndarray:
@@ -90,8 +92,8 @@ def read_history(config: KafkaConfig, spec: JobSpec, job: str | None = None) -> 
     """The history of ``job`` (the spec's by default)."""
     job = job or spec.job
     sources = spec.source_names
-    cost = spec.cost.cost_model()
-    stats = [step_stats(batches, sources, cost) for batches in read_steps(config, job, spec.step.ranks)]
+    cost, encoder = spec.cost.cost_model(), EncoderWeighing.for_spec(spec)
+    stats = [step_stats(batches, sources, cost, encoder) for batches in read_steps(config, job, spec.step.ranks)]
     states = {r.step: r for r in read_state_records(config, job)}
     written = [states[s.step] for s in stats if s.step in states]
     if len(written) != len(stats):
@@ -109,6 +111,7 @@ def read_history(config: KafkaConfig, spec: JobSpec, job: str | None = None) -> 
         steps_with_all_sources=first_out,
         backlog_times=times,
         backlog=backlog,
+        encoder=encoder,
     )
 
 

@@ -53,19 +53,32 @@ def plot_shares(series: ReportSeries, history: JobHistory, path: Path) -> Path:
     return _save(figure, path)
 
 
-def plot_imbalance(series: ReportSeries, history: JobHistory, path: Path) -> Path:
-    figure = Figure(figsize=(8, 4.5))
-    ax = figure.add_subplot()
-    _per_step(ax, series.steps, series.naive_imbalance, "naive per-rank loading")
-    _per_step(ax, series.steps, series.imbalance, "as written (balanced)")
-    ax.set(
-        xlabel="step",
-        ylabel="largest / mean rank cost",
-        title=f"{history.job}: per-step imbalance (1 = every rank equally costly)",
-    )
-    ax.set_ylim(bottom=min(1.0, float(series.imbalance.min(initial=1.0))) - 0.02)
+def _imbalance_panel(ax: Axes, steps: np.ndarray, balanced: np.ndarray, naive: np.ndarray, title: str) -> None:
+    _per_step(ax, steps, naive, "naive per-rank loading")
+    _per_step(ax, steps, balanced, "as written (balanced)")
+    ax.set(xlabel="step", ylabel="largest / mean rank cost", title=title)
+    ax.set_ylim(bottom=min(1.0, float(balanced.min(initial=1.0))) - 0.02)
     ax.legend(loc="best", fontsize="small")
     ax.grid(alpha=0.3)
+
+
+def plot_imbalance(series: ReportSeries, history: JobHistory, path: Path) -> Path:
+    """Per step, largest / mean rank cost as written and under naive loading; a multimodal job's in three
+    panels: both parts together, the vision encoder's and the LLM's."""
+    title = f"{history.job}: per-step imbalance (1 = every rank equally costly)"
+    parts = series.parts
+    if parts is None:
+        figure = Figure(figsize=(8, 4.5))
+        _imbalance_panel(figure.add_subplot(), series.steps, series.imbalance, series.naive_imbalance, title)
+        return _save(figure, path)
+    figure = Figure(figsize=(8, 11))
+    total_ax, encoder_ax, llm_ax = figure.subplots(3, 1, sharex=True)
+    total = parts.weighing.total_label
+    _imbalance_panel(total_ax, series.steps, series.imbalance, series.naive_imbalance, f"{title}\n{total}")
+    _imbalance_panel(encoder_ax, series.steps, parts.encoder, parts.naive_encoder, parts.weighing.label)
+    _imbalance_panel(llm_ax, series.steps, parts.llm, parts.naive_llm, "LLM")
+    for ax in (total_ax, encoder_ax):
+        ax.set(xlabel="")
     return _save(figure, path)
 
 

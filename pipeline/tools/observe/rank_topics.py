@@ -3,12 +3,15 @@
 Reads ``<job>.rank.<r>`` like a trainer would (read_committed) and compares each step's largest rank
 cost with what naive per-rank loading of the same samples gives: the step's samples shuffled and dealt
 round-robin to ranks, as a ``DistributedSampler`` does, so every rank gets about the same number of
-samples but not the same cost.
+samples but not the same cost. A multimodal job's rank cost has two parts, the vision encoder's and the
+LLM's (``vision_parts.py``), each compared too; its naive ranks pack their samples first-fit into their
+micro-batches under both capacities, tokens and patches (a sample that fits none is left out).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,12 +21,53 @@ from pipeline.kafka.clients import KafkaConfig
 from pipeline.planning.mixing import Schedule
 from pipeline.roles.constructor import ConstructorState
 from pipeline.spec import JobSpec, OnExhausted
+from pipeline.spec.cost import CostModel
 from pipeline.tools.delivery import SourceCheck, TrainerCheck, TrainerSummary, check_sources, check_trainer
-from pipeline.tools.observe.step_stats import imbalance, rank_costs, schedule_drift, tokens_by_source
+from pipeline.tools.observe.step_stats import (
+    HIGH_PERCENTILE,
+    imbalance,
+    median_and_high,
+    naive_loading,
+    rank_costs,
+    schedule_drift,
+    tokens_by_source,
+    written_parts,
+)
+from pipeline.tools.observe.vision_parts import EncoderWeighing, RankParts, step_vision
 from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
+
+
+@dataclass(frozen=True)
+class ReportParts:
+    """A multimodal job's per-step largest / mean rank cost in the vision encoder and in the LLM, as written
+    and under naive per-rank loading, (steps,) each."""
+
+    weighing: EncoderWeighing  # how the encoder's part was weighed (and named)
+    encoder: np.ndarray
+    naive_encoder: np.ndarray
+    llm: np.ndarray
+    naive_llm: np.ndarray
+
+    def lines(self) -> list[str]:
+        return [
+            _part_line(self.weighing.label, self.encoder, self.naive_encoder),
+            _part_line("LLM", self.llm, self.naive_llm),
+        ]
+
+
+def _high(balanced: np.ndarray, naive: np.ndarray) -> str:
+    high, naive_high = median_and_high(balanced)[1], median_and_high(naive)[1]
+    return f"{HIGH_PERCENTILE}th percentile {high:.3f} balanced, {naive_high:.3f} naive"
+
+
+def _part_line(label: str, balanced: np.ndarray, naive: np.ndarray) -> str:
+    return (
+        f"  {label}: {np.median(balanced):.3f} balanced, {np.median(naive):.3f} with naive per-rank loading; "
+        + _high(balanced, naive)
+    )
 
 
 @dataclass(frozen=True)
@@ -43,6 +87,7 @@ class JobReport:
     stops_early: bool  # the policy ends the job with samples left in the sources
     trainer_check: TrainerCheck | None = None
     trainer: TrainerSummary | None = None
+    parts: ReportParts | None = None  # a multimodal job's: imbalance and naive_imbalance are of both parts
 
     @property
     def exactly_once(self) -> bool:
@@ -60,14 +105,20 @@ class JobReport:
         trainer = self.trainer.lines() if self.trainer is not None else []
         fill = self.tokens / (self.steps * self.capacity_tokens)
         shares = ", ".join(f"{s} {n / self.tokens:.1%}" for s, n in self.tokens_by_source.items())
+        balance = (
+            f"largest rank cost / mean, median over steps: {np.median(self.imbalance):.3f} balanced, "
+            f"{np.median(self.naive_imbalance):.3f} with naive per-rank loading "
+            f"(step-time speedup {np.median(self.naive_imbalance / self.imbalance):.2f}x)"
+        )
+        if self.parts is not None:
+            balance += "; " + _high(self.imbalance, self.naive_imbalance)
         return [
             f"steps {self.steps}, samples {self.samples}, tokens {self.tokens} ({fill:.1%} of capacity)",
             f"each sample exactly once: {'yes' if self.duplicates == 0 else f'NO, {self.duplicates} repeated'}",
             *checks,
             *trainer,
-            f"largest rank cost / mean, median over steps: {np.median(self.imbalance):.3f} balanced, "
-            f"{np.median(self.naive_imbalance):.3f} with naive per-rank loading "
-            f"(step-time speedup {np.median(self.naive_imbalance / self.imbalance):.2f}x)",
+            balance,
+            *(self.parts.lines() if self.parts is not None else []),
             f"token shares: {shares}",
             f"largest cumulative drift from the mixture schedule over the {self.steps_with_all_sources} steps "
             "before a source ran out, in tokens: "
@@ -94,6 +145,46 @@ def read_steps(config: KafkaConfig, job: str, ranks: int) -> list[list[Batch]]:
     return [[per_rank[r][k] for r in range(ranks)] for k in range(steps)]
 
 
+class StepBalance:
+    """Per step, largest / mean rank cost as written and under naive per-rank loading (the step's samples
+    shuffled by ``seed`` and dealt round-robin); with ``encoder`` (a multimodal job's), of each part too."""
+
+    def __init__(self, cost: CostModel, encoder: EncoderWeighing | None, seed: int) -> None:
+        self.cost = cost
+        self.encoder = encoder
+        self.rng = np.random.default_rng(seed)
+        self.balanced: list[float] = []
+        self.naive: list[float] = []
+        self.by_part: list[tuple[float, float, float, float]] = []  # encoder, naive encoder, LLM, naive LLM
+
+    def add(self, batches: Sequence[Batch]) -> None:
+        lengths = np.concatenate([b.lengths for b in batches]).astype(np.int64)
+        if self.encoder is None:
+            self.balanced.append(float(imbalance(rank_costs(batches, self.cost))))
+            dealt = self.rng.permutation(lengths.size) % len(batches)  # (n,) rank of each sample
+            naive = np.bincount(dealt, weights=self.cost.costs(lengths), minlength=len(batches))
+            self.naive.append(float(imbalance(naive)))
+            return
+        vision = step_vision(batches, self.encoder)
+        written = written_parts(batches, self.cost, vision)
+        order = self.rng.permutation(lengths.size)  # the samples in the order they are dealt
+        first = batches[0]
+        dealt = naive_loading(
+            lengths[order], len(batches), first.micro_batches, first.capacity, self.cost, vision.take(order)
+        )
+        naive_parts = dealt.parts or RankParts(np.zeros(len(batches)), dealt.rank_costs)  # parts: given vision
+        self.balanced.append(float(imbalance(written.total(vision.in_total))))
+        self.naive.append(float(imbalance(dealt.rank_costs)))
+        encoder, naive_encoder = float(imbalance(written.encoder)), float(imbalance(naive_parts.encoder))
+        self.by_part.append((encoder, naive_encoder, float(imbalance(written.llm)), float(imbalance(naive_parts.llm))))
+
+    def parts(self) -> ReportParts | None:
+        if self.encoder is None:
+            return None
+        columns = np.array(self.by_part, dtype=np.float64).reshape(-1, 4).T
+        return ReportParts(self.encoder, *columns)
+
+
 def first_exhausted_step(config: KafkaConfig, job: str, lanes: int = 1) -> int:
     """The first step written after some source had run out (the number of steps if none ran out), over
     every constructor lane's state records (a partition each)."""
@@ -113,16 +204,12 @@ def job_report(
     """The report on ``job`` (the spec's by default); with ``trainer_folder``, also what the trainer ranks
     recorded there (``pipeline.tools.delivery``)."""
     steps = read_steps(config, job or spec.job, spec.step.ranks)
-    cost = spec.cost.cost_model()
     sources = spec.source_names
-    rng = np.random.default_rng(seed)
+    balance = StepBalance(spec.cost.cost_model(), EncoderWeighing.for_spec(spec), seed)
     seen: Counter[str] = Counter()
-    balanced, naive, per_source = [], [], np.zeros((len(steps), len(sources)))
+    per_source = np.zeros((len(steps), len(sources)))
     for k, batches in enumerate(steps):
-        balanced.append(imbalance(rank_costs(batches, cost)))
-        lengths = np.concatenate([b.lengths for b in batches]).astype(np.int64)
-        dealt = rng.permutation(lengths.size) % len(batches)  # (n,) rank of each sample
-        naive.append(imbalance(np.bincount(dealt, weights=cost.costs(lengths), minlength=len(batches))))
+        balance.add(batches)
         for b in batches:
             seen.update(b.sample_ids)
         per_source[k] = tokens_by_source(batches, sources)
@@ -135,8 +222,8 @@ def job_report(
         tokens=int(per_source.sum()),
         duplicates=sum(n - 1 for n in seen.values() if n > 1),
         capacity_tokens=spec.step.tokens_per_step,
-        imbalance=np.asarray(balanced),
-        naive_imbalance=np.asarray(naive),
+        imbalance=np.asarray(balance.balanced),
+        naive_imbalance=np.asarray(balance.naive),
         share_error=drift,
         steps_with_all_sources=full,
         sources=sources,
@@ -145,4 +232,5 @@ def job_report(
         stops_early=spec.on_exhausted is OnExhausted.STOP,
         trainer_check=check_trainer(trainer_folder, steps) if trainer_folder is not None else None,
         trainer=TrainerSummary.read(trainer_folder) if trainer_folder is not None else None,
+        parts=balance.parts(),
     )

@@ -9,6 +9,7 @@ import numpy as np
 
 from pipeline.tools.observe.history import JobHistory
 from pipeline.tools.observe.step_stats import cumulative_shares, schedule_drift, scheduled_tokens
+from pipeline.tools.observe.vision_parts import EncoderWeighing
 
 
 def rate_over_time(times: np.ndarray, amounts: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
@@ -37,6 +38,18 @@ def rolling_median(values: np.ndarray, window: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class PartSeries:
+    """A multimodal job's per-step largest / mean rank cost of each part, as written and under naive
+    per-rank loading: (K,) each. ``weighing``: how the encoder's part was weighed (and named)."""
+
+    weighing: EncoderWeighing
+    encoder: np.ndarray
+    naive_encoder: np.ndarray
+    llm: np.ndarray
+    naive_llm: np.ndarray
+
+
+@dataclass(frozen=True)
 class ReportSeries:
     steps: np.ndarray  # (K,)
     shares: np.ndarray  # (K, S) each source's share of the tokens delivered up to each step
@@ -49,6 +62,20 @@ class ReportSeries:
     naive_left_out: int  # samples naive loading could not pack, over all steps
     elapsed_s: np.ndarray  # (K,) each step's commit time, from the first step's
     tokens: np.ndarray  # (K,) tokens of each step
+    parts: PartSeries | None = None  # a multimodal job's: imbalance and naive above are of both parts together
+
+
+def part_series(history: JobHistory) -> PartSeries | None:
+    if history.encoder is None:
+        return None
+    stats = history.stats
+    return PartSeries(
+        weighing=history.encoder,
+        encoder=np.array([s.encoder_imbalance for s in stats], dtype=np.float64),
+        naive_encoder=np.array([s.naive_encoder_imbalance for s in stats], dtype=np.float64),
+        llm=np.array([s.llm_imbalance for s in stats], dtype=np.float64),
+        naive_llm=np.array([s.naive_llm_imbalance for s in stats], dtype=np.float64),
+    )
 
 
 def report_series(history: JobHistory) -> ReportSeries:
@@ -69,4 +96,5 @@ def report_series(history: JobHistory) -> ReportSeries:
         naive_left_out=sum(s.naive.left_out for s in stats),
         elapsed_s=history.step_times - start,
         tokens=np.array([s.tokens for s in stats], dtype=np.int64),
+        parts=part_series(history),
     )

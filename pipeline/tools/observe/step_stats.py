@@ -1,5 +1,6 @@
 """What each written step holds, as numbers: rank costs and their imbalance, tokens per source, fill, and
-what naive per-rank loading of the same samples would have given. Pure: no Kafka.
+what naive per-rank loading of the same samples would have given; for a multimodal job, each rank's cost
+in two parts too, the vision encoder's and the LLM's (``vision_parts.py``). Pure: no Kafka.
 
 Shared by ``mixflow top``, ``mixflow report`` and the end-of-job report of ``mixflow run``
 (``pipeline/tools/observe/rank_topics.py``), so that the three agree on what imbalance, fill and share drift mean.
@@ -13,7 +14,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.spec.cost import CostModel
+from pipeline.tools.observe.vision_parts import EncoderWeighing, RankParts, StepVision, rank_sums, step_vision
 from topics.batch import Batch
+
+HIGH_PERCENTILE = 95
+"""Where the reports give more than the median of a per-step number over steps, this percentile too."""
+
+
+def median_and_high(values: np.ndarray) -> tuple[float, float]:
+    """The median and the ``HIGH_PERCENTILE``-th percentile of per-step ``values`` (NaN for none)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        return float("nan"), float("nan")
+    return float(np.median(values)), float(np.percentile(values, HIGH_PERCENTILE))
 
 
 def imbalance(rank_costs: np.ndarray) -> np.ndarray:
@@ -24,12 +37,35 @@ def imbalance(rank_costs: np.ndarray) -> np.ndarray:
     return np.divide(costs.max(axis=-1), mean, out=np.ones_like(mean), where=mean > 0)
 
 
-def first_fit(lengths: np.ndarray, bins: int, capacity: int) -> np.ndarray:
+def first_fit(
+    lengths: np.ndarray,
+    bins: int,
+    capacity: int,
+    patches: np.ndarray | None = None,
+    patch_capacity: int | None = None,
+) -> np.ndarray:
     """The bin of each sample, packed in order into the first of ``bins`` bins of ``capacity`` tokens with
-    room for it; -1 for a sample that fits in none."""
+    room for it (and, with ``patches``, room for its vision patches under ``patch_capacity``, None: no
+    limit); -1 for a sample that fits in none."""
+    if patches is None:
+        return _first_fit_tokens(np.asarray(lengths, dtype=np.int64), bins, capacity)
+    room = np.full(bins, capacity, dtype=np.int64)
+    patch_room = np.full(bins, np.iinfo(np.int64).max if patch_capacity is None else patch_capacity, dtype=np.int64)
+    out = np.full(len(lengths), -1, dtype=np.int64)
+    sizes = zip(np.asarray(lengths, dtype=np.int64).tolist(), np.asarray(patches, dtype=np.int64).tolist(), strict=True)
+    for i, (length, n) in enumerate(sizes):
+        fits = np.flatnonzero((room >= length) & (patch_room >= n))
+        if fits.size:
+            out[i] = fits[0]
+            room[fits[0]] -= length
+            patch_room[fits[0]] -= n
+    return out
+
+
+def _first_fit_tokens(lengths: np.ndarray, bins: int, capacity: int) -> np.ndarray:
     room = np.full(bins, capacity, dtype=np.int64)
     out = np.full(len(lengths), -1, dtype=np.int64)
-    for i, length in enumerate(np.asarray(lengths, dtype=np.int64).tolist()):
+    for i, length in enumerate(lengths.tolist()):
         fits = np.flatnonzero(room >= length)
         if fits.size:
             out[i] = fits[0]
@@ -41,22 +77,39 @@ def first_fit(lengths: np.ndarray, bins: int, capacity: int) -> np.ndarray:
 class NaiveLoading:
     """Naive per-rank loading of one step's samples: sample ``i`` (in the step's order) goes to rank
     ``i mod R``, which packs its samples first-fit into its micro-batches; a sample that fits in none is
-    left out of the step (it would wait for the rank's next step)."""
+    left out of the step (it would wait for the rank's next step). With media, a micro-batch holds the
+    sample only if its patches fit the patch budget too."""
 
     rank_costs: np.ndarray  # (R,) cost of the samples each rank packed
     tokens: int  # tokens packed in all
     left_out: int  # samples that fit in no micro-batch of their rank
+    parts: RankParts | None = None  # with media: each rank's encoder and LLM cost
 
 
-def naive_loading(lengths: np.ndarray, ranks: int, micro_batches: int, capacity: int, cost: CostModel) -> NaiveLoading:
+def naive_loading(
+    lengths: np.ndarray,
+    ranks: int,
+    micro_batches: int,
+    capacity: int,
+    cost: CostModel,
+    vision: StepVision | None = None,
+) -> NaiveLoading:
     lengths = np.asarray(lengths, dtype=np.int64)
     rank_of = np.arange(lengths.size) % ranks  # (n,)
     placed = np.zeros(lengths.size, dtype=bool)
     for r in range(ranks):
         mine = np.flatnonzero(rank_of == r)
-        placed[mine] = first_fit(lengths[mine], micro_batches, capacity) >= 0
+        if vision is None:
+            placed[mine] = first_fit(lengths[mine], micro_batches, capacity) >= 0
+        else:
+            bins = first_fit(lengths[mine], micro_batches, capacity, vision.patches[mine], vision.patch_capacity)
+            placed[mine] = bins >= 0
     rank_costs = np.bincount(rank_of[placed], weights=cost.costs(lengths[placed]), minlength=ranks)
-    return NaiveLoading(rank_costs, int(lengths[placed].sum()), int((~placed).sum()))
+    tokens, left_out = int(lengths[placed].sum()), int((~placed).sum())
+    if vision is None:
+        return NaiveLoading(rank_costs, tokens, left_out)
+    parts = RankParts(rank_sums(rank_of[placed], vision.encoder_costs[placed], ranks), rank_costs)
+    return NaiveLoading(parts.total(vision.in_total), tokens, left_out, parts)
 
 
 @dataclass(frozen=True)
@@ -64,11 +117,13 @@ class StepStats:
     """One written step, from its rank batches."""
 
     step: int
-    rank_costs: np.ndarray  # (R,) cost of each rank's samples under the spec's cost model
+    rank_costs: np.ndarray  # (R,) cost of each rank's samples under the spec's cost model (both parts: ``parts``)
     tokens_by_source: np.ndarray  # (S,) in the order of the ``sources`` given to ``step_stats``
     samples: int
     capacity: int  # tokens the step can hold: ranks * micro_batches * capacity per micro-batch
     naive: NaiveLoading
+    parts: RankParts | None = None  # a multimodal job's: each rank's encoder and LLM cost, as written
+    encoder: EncoderWeighing | None = None  # and how its encoder's part is weighed
 
     @property
     def tokens(self) -> int:
@@ -81,6 +136,22 @@ class StepStats:
     @property
     def naive_imbalance(self) -> float:
         return float(imbalance(self.naive.rank_costs))
+
+    @property
+    def encoder_imbalance(self) -> float | None:
+        return None if self.parts is None else float(imbalance(self.parts.encoder))
+
+    @property
+    def llm_imbalance(self) -> float | None:
+        return None if self.parts is None else float(imbalance(self.parts.llm))
+
+    @property
+    def naive_encoder_imbalance(self) -> float | None:
+        return None if self.naive.parts is None else float(imbalance(self.naive.parts.encoder))
+
+    @property
+    def naive_llm_imbalance(self) -> float | None:
+        return None if self.naive.parts is None else float(imbalance(self.naive.parts.llm))
 
     @property
     def fill(self) -> float:
@@ -109,17 +180,30 @@ def tokens_by_source(batches: Sequence[Batch], sources: Sequence[str]) -> np.nda
     return out
 
 
-def step_stats(batches: Sequence[Batch], sources: Sequence[str], cost: CostModel) -> StepStats:
-    """The numbers of one step from the batch of every rank (rank order)."""
+def written_parts(batches: Sequence[Batch], cost: CostModel, vision: StepVision) -> RankParts:
+    """Each rank's encoder and LLM cost as the batches hold their samples (``vision``: the step's)."""
+    rank_of = np.repeat(np.arange(len(batches)), [b.num_samples for b in batches])
+    return RankParts(rank_sums(rank_of, vision.encoder_costs, len(batches)), rank_costs(batches, cost))
+
+
+def step_stats(
+    batches: Sequence[Batch], sources: Sequence[str], cost: CostModel, encoder: EncoderWeighing | None = None
+) -> StepStats:
+    """The numbers of one step from the batch of every rank (rank order); with ``encoder`` (a multimodal
+    job's), each rank's cost in two parts, the vision encoder's and the LLM's, besides their total."""
     first = batches[0]
     lengths = np.concatenate([b.lengths for b in batches]).astype(np.int64)  # (n,) the step's order
+    vision = step_vision(batches, encoder) if encoder is not None else None
+    parts = written_parts(batches, cost, vision) if vision is not None else None
     return StepStats(
         step=first.step,
-        rank_costs=rank_costs(batches, cost),
+        rank_costs=rank_costs(batches, cost) if parts is None else parts.total(vision.in_total),
         tokens_by_source=tokens_by_source(batches, sources),
         samples=int(lengths.size),
         capacity=first.ranks * first.micro_batches * first.capacity,
-        naive=naive_loading(lengths, first.ranks, first.micro_batches, first.capacity, cost),
+        naive=naive_loading(lengths, first.ranks, first.micro_batches, first.capacity, cost, vision),
+        parts=parts,
+        encoder=encoder,
     )
 
 

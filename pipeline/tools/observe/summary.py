@@ -8,13 +8,49 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.tools.observe.history import JobHistory
-from pipeline.tools.observe.series import ReportSeries
+from pipeline.tools.observe.series import PartSeries, ReportSeries
+from pipeline.tools.observe.step_stats import HIGH_PERCENTILE, median_and_high
 
 REPORT_MD = "report.md"
 
 
 def _median(values: np.ndarray) -> float:
     return float(np.median(values)) if len(values) else float("nan")
+
+
+def _balance_row(label: str, balanced: np.ndarray, naive: np.ndarray) -> str:
+    median, high = median_and_high(balanced)
+    naive_median, naive_high = median_and_high(naive)
+    return (
+        f"| {label}: largest / mean rank cost, median (p{HIGH_PERCENTILE}) | {median:.3f} ({high:.3f}); "
+        f"naive per-rank loading {naive_median:.3f} ({naive_high:.3f}) |"
+    )
+
+
+def _part_rows(series: ReportSeries, parts: PartSeries) -> list[str]:
+    """A multimodal job's rows: the balance of the vision encoder's part, the LLM's, and their total."""
+    return [
+        _balance_row(parts.weighing.label, parts.encoder, parts.naive_encoder),
+        _balance_row("LLM", parts.llm, parts.naive_llm),
+        _balance_row(parts.weighing.total_label, series.imbalance, series.naive_imbalance),
+    ]
+
+
+def _part_note(parts: PartSeries) -> str:
+    if parts.weighing.in_total:
+        weighed = (
+            "is its samples' cost in the LLM (text and placeholder tokens) plus their cost in the vision encoder "
+            "(per image or clip of *n* patches, alpha n^2 + beta n + gamma: `cost.vision`)"
+        )
+    else:
+        weighed = (
+            "is its samples' cost in the LLM (text and placeholder tokens): the spec has no `cost.vision`, so the "
+            "vision encoder's part counts patches and is left out of it"
+        )
+    return (
+        f"With images and clips, a rank's cost {weighed}; naive loading fills each micro-batch under its patch "
+        "budget (`patches_per_micro_batch`) too."
+    )
 
 
 def summary_markdown(series: ReportSeries, history: JobHistory, images: Mapping[str, Path]) -> str:
@@ -40,10 +76,12 @@ def summary_markdown(series: ReportSeries, history: JobHistory, images: Mapping[
         f"({series.naive_imbalance.max():.3f}); step-time speedup {speedup:.2f}x median |",
         f"| naive loading: fill, samples that fit no micro-batch | {series.naive_fill.mean():.1%}, "
         f"{series.naive_left_out:,} |",
+        *(_part_rows(series, series.parts) if series.parts is not None else []),
         "",
         "Naive per-rank loading: the step's samples in their written order, sample *i* to rank *i* mod *R*, "
         "packed first-fit into the rank's micro-batches (a sample that fits none is left out); rank costs "
         "under the spec's cost model.",
+        *([_part_note(series.parts)] if series.parts is not None else []),
         "",
         "| source | tokens | share | scheduled share | largest drift (tokens) | largest backlog (records) |",
         "|---|---|---|---|---|---|",

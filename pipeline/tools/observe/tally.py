@@ -11,13 +11,15 @@ import numpy as np
 
 from pipeline.spec.cost import CostModel
 from pipeline.tools.observe.step_stats import StepStats, step_stats
+from pipeline.tools.observe.vision_parts import EncoderWeighing
 from topics.batch import Batch
 
 
 class StepTally:
     """A step counts once the batch of every rank has arrived. ``weights_at(step)`` (S,) gives the
     schedule's shares at a step, for the tokens the schedule asked of each source. ``recent`` holds the
-    ``recent`` highest complete steps, by step: steps of several constructor lanes arrive out of order."""
+    ``recent`` highest complete steps, by step: steps of several constructor lanes arrive out of order.
+    ``encoder``: a multimodal job's weighing of the vision encoder (its steps' costs in two parts)."""
 
     def __init__(
         self,
@@ -26,11 +28,13 @@ class StepTally:
         cost: CostModel,
         weights_at: Callable[[int], np.ndarray],
         recent: int = 20,
+        encoder: EncoderWeighing | None = None,
     ) -> None:
         self.sources = list(sources)
         self.ranks = ranks
         self.cost = cost
         self.weights_at = weights_at
+        self.encoder = encoder
         self.pending: dict[int, dict[int, Batch]] = {}
         self.steps = 0
         self.samples = np.zeros(len(self.sources), dtype=np.int64)
@@ -49,7 +53,7 @@ class StepTally:
         if len(parts) < self.ranks:
             return None
         del self.pending[batch.step]
-        stats = step_stats([parts[r] for r in range(self.ranks)], self.sources, self.cost)
+        stats = step_stats([parts[r] for r in range(self.ranks)], self.sources, self.cost, self.encoder)
         self.steps += 1
         index = {s: i for i, s in enumerate(self.sources)}
         of_sample = np.array([index[s] for b in parts.values() for s in b.sources], dtype=np.int64)
