@@ -40,6 +40,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 import types
 from dataclasses import asdict, dataclass, replace
 from datetime import date
@@ -517,7 +518,11 @@ def calibrate_vlm(sizes: Sizes, device: str) -> tuple[dict[str, Any], str]:
 # -- the whole check ------------------------------------------------------------------------------------------
 
 
-def check(sizes: Sizes, device_name: str, budget_s: float, seed: int, qwen: bool) -> dict[str, Any]:
+def check(
+    sizes: Sizes, device_name: str, budget_s: float, seed: int, qwen: bool, out: dict[str, Any], save: Any
+) -> None:
+    """Fills ``out`` part by part, calling ``save()`` after each, so that a part that fails on the GPU leaves
+    the parts before it. A failing calibration at Qwen2-VL's shape is reported and the rest goes on."""
     _without_spec_models()
     import torch
 
@@ -525,11 +530,17 @@ def check(sizes: Sizes, device_name: str, budget_s: float, seed: int, qwen: bool
     from pipeline.spec.cost import VisionCostModel
 
     device = torch.device(device_name)
-    out: dict[str, Any] = {"sizes": asdict(sizes), "torch": torch.__version__}
+    out |= {"sizes": asdict(sizes), "torch": torch.__version__}
     if qwen:
-        out["qwen2_vl_vit"] = calibrate_qwen2_vl_vit(device_name, sizes.repeats)
+        try:
+            out["qwen2_vl_vit"] = calibrate_qwen2_vl_vit(device_name, sizes.repeats)
+        except Exception as exc:  # the rest of the check does not depend on it
+            traceback.print_exc()
+            out["qwen2_vl_vit"] = {"error": repr(exc)}
+        save()
     fits, out["cost_section"] = calibrate_vlm(sizes, device_name)
     out["fits"] = {name: _coefficients(fit) for name, fit in fits.items()}
+    save()
     llm_cost = CostModel(fits["llm"].alpha, fits["llm"].beta, fits["llm"].gamma)
     vision_cost = VisionCostModel(fits["vision"].alpha, fits["vision"].beta, fits["vision"].gamma)
     per_step = sizes.ranks * sizes.micro_batches * sizes.tokens
@@ -547,6 +558,7 @@ def check(sizes: Sizes, device_name: str, budget_s: float, seed: int, qwen: bool
     timed = time_steps(plans, stream, sizes, fits, device, budget_s)
     out["methods"] = summarise(timed, stream)
     out["timed"] = timed
+    save()
     for method, row in out["methods"].items():
         versus = f" ({row['tokens_per_s_vs_naive']:.2f}x naive)" if "tokens_per_s_vs_naive" in row else ""
         print(
@@ -558,7 +570,6 @@ def check(sizes: Sizes, device_name: str, budget_s: float, seed: int, qwen: bool
             f" (p10 {row['measured_over_predicted_p10']:.2f}, p90 {row['measured_over_predicted_p90']:.2f})",
             flush=True,
         )
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -580,14 +591,18 @@ def main(argv: list[str] | None = None) -> int:
     sizes = SMOKE if args.smoke else Sizes()
     if args.steps is not None:
         sizes = replace(sizes, steps=args.steps)
+    out: dict[str, Any] = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+
+    def save() -> None:
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "results.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
+
     began = time.perf_counter()
-    out = check(sizes, device, args.budget_s, args.seed, qwen=device == "cuda" and not args.skip_qwen)
+    check(sizes, device, args.budget_s, args.seed, device == "cuda" and not args.skip_qwen, out, save)
     out["seconds"] = time.perf_counter() - began
-    out["device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    save()
     print(f"done in {out['seconds']:.0f} s on {out['device']}")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
     return 0
 
 
