@@ -275,8 +275,8 @@ def build_model(sizes: Sizes, device: Any, dtype: Any) -> Any:
 
 
 def _placeholders(start: int, patches: np.ndarray, merge: int) -> list[np.ndarray]:
-    """Where a sample starting at ``start`` holds its items' placeholder tokens: each item's after its vision
-    start token, the first right after the sample's first token."""
+    """Where a sample starting at ``start`` holds its items' placeholder tokens: each item's between its vision
+    start and end tokens, the first item's start token the sample's first token, the text after the items."""
     positions, at = [], start
     for n in patches.tolist():
         positions.append(at + 1 + np.arange(n // merge))
@@ -545,6 +545,12 @@ def check(
     vision_cost = VisionCostModel(fits["vision"].alpha, fits["vision"].beta, fits["vision"].gamma)
     per_step = sizes.ranks * sizes.micro_batches * sizes.tokens
     stream = make_stream(sizes, int(3 * (sizes.steps + 2) * per_step / (sizes.tokens / 8)), np.random.default_rng(seed))
+    out["stream"] = {
+        "samples": len(stream.lengths),
+        "by_kind": dict(zip(KIND_NAMES, np.bincount(stream.kind, minlength=len(KIND_NAMES)).tolist(), strict=True)),
+        "mean_tokens": float(stream.lengths.mean()),
+        "mean_patches": float(stream.patches.mean()),
+    }
     plans = {
         "naive": naive_plans(stream, sizes, sizes.steps),
         "mixflow": mixflow_plans(stream, sizes, sizes.steps, llm_cost, vision_cost),
