@@ -52,7 +52,8 @@ class Block(nn.Module):
             msg = f"attention must be {VARLEN!r} or {SDPA!r}, got {attention!r}"
             raise ValueError(msg)
         if attention == VARLEN and varlen_attention(causal) is None:
-            msg = f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"
+            how = "causal" if causal else "full"
+            msg = f"torch {torch.__version__} has no {how} torch.nn.attention.varlen.varlen_attn"
             raise ValueError(msg)
         width = 4 * hidden if mlp is None else mlp
         self.hidden, self.heads, self.attention, self.mlp, self.causal = hidden, heads, attention, width, causal
