@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import re
+from datetime import date
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.cli import main
 from pipeline.planning.scheduler import CostModel
 from pipeline.spec import CostSpec, SpecError, load_spec
+from pipeline.spec.cost import VisionCostModel
 from pipeline.tools.calibrate import CostFit, MicroBatchShape, Timing, calibration_grid, default_lengths, fit_cost
-from pipeline.tools.calibrate.section import yaml_float
+from pipeline.tools.calibrate.section import Provenance, VisionPart, cost_section, yaml_float
 
 GPU_GRID = (default_lengths(65536, shortest=256), 65536)
 CPU_GRID = (default_lengths(1024, shortest=64), 1024)
+# The vision encoder's default on a GPU: images of 64 to 16384 patches, micro-batches of 16384 patches.
+VISION_GRID = (default_lengths(16384, shortest=64), 16384)
 
 SPEC_WITHOUT_COST = {
     "job": "t",
@@ -24,6 +30,12 @@ SPEC_WITHOUT_COST = {
     "sources": [{"name": "a", "reader": "jsonl", "path": "data/a"}],
     "mixture": {"weights": {"a": 1}},
     "step": {"ranks": 2, "micro_batches": 2, "tokens_per_micro_batch": 1024},
+}
+VISION_IDS = {"image_token_id": 10, "video_token_id": 11, "vision_start_id": 12, "vision_end_id": 13}
+MULTIMODAL_SPEC_WITHOUT_COST = {
+    **SPEC_WITHOUT_COST,
+    "sources": [{"name": "a", "reader": "jsonl", "path": "data/a", "vision": VISION_IDS}],
+    "step": {**SPEC_WITHOUT_COST["step"], "patches_per_micro_batch": 4096},
 }
 
 
@@ -77,7 +89,7 @@ def test_fit_is_exact_without_noise() -> None:
     assert max(fit.worst_error_by_length().values()) < 1e-9
 
 
-@pytest.mark.parametrize("grid", [GPU_GRID, CPU_GRID], ids=["gpu-grid", "cpu-grid"])
+@pytest.mark.parametrize("grid", [GPU_GRID, CPU_GRID, VISION_GRID], ids=["gpu-grid", "cpu-grid", "vision-grid"])
 @pytest.mark.parametrize("seed", range(10))
 def test_fit_recovers_known_costs_from_noisy_timings(grid: tuple[list[int], int], seed: int) -> None:
     lengths, tokens = grid
@@ -103,6 +115,27 @@ def test_fit_recovers_known_costs_from_noisy_timings(grid: tuple[list[int], int]
     fitted = _per_sample(fit.alpha, fit.beta, fit.gamma, grid_lengths)
     np.testing.assert_allclose(fitted, _per_sample(alpha, beta, gamma, grid_lengths), rtol=0.03)
     assert fit.r_squared() > 0.999
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    alpha=st.floats(1e-9, 1e-5),
+    ratio=st.floats(64, 16384),  # beta / alpha: attention and the linear layers cross over within the grid
+    gamma_share=st.floats(0, 1),
+    fixed_share=st.floats(0, 0.2),
+)
+def test_the_vision_fit_recovers_any_encoder_exactly(
+    alpha: float, ratio: float, gamma_share: float, fixed_share: float
+) -> None:
+    # An encoder's micro-batch of k items of n patches: k * (alpha*n^2 + beta*n + gamma) + its constant, the
+    # same form as the LLM's; the fit over the vision grid gives back every coefficient, noise aside.
+    lengths, patches = VISION_GRID
+    beta = alpha * ratio
+    truth = (alpha, beta, gamma_share * beta * lengths[0], fixed_share * beta * patches)
+    fit = fit_cost(_timings(calibration_grid(lengths, patches), truth))
+    recovered = (fit.alpha, fit.beta, fit.gamma, fit.per_micro_batch)
+    np.testing.assert_allclose(recovered, truth, rtol=1e-6, atol=1e-9 * beta * lengths[0])
+    assert fit.r_squared() == pytest.approx(1.0)
 
 
 def test_one_slow_repeat_moves_nothing() -> None:
@@ -151,6 +184,22 @@ def test_yaml_float_reads_back_as_a_float(value: float) -> None:
     assert isinstance(read, float) and read == pytest.approx(value, rel=1e-3)
 
 
+def test_a_section_with_vision_is_a_cost_section_with_the_encoders_coefficients(tmp_path: Path) -> None:
+    llm = fit_cost(_timings(calibration_grid(*CPU_GRID), (2e-6, 1e-3, 0.01, 0.2)))
+    encoder = fit_cost(_timings(calibration_grid(*VISION_GRID), (3e-8, 4e-4, 0.002, 0.1)))
+    where = Provenance("H100", "2.11", "bf16", "varlen", 4096, 32, 32, date(2026, 11, 27))
+    text_only = cost_section(llm, where)
+    section = cost_section(llm, where, VisionPart(encoder.scaled(32), 1280, 16, 5120, 32, "varlen"))
+    assert section.startswith(text_only.rsplit("\n", 1)[0] + "\n# vision: the encoder's block, hidden 1280, 16 heads")
+    cost = yaml.safe_load(section)["cost"]
+    assert cost == yaml.safe_load(text_only)["cost"] | {"vision": cost["vision"]}
+    assert cost["vision"] == pytest.approx({"alpha": 32 * 3e-8, "beta": 32 * 4e-4, "gamma": 32 * 0.002}, rel=1e-3)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(MULTIMODAL_SPEC_WITHOUT_COST, sort_keys=False) + section + "\n")
+    vision = load_spec(path).cost.vision_cost_model()
+    assert vision == VisionCostModel(cost["vision"]["alpha"], cost["vision"]["beta"], cost["vision"]["gamma"])
+
+
 # -- the cost model and the spec ------------------------------------------------------------------------------
 
 
@@ -190,22 +239,38 @@ def test_cost_spec_refuses_a_bad_gamma(tmp_path: Path, cost: dict, problem: str)
 # -- the block and the command (torch, on the CPU) ------------------------------------------------------------
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["llm-causal", "vision-full"])
 @pytest.mark.parametrize("lengths", [(5, 5, 5), (1, 7, 3, 9), (12,)])
-def test_block_attends_causally_within_each_sample(lengths: tuple[int, ...]) -> None:
+def test_block_attends_within_each_sample(lengths: tuple[int, ...], causal: bool) -> None:
     torch = pytest.importorskip("torch")
     from pipeline.tools.calibrate.block import SDPA, Block
 
     torch.manual_seed(0)
-    block = Block(hidden=32, heads=4, attention=SDPA)
+    block = Block(hidden=32, heads=4, attention=SDPA, causal=causal)
     q, k, v = (torch.randn(sum(lengths), 4, 8) for _ in range(3))
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     out = block._attend(q, k, v, torch.tensor(bounds, dtype=torch.int32), max(lengths))
     for start, n in zip(bounds[:-1].tolist(), lengths, strict=True):
         rows = slice(start, start + n)
         scores = torch.einsum("ihd,jhd->hij", q[rows], k[rows]) / 8**0.5
-        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        if causal:
+            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
         expected = torch.einsum("hij,jhd->ihd", scores.softmax(-1), v[rows])
         torch.testing.assert_close(out[rows], expected)
+
+
+def test_the_vision_blocks_varlen_attention_is_full_within_each_item() -> None:
+    pytest.importorskip("torch")
+    from pipeline.tools.calibrate.block import varlen_attention
+    from trainer_sink.attention import causal_varlen_attn
+
+    found = causal_varlen_attn()
+    if found is None:
+        assert varlen_attention(causal=False) is None
+        return
+    varlen_attn, full = varlen_attention(causal=False)
+    assert varlen_attn is found[0] and full in ({"is_causal": False}, {"window_size": (-1, -1)})
+    assert varlen_attention(causal=True) == found
 
 
 def test_a_planned_micro_batch_of_mixed_lengths_is_timed() -> None:
@@ -255,4 +320,51 @@ def test_calibrate_prints_a_section_the_spec_accepts(tmp_path: Path, capsys: pyt
 def test_calibrate_names_a_bad_argument(extra: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
     pytest.importorskip("torch")
     assert main(["calibrate", "--device", "cpu", *extra]) == 2
+    assert f"mixflow calibrate: error: {message}" in capsys.readouterr().err
+
+
+def test_calibrate_vision_prints_a_section_spec_check_accepts(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("torch")
+    argv = ["calibrate", "--device", "cpu", "--hidden", "32", "--heads", "2", "--layers", "2"]
+    argv += ["--lengths", "8", "16", "32", "--repeats", "1", "--warmups", "1", "--threads", "1", "--vision"]
+    argv += ["--vision-hidden", "32", "--vision-heads", "2", "--vision-mlp", "48", "--vision-layers", "3"]
+    argv += ["--vision-patches", "8", "16", "32", "--vision-micro-batch", "64"]
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    assert "timing the vision encoder's block (hidden 32, 2 heads, MLP 48, fp32) on cpu" in printed.err
+    assert re.search(r"^      n   images  measured ms", printed.out, re.M)
+    assert re.search(r"^     32        2 ", printed.out, re.M)  # 64 patches a micro-batch: two images of 32
+    section = printed.out[printed.out.index("# mixflow calibrate") :].strip()
+    assert "# vision: the encoder's block, hidden 32, 2 heads, MLP 48, 3 layers, sdpa attention," in section
+    assert re.search(r"^  vision: \{alpha: \S+, beta: \S+, gamma: \S+\}$", section, re.M)
+
+    spec_path = tmp_path / "job.yaml"
+    spec_path.write_text(yaml.safe_dump(MULTIMODAL_SPEC_WITHOUT_COST, sort_keys=False) + section + "\n")
+    assert main(["spec", "check", str(spec_path)]) == 0
+    assert capsys.readouterr().out.startswith("ok: t (1 sources")
+    written = yaml.safe_load(section)["cost"]
+    cost = load_spec(spec_path).cost
+    assert cost.cost_model() == CostModel(written["alpha"], written["beta"], written["gamma"])
+    assert cost.vision_cost_model() == VisionCostModel(**written["vision"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--vision-hidden", "100", "--vision-heads", "3"],
+            "--vision-hidden 100 is not a multiple of --vision-heads 3",
+        ),
+        (["--vision-layers", "0"], "--vision-layers must be >= 1, got 0"),
+        (["--vision-patches", "16", "32"], "--vision-patches 16 32 with --vision-micro-batch 32: need at least 3"),
+        (
+            ["--vision-patches", "16", "32", "64", "--vision-micro-batch", "32"],
+            "--vision-patches 16 32 64 with --vision-micro-batch 32: length 64 is not within 1..32",
+        ),
+    ],
+)
+def test_calibrate_names_a_bad_vision_argument(extra: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("torch")
+    argv = ["calibrate", "--device", "cpu", "--lengths", "8", "16", "32", "--vision", *extra]
+    assert main(argv) == 2
     assert f"mixflow calibrate: error: {message}" in capsys.readouterr().err

@@ -3,7 +3,9 @@
 One transformer block is timed forward and backward over packed micro-batches of several sample
 lengths (``timing``, ``block``: torch, imported only there), and ``alpha``, ``beta`` and ``gamma`` of
 ``alpha*L^2 + beta*L + gamma`` are fitted to the times (``fit``: numpy alone), then written as the
-spec's ``cost:`` section (``section``).
+spec's ``cost:`` section (``section``). With ``--vision`` the vision encoder's block (full attention within
+each image or clip, items of ``n`` patches packed over ``cu_seqlens``) is timed and fitted the same way, per
+item, in the same unit, and written as that section's ``vision:`` part.
 """
 
 import lazy_loader
@@ -14,6 +16,6 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     submod_attrs={
         "fit": ["CostFit", "Timing", "fit_cost"],
         "grid": ["MicroBatchShape", "calibration_grid", "default_lengths"],
-        "section": ["cost_section", "fit_table"],
+        "section": ["Provenance", "VisionPart", "cost_section", "fit_table"],
     },
 )

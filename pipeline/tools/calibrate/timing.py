@@ -50,13 +50,17 @@ def measure(
     repeats: int,
     warmups: int,
     progress: Callable[[str], None] | None = None,
+    mlp: int | None = None,
+    causal: bool = True,
 ) -> Measured:
     """``repeats`` times (ms) of each shape, after ``warmups`` untimed rounds. Every round times every shape
-    once, so a slow spell of a shared machine spreads over all shapes instead of skewing a few."""
+    once, so a slow spell of a shared machine spreads over all shapes instead of skewing a few. ``mlp`` and
+    ``causal`` as ``Block`` takes them: ``causal=False`` times the vision encoder's block, a shape's
+    ``length`` then being an image's patches."""
     torch_device, torch_dtype = torch.device(device), DTYPES[dtype]
     torch.manual_seed(0)
-    attention = attention_backend(torch_device, torch_dtype)
-    block = Block(hidden, heads, attention).to(torch_device, torch_dtype)
+    attention = attention_backend(torch_device, torch_dtype, causal)
+    block = Block(hidden, heads, attention, mlp=mlp, causal=causal).to(torch_device, torch_dtype)
     times: dict[MicroBatchShape, list[float]] = {shape: [] for shape in shapes}
     rounds = warmups + repeats
     for round_ in range(rounds):
@@ -80,7 +84,8 @@ def _time_once(block: Block, shape: MicroBatchShape, device: torch.device, dtype
 
 def time_micro_batch(block: Block, lengths: Sequence[int], device: torch.device, dtype: torch.dtype) -> float:
     """ms of one forward and backward of ``block`` over one micro-batch: samples of ``lengths`` packed into
-    one sequence, causal attention within each (as the trainer runs a planned micro-batch)."""
+    one sequence, attention within each (as the trainer runs a planned micro-batch, or the vision encoder
+    its images and clips)."""
     tokens = int(sum(lengths))
     x = torch.randn(tokens, block.hidden, device=device, dtype=dtype, requires_grad=True)
     bounds = [0, *itertools.accumulate(int(n) for n in lengths)]
