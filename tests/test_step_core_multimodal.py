@@ -4,6 +4,10 @@ LLM and encoder costs of a planned step, and composition's packing kept within t
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -189,3 +193,17 @@ def test_a_resumed_job_may_change_its_patch_budget_but_not_its_shape() -> None:
     check_step_shape(StepShape(2, 2, 256), StepShape(2, 2, 256, 4096), "j")
     with pytest.raises(MixflowError, match=r"step\.ranks is 3 in the spec but 2"):
         check_step_shape(StepShape(2, 2, 256), StepShape(3, 2, 256, 4096), "j")
+
+
+def test_multimodal_balance_simulator_smoke() -> None:
+    """``python -m benchmarks.multimodal_balance_bench --quick`` runs and prints its table and target lines."""
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.multimodal_balance_bench", "--quick", "--markdown"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| 4 x 8k  | 4 x 8192, 16384         | composed " in result.stdout
+    assert "target met: 4 x 8k composed: median max/mean encoder <= 1.05" in result.stdout

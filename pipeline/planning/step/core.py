@@ -118,13 +118,15 @@ class StepCore:
     ``from_placement`` False plans composed steps from scratch, not from composition's packing (a
     comparison for the simulator). ``vision``: the vision encoder's cost model, with which whoever builds
     the windows (the constructor's ``SamplePool``, the simulator) computes their ``encoder_costs``; None
-    where the job counts only the LLM's cost."""
+    where the job counts only the LLM's cost. ``even_encoder`` False balances multimodal steps on their
+    total cost alone, not the encoder's part too (a comparison for the simulator)."""
 
     shape: StepShape
     cost_model: CostModel
     lanes: int = 1
     from_placement: bool = True
     vision: VisionCostModel | None = None
+    even_encoder: bool = True
 
     def next_step(
         self, mixer: Mixer, state: MixerState, window: StepWindow, exhausted: Collection[str] = ()
@@ -177,7 +179,10 @@ class StepCore:
         if start is not None and patch_capacity > 0:
             start = within_patch_capacity(start, patches, shape.ranks * shape.micro_batches, patch_capacity)
         costs = self.cost_model.costs(ordered.lengths) + encoder
-        return plan_step(*args, start=start, costs=costs, patches=patches, patch_capacity=patch_capacity)
+        secondary = encoder if self.even_encoder else None
+        return plan_step(
+            *args, start=start, costs=costs, patches=patches, patch_capacity=patch_capacity, encoder_costs=secondary
+        )
 
 
 def within_patch_capacity(start: np.ndarray, patches: np.ndarray, slots: int, patch_capacity: int) -> np.ndarray:
