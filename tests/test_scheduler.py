@@ -196,7 +196,7 @@ def test_repair_swaps_an_older_deferred_sample_into_a_newer_ones_place() -> None
 
     lengths = np.array([5, 3, 8, 5], np.int64)  # sample 0 deferred; 2 and 3 newer and at least as long
     costs = COSTS.costs(lengths)
-    cands = Candidates(*longest_first(lengths, costs, 4, 8), np.zeros(0, np.int64))
+    cands = Candidates(*longest_first(lengths, costs, 4, 8), np.zeros(0, np.int64), np.zeros(0))
     assert cands.order.tolist() == [2, 0, 3, 1]
     at = np.array([0, -1, 1, 0], np.int32)  # rank << 0 | micro-batch 0, by position: rank = [-1, 0, 0, 1]
     micro_cost = np.array([costs[1] + costs[2], costs[3]])

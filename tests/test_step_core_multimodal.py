@@ -4,6 +4,10 @@ LLM and encoder costs of a planned step, and composition's packing kept within t
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,9 +15,9 @@ from hypothesis import strategies as st
 
 from pipeline.planning.mixing import DrawStatus, Mixer, MixerState, Schedule, step_budget
 from pipeline.planning.mixing.mixer import Composition
-from pipeline.planning.scheduler import CostModel, validate_plan
+from pipeline.planning.scheduler import CostModel, validate_plan, within_patch_capacity
 from pipeline.planning.step.assemble import assemble_planned
-from pipeline.planning.step.core import StepCore, StepWindow, within_patch_capacity
+from pipeline.planning.step.core import StepCore, StepWindow
 from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.spec_change import StepShape, check_step_shape
 from pipeline.planning.step.state import ConstructorState
@@ -189,3 +193,44 @@ def test_a_resumed_job_may_change_its_patch_budget_but_not_its_shape() -> None:
     check_step_shape(StepShape(2, 2, 256), StepShape(2, 2, 256, 4096), "j")
     with pytest.raises(MixflowError, match=r"step\.ranks is 3 in the spec but 2"):
         check_step_shape(StepShape(2, 2, 256), StepShape(3, 2, 256, 4096), "j")
+
+
+def test_multimodal_balance_simulator_smoke() -> None:
+    """``python -m benchmarks.multimodal_balance_bench --quick`` runs and prints its table and target lines."""
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.multimodal_balance_bench", "--quick", "--markdown"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| 4 x 8k  | 4 x 8192, 16384         | composed " in result.stdout
+    assert "target met: 4 x 8k composed: median max/mean encoder <= 1.05" in result.stdout
+
+
+@settings(deadline=None, max_examples=20)
+@given(st.sampled_from(["text", "image-heavy", "mixed"]), st.integers(0, 2**16))
+def test_composition_scores_its_options_with_the_plan_the_step_gets(family: str, seed: int) -> None:
+    """With the window's media, composition scores each option with ``plan_with_media`` (true costs, both
+    capacities): for samples without media that is the text plan, so the draw is the one without media;
+    with media the draw is valid and the step is planned within both capacities."""
+    rng = np.random.default_rng(seed)
+    shape = StepShape(3, 2, 512, 1024)
+    cost_model = CostModel(alpha=1.0 / 512, beta=1.0)
+    mixer = _mixer({"a": 0.7, "b": 0.3}, shape, cost_model, composed=True)
+    empty = np.zeros(0, np.int64)
+    samples = {s: draw_multimodal(family, rng, 200, 512, 1024) for s in ("a", "b")}
+    encoder = {s: VISION.sample_costs(m.item_patches, m.items) for s, m in samples.items()}
+    lengths = {s: m.lengths for s, m in samples.items()}
+    window = StepWindow(lengths, empty, empty, {s: m.patches for s, m in samples.items()}, encoder, empty, empty[:0])
+    core = StepCore(shape, cost_model, vision=VISION)
+    state = MixerState.initial(["a", "b"])
+    with_media = core.draw(mixer, state, window)
+    without = core.draw(mixer, state, StepWindow(lengths, empty, empty))
+    assert with_media.status is DrawStatus.OK
+    if family == "text":
+        assert all(np.array_equal(with_media.take[s], without.take[s]) for s in lengths)
+    planned = core.plan(with_media, window).planned
+    assert planned is not None
+    validate_plan(planned.plan, planned.lengths, planned.patches)

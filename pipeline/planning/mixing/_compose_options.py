@@ -11,7 +11,7 @@ import numpy as np
 from pipeline.planning.mixing._compose_types import StepShape
 from pipeline.planning.mixing._take import EMPTY
 from pipeline.planning.order import candidate_order
-from pipeline.planning.scheduler import CostModel, plan_step
+from pipeline.planning.scheduler import CostModel, plan_step, plan_with_media
 
 
 def pool_permutation(before: Sequence[np.ndarray], drawn: Sequence[np.ndarray]) -> np.ndarray:
@@ -25,13 +25,27 @@ def pool_order(before: Sequence[np.ndarray], drawn: Sequence[np.ndarray]) -> np.
     return np.concatenate([EMPTY, *before, *drawn]).astype(np.int64)[pool_permutation(before, drawn)]
 
 
-def score(lengths: np.ndarray, shape: StepShape, cost_model: CostModel, start: np.ndarray | None = None) -> float:
+def score(
+    lengths: np.ndarray,
+    shape: StepShape,
+    cost_model: CostModel,
+    start: np.ndarray | None = None,
+    media: tuple[np.ndarray, np.ndarray, int, bool] | None = None,
+) -> float:
     """Mean over largest rank cost of the scheduler's plan of ``lengths`` (from ``start`` too, where
-    given), times the share of the step's capacity it places: 1 for a full, perfectly balanced step."""
+    given), times the share of the step's capacity it places: 1 for a full, perfectly balanced step.
+    ``media``: the candidates' patches and encoder costs, the patch budget and whether the encoder's part
+    is evened out, for a plan of multimodal samples (``plan_with_media``) and their true costs."""
     if not len(lengths):
         return 0.0
-    plan = plan_step(lengths, shape.ranks, shape.micro_batches, shape.capacity, cost_model, start=start)
-    costs = plan.rank_costs(lengths, cost_model)
+    if media is None:
+        plan = plan_step(lengths, shape.ranks, shape.micro_batches, shape.capacity, cost_model, start=start)
+        costs = plan.rank_costs(lengths, cost_model)
+    else:
+        patches, encoder, patch_capacity, even = media
+        full = (shape.ranks, shape.micro_batches, shape.capacity, patch_capacity)
+        plan = plan_with_media(lengths, full, cost_model, start, patches, encoder, even)
+        costs = plan.rank_totals(cost_model.costs(lengths) + encoder)
     largest = float(costs.max())
     balance = math.fsum(costs) / len(costs) / largest if largest > 0 else 1.0
     return balance * float(lengths[plan.placed_mask].sum()) / shape.tokens

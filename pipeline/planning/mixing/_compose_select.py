@@ -53,6 +53,7 @@ from pipeline.planning.mixing._compose_types import (
     Longs,
     Slots,
     SourceWindow,
+    StepMedia,
     StepShape,
 )
 from pipeline.planning.mixing._take import EMPTY
@@ -80,11 +81,14 @@ def compose_takes(
     shape: StepShape,
     cost_model: CostModel,
     goal: float,
+    media: tuple[StepMedia, Mapping[str, np.ndarray]] | None = None,
 ) -> Composed:
     """Positions to take from each source's window (``windows``, in source order), and where a packed
     option won, its placement. ``before``: every source's deferred lengths; ``fixed``: what sources
-    without a window give (drawn lengths); ``goal``: the step's tokens."""
-    step = _Composition(windows, before, fixed, shape, cost_model)
+    without a window give (drawn lengths); ``goal``: the step's tokens. ``media``: where the samples carry
+    images or clips, their patches and encoder costs, and the FIFO positions the ``fixed`` lengths are at:
+    options are then scored with their true costs and both capacities."""
+    step = _Composition(windows, before, fixed, shape, cost_model, media)
     _, takes, grouped_score = step.best(
         len(step.options), lambda i: step.fills(step.group(i), step.positions, step.source)
     )
@@ -100,7 +104,8 @@ def compose_takes(
 class _Composition:
     """One step's composition: the windows' long samples split into seeds (deferred or due, which every
     option holds) and candidates (window positions ``positions`` of sources ``source``), the options (a
-    level of excess and an anchor, -1 for none), and how an option is filled, planned and scored."""
+    level of excess and an anchor, -1 for none), and how an option is filled, planned and scored (with
+    ``media``, see ``compose_takes``)."""
 
     def __init__(
         self,
@@ -109,6 +114,7 @@ class _Composition:
         fixed: Mapping[str, np.ndarray],
         shape: StepShape,
         cost_model: CostModel,
+        media: tuple[StepMedia, Mapping[str, np.ndarray]] | None = None,
     ) -> None:
         self.windows, self.before, self.fixed, self.shape, self.cost_model = windows, before, fixed, shape, cost_model
         self.names = list(windows)
@@ -137,6 +143,7 @@ class _Composition:
             max(w.remaining, float(w.lengths[w.due].sum())) + float(w.lengths.max(initial=0)) for w in windows.values()
         )
         self.group = cache(self._group)
+        self.media = media
 
     def longs(self, lengths: np.ndarray, source: np.ndarray) -> Longs:
         return Longs(self.cost_model.costs(lengths) - self.rho * lengths, lengths, source)
@@ -210,12 +217,23 @@ class _Composition:
                 parts = [slots[s][: len(b)] for s, b in self.before.items()]
                 parts += [slots[s][len(b) :] for s, b in self.before.items()]
                 start = np.concatenate([EMPTY, *parts])[permutation]
-            scores[i] = score(lengths, shape, self.cost_model, start)
+            scores[i] = score(lengths, shape, self.cost_model, start, self._media_of(taken, permutation))
             return scores[i]
 
         upper_bound = min(self.bound, shape.tokens) / shape.tokens + 1e-9
         winner = choose_option(count, upper_of, score_of, PREFER_OLDER, upper_bound)
         return winner, {s: fill.positions for s, fill in option(winner).items()}, scores[winner]
+
+    def _media_of(
+        self, taken: dict[str, np.ndarray], permutation: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, int, bool] | None:
+        """``score``'s ``media`` for an option taking ``taken`` from the windows, or None for text."""
+        if self.media is None:
+            return None
+        media, fixed_take = self.media
+        positions = {s: taken[s] if s in self.windows else fixed_take[s] for s in self.before}
+        patches, encoder = media.of_step(list(self.before), positions)
+        return patches[permutation], encoder[permutation], media.patch_capacity, media.even_encoder
 
     def packed_options(
         self, goal: float

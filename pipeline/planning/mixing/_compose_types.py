@@ -3,6 +3,7 @@ hole packing needs, and what a grouping or packing built."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,3 +100,31 @@ class Composed:
 
     take: dict[str, np.ndarray]
     placement: dict[str, np.ndarray] | None = None
+
+
+@dataclass(frozen=True)
+class StepMedia:
+    """Where the step's samples carry images or clips: each sample's vision patches and encoder cost, per
+    source aligned with its FIFO (``available``) and with its deferred samples, the patch budget of a
+    micro-batch (0: no limit), and whether the scheduler evens out the encoder's part. Composition then
+    scores its options with the plan such a step gets (``plan_with_media``)."""
+
+    patches: Mapping[str, np.ndarray]
+    encoder_costs: Mapping[str, np.ndarray]
+    deferred_patches: Mapping[str, np.ndarray]
+    deferred_encoder_costs: Mapping[str, np.ndarray]
+    patch_capacity: int = 0
+    even_encoder: bool = True
+
+    def of_step(self, sources: Sequence[str], positions: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Patches and encoder costs of a step's candidates numbered as ``[*deferred, *drawn]``, source after
+        source in ``sources`` order, where each source draws the FIFO ``positions``."""
+        patches = [*(self.deferred_patches[s] for s in sources), *(self.patches[s][positions[s]] for s in sources)]
+        encoder = [
+            *(self.deferred_encoder_costs[s] for s in sources),
+            *(self.encoder_costs[s][positions[s]] for s in sources),
+        ]
+        return (
+            np.concatenate([np.zeros(0, np.int64), *patches]).astype(np.int64, copy=False),
+            np.concatenate([np.zeros(0), *encoder]).astype(np.float64, copy=False),
+        )

@@ -49,7 +49,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from pipeline.planning.mixing._compose_select import compose_takes
-from pipeline.planning.mixing._compose_types import SourceWindow, StepShape
+from pipeline.planning.mixing._compose_types import SourceWindow, StepMedia, StepShape
 from pipeline.planning.mixing._take import EMPTY
 from pipeline.planning.mixing.draw import Draw, DrawStatus, draw_step
 from pipeline.planning.mixing.state import MixerState
@@ -85,6 +85,7 @@ def compose_step(
     cost_model: CostModel,
     window: float = DEFAULT_WINDOW,
     due: float = DEFAULT_DUE,
+    media: StepMedia | None = None,
 ) -> Draw:
     """Draw step ``state.step`` from look-ahead windows (see the module docstring).
 
@@ -94,7 +95,10 @@ def compose_step(
     capacity)``: composition does its own choosing, so an overdraw in the budget is not used.
     ``Draw.take`` holds ascending FIFO positions, not necessarily a prefix; ``Draw.lengths`` the deferred
     samples, then the taken ones in FIFO order; ``Draw.placement``, where the holes were packed, the
-    packing, for the scheduler to start from (``plan_step``'s ``start``).
+    packing, for the scheduler to start from (``plan_step``'s ``start``). ``media``: where the samples
+    carry images or clips, their patches and encoder costs (aligned with ``available`` and ``deferred``):
+    the options are chosen by length as ever, and scored with the plan the step will get, by true costs
+    under both capacities (``plan_with_media``).
     """
     for name, value in (("ranks", ranks), ("micro_batches", micro_batches), ("capacity", capacity)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
@@ -134,7 +138,8 @@ def compose_step(
         msg = f"sources {sorted(set(too_long))} hold samples longer than a micro-batch ({capacity}); split them first"
         raise ValueError(msg)
     fixed = {s: avail[s][first.take[s]] for s in sources if s not in windows}
-    composed = compose_takes(windows, before, fixed, shape, cost_model, goal)
+    with_media = None if media is None else (media, {s: first.take[s] for s in fixed})
+    composed = compose_takes(windows, before, fixed, shape, cost_model, goal, with_media)
     take = {s: composed.take.get(s, first.take[s]) for s in sources}
     lengths = {s: np.concatenate([before[s], avail[s][take[s]]]) for s in sources}
     long = {s: v >= first.min_length for s, v in lengths.items()}

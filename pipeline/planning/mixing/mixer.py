@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import ArrayLike
 
+from pipeline.planning.mixing._compose_types import StepMedia
 from pipeline.planning.mixing.changes import MixtureChange, MixtureTimeline
 from pipeline.planning.mixing.compose import compose_step
 from pipeline.planning.mixing.draw import Draw, LongContext, draw_step
@@ -104,9 +105,11 @@ class Mixer:
         available: Mapping[str, ArrayLike],
         deferred: Mapping[str, ArrayLike] | None = None,
         exhausted: Collection[str] = (),
+        media: StepMedia | None = None,
     ) -> Draw:
         """Draw step ``state.step`` with the schedule's weights at that step: composed from look-ahead
-        windows (``compose_step``) or, without composition, from each source's FIFO head (``draw_step``)."""
+        windows (``compose_step``, which scores its options with the samples' ``media`` where given) or,
+        without composition, from each source's FIFO head (``draw_step``)."""
         args = (state, self.weights_at(state.step), self.budget_tokens, available, deferred)
         if (c := self.composition) is not None:
             shape = {"ranks": c.ranks, "micro_batches": c.micro_batches, "capacity": c.capacity}
@@ -118,5 +121,6 @@ class Mixer:
                 cost_model=c.cost_model,
                 window=c.window,
                 due=c.due,
+                media=media,
             )
         return draw_step(*args, exhausted=exhausted, on_exhausted=self.on_exhausted, long_context=self.long_context)

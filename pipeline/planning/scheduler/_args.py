@@ -53,18 +53,18 @@ def check_step(
     return lengths, ranks, micro_batches, capacity
 
 
-def check_costs(costs: object, size: int) -> np.ndarray:
+def check_costs(costs: object, size: int, name: str = "costs") -> np.ndarray:
     """One finite float cost >= 0 per sample, as contiguous float64."""
     array = np.asarray(costs)
     if array.shape != (size,) or not (
         np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
     ):
-        msg = f"costs must be numbers, one per sample ({size}), got {array.dtype} of shape {array.shape}"
+        msg = f"{name} must be numbers, one per sample ({size}), got {array.dtype} of shape {array.shape}"
         raise ValueError(msg)
     array = np.ascontiguousarray(array, dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(array) | (array < 0))
     if bad.size:
-        msg = f"costs must be finite and >= 0, got costs[{int(bad[0])}] = {float(array[bad[0]])!r}"
+        msg = f"{name} must be finite and >= 0, got {name}[{int(bad[0])}] = {float(array[bad[0]])!r}"
         raise ValueError(msg)
     return array
 

@@ -118,10 +118,12 @@ def lpt_kernel(samples: Samples, grid: Grid, at: np.ndarray) -> tuple[Candidates
     n_ranks, n_micro = grid.ranks, grid.micro
     if grid.patch_capacity > 0:
         limit = candidates_two(samples, grid)
-        cands = Candidates(*costliest_first(samples.lengths, samples.costs, samples.patches, limit))
+        cands = Candidates(*costliest_first(samples, limit))
     else:
         limit, longest = candidates(samples.lengths, np.int64(n_ranks) * n_micro * grid.capacity)
-        cands = Candidates(*longest_first(samples.lengths, samples.costs, limit, longest), samples.patches)
+        cands = Candidates(
+            *longest_first(samples.lengths, samples.costs, limit, longest), samples.patches, samples.encoder
+        )
     plan = Placement(
         at[:limit],
         np.zeros(n_ranks, np.float64),

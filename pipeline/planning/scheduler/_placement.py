@@ -28,6 +28,7 @@ class Samples(NamedTuple):
     lengths: np.ndarray  # int64
     costs: np.ndarray  # float64
     patches: np.ndarray  # int64; empty with one capacity
+    encoder: np.ndarray  # float64: the vision encoder's part of ``costs``; empty where not given
 
 
 class Candidates(NamedTuple):
@@ -35,6 +36,7 @@ class Candidates(NamedTuple):
     length: np.ndarray  # int32
     cost: np.ndarray  # float64
     patches: np.ndarray  # int64; empty with one capacity
+    encoder: np.ndarray  # float64; empty where not given
 
 
 class Grid(NamedTuple):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
+from pipeline.planning.scheduler._placement import Samples
 
 
 @kernel
@@ -67,17 +68,19 @@ def longest_first(
 
 
 @kernel
-def costliest_first(
-    lengths: np.ndarray, costs: np.ndarray, patches: np.ndarray, limit: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def costliest_first(samples: Samples, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Samples ``0..limit-1`` by decreasing cost, ties by increasing index, with two capacities (where cost
-    no longer follows length): ``order`` and the length (int32), cost and patches at each position."""
-    order = np.argsort(-costs[:limit], kind="mergesort")
+    no longer follows length): ``order`` and the length (int32), cost, patches and encoder cost (empty where
+    the samples have none) at each position."""
+    order = np.argsort(-samples.costs[:limit], kind="mergesort")
     sorted_length = np.empty(limit, np.int32)
     sorted_cost = np.empty(limit, np.float64)
     sorted_patches = np.empty(limit, np.int64)
+    sorted_encoder = np.empty(limit if samples.encoder.shape[0] else 0, np.float64)
     for k in range(limit):
-        sorted_length[k] = lengths[order[k]]
-        sorted_cost[k] = costs[order[k]]
-        sorted_patches[k] = patches[order[k]]
-    return order, sorted_length, sorted_cost, sorted_patches
+        sorted_length[k] = samples.lengths[order[k]]
+        sorted_cost[k] = samples.costs[order[k]]
+        sorted_patches[k] = samples.patches[order[k]]
+    for k in range(sorted_encoder.shape[0]):
+        sorted_encoder[k] = samples.encoder[order[k]]
+    return order, sorted_length, sorted_cost, sorted_patches, sorted_encoder

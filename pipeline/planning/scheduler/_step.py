@@ -20,6 +20,9 @@
    the placement it was chosen for.
 6. Samples move from the costliest ranks to the cheapest while the costliest is more than ``tolerance``
    above the lower bound (``_refine.py``): the costliest rank only falls, what is placed stays.
+7. With two capacities, placed samples trade places between ranks (``_swap.py``): the costliest rank
+   falls where full micro-batches leave no room to move, then the vision encoder's part is evened out
+   without lifting the costliest rank.
 
 With two capacities (``Grid.patch_capacity > 0``) every phase tests both, the candidates go costliest first
 and the guarantee is on length and patches (``_fit.py``, ``_repair_two.py``). A swap of the repair may then
@@ -49,6 +52,7 @@ from pipeline.planning.scheduler._placement import (
 from pipeline.planning.scheduler._refine import move_from_costliest
 from pipeline.planning.scheduler._repair import deferred_oldest_first, prefer_older, starvation_safe
 from pipeline.planning.scheduler._repair_two import dominance_safe, prefer_older_two
+from pipeline.planning.scheduler._swap import trade_places
 from pipeline.planning.scheduler._topup import top_up
 
 # The held-back plan takes out the newest candidates holding this share of the step's tokens, or as many
@@ -184,4 +188,6 @@ def plan_kernel(
     if ratio > 1.0 + tolerance:
         target = (1.0 + tolerance) * plan.rank_cost.max() / ratio
         move_from_costliest(cands, plan, grid, target, 4 * grid.ranks + 64)
+    if grid.patch_capacity > 0:
+        trade_places(cands, plan, grid, tolerance)
     return by_index(samples.lengths.shape[0], cands.order, plan.at, grid.shift)

@@ -41,7 +41,8 @@ def plan_lpt(
     patches (``_repair_two.prefer_older_two``).
     """
     lengths, ranks, micro_batches, capacity = check_step(lengths, ranks, micro_batches, capacity)
-    samples, grid = step_inputs(lengths, (ranks, micro_batches, capacity), cost_model, costs, patches, patch_capacity)
+    shape = (ranks, micro_batches, capacity)
+    samples, grid = step_inputs(lengths, shape, cost_model, costs, patches, patch_capacity)
     cands, plan = lpt_kernel(samples, grid, np.empty(lengths.size, at_dtype(ranks, micro_batches)))
     if starvation_safe:
         make_safe(cands, plan, grid)

@@ -122,6 +122,7 @@ def plan_step(
     costs: np.ndarray | None = None,
     patches: np.ndarray | None = None,
     patch_capacity: int = 0,
+    encoder_costs: np.ndarray | None = None,
 ) -> StepPlan:
     """Plan one global step over ``ranks`` data-parallel ranks of ``micro_batches`` micro-batches,
     each holding at most ``capacity`` tokens (and at most ``patch_capacity`` vision patches, where > 0).
@@ -152,13 +153,17 @@ def plan_step(
     patches, and with ``patch_capacity > 0`` no micro-batch holds more than that many, in every phase.
     With either, the candidates go costliest first and the guarantee becomes: no deferred sample has a
     newer placed sample that is at least as long and has at least as many patches. ``start`` must keep
-    both capacities. Without them (text) the plan is the one described above, bit for bit.
+    both capacities. Last, placed samples trade places between ranks where full micro-batches leave no
+    room to move them, and ``encoder_costs`` (the vision encoder's part of ``costs``, where given) is
+    evened out over the ranks as far as that lifts no rank above the costliest (``_swap.py``). Without
+    them (text) the plan is the one described above, bit for bit.
     """
     lengths, ranks, micro_batches, capacity = check_step(lengths, ranks, micro_batches, capacity)
     if not isinstance(tolerance, float | int) or not 0 <= tolerance < 1:
         msg = f"tolerance must be a number in [0, 1), got {tolerance!r}"
         raise ValueError(msg)
-    samples, grid = step_inputs(lengths, (ranks, micro_batches, capacity), cost_model, costs, patches, patch_capacity)
+    shape = (ranks, micro_batches, capacity)
+    samples, grid = step_inputs(lengths, shape, cost_model, costs, patches, patch_capacity, encoder_costs)
     start = _check_start(start, samples, grid)
     scratch = np.empty(lengths.size, at_dtype(ranks, micro_batches))
     rank, micro = plan_kernel(samples, grid, float(tolerance), scratch, start)

@@ -12,9 +12,10 @@ order. ``PlannedStep.order`` lists those numbers in the order the scheduler gets
 A step whose candidates have patches (under a patch budget) or an encoder cost is planned with both
 capacities, tokens and patches a micro-batch, and with each sample's cost as its LLM cost plus its
 encoder cost (``plan_step(..., costs=, patches=, patch_capacity=)``); a step of text alone is planned as
-before, bit for bit. Composition chooses from lengths only; where its packing (the scheduler's start)
-puts more patches in a micro-batch than the budget, the newest samples of that micro-batch leave it and
-the scheduler places them like any other.
+before, bit for bit (``plan_with_media``). Composition chooses from lengths, and scores its options with
+the plan the step will get, by true costs under both capacities; where its packing (the scheduler's
+start) puts more patches in a micro-batch than the budget, the newest samples with patches of that
+micro-batch leave it and the scheduler places them like any other.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pipeline.planning.mixing import Draw, DrawStatus, Mixer, MixerState
+from pipeline.planning.mixing import Draw, DrawStatus, Mixer, MixerState, StepMedia
 from pipeline.planning.order import candidate_order
-from pipeline.planning.scheduler import CostModel, StepPlan, plan_step
+from pipeline.planning.scheduler import CostModel, StepPlan
+from pipeline.planning.scheduler.media import plan_with_media
 from pipeline.planning.step.spec_change import StepShape
 from pipeline.spec.cost import VisionCostModel
 from topics.errors import MixflowError
@@ -118,13 +120,15 @@ class StepCore:
     ``from_placement`` False plans composed steps from scratch, not from composition's packing (a
     comparison for the simulator). ``vision``: the vision encoder's cost model, with which whoever builds
     the windows (the constructor's ``SamplePool``, the simulator) computes their ``encoder_costs``; None
-    where the job counts only the LLM's cost."""
+    where the job counts only the LLM's cost. ``even_encoder`` False balances multimodal steps on their
+    total cost alone, not the encoder's part too (a comparison for the simulator)."""
 
     shape: StepShape
     cost_model: CostModel
     lanes: int = 1
     from_placement: bool = True
     vision: VisionCostModel | None = None
+    even_encoder: bool = True
 
     def next_step(
         self, mixer: Mixer, state: MixerState, window: StepWindow, exhausted: Collection[str] = ()
@@ -132,10 +136,26 @@ class StepCore:
         """Step ``state.step`` drawn by ``mixer`` (its accepted changes applied) from ``window`` and planned."""
         return self.plan(self.draw(mixer, state, window, exhausted), window)
 
-    @staticmethod
-    def draw(mixer: Mixer, state: MixerState, window: StepWindow, exhausted: Collection[str] = ()) -> Draw:
-        """The first half of ``next_step``: the mixer's draw."""
-        return mixer.draw(state, window.available, window.deferred_by_source(), exhausted)
+    def draw(self, mixer: Mixer, state: MixerState, window: StepWindow, exhausted: Collection[str] = ()) -> Draw:
+        """The first half of ``next_step``: the mixer's draw (composition scoring its options with the
+        window's patches and encoder costs, where it has them)."""
+        return mixer.draw(state, window.available, window.deferred_by_source(), exhausted, self._media(window))
+
+    def _media(self, window: StepWindow) -> StepMedia | None:
+        if window.patches is None or window.encoder_costs is None:
+            return None
+        n = len(window.deferred_lengths)
+        patches = np.zeros(n, np.int64) if window.deferred_patches is None else window.deferred_patches
+        encoder = np.zeros(n) if window.deferred_encoder_costs is None else window.deferred_encoder_costs
+        of = window.deferred_source
+        return StepMedia(
+            window.patches,
+            window.encoder_costs,
+            {s: np.asarray(patches)[of == k] for k, s in enumerate(window.available)},
+            {s: np.asarray(encoder)[of == k] for k, s in enumerate(window.available)},
+            self.shape.patches_per_micro_batch,
+            self.even_encoder,
+        )
 
     def plan(self, draw: Draw, window: StepWindow) -> StepOutcome:
         """The second half of ``next_step``: ``draw`` (of ``window``) planned, and the mixer settled with what
@@ -169,32 +189,10 @@ class StepCore:
 
     def _plan(self, ordered: _Ordered, start: np.ndarray | None) -> StepPlan:
         shape = self.shape
-        args = (ordered.lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, self.cost_model)
-        patch_capacity = shape.patches_per_micro_batch
-        patches, encoder = ordered.patches, ordered.encoder_costs
-        if patches is None or encoder is None or not ((patch_capacity > 0 and patches.any()) or encoder.any()):
-            return plan_step(*args, start=start)  # text: the plan of one capacity, bit for bit
-        if start is not None and patch_capacity > 0:
-            start = within_patch_capacity(start, patches, shape.ranks * shape.micro_batches, patch_capacity)
-        costs = self.cost_model.costs(ordered.lengths) + encoder
-        return plan_step(*args, start=start, costs=costs, patches=patches, patch_capacity=patch_capacity)
-
-
-def within_patch_capacity(start: np.ndarray, patches: np.ndarray, slots: int, patch_capacity: int) -> np.ndarray:
-    """``start`` (a micro-batch per candidate, -1 for none, candidates in priority order) with the newest
-    samples with patches of every micro-batch over ``patch_capacity`` taken out of it (-1) until it is not."""
-    placed = start >= 0
-    held = np.bincount(start[placed], weights=patches[placed], minlength=slots)
-    over = np.flatnonzero(held > patch_capacity)
-    if not over.size:
-        return start
-    start = start.copy()
-    for slot in over.tolist():
-        members = np.flatnonzero((start == slot) & (patches > 0))[::-1]  # newest first
-        excess = held[slot] - patch_capacity
-        leaving = members[: int(np.searchsorted(np.cumsum(patches[members]), excess)) + 1]
-        start[leaving] = -1
-    return start
+        full = (shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, shape.patches_per_micro_batch)
+        return plan_with_media(
+            ordered.lengths, full, self.cost_model, start, ordered.patches, ordered.encoder_costs, self.even_encoder
+        )
 
 
 @dataclass(frozen=True)
