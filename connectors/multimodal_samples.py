@@ -32,27 +32,36 @@ class _Chunk:
     pieces: list[np.ndarray]
     items: list[MediaItem]
     length: int = 0
+    patches: int = 0
 
     def add(self, tokens: np.ndarray, item: MediaItem | None = None) -> None:
         if item is not None:
             self.items.append(replace(item, token_offset=self.length + 1))
+            self.patches += item.patches
         self.pieces.append(tokens)
         self.length += len(tokens)
 
 
-def chunk_segments(segments: Sequence[Segment], max_length: int) -> list[tuple[np.ndarray, tuple[MediaItem, ...]]]:
-    """Greedy chunks of at most ``max_length`` tokens, laid end to end: text fills a chunk to the brim, a
-    block that does not fit in what is left starts the next chunk. Each chunk's items carry offsets within
-    it. ``ValueError`` for a block longer than ``max_length`` on its own."""
+def chunk_segments(
+    segments: Sequence[Segment], max_length: int, max_patches: int | None = None
+) -> list[tuple[np.ndarray, tuple[MediaItem, ...]]]:
+    """Greedy chunks of at most ``max_length`` tokens and ``max_patches`` vision patches, laid end to end:
+    text fills a chunk to the brim, a block that does not fit in what is left starts the next chunk. Each
+    chunk's items carry offsets within it. ``ValueError`` for a block longer than ``max_length`` or with more
+    patches than ``max_patches`` on its own."""
     chunks: list[_Chunk] = []
     current = _Chunk([], [])
+    patch_limit = max_patches if max_patches is not None else np.iinfo(np.int64).max
     for segment in segments:
         tokens = segment.tokens
         if segment.item is not None:
             if len(tokens) > max_length:
                 msg = f"a block of {len(tokens)} tokens does not fit in chunks of {max_length}"
                 raise ValueError(msg)
-            if current.length + len(tokens) > max_length:
+            if segment.item.patches > patch_limit:
+                msg = f"a block of {segment.item.patches} patches does not fit in chunks of {patch_limit}"
+                raise ValueError(msg)
+            if current.length + len(tokens) > max_length or current.patches + segment.item.patches > patch_limit:
                 chunks.append(current)
                 current = _Chunk([], [])
             current.add(tokens, segment.item)
@@ -78,12 +87,16 @@ class InterleavedBuilder:
 
     Each media reference is decoded with ``decoder`` and stands in the tokens as its placeholder block
     (``connectors.media.placeholders``); ``eod_id``, when given, ends the document. A document whose media
-    fails to decode, or holds a block longer than ``max_length``, becomes one dead letter naming the
+    fails to decode, or holds a block longer than ``max_length`` or with more patches than ``max_patches`` (a
+    micro-batch's patch budget; chunks hold at most that many), becomes one dead letter naming the
     reference's location, and none of its samples are built."""
 
-    def __init__(self, decoder: MediaDecoder | None, *, max_length: int, eod_id: int | None) -> None:
+    def __init__(
+        self, decoder: MediaDecoder | None, *, max_length: int, eod_id: int | None, max_patches: int | None = None
+    ) -> None:
         self.decoder = decoder
         self.max_length = max_length
+        self.max_patches = max_patches
         self.eod_id = eod_id
 
     def build(
@@ -95,7 +108,7 @@ class InterleavedBuilder:
             return segments
         if not any(len(segment.tokens) for segment in segments):
             return DeadLetter(document.source, location(document.path, row=document.row), "document has no tokens")
-        chunks = chunk_segments(segments, self.max_length)
+        chunks = chunk_segments(segments, self.max_length, self.max_patches)
         split = len(chunks) > 1
         return [
             Sample(
@@ -150,5 +163,8 @@ class InterleavedBuilder:
         item = self.decoder.decode(ref)
         if item.tokens + 2 > self.max_length:
             msg = f"{ref.kind} needs {item.tokens + 2} tokens, more than max_sample_length {self.max_length}"
+            raise MediaError(msg)
+        if self.max_patches is not None and item.patches > self.max_patches:
+            msg = f"{ref.kind} has {item.patches} patches, more than patches_per_micro_batch {self.max_patches}"
             raise MediaError(msg)
         return item

@@ -60,6 +60,7 @@ class SampleBuilder:
         eod_id: int | None = None,
         vision: VisionConfig | None = None,
         media_root: str | Path | None = None,
+        max_patches: int | None = None,
     ) -> None:
         if max_length < 1:
             msg = f"max_length must be >= 1, got {max_length}"
@@ -72,6 +73,7 @@ class SampleBuilder:
         self.eod_id = eod_id
         self.vision = vision
         self.media_root = media_root
+        self.max_patches = max_patches
         self._interleaved: InterleavedBuilder | None = None
 
     def token_arrays(self, documents: Sequence[Document]) -> list[np.ndarray]:
@@ -140,7 +142,9 @@ class SampleBuilder:
             from connectors.multimodal_samples import InterleavedBuilder
 
             decoder = None if self.vision is None else MediaDecoder(self.vision, self.media_root)
-            self._interleaved = InterleavedBuilder(decoder, max_length=self.max_length, eod_id=self.eod_id)
+            self._interleaved = InterleavedBuilder(
+                decoder, max_length=self.max_length, eod_id=self.eod_id, max_patches=self.max_patches
+            )
         return self._interleaved
 
 

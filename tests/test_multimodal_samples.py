@@ -139,6 +139,37 @@ def test_chunks_never_cut_a_block(segments: list[Segment], max_length: int) -> N
             assert len(tokens) + next_items[0].tokens + 2 > max_length
 
 
+@given(segment_lists, st.integers(1, 80), st.integers(4, 200))
+def test_chunks_hold_at_most_the_patch_budget(segments: list[Segment], max_length: int, max_patches: int) -> None:
+    blocks = [s for s in segments if s.item is not None]
+    if any(len(s.tokens) > max_length or s.item.patches > max_patches for s in blocks):
+        with pytest.raises(ValueError, match="does not fit in chunks of"):
+            chunk_segments(segments, max_length, max_patches)
+        return
+    chunks = chunk_segments(segments, max_length, max_patches)
+    whole = np.concatenate([np.zeros(0, np.int32), *(s.tokens for s in segments)])
+    assert np.concatenate([np.zeros(0, np.int32), *(tokens for tokens, _ in chunks)]).tolist() == whole.tolist()
+    assert all(len(tokens) <= max_length and sum(i.patches for i in items) <= max_patches for tokens, items in chunks)
+    # A chunk is cut early for patches only where the next block would not fit in its budget.
+    for (tokens, items), (_, next_items) in itertools.pairwise(chunks):
+        if len(tokens) < max_length and next_items and next_items[0].token_offset == 1:
+            fits_tokens = len(tokens) + next_items[0].tokens + 2 <= max_length
+            assert not fits_tokens or sum(i.patches for i in items) + next_items[0].patches > max_patches
+
+
+def test_an_image_over_the_patch_budget_is_a_dead_letter(tokenizer: CountingTokenizer) -> None:
+    builder = SampleBuilder(tokenizer, max_length=4096, vision=VISION, max_patches=64)
+    small, large = image_bytes(text_image(56, 56)), image_bytes(text_image(448, 448))
+    documents = [
+        Document("s", "a.jsonl", 0, parts=(MediaRef("image", "a.jsonl:row=0:image=0", data=small), "fine")),
+        Document("s", "a.jsonl", 1, parts=(MediaRef("image", "a.jsonl:row=1:image=0", data=large), "too big")),
+    ]
+    built = builder.build(documents)
+    assert [s.sample_id for s in built.samples] == ["s/a.jsonl/0"]
+    (letter,) = built.dead_letters
+    assert letter.location == "a.jsonl:row=1:image=0" and "more than patches_per_micro_batch 64" in letter.reason
+
+
 # The builder
 
 

@@ -45,7 +45,12 @@ class SourceRuntime:
         max_length = spec.max_sample_length or job.step.tokens_per_micro_batch
         vision = None if spec.vision is None else VisionConfig(**spec.vision.model_dump())
         builder = SampleBuilder(
-            tokenizer, max_length=max_length, eod_id=spec.eod_token_id, vision=vision, media_root=spec.path
+            tokenizer,
+            max_length=max_length,
+            eod_id=spec.eod_token_id,
+            vision=vision,
+            media_root=spec.path,
+            max_patches=job.step.patches_per_micro_batch,
         )
         return cls(spec, reader, builder, quick_cost=job.autoscaling.enabled)
 
