@@ -4,7 +4,7 @@ samples micro-batch by micro-batch into a ``Batch`` (the constructor encodes the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -43,10 +43,16 @@ class AssembledStep:
     plan: StepPlan
     lengths: np.ndarray
     started: bool = False  # planned from a placement of composition's too (it packed the holes)
+    encoder_costs: np.ndarray | None = None  # each candidate's cost in the vision encoder (None: text)
 
     @property
     def tokens(self) -> int:
         return int(self.lengths[self.plan.placed_mask].sum())
+
+    def rank_costs(self, cost_model: CostModel) -> np.ndarray:
+        """Each rank's cost, as the step was balanced: its samples' LLM cost plus their vision encoder's."""
+        costs = self.plan.rank_costs(self.lengths, cost_model)
+        return costs if self.encoder_costs is None else costs + self.plan.rank_totals(self.encoder_costs)
 
 
 def assemble_step(
@@ -68,7 +74,8 @@ def assemble_planned(
     planned: PlannedStep, candidates: Sequence[Candidate], batch_format: BatchFormat = TEXT
 ) -> AssembledStep:
     """The batches of a step the step core planned; ``candidates`` in ``planned.order`` (``SamplePool.take``)."""
-    return _assembled(planned.step, candidates, planned.plan, planned.lengths, planned.started, batch_format)
+    assembled = _assembled(planned.step, candidates, planned.plan, planned.lengths, planned.started, batch_format)
+    return replace(assembled, encoder_costs=planned.encoder_costs)
 
 
 def _assembled(

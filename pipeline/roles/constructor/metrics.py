@@ -209,7 +209,7 @@ class ConstructorMetrics:
         self.deferred.inc(len(assembled.deferred))
         self.packed.inc(int(assembled.started))
         self.waiting_deferred.set(len(assembled.deferred))
-        costs = assembled.plan.rank_costs(assembled.lengths, self.cost_model)
+        costs = assembled.rank_costs(self.cost_model)
         max_cost, mean_cost = float(costs.max()), float(costs.mean())
         imbalance = max_cost / mean_cost if mean_cost > 0 else 1.0
         fill = sum(tokens.values()) / self.capacity

@@ -268,7 +268,7 @@ class DataConstructor(TransactionalRole):
     # -- bookkeeping ------------------------------------------------------------------------------
 
     def _record(self, assembled: AssembledStep, state_bytes: int) -> None:
-        costs = assembled.plan.rank_costs(assembled.lengths, self.cost_model)
+        costs = assembled.rank_costs(self.cost_model)
         by_source: dict[str, int] = {}
         for c in assembled.delivered:
             by_source[c.ref.source] = by_source.get(c.ref.source, 0) + c.sample.length
