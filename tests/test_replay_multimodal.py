@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import tarfile
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 from unittest import mock
 
 import numpy as np
 import pytest
 import yaml
-from confluent_kafka import Producer
+from confluent_kafka import Message, Producer
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from tokenizers import ByteLevelBPETokenizer
@@ -31,7 +33,9 @@ from pipeline.spec import JobSpec, load_spec
 from pipeline.spec.cost import VisionCostModel
 from pipeline.tools.replay import ReplayMode, ReplayRequest, ReshapeError, default_micro_batches, replay, verify
 from pipeline.tools.replay import reshape as reshape_module
+from pipeline.tools.replay.audit import same_samples
 from pipeline.tools.replay.reshape import reshape_step
+from pipeline.tools.replay.steps import StepMessages
 from tests.media_support import image_bytes, text_image
 from tests.replay_support import construct, steps_of
 from tests.sink_media_support import media_sample
@@ -143,17 +147,24 @@ def _fill_sources(spec: JobSpec) -> dict[str, Sample]:
     return written
 
 
+@dataclass(frozen=True)
+class MediaJob:
+    spec: JobSpec
+    path: Path  # the spec's file
+    samples: dict[str, Sample]  # every sample of its sources, by id
+
+
 @pytest.fixture(scope="module")
-def media_job(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[JobSpec, dict[str, Sample]]:
-    """A finished job of 2 ranks x 2 micro-batches of 128 tokens and 200 patches, and its samples by id."""
+def media_job(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> MediaJob:
+    """A finished job of 2 ranks x 2 micro-batches of 128 tokens and 200 patches."""
     folder = tmp_path_factory.mktemp("replay-media")
     _write_data(folder, np.random.default_rng(11))
-    job = f"rpm{np.random.default_rng().integers(16**8):08x}"
-    spec = load_spec(_write_spec(folder, job, kafka_bootstrap))
+    path = _write_spec(folder, f"rpm{np.random.default_rng().integers(16**8):08x}", kafka_bootstrap)
+    spec = load_spec(path)
     samples = _fill_sources(spec)
     assert sum(bool(s.media) for s in samples.values()) >= 40 and any(not s.media for s in samples.values())
     assert construct(spec).finished
-    return spec, samples
+    return MediaJob(spec, path, samples)
 
 
 def _content(sample: Sample) -> tuple[bytes, tuple]:
@@ -171,9 +182,9 @@ def _within_both_capacities(batch: Batch, tokens: int, patches: int) -> bool:
 
 @pytest.mark.kafka
 def test_a_replay_of_a_multimodal_job_under_its_shape_writes_the_same_bytes(
-    kafka_bootstrap: str, media_job: tuple[JobSpec, dict[str, Sample]], unique_name: str
+    kafka_bootstrap: str, media_job: MediaJob, unique_name: str
 ) -> None:
-    spec, _ = media_job
+    spec = media_job.spec
     config = spec.kafka.client_config()
     original, _ = steps_of(kafka_bootstrap, spec.job, 2)
     assert len(original) > 5 and all(b.with_media and b.patches_per_micro_batch == PATCHES for b in original[0])
@@ -187,9 +198,9 @@ def test_a_replay_of_a_multimodal_job_under_its_shape_writes_the_same_bytes(
 @pytest.mark.kafka
 @pytest.mark.parametrize("ranks", [3, 1])
 def test_an_elastic_replay_of_a_multimodal_job_delivers_every_sample_once_with_its_media(
-    kafka_bootstrap: str, media_job: tuple[JobSpec, dict[str, Sample]], unique_name: str, ranks: int
+    kafka_bootstrap: str, media_job: MediaJob, unique_name: str, ranks: int
 ) -> None:
-    spec, samples = media_job
+    spec, samples = media_job.spec, media_job.samples
     config = spec.kafka.client_config()
     summary = replay(spec, config, ReplayRequest(unique_name, 0, ranks=ranks))
     micro_batches = default_micro_batches(2, 2, ranks)
@@ -217,6 +228,28 @@ def test_an_elastic_replay_of_a_multimodal_job_delivers_every_sample_once_with_i
     sink = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=ranks - 1, wait_timeout_s=30)
     images = sum(len(mb["image_grid_thw"]) for mb in sink if "image_grid_thw" in mb)
     assert images == sum(len(s.media) for step in after for s in step[ranks - 1].samples())
+
+
+@pytest.mark.kafka
+def test_the_constructor_goes_on_with_an_elastic_replay_of_a_multimodal_job_under_the_new_shape(
+    kafka_bootstrap: str, media_job: MediaJob, unique_name: str, tmp_path: Path
+) -> None:
+    spec, samples = media_job.spec, media_job.samples
+    replay(spec, spec.kafka.client_config(), ReplayRequest(unique_name, 2, to_step=4, ranks=3))
+    wider = yaml.safe_load(media_job.path.read_text())
+    wider["step"].update(ranks=3, micro_batches=2)
+    path = tmp_path / "wider.yaml"
+    path.write_text(yaml.safe_dump(wider))
+    stats = construct(load_spec(path), output_job=unique_name)
+    assert stats.finished and stats.first_step == 5
+    before, _ = steps_of(kafka_bootstrap, spec.job, 2)
+    after, end = steps_of(kafka_bootstrap, unique_name, 3)
+    assert after[0][0].step == 2 and end == 2 + len(after)
+    assert all(_within_both_capacities(b, TOKENS, PATCHES) and b.with_media for step in after for b in step)
+    # Steps 0-1 of the original, then the replayed job: every sample of the sources once, with its media.
+    delivered = [s for step in before[:2] + after for b in step for s in b.samples()]
+    assert Counter(s.sample_id for s in delivered) == Counter(samples.keys())
+    assert all(_content(s) == _content(samples[s.sample_id]) for s in delivered)
 
 
 # -- the reshape of random multimodal steps, without the broker ---------------------------------------------
@@ -272,6 +305,9 @@ def _defer_all(lengths: np.ndarray, ranks: int, micro_batches: int, capacity: in
     return StepPlan(none, none.copy(), ranks, micro_batches, capacity, kw.get("patch_capacity", 0))
 
 
+FALLBACKS = ("scheduler", "room left", "whole micro-batches")
+
+
 def _reshape_by(fallback: str, batches: Sequence[Batch], ranks: int, micro_batches: int) -> list[Batch]:
     """``reshape_step`` with the scheduler, or with only the room-left fallback, or only whole micro-batches."""
     scheduler = mock.patch.object(reshape_module, "plan_step", _defer_all) if fallback != "scheduler" else nullcontext()
@@ -291,7 +327,7 @@ def _contents(batches: Sequence[Batch]) -> Counter[tuple[str, bytes, tuple]]:
     original=st.composite(_original_step)(),
     new_ranks=st.integers(1, 5),
     fewer=st.integers(0, 1),
-    fallback=st.sampled_from(["scheduler", "room left", "whole micro-batches"]),
+    fallback=st.sampled_from(FALLBACKS),
 )
 def test_reshaping_a_multimodal_step_places_every_sample_once_with_its_media_within_both_capacities(
     original: list[Batch], new_ranks: int, fewer: int, fallback: str
@@ -366,9 +402,36 @@ def test_a_multimodal_step_that_cannot_fit_names_the_patches_too() -> None:
     assert list(_micro_batch_patches(only)) == [16, 16, 16, 16]
 
 
+def _messages(step: int, batches: Sequence[Batch]) -> StepMessages:
+    def message(batch: Batch) -> Message:
+        key, value, headers = encode_batch(batch)
+        return Message(topic=f"j.rank.{batch.rank}", partition=0, offset=step, key=key, value=value, headers=headers)
+
+    return StepMessages(step, [message(b) for b in batches])
+
+
+def test_the_audit_of_an_elastic_replay_tells_other_media() -> None:
+    rng = np.random.default_rng(4)
+    samples = [media_sample(rng, f"vl/{k}", [("image", (1, 2, 4))], encoding="jpeg") for k in range(3)]
+    original = [
+        Batch.from_samples(
+            step=2, rank=0, ranks=1, capacity=99, micro_batches=[samples[:2], samples[2:]], with_media=True
+        )
+    ]
+    reshaped = reshape_step(original, 2, 1, COST, VISION)
+    assert same_samples(_messages(2, original), _messages(2, reshaped)) is None
+    item = samples[1].media[0]
+    frame = item.frames[0]
+    other = replace(samples[1], media=(replace(item, frames=(frame[:99] + bytes([frame[99] ^ 1]) + frame[100:],)),))
+    changed = Batch.from_samples(
+        step=2, rank=0, ranks=1, capacity=99, micro_batches=[[samples[0], other], samples[2:]], with_media=True
+    )
+    assert same_samples(_messages(2, [changed]), _messages(2, reshaped)) == "step 2: sample vl/1 has other media"
+
+
 # -- text steps: planned as before, bit for bit --------------------------------------------------------------
 
-TEXT_RESHAPES_SHA256 = "d15249209c9fb2c23b523d2022884abe19b935289d974134e5173a0acd75bf3f"
+TEXT_RESHAPES_SHA256 = "e596dfc9a0332fb716660ab49268fd363e0f7e3f4f83026dd0327e43d486a5fe"
 """The digest of ``_text_reshapes()``, computed with the reshape as it was before multimodal steps were planned
 with both capacities: a text step's new batches must not change."""
 
@@ -391,6 +454,9 @@ def _with_media_column(batch: Batch) -> Batch:
 
 
 def _text_reshapes() -> str:
+    """A digest of where ``reshape_step`` puts the samples of seeded random text steps (a third of them as a job
+    with media writes them), and of the errors it raises, each step to two shapes, by the scheduler and by
+    each fallback alone."""
     digest = hashlib.sha256()
     for seed in range(120):
         rng = np.random.default_rng(seed)
@@ -400,14 +466,15 @@ def _text_reshapes() -> str:
             batches = [_with_media_column(b) for b in batches]
         new_ranks = int(rng.integers(1, 7))
         enough = default_micro_batches(ranks, micro_batches, new_ranks)
-        for new_micro_batches in sorted({enough, max(1, enough - 1)}):
+        for fallback, new_micro_batches in itertools.product(FALLBACKS, sorted({enough, max(1, enough - 1)})):
             try:
-                for key, value, headers in map(
-                    encode_batch, reshape_step(batches, new_ranks, new_micro_batches, COST, VISION)
-                ):
-                    digest.update(key + value + repr(headers).encode())
+                reshaped = _reshape_by(fallback, batches, new_ranks, new_micro_batches)
             except ReshapeError as exc:
                 digest.update(str(exc).encode())
+                continue
+            for batch in reshaped:
+                where = (batch.rank, batch.ranks, batch.micro_batches, batch.micro_batch.tolist(), batch.sample_ids)
+                digest.update(repr((where, batch.with_media, batch.patches_per_micro_batch)).encode())
     return digest.hexdigest()
 
 
