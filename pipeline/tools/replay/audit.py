@@ -1,8 +1,9 @@
 """The determinism audit: a replayed job's steps against the original's, step by step.
 
 Under the original's step shape a replay must write the same records: every rank's key, headers and
-value, byte for byte. Under another shape each step must hold the same samples with the same tokens,
-each once (the batches' own checks keep every micro-batch within its capacity).
+value, byte for byte. Under another shape each step must hold the same samples with the same tokens and
+media (each image's or clip's layout and frame bytes), each once (the batches' own checks keep every
+micro-batch within its capacity and its patch budget).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pipeline.kafka.clients import KafkaConfig
 from pipeline.tools.replay.history import JobHistory
 from pipeline.tools.replay.steps import StepMessages, read_steps
 from topics.batch_codec import decode_batch_message
+from topics.media import MediaItem
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ def same_records(original: StepMessages, replayed: StepMessages) -> str | None:
 
 def same_samples(original: StepMessages, replayed: StepMessages) -> str | None:
     """Where a step replayed under another shape first differs from the original: other samples, other
-    tokens, or a sample twice."""
+    tokens or media, or a sample twice."""
     if original.end:
         return None  # both are the end after the same number of steps (read_steps checked)
     before = _samples(original)
@@ -60,16 +62,20 @@ def same_samples(original: StepMessages, replayed: StepMessages) -> str | None:
     if extra := sorted(got.keys() - expected.keys()):
         return f"step {original.step}: {len(extra)} samples are not in the original step, {extra[0]} first"
     for sample_id in sorted(expected):
-        if got[sample_id] != expected[sample_id]:
+        (tokens, media), (original_tokens, original_media) = got[sample_id], expected[sample_id]
+        if tokens != original_tokens:
             return f"step {original.step}: sample {sample_id} has other tokens"
+        if media != original_media:
+            return f"step {original.step}: sample {sample_id} has other media"
     return None
 
 
-def _samples(step: StepMessages) -> list[tuple[str, bytes]]:
+def _samples(step: StepMessages) -> list[tuple[str, tuple[bytes, tuple[MediaItem, ...]]]]:
+    """Each sample of the step: its id, and its tokens' bytes and media items (frames included)."""
     out = []
     for message in step.messages:
         batch = decode_batch_message(message)
-        out += [(s.sample_id, s.tokens.tobytes()) for s in batch.samples()]
+        out += [(s.sample_id, (s.tokens.tobytes(), s.media)) for s in batch.samples()]
     return out
 
 

@@ -18,6 +18,7 @@ from pipeline.kafka.clients import KafkaConfig, produce
 from pipeline.kafka.role_protocol import TransactionalRole
 from pipeline.planning.scheduler import CostModel
 from pipeline.planning.step.spec_change import StepShape
+from pipeline.spec.cost import VisionCostModel
 from pipeline.tools.replay.history import JobHistory, StateRecord, adopted
 from pipeline.tools.replay.reshape import reshape_step
 from pipeline.tools.replay.steps import read_steps
@@ -45,6 +46,7 @@ class ElasticReplay(TransactionalRole):
         shape: StepShape,
         cost_model: CostModel,
         transaction_timeout_ms: int = 60_000,
+        vision: VisionCostModel | None = None,
     ) -> None:
         super().__init__(config, transaction_timeout_ms)
         if original.shape is None:
@@ -56,6 +58,7 @@ class ElasticReplay(TransactionalRole):
         self.ranks = shape.ranks
         self.micro_batches = shape.micro_batches
         self.cost_model = cost_model
+        self.vision = vision  # the encoder's cost, added to a multimodal sample's (None: the LLM's alone)
         self.written = range(0)  # the steps written, consecutive
         self.finished = False
 
@@ -90,7 +93,7 @@ class ElasticReplay(TransactionalRole):
                         self.finished = True
                         break
                     batches = [decode_batch_message(m) for m in step.messages]
-                    reshaped = reshape_step(batches, self.ranks, self.micro_batches, self.cost_model)
+                    reshaped = reshape_step(batches, self.ranks, self.micro_batches, self.cost_model, self.vision)
                     self._commit(
                         producer, step.step, reshaped, self._state(self.original.before(step.step + 1), step.step)
                     )

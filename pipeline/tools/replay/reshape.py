@@ -1,26 +1,67 @@
 """One step's samples planned again over another step shape, none dropped or repeated. Pure: no Kafka.
 
 The balancing scheduler places what it can within its balance tolerance and defers the rest; a replay
-must place everything. What it deferred goes into the room left, longest first, each on the least
+must place everything. What it deferred goes into the room left, largest first, each on the least
 costly rank with room. Should that fail, the original micro-batches are kept whole and dealt over the
 new ranks, costliest first, each to the least costly rank with a free micro-batch: that always fits
 when the new shape has at least as many micro-batches in all as the original had.
+
+**Multimodal steps.** Where the step's samples carry vision patches under the batches' patch budget, or
+cost something in the vision encoder (the spec's ``cost.vision``), the step is planned as the constructor
+plans one (``StepCore``): each sample costs its LLM cost plus its encoder cost, and no micro-batch holds
+more tokens or more patches than the original's (``plan_step(..., costs=, patches=, patch_capacity=)``).
+What is placed into the room left must fit both, "largest" being the larger share of a micro-batch's
+tokens or patches; a whole original micro-batch keeps both by itself. A step of text alone is planned
+as before, bit for bit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from pipeline.planning.scheduler import CostModel, StepPlan, plan_step
 from pipeline.planning.step.assemble import BatchFormat, build_batches
+from pipeline.planning.step.pool import encoder_cost
+from pipeline.spec.cost import VisionCostModel
 from topics.batch import Batch
 from topics.errors import MixflowError
+from topics.sample import Sample
 
 
 class ReshapeError(MixflowError):
     """A step's samples do not all fit in the shape asked for."""
+
+
+@dataclass(frozen=True, eq=False)
+class StepLoad:
+    """What each sample of a step weighs: ``costs`` (float64; the LLM's, plus the encoder's in a multimodal
+    step) and ``patches`` (int64, its vision patches); ``patch_capacity``, the patches a micro-batch holds
+    at most (0: no limit). ``multimodal``: the step is planned with both capacities and the added costs."""
+
+    costs: np.ndarray
+    patches: np.ndarray
+    patch_capacity: int
+    multimodal: bool
+
+
+def step_load(
+    samples: Sequence[Sample],
+    lengths: np.ndarray,
+    patch_capacity: int,
+    cost_model: CostModel,
+    vision: VisionCostModel | None = None,
+) -> StepLoad:
+    """The ``StepLoad`` of ``samples`` (``lengths`` theirs) under the patch budget ``patch_capacity`` (0: none):
+    multimodal, as in ``StepCore``, where a sample has patches under a budget or an encoder cost."""
+    patches = np.fromiter((s.patches for s in samples), np.int64, len(samples))
+    encoder = np.fromiter((encoder_cost(s, vision) for s in samples), np.float64, len(samples))
+    llm = cost_model.costs(lengths)
+    if not ((patch_capacity > 0 and patches.any()) or encoder.any()):
+        return StepLoad(llm, patches, 0, False)
+    return StepLoad(llm + encoder, patches, patch_capacity, True)
 
 
 def default_micro_batches(ranks: int, micro_batches: int, new_ranks: int) -> int:
@@ -29,65 +70,98 @@ def default_micro_batches(ranks: int, micro_batches: int, new_ranks: int) -> int
     return -(-ranks * micro_batches // new_ranks)
 
 
-def reshape_step(batches: Sequence[Batch], ranks: int, micro_batches: int, cost_model: CostModel) -> list[Batch]:
+def reshape_step(
+    batches: Sequence[Batch],
+    ranks: int,
+    micro_batches: int,
+    cost_model: CostModel,
+    vision: VisionCostModel | None = None,
+) -> list[Batch]:
     """The samples of one step's batches (one per original rank) in ``ranks`` new batches of
-    ``micro_batches`` micro-batches of the same capacity. Raises ``ReshapeError`` when they do not fit."""
-    step, capacity = batches[0].step, batches[0].capacity
+    ``micro_batches`` micro-batches of the same capacity and the same patch budget, with their media.
+    ``vision``: the encoder's cost model (the spec's ``cost.vision``; None: the LLM's cost alone). Raises
+    ``ReshapeError`` when they do not fit."""
+    first = batches[0]
+    step, capacity = first.step, first.capacity
     samples = [sample for batch in batches for sample in batch.samples()]
     lengths = np.fromiter((s.length for s in samples), dtype=np.int64, count=len(samples))
     # The original micro-batch of each sample, numbered across the ranks.
     groups = np.concatenate(
         [np.zeros(0, np.int64)] + [b.micro_batch.astype(np.int64) + i * b.micro_batches for i, b in enumerate(batches)]
     )
-    plan = plan_step(lengths, ranks, micro_batches, capacity, cost_model)
-    if not plan.placed_mask.all():
-        plan = _place_the_rest(plan, lengths, cost_model)
-    if not plan.placed_mask.all() and ranks * micro_batches >= sum(b.micro_batches for b in batches):
-        plan = _whole_micro_batches(groups, lengths, ranks, micro_batches, capacity, cost_model)
-    if not plan.placed_mask.all():
-        least = default_micro_batches(len(batches), batches[0].micro_batches, ranks)
-        msg = (
-            f"step {step}: its {lengths.size} samples ({int(lengths.sum())} tokens, the longest {int(lengths.max())}) "
-            f"do not all fit in {ranks} ranks x {micro_batches} micro-batches of {capacity} tokens; give a larger "
-            f"--micro-batches ({least} always fits)"
+    load = step_load(samples, lengths, first.patches_per_micro_batch or 0, cost_model, vision)
+    if load.multimodal:
+        plan = plan_step(
+            lengths,
+            ranks,
+            micro_batches,
+            capacity,
+            cost_model,
+            costs=load.costs,
+            patches=load.patches,
+            patch_capacity=load.patch_capacity,
         )
-        raise ReshapeError(msg)
-    first = batches[0]
+    else:
+        plan = plan_step(lengths, ranks, micro_batches, capacity, cost_model)
+    if not plan.placed_mask.all():
+        plan = _place_the_rest(plan, lengths, load)
+    if not plan.placed_mask.all() and ranks * micro_batches >= sum(b.micro_batches for b in batches):
+        plan = _whole_micro_batches(groups, ranks, micro_batches, capacity, load)
+    if not plan.placed_mask.all():
+        least = default_micro_batches(len(batches), first.micro_batches, ranks)
+        raise ReshapeError(_does_not_fit(step, lengths, load, plan, least))
     return build_batches(step, plan, samples, lengths, BatchFormat(first.with_media, first.patches_per_micro_batch))
 
 
-def _place_the_rest(plan: StepPlan, lengths: np.ndarray, cost_model: CostModel) -> StepPlan:
-    """``plan`` with its deferred samples placed where there is room, longest first, each on the least
-    costly rank with room and there in the emptiest micro-batch with room; those that find none stay
-    deferred."""
+def _does_not_fit(step: int, lengths: np.ndarray, load: StepLoad, plan: StepPlan, least: int) -> str:
+    what = f"{int(lengths.sum())} tokens, the longest {int(lengths.max())}"
+    room = f"{plan.capacity} tokens"
+    if load.patch_capacity:
+        what += f"; {int(load.patches.sum())} patches, the most in one {int(load.patches.max())}"
+        room += f" and {load.patch_capacity} patches"
+    return (
+        f"step {step}: its {lengths.size} samples ({what}) do not all fit in {plan.ranks} ranks x "
+        f"{plan.micro_batches} micro-batches of {room}; give a larger --micro-batches ({least} always fits)"
+    )
+
+
+def _place_the_rest(plan: StepPlan, lengths: np.ndarray, load: StepLoad) -> StepPlan:
+    """``plan`` with its deferred samples placed where there is room (tokens, and patches under a budget),
+    largest first, each on the least costly rank with room and there in the emptiest micro-batch with room;
+    those that find none stay deferred. Without a patch budget, largest and emptiest are by tokens alone."""
     rank, micro = plan.rank.copy(), plan.micro.copy()
-    costs = cost_model.costs(lengths)
     placed = rank >= 0
-    tokens = np.zeros((plan.ranks, plan.micro_batches), dtype=np.int64)
+    shape = (plan.ranks, plan.micro_batches)
+    tokens, held = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
     np.add.at(tokens, (rank[placed], micro[placed]), lengths[placed])
-    rank_costs = np.bincount(rank[placed], weights=costs[placed], minlength=plan.ranks)
-    for i in sorted(np.flatnonzero(~placed).tolist(), key=lambda i: (-int(lengths[i]), i)):
+    np.add.at(held, (rank[placed], micro[placed]), load.patches[placed])
+    rank_costs = np.bincount(rank[placed], weights=load.costs[placed], minlength=plan.ranks)
+    budget = load.patch_capacity
+    size = lengths / plan.capacity if not budget else np.maximum(lengths / plan.capacity, load.patches / budget)
+    for i in sorted(np.flatnonzero(~placed).tolist(), key=lambda i: (-float(size[i]), i)):
         room = plan.capacity - tokens >= lengths[i]
+        if budget:
+            room &= budget - held >= load.patches[i]
         open_ranks = np.flatnonzero(room.any(axis=1))
         if open_ranks.size == 0:
             continue
         r = int(open_ranks[np.argmin(rank_costs[open_ranks])])
         open_micro = np.flatnonzero(room[r])
-        m = int(open_micro[np.argmin(tokens[r, open_micro])])
+        fill = tokens[r] if not budget else np.maximum(tokens[r] / plan.capacity, held[r] / budget)
+        m = int(open_micro[np.argmin(fill[open_micro])])
         rank[i], micro[i] = r, m
         tokens[r, m] += lengths[i]
-        rank_costs[r] += costs[i]
-    return StepPlan(rank, micro, plan.ranks, plan.micro_batches, plan.capacity)
+        held[r, m] += load.patches[i]
+        rank_costs[r] += load.costs[i]
+    return StepPlan(rank, micro, plan.ranks, plan.micro_batches, plan.capacity, plan.patch_capacity)
 
 
-def _whole_micro_batches(
-    groups: np.ndarray, lengths: np.ndarray, ranks: int, micro_batches: int, capacity: int, cost_model: CostModel
-) -> StepPlan:
+def _whole_micro_batches(groups: np.ndarray, ranks: int, micro_batches: int, capacity: int, load: StepLoad) -> StepPlan:
     """Each original micro-batch (``groups``: the one of each sample) into one new micro-batch: costliest
     first, each to the least costly rank with a free micro-batch. Needs ``ranks * micro_batches`` at
-    least the number of groups."""
+    least the number of groups. Each keeps within both capacities, which are the original's."""
     count = int(groups.max()) + 1 if groups.size else 0
-    group_costs = np.bincount(groups, weights=cost_model.costs(lengths), minlength=count)
+    group_costs = np.bincount(groups, weights=load.costs, minlength=count)
     rank_costs = np.zeros(ranks)
     used = np.zeros(ranks, dtype=np.int64)
     group_rank = np.zeros(count, dtype=np.int32)
@@ -98,4 +172,4 @@ def _whole_micro_batches(
         group_rank[g], group_micro[g] = r, used[r]
         used[r] += 1
         rank_costs[r] += group_costs[g]
-    return StepPlan(group_rank[groups], group_micro[groups], ranks, micro_batches, capacity)
+    return StepPlan(group_rank[groups], group_micro[groups], ranks, micro_batches, capacity, load.patch_capacity)

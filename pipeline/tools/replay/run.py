@@ -108,8 +108,8 @@ def _write(
 ) -> tuple[range, bool]:
     """The steps written, and whether the target job has ended."""
     if plan.mode is ReplayMode.REPLAN:
-        cost_model = spec.cost.cost_model()
-        role = ElasticReplay(config, original, target, plan.shape, cost_model, timeout_ms)
+        cost_model, vision = spec.cost.cost_model(), spec.cost.vision_cost_model()
+        role = ElasticReplay(config, original, target, plan.shape, cost_model, timeout_ms, vision)
         written = role.run(plan.first, plan.last, plan.end)
         return written, role.finished
     records = read_spec_records(config, JobTopics(original.job))
