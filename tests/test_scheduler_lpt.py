@@ -24,7 +24,17 @@ COST_MODELS = (
     CostModel(alpha=0.0, beta=1.0),
     CostModel(alpha=1.0, beta=10.0, gamma=1e5),
 )
-FAMILIES = ("lognormal", "pareto", "zipf", "bimodal", "long_short", "uniform_long", "uniform")
+FAMILIES = (
+    "lognormal",
+    "pareto",
+    "zipf",
+    "bimodal",
+    "long_short",
+    "uniform_long",
+    "uniform",
+    "rare_long",
+    "bimodal_small",
+)
 # Balance ratios of two plans are recomputed with bincount sums; allow for the order of float additions.
 RATIO_SLACK = 1e-9
 
@@ -45,6 +55,12 @@ def draw_lengths(family: str, rng: np.random.Generator, n: int, capacity: int) -
         raw = rng.lognormal(np.log(max(1.0, c / 50)), 0.9, n)
         long = rng.random(n) < rng.uniform(0.01, 0.1)
         raw[long] = rng.uniform(c / 4, c, int(long.sum()))
+    elif family == "rare_long":  # issue #23's long/short mix: lognormal ~c/55, 3% uniform over c/4..c
+        raw = rng.lognormal(np.log(max(1.0, c / 55)), 0.9, n)
+        long = rng.random(n) < 0.03
+        raw[long] = rng.uniform(c / 4, c, int(long.sum()))
+    elif family == "bimodal_small":  # issue #23's bimodal pool: 20% about c/16, the rest about c/128
+        raw = np.where(rng.random(n) < 0.2, rng.normal(c / 16, c / 64, n), rng.normal(c / 128, c / 512, n))
     elif family == "uniform_long":
         raw = rng.uniform(c / 2, c, n)
     else:

@@ -35,20 +35,30 @@ def score(
     """Mean over largest rank cost of the scheduler's plan of ``lengths`` (from ``start`` too, where
     given), times the share of the step's capacity it places: 1 for a full, perfectly balanced step.
     ``media``: the candidates' patches and encoder costs, the patch budget and whether the encoder's part
-    is evened out, for a plan of multimodal samples (``plan_with_media``) and their true costs."""
+    is evened out, for a plan of multimodal samples (``plan_with_media``) and their true costs; where it
+    is evened out, the score is also times the encoder part's mean over largest rank cost. (The patch
+    budget can make a step's encoder part uneven whatever the plan: a text sample that fills a
+    micro-batch leaves its rank one micro-batch of patches fewer. Another choice of samples, such as two
+    such samples, one a rank, or fewer patches, then balances both.)"""
     if not len(lengths):
         return 0.0
     if media is None:
         plan = plan_step(lengths, shape.ranks, shape.micro_batches, shape.capacity, cost_model, start=start)
-        costs = plan.rank_costs(lengths, cost_model)
+        balance = _balance(plan.rank_costs(lengths, cost_model))
     else:
         patches, encoder, patch_capacity, even = media
         full = (shape.ranks, shape.micro_batches, shape.capacity, patch_capacity)
         plan = plan_with_media(lengths, full, cost_model, start, patches, encoder, even)
-        costs = plan.rank_totals(cost_model.costs(lengths) + encoder)
-    largest = float(costs.max())
-    balance = math.fsum(costs) / len(costs) / largest if largest > 0 else 1.0
+        balance = _balance(plan.rank_totals(cost_model.costs(lengths) + encoder))
+        if even:
+            balance *= _balance(plan.rank_totals(encoder))
     return balance * float(lengths[plan.placed_mask].sum()) / shape.tokens
+
+
+def _balance(costs: np.ndarray) -> float:
+    """Mean over largest of ``costs`` (per rank), 1.0 where none costs anything."""
+    largest = float(costs.max())
+    return math.fsum(costs) / len(costs) / largest if largest > 0 else 1.0
 
 
 def choose_option(

@@ -12,7 +12,10 @@
    shortest, and the repair's swaps (which cost fill) are few.
 4. The held-back plan where it is at least as good as the reference on both; else the reference with its
    deferred samples, oldest first, put where there is room without lifting its costliest rank, which
-   raises fill and the lower bound and leaves the costliest rank as it is.
+   raises fill and the lower bound and leaves the costliest rank as it is. With one capacity, where LPT
+   deferred a candidate, the prefix plan (``_prefix.py``: LPT over the longest prefix in age order that
+   it places whole, then the later samples shorter than every deferred one) replaces that where it is
+   no worse on both and better on one.
 5. Where the caller gives a ``start`` (a placement of its own, such as step composition's packing of the
    micro-batches' holes), it is completed like the reference (its deferred samples, oldest first, where
    there is room without lifting its costliest rank; then starvation-safe) and kept instead where it
@@ -49,6 +52,7 @@ from pipeline.planning.scheduler._placement import (
     move_patches,
     move_tokens,
 )
+from pipeline.planning.scheduler._prefix import prefix_plan
 from pipeline.planning.scheduler._refine import move_from_costliest
 from pipeline.planning.scheduler._repair import deferred_oldest_first, prefer_older, starvation_safe
 from pipeline.planning.scheduler._repair_two import dominance_safe, prefer_older_two
@@ -78,6 +82,12 @@ def score(cands: Candidates, plan: Placement) -> tuple[np.int64, float]:
 def at_least_as_good(plan: tuple[np.int64, float], reference: tuple[np.int64, float]) -> bool:
     """Whether a plan's ``score`` is no worse than the reference's on either."""
     return plan[0] >= reference[0] and plan[1] <= reference[1]
+
+
+@kernel
+def _better(plan: tuple[np.int64, float], reference: tuple[np.int64, float]) -> bool:
+    """Whether a plan's ``score`` is no worse than the reference's on either and better on one."""
+    return at_least_as_good(plan, reference) and (plan[0] > reference[0] or plan[1] < reference[1])
 
 
 @kernel
@@ -176,9 +186,14 @@ def plan_kernel(
     costs ``CostModel.costs`` or the caller's); ``at`` is scratch for ``lpt_kernel``; ``start`` a checked
     placement to start from (step 5), or empty."""
     cands, plan = lpt_kernel(samples, grid, at)
+    lpt_whole = (plan.at >= 0).all()
     held = _held_back(samples.lengths, cands, plan, grid)  # from LPT's plan, before the repair below changes it
     make_safe(cands, plan, grid)
     plan = held if at_least_as_good(score(cands, held), score(cands, plan)) else _filled(cands, plan, grid)
+    if grid.patch_capacity == 0 and not lpt_whole:
+        prefixed = prefix_plan(cands, grid, plan.at)
+        if _better(score(cands, prefixed), score(cands, plan)):
+            plan = prefixed
     if start.shape[0] > 0:
         started = _started(start, cands, plan.at, grid)
         _fill(cands, started, grid, started.rank_cost.max())

@@ -1,0 +1,101 @@
+"""The prefix plan, a starvation-safe candidate of one capacity (text steps).
+
+LPT over the longest prefix of the candidates, in age order, that LPT places whole; then, oldest first,
+each later candidate shorter than every candidate deferred so far goes to the least costly rank with a
+micro-batch with room (``_topup.top_up``'s choice, uncapped). Starvation-safe by construction: every sample of the
+prefix is placed, and a later one is placed only when it is shorter than every older deferred one.
+
+Where the pool holds a little more than the step, LPT over all of it defers a few long samples and
+leaves ranks uneven around them; LPT over the prefix meets no sample it cannot place, and the shorter
+samples after it fill the rooms left. The prefix is found by halving (``PREFIX_TRIES`` LPT runs at most,
+from the longest prefix down), so it is one that LPT places whole, the longest one of those tried.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.planning.kernels.jit import kernel
+from pipeline.planning.kernels.trees import least_with_room, rank_trees, update_rank
+from pipeline.planning.scheduler._lpt import lpt_place
+from pipeline.planning.scheduler._micro import micro_with_room
+from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, move_tokens
+
+# LPT runs spent on finding the prefix, at most.
+PREFIX_TRIES = 24
+
+
+@kernel
+def _empty_placement(like: np.ndarray, grid: Grid) -> Placement:
+    slots = grid.ranks * grid.micro
+    return Placement(
+        np.full_like(like, -1),
+        np.zeros(grid.ranks, np.float64),
+        np.zeros(slots, np.int64),
+        np.zeros(slots, np.float64),
+        np.zeros(slots, np.int64),
+    )
+
+
+@kernel
+def _lpt_of_prefix(cands: Candidates, grid: Grid, like: np.ndarray, prefix: int) -> tuple[Placement, bool]:
+    """LPT over the candidates of the ``prefix`` oldest samples (the others deferred), and whether it
+    placed all of them."""
+    inside = np.flatnonzero(cands.order < prefix)
+    sub = Candidates(cands.order[inside], cands.length[inside], cands.cost[inside], cands.patches, cands.encoder)
+    sub_plan = _empty_placement(like[: inside.shape[0]], grid)
+    lpt_place(sub, sub_plan, grid)
+    plan = _empty_placement(like, grid)
+    whole = True
+    for j in range(inside.shape[0]):
+        plan.at[inside[j]] = sub_plan.at[j]
+        whole = whole and sub_plan.at[j] >= 0
+    return Placement(plan.at, sub_plan.rank_cost, sub_plan.tokens, sub_plan.micro_cost, sub_plan.patches), whole
+
+
+@kernel
+def _place_later(cands: Candidates, plan: Placement, grid: Grid, prefix: int) -> None:
+    """The candidates after the prefix, oldest first, each shorter than every one deferred so far on the
+    least costly rank with a micro-batch with room (ties: the lowest), there its least costly one with
+    room. In place."""
+    later = np.flatnonzero(cands.order >= prefix)
+    later = later[np.argsort(cands.order[later], kind="mergesort")]
+    n_micro, tokens = grid.micro, plan.tokens
+    room = np.empty(grid.ranks, np.int64)
+    for r in range(grid.ranks):
+        room[r] = grid.capacity - tokens[r * n_micro : (r + 1) * n_micro].min()
+    trees = rank_trees(plan.rank_cost, room)
+    shortest = np.iinfo(np.int64).max
+    for k in later:
+        length = np.int64(cands.length[k])
+        if length >= shortest or trees.max_room[1] < length:
+            shortest = min(shortest, length)
+            continue
+        r = least_with_room(trees, length)
+        base = r * n_micro
+        best = micro_with_room(tokens, plan.micro_cost, base, n_micro, grid.capacity - length)
+        plan.at[k] = (r << grid.shift) | best
+        move_tokens(plan, r, base + best, length, cands.cost[k])
+        update_rank(trees, r, plan.rank_cost[r], grid.capacity - tokens[base : base + n_micro].min())
+
+
+@kernel
+def prefix_plan(cands: Candidates, grid: Grid, like: np.ndarray) -> Placement:
+    """The prefix plan (the module's docstring) of the candidates (one capacity), which LPT does not place
+    whole; ``at`` of ``like``'s type."""
+    low, high = 0, cands.order.shape[0] - 1  # a prefix of ``low`` is placed whole (or empty), of ``high + 1`` not
+    best = _empty_placement(like, grid)
+    tries = 0
+    step = 1
+    while low < high and tries < PREFIX_TRIES:  # from the top down, doubling, then halving
+        probe = max(high - step + 1, low + 1) if step > 0 else (low + high + 1) // 2
+        plan, whole = _lpt_of_prefix(cands, grid, like, probe)
+        tries += 1
+        if whole:
+            low, best = probe, plan
+            step = 0
+        else:
+            high = probe - 1
+            step = step * 2 if step > 0 else 0
+    _place_later(cands, best, grid, low)
+    return best
