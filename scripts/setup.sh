@@ -56,6 +56,13 @@ if ! .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
   .venv/bin/python -c 'import torch' || { echo "setup: torch still does not import" >&2; exit 1; }
 fi
 
+# The trainer integrations' frameworks (their tests; tests/test_layout.py imports every module), installed
+# once torch is importable, so that pip takes that torch for theirs instead of downloading another.
+if ! .venv/bin/python -c 'import accelerate, lightning' >/dev/null 2>&1; then
+  echo "setup: installing mixflow[huggingface,lightning] into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[huggingface,lightning]'
+fi
+
 for tool in java mvn; do
   if ! command -v "$tool" >/dev/null 2>&1; then
     echo "setup: '$tool' is not on PATH; the local Kafka broker needs Java 17+ and Maven" >&2

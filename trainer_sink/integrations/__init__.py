@@ -1,0 +1,8 @@
+"""The sink in the training loops people already run, one module per framework, each behind its extra:
+
+- ``trainer_sink.integrations.hf_trainer``: ``MixflowTrainer``, a Hugging Face ``Trainer``
+  (``pip install "mixflow[huggingface]"``);
+- ``trainer_sink.integrations.lightning_data``: ``MixflowDataModule``, a ``LightningDataModule``
+  (``pip install "mixflow[lightning]"``).
+
+Nothing is imported here: importing a module imports its framework, and only that one."""
