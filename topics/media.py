@@ -17,6 +17,17 @@ MEDIA_KINDS: tuple[str, ...] = get_args(MediaKind)
 PixelEncoding = Literal["raw", "jpeg", "png"]
 PIXEL_ENCODINGS: tuple[str, ...] = get_args(PixelEncoding)
 CHANNELS = 3
+INT_FIELDS = (
+    "grid_t",
+    "grid_h",
+    "grid_w",
+    "merge_size",
+    "temporal_patch_size",
+    "height",
+    "width",
+    "token_offset",
+)
+"""A ``MediaItem``'s int fields, in the order the sample and batch formats store them (after ``kind``)."""
 
 
 @dataclass(frozen=True, slots=True)

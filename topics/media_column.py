@@ -14,19 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from topics.media import CHANNELS, MediaItem
-
-INT_FIELDS = (
-    "grid_t",
-    "grid_h",
-    "grid_w",
-    "merge_size",
-    "temporal_patch_size",
-    "height",
-    "width",
-    "token_offset",
-)
-"""The item's int32 fields, in column order after ``kind``."""
+from topics.media import CHANNELS, INT_FIELDS, MediaItem
 
 FRAMES_TYPE = pa.list_(pa.field("item", pa.binary(), nullable=False))
 MEDIA_ITEM_TYPE = pa.struct(

@@ -25,7 +25,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from topics._headers import Headers, find_header
 from topics.errors import DecodeError
-from topics.media import MediaItem
+from topics.media import INT_FIELDS, MediaItem
 from topics.sample import Sample
 
 SCHEMA_HEADER = "mixflow.schema"
@@ -54,18 +54,7 @@ _KNOWN_SCHEMAS: dict[bytes, dict[str, Any]] = {
 """Writer schemas this reader can decode, by fingerprint. Keep old ones here when the schema evolves.
 Every record is read into ``MEDIA_SAMPLE_SCHEMA`` by Avro's schema resolution (no media: ``media == []``)."""
 
-_MEDIA_FIELDS = (
-    "kind",
-    "grid_t",
-    "grid_h",
-    "grid_w",
-    "merge_size",
-    "temporal_patch_size",
-    "height",
-    "width",
-    "token_offset",
-    "encoding",
-)
+_MEDIA_FIELDS = ("kind", *INT_FIELDS, "encoding")
 
 
 def _tokens_bytes(sample: Sample) -> tuple[bytes, int]:

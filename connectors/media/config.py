@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topics.media import PIXEL_ENCODINGS, PixelEncoding
+import numpy as np
+
+from topics.media import PIXEL_ENCODINGS, MediaItem, MediaKind, PixelEncoding
+from topics.media_pixels import encode_frames
 
 TOKEN_ID_LIMIT = 2**31
 
@@ -73,3 +76,21 @@ class VisionConfig:
         if not 1 <= self.jpeg_quality <= 100:
             msg = f"vision jpeg_quality must be in [1, 100], got {self.jpeg_quality}"
             raise ValueError(msg)
+
+    def item(self, kind: MediaKind, pixels: np.ndarray) -> MediaItem:
+        """The ``MediaItem`` of resized frames ``pixels`` (uint8 ``[frames, height, width, 3]``; an image one
+        frame, a clip a multiple of ``temporal_patch_size``), encoded as ``encoding``, ``token_offset`` 0."""
+        count, height, width = pixels.shape[:3]
+        return MediaItem(
+            kind=kind,
+            grid_t=1 if kind == "image" else count // self.temporal_patch_size,
+            grid_h=height // self.patch_size,
+            grid_w=width // self.patch_size,
+            merge_size=self.merge_size,
+            temporal_patch_size=self.temporal_patch_size,
+            height=height,
+            width=width,
+            token_offset=0,
+            encoding=self.encoding,
+            frames=encode_frames(pixels, self.encoding, jpeg_quality=self.jpeg_quality),
+        )

@@ -12,7 +12,6 @@ from connectors.media.config import VisionConfig
 from connectors.media.errors import MediaError
 from connectors.media.resize import smart_resize
 from topics.media import MediaItem
-from topics.media_pixels import encode_frames
 
 _ORIENTATION = 0x0112  # the EXIF tag saying how the camera was held
 _SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
@@ -24,22 +23,8 @@ def decode_image(source: io.BytesIO | Path, config: VisionConfig) -> MediaItem:
     transparency over white, resized with BICUBIC to ``smart_resize`` of its size, pixels in
     ``config.encoding``. ``MediaError`` for what cannot be read, before decoding any pixel where the header
     already says the image is too large (``max_decoded_pixels``) or has a side of 0."""
-    height, width, pixels = _resized_pixels(source, config)
-    patch = config.patch_size
-    frames = encode_frames(pixels[np.newaxis], config.encoding, jpeg_quality=config.jpeg_quality)
-    return MediaItem(
-        kind="image",
-        grid_t=1,
-        grid_h=height // patch,
-        grid_w=width // patch,
-        merge_size=config.merge_size,
-        temporal_patch_size=config.temporal_patch_size,
-        height=height,
-        width=width,
-        token_offset=0,
-        encoding=config.encoding,
-        frames=frames,
-    )
+    _, _, pixels = _resized_pixels(source, config)
+    return config.item("image", pixels[np.newaxis])
 
 
 def _resized_pixels(source: io.BytesIO | Path, config: VisionConfig) -> tuple[int, int, np.ndarray]:

@@ -15,7 +15,6 @@ from connectors.media.errors import MediaError
 from connectors.media.frame_sampling import FramePicker, clip_span, padded_count, sample_times
 from connectors.media.resize import smart_resize
 from topics.media import MediaItem
-from topics.media_pixels import encode_frames
 
 _FALLBACK_RATE = Fraction(25)  # frames per second of a stream that states none and has no timestamps
 
@@ -41,21 +40,7 @@ def decode_video(source: io.BytesIO | Path, config: VisionConfig) -> MediaItem:
             raise MediaError(f"the video does not decode: {type(exc).__name__}: {_reason(exc)}") from exc
     count = padded_count(len(frames), config.temporal_patch_size)
     pixels = np.stack(frames + [frames[-1]] * (count - len(frames)))
-    _, height, width, _ = pixels.shape
-    patch = config.patch_size
-    return MediaItem(
-        kind="video",
-        grid_t=count // config.temporal_patch_size,
-        grid_h=height // patch,
-        grid_w=width // patch,
-        merge_size=config.merge_size,
-        temporal_patch_size=config.temporal_patch_size,
-        height=height,
-        width=width,
-        token_offset=0,
-        encoding=config.encoding,
-        frames=encode_frames(pixels, config.encoding, jpeg_quality=config.jpeg_quality),
-    )
+    return config.item("video", pixels)
 
 
 def _reason(exc: Exception) -> str:
