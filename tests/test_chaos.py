@@ -1,6 +1,7 @@
 """The chaos suite at a size for CI: the fault schedule (pure), the audit that ends a run (it finds what
-it claims to find), the chaos sink's exactly-once record across SIGKILLs, and a whole job on a private
-broker under one fault of every kind, audited at the end. `benchmarks/chaos_bench.py` runs 100+ faults."""
+it claims to find), the chaos sink's exactly-once record across SIGKILLs, and a whole job (three text sources
+and one of image-text pairs) on a private broker under one fault of every kind, audited at the end, media
+bytes included. `benchmarks/chaos_bench.py` runs 100+ faults (`--multimodal`: the multimodal example job)."""
 
 from __future__ import annotations
 
