@@ -2,12 +2,15 @@
 shadow constructor and of the trainer sinks; broker restarts), then an audit that nothing was lost or
 repeated and that no role failed on its own.
 
-    .venv/bin/python -m benchmarks.chaos_bench [--faults 100] [--seed 1] [--shadows 1] [--out DIR]
+    .venv/bin/python -m benchmarks.chaos_bench [--faults 100] [--seed 1] [--shadows 1] [--out DIR] [--multimodal]
 
 It runs what `mixflow chaos --spec examples/example.yaml --faults N --seed S` runs (building the example
-data first when examples/data is missing), on a private broker, and prints the faults by kind with the
-time each took to be survived, and the run's totals: roles that failed on their own, the takeover gaps
-after killing the active constructor, the broker's time away, what the audit found, the wall time.
+data first when examples/data is missing), on a private broker; with ``--multimodal``, the multimodal example
+job instead (examples/multimodal.yaml: image-text pairs, interleaved documents and clips beside text, built
+by examples/build_multimodal_data.py), whose audit compares every sample's media bytes too. It prints the
+faults by kind with the time each took to be survived, and the run's totals: roles that failed on their own,
+the takeover gaps after killing the active constructor, the broker's time away, what the audit found, the
+wall time.
 """
 
 from __future__ import annotations
@@ -26,10 +29,14 @@ from pipeline.tools.chaos import ChaosOptions, ChaosReport, FaultKind, run_chaos
 REPO = Path(__file__).resolve().parent.parent
 
 
-def example_spec() -> Path:
-    if not (REPO / "examples" / "data" / "tokenizer.json").exists():
-        subprocess.run([sys.executable, str(REPO / "examples" / "build_example_data.py")], check=True, cwd=REPO)
-    return REPO / "examples" / "example.yaml"
+def example_spec(multimodal: bool = False) -> Path:
+    """examples/example.yaml, or examples/multimodal.yaml, with its data built when missing."""
+    built, script, spec = ("tokenizer.json", "build_example_data.py", "example.yaml")
+    if multimodal:
+        built, script, spec = ("mm-tokenizer.json", "build_multimodal_data.py", "multimodal.yaml")
+    if not (REPO / "examples" / "data" / built).exists():
+        subprocess.run([sys.executable, str(REPO / "examples" / script)], check=True, cwd=REPO)
+    return REPO / "examples" / spec
 
 
 def seconds(values: list[float]) -> tuple[str, str]:
@@ -79,7 +86,11 @@ def main() -> int:
     parser.add_argument("--faults", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--shadows", type=int, default=1)
-    parser.add_argument("--spec", type=Path, help="default: examples/example.yaml")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--spec", type=Path, help="default: examples/example.yaml")
+    which.add_argument(
+        "--multimodal", action="store_true", help="the multimodal example job (examples/multimodal.yaml) instead"
+    )
     parser.add_argument(
         "--kinds", default=",".join(FaultKind), help="kinds of fault, comma-separated (default: every kind)"
     )
@@ -90,7 +101,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = args.out or Path(tempfile.mkdtemp(prefix="chaos-bench-"))
     options = ChaosOptions(
-        spec=args.spec or example_spec(),
+        spec=args.spec or example_spec(args.multimodal),
         faults=args.faults,
         seed=args.seed,
         out=out,

@@ -2,7 +2,7 @@
 multi-source loading (a DataLoader per rank whose workers each open every source).
 
     .venv/bin/python -m benchmarks.sink_memory_bench [--sources 1,8,32] [--repeats 3]
-        [--bootstrap-servers HOST:PORT] [--quick]
+        [--bootstrap-servers HOST:PORT] [--quick] [--multimodal [--epochs 1] [--documents N]]
 
 Memory is PSS (proportional set size, /proc/<pid>/smaps_rollup) summed over the measured process and all
 its descendants, sampled every ``--interval-s`` while it runs, reported as the peak. PSS splits a page
@@ -41,6 +41,16 @@ Two more subprocesses per repeat, to tell the parts apart: the baseline with one
 (its workers, readers and tokenizer without the buffered samples), and one that only imports torch (the
 floor both arms share).
 Timings are printed for orientation only; nothing is asserted.
+
+**Multimodal mode** (``--multimodal``, sources 1,2,4,8 by default): the same question for sources of images and
+clips. Data: every document of the multimodal example's media sources (``examples/build_multimodal_data.py``:
+image-text pairs, interleaved documents, clips), shuffled once and dealt round-robin to N WebDataset sources,
+each document a sample whose ``.json`` segments name its media members, so every N holds the same samples.
+Per N the pipeline runs once (``mixflow run``: N loaders decode and resize the media with the example's
+``vision`` section, JPEG frames on the topics; 2 ranks x 2 micro-batches x 4096 tokens and at most 8192 patches
+a micro-batch); then, per repeat, one sink process per rank (``KafkaBatchDataset(spec, rank=r)``, which decodes
+the frames into ``pixel_values`` on its reading thread) and the torch-only floor are measured as above. There is
+no baseline arm: the table is each rank's sink memory against N.
 """
 
 from __future__ import annotations
@@ -312,12 +322,18 @@ def child_sink(args: argparse.Namespace) -> dict[str, Any]:
 
     from trainer_sink import KafkaBatchDataset
 
-    dataset = KafkaBatchDataset(args.spec, rank=0, wait_timeout_s=120)
+    dataset = KafkaBatchDataset(args.spec, rank=args.rank, wait_timeout_s=120)
     micro_batches = tokens = 0
+    media = {"images": 0, "clips": 0, "pixel_bytes": 0}  # what the vision inputs held, in a job with media
     began = time.perf_counter()
     for micro_batch in dataset:
         micro_batches += 1
         tokens += micro_batch["input_ids"].numel()
+        if "pixel_values" in micro_batch:
+            media["images"] += len(micro_batch["image_grid_thw"])
+            media["clips"] += len(micro_batch["video_grid_thw"])
+            for key in ("pixel_values", "pixel_values_videos"):
+                media["pixel_bytes"] += micro_batch[key].numel() * micro_batch[key].element_size()
         if args.sink_step_ms:
             time.sleep(args.sink_step_ms / 1000)
     return {
@@ -326,6 +342,7 @@ def child_sink(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": time.perf_counter() - began,
         "peak_prefetch_bytes": dataset.peak_prefetch_bytes,
         "prefetch_bytes": dataset.options.prefetch_bytes,
+        **media,
     }
 
 
@@ -571,9 +588,252 @@ def run_repeat(config: Config, repeat: int, args: argparse.Namespace) -> None:
         )
 
 
+# -- the multimodal mode --------------------------------------------------------------------------------
+
+MM_PER_SHARD = 100  # samples per WebDataset shard
+MM_PATCHES = 8192  # the vision encoder's patches per micro-batch: 2 per token, as in examples/multimodal.yaml
+
+
+def multimodal_documents(spec_path: Path) -> list[list[tuple[str, Any]]]:
+    """Every document of the multimodal example's media sources (image-text pairs, interleaved documents,
+    clips), as parts: text, or ``(kind, extension, bytes)``; in a fixed shuffled order."""
+    import random
+
+    from connectors import Document, make_reader
+    from connectors.planning import split_file
+    from connectors.readers import MediaRef
+    from pipeline.spec import load_spec
+
+    spec = load_spec(spec_path)
+    documents = []
+    for source in (s for s in spec.sources if s.vision is not None):
+        reader = make_reader(source.reader.value, source.name, source.path, source.glob, "text", content="media")
+        for layout in reader.layouts():
+            for unit in split_file(source.name, layout, 1 << 40):
+                for item in reader.read(unit):
+                    if not isinstance(item, Document):
+                        continue
+                    parts: list[tuple[str, Any]] = []
+                    for part in item.parts or ():
+                        if not isinstance(part, MediaRef):
+                            parts.append(("text", part))
+                        elif part.data is not None:
+                            parts.append((part.kind, part.where.rpartition(".")[2], part.data))
+                        else:
+                            media = Path(source.path) / str(part.path)
+                            parts.append((part.kind, media.suffix[1:], media.read_bytes()))
+                    documents.append(parts)
+    random.Random(1234).shuffle(documents)
+    return documents
+
+
+def write_multimodal_sources(documents: list[list[tuple[str, Any]]], out: Path, n: int) -> list[SourceDir]:
+    """Source i gets documents i, i + n, ...: each a WebDataset sample whose ``.json`` segments name its
+    media members (``<key>.<k>.<ext>``), the parts in their order, so a sample's tokens and media are the
+    same whichever source holds it."""
+    import tarfile
+    from io import BytesIO
+
+    sources = []
+    for i in range(n):
+        root = out / f"m{i:02d}"
+        root.mkdir(parents=True)
+        mine = documents[i::n]
+        size = 0
+        for start in range(0, len(mine), MM_PER_SHARD):
+            with tarfile.open(root / f"shard-{start // MM_PER_SHARD:04d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+                for j, parts in enumerate(mine[start : start + MM_PER_SHARD], start=start):
+                    key, segments = f"{j:06d}", []
+                    members: list[tuple[str, bytes]] = []
+                    for k, part in enumerate(parts):
+                        if part[0] == "text":
+                            segments.append({"text": part[1]})
+                            continue
+                        kind, extension, data = part
+                        segments.append({kind: f"{k}.{extension}"})
+                        members.append((f"{key}.{k}.{extension}", data))
+                    members.append((f"{key}.json", json.dumps({"segments": segments}).encode()))
+                    for name, payload in members:
+                        info = tarfile.TarInfo(name)
+                        info.size, info.mtime = len(payload), 0
+                        tar.addfile(info, BytesIO(payload))
+                        size += len(payload)
+        sources.append(SourceDir(f"m{i:02d}", "webdataset", root, size))
+    return sources
+
+
+def write_multimodal_spec(
+    path: Path, job: str, bootstrap: str, example: Path, sources: list[SourceDir], epochs: int
+) -> None:
+    """N WebDataset sources of equal weight, each read ``epochs`` times, with the multimodal example's
+    tokenizer and vision section."""
+    import yaml
+
+    from pipeline.spec import load_spec
+
+    base = load_spec(example)
+    vision = next(s.vision for s in base.sources if s.vision is not None).model_dump(mode="json")  # type: ignore[union-attr]
+    entry = {"reader": "webdataset", "epochs": epochs, "max_sample_length": MAX_LENGTH, "eod_token_id": EOD}
+    entry["vision"] = vision
+    spec = {
+        "job": job,
+        "kafka": {"bootstrap_servers": bootstrap},
+        "tokenizer": str(base.tokenizer),
+        "sources": [{"name": s.name, "path": str(s.root), **entry} for s in sources],
+        "mixture": {"weights": {s.name: 1 for s in sources}},
+        "step": {
+            "ranks": RANKS,
+            "micro_batches": MICRO_BATCHES,
+            "tokens_per_micro_batch": CAPACITY,
+            "patches_per_micro_batch": MM_PATCHES,
+        },
+        "cost": {"hidden_size": 1024, "num_layers": 16, "vision": {"hidden_size": 1024, "num_layers": 24}},
+        "on_exhausted": "renormalize",
+        "seed": 1234,
+    }
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+
+
+@dataclass
+class MultimodalConfig:
+    n: int
+    job: str
+    spec: Path
+    pipeline_s: float
+    report: list[str]
+    sink: dict[int, list[Measured]] = field(default_factory=dict)  # by rank
+    torch: list[Measured] = field(default_factory=list)
+
+
+def prepare_multimodal(n: int, args: argparse.Namespace, work: Path, documents: list[Any]) -> MultimodalConfig:
+    folder = work / f"n{n}"
+    sources = write_multimodal_sources(documents, folder / "data", n)
+    example = REPO / "examples" / "multimodal.yaml"
+    for attempt in range(2):  # a shared machine: another job may restart the broker under this one
+        job = f"sinkmem-mm-{uuid.uuid4().hex[:6]}-n{n}"
+        spec = folder / "spec.yaml"
+        write_multimodal_spec(spec, job, args.bootstrap_servers, example, sources, args.epochs)
+        print(f"{n} multimodal sources: running the pipeline (mixflow run, job {job}) ...", flush=True)
+        try:
+            seconds, report = run_pipeline(spec, job, args.bootstrap_servers, folder / f"state{attempt}")
+            break
+        except SystemExit as exc:
+            if attempt:
+                raise
+            print(f"  {exc}\n  the pipeline failed; once more under a fresh job name", flush=True)
+            from topics.admin import delete_job_topics
+
+            delete_job_topics(args.bootstrap_servers, job)
+    print(f"  done in {seconds:.0f} s: {'; '.join(report)}", flush=True)
+    return MultimodalConfig(n, job, spec, seconds, report)
+
+
+def run_multimodal_repeat(config: MultimodalConfig, repeat: int, args: argparse.Namespace) -> None:
+    me = [sys.executable, str(Path(__file__).resolve())]
+    ranks = list(range(RANKS)) if repeat % 2 == 0 else list(reversed(range(RANKS)))
+    for rank in ranks:
+        command = [*me, "--child", "sink", "--spec", str(config.spec), "--rank", str(rank)]
+        measured = measure([*command, "--sink-step-ms", str(args.sink_step_ms)], args.interval_s)
+        config.sink.setdefault(rank, []).append(measured)
+        r = measured.result
+        print(
+            f"  {config.n} sources, repeat {repeat}, sink rank {rank}: peak PSS {measured.peak.pss_kb / KIB:.0f} MiB, "
+            f"{r['micro_batches']} micro-batches, {r['images']} images, {r['clips']} clips in {r['seconds']:.1f} s",
+            flush=True,
+        )
+    config.torch.append(measure([*me, "--child", "torch"], args.interval_s))
+
+
+def run_multimodal(args: argparse.Namespace) -> int:
+    subprocess.run(
+        [sys.executable, str(REPO / "examples" / "build_multimodal_data.py"), "--out", str(REPO / "examples" / "data")],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    documents = multimodal_documents(REPO / "examples" / "multimodal.yaml")[: args.documents]
+    media = sum(part[0] != "text" for parts in documents for part in parts)
+    print(f"multimodal data: {len(documents)} documents with {media} images and clips", flush=True)
+    work = Path(tempfile.mkdtemp(prefix="sinkmem-mm-"))
+    configs: list[MultimodalConfig] = []
+    try:
+        for n in [int(x) for x in args.sources.split(",")]:
+            config = prepare_multimodal(n, args, work, documents)
+            configs.append(config)
+            for repeat in range(args.repeats):
+                run_multimodal_repeat(config, repeat, args)
+    finally:
+        if not args.keep:
+            from topics.admin import delete_job_topics
+
+            for config in configs:
+                delete_job_topics(args.bootstrap_servers, config.job)
+            shutil.rmtree(work, ignore_errors=True)
+    print_multimodal_tables(configs, args)
+    return 0
+
+
+def print_multimodal_tables(configs: list[MultimodalConfig], args: argparse.Namespace) -> None:
+    def med(runs: list[Measured], key: str) -> float:
+        return statistics.median(getattr(r.peak, key) for r in runs)
+
+    print()
+    print(
+        f"Multimodal sources: each rank's sink (KafkaBatchDataset, vision inputs decoded on its reading thread), "
+        f"peak PSS and anonymous PSS of its process, MiB, median of {args.repeats} runs sampled every "
+        f"{args.interval_s} s; 'over torch' subtracts the torch-only process's anonymous PSS."
+    )
+    header = (
+        "sources",
+        "rank",
+        "sink PSS",
+        "sink anon",
+        "anon over torch",
+        "torch-only PSS / anon",
+        "micro-batches",
+        "images + clips",
+        "pixel MiB yielded",
+        "peak_prefetch_bytes",
+        "sink s",
+        "pipeline s",
+    )
+    lines = []
+    for c in configs:
+        torch_anon = med(c.torch, "anon_kb")
+        for rank, runs in sorted(c.sink.items()):
+            r = runs[-1].result
+            lines.append(
+                (
+                    str(c.n),
+                    str(rank),
+                    _mib(med(runs, "pss_kb")),
+                    _mib(med(runs, "anon_kb")),
+                    _mib(med(runs, "anon_kb") - torch_anon),
+                    f"{_mib(med(c.torch, 'pss_kb'))} / {_mib(torch_anon)}",
+                    str(r["micro_batches"]),
+                    f"{r['images']} + {r['clips']}",
+                    f"{r['pixel_bytes'] / KIB / KIB:,.0f}",
+                    f"{max(m.result['peak_prefetch_bytes'] for m in runs):,} of {r['prefetch_bytes']:,}",
+                    f"{statistics.median(m.result['seconds'] for m in runs):.1f}",
+                    f"{c.pipeline_s:.0f}",
+                )
+            )
+    print_table(header, lines)
+    if configs:
+        for key, what in (("pss_kb", "PSS"), ("anon_kb", "anonymous PSS")):
+            values = [med(runs, key) / KIB for c in configs for runs in c.sink.values()]
+            print(
+                f"sink {what} per rank from {min(values):,.0f} to {max(values):,.0f} MiB over "
+                f"{', '.join(str(c.n) for c in configs)} multimodal sources "
+                f"(spread {max(values) - min(values):,.0f} MiB)"
+            )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sources", default="1,8,32", help="numbers of sources, comma-separated")
+    parser.add_argument("--sources", help="numbers of sources, comma-separated (default 1,8,32; multimodal 1,2,4,8)")
+    parser.add_argument(
+        "--multimodal", action="store_true", help="the multimodal mode: N sources of images and clips, per rank"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
     parser.add_argument("--shuffle-buffer", type=int, default=1024, help="baseline: samples per source per worker")
@@ -584,6 +844,9 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the data, specs and the job's topics")
     parser.add_argument("--child", choices=["sink", "baseline", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--documents", type=int, help="multimodal: only this many documents (default: all)")
+    parser.add_argument("--epochs", type=int, default=1, help="multimodal: passes over the data (a longer job)")
     parser.add_argument("--manifest", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -592,6 +855,10 @@ def main() -> int:
         return 0
     if args.quick:
         args.sources, args.repeats, args.baseline_micro_batches = "1,8", 1, 100
+    if args.multimodal:
+        args.sources = args.sources or "1,2,4,8"
+        return run_multimodal(args)
+    args.sources = args.sources or "1,8,32"
 
     subprocess.run(
         [sys.executable, str(REPO / "examples" / "build_example_data.py"), "--out", str(REPO / "examples" / "data")],

@@ -1,6 +1,7 @@
 """The chaos suite at a size for CI: the fault schedule (pure), the audit that ends a run (it finds what
-it claims to find), the chaos sink's exactly-once record across SIGKILLs, and a whole job on a private
-broker under one fault of every kind, audited at the end. `benchmarks/chaos_bench.py` runs 100+ faults."""
+it claims to find), the chaos sink's exactly-once record across SIGKILLs, and a whole job (three text sources
+and one of image-text pairs) on a private broker under one fault of every kind, audited at the end, media
+bytes included. `benchmarks/chaos_bench.py` runs 100+ faults (`--multimodal`: the multimodal example job)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pipeline.tools.chaos.audit import check_samples, check_sink_record, read_ra
 from pipeline.tools.chaos.roles import RoleKind, Supervisor
 from pipeline.tools.chaos.sink_state import checkpoint_steps
 from pipeline.tools.delivery import RECEIVED_FILE, rank_micro_batches, sample_sha256, tokens_sha256
+from tests.caption_shards import caption_source, write_caption_shards
 from tests.loader_support import REPO, build_example_data, write_spec
 from tests.sink_support import random_batch, write_sink_spec, write_steps
 from topics.batch import Batch
@@ -198,11 +200,16 @@ def test_a_killed_sink_resumes_from_its_checkpoint_and_records_each_micro_batch_
 @pytest.mark.kafka  # starts a broker of its own (not the session's), which it restarts
 def test_a_job_survives_a_fault_of_every_kind_with_nothing_lost_or_repeated(tmp_path: Path) -> None:
     data = build_example_data(tmp_path / "data", limit=12)
-    spec = write_spec(
-        tmp_path, "chaos", "127.0.0.1:9", data, step={"ranks": 2, "micro_batches": 2, "tokens_per_micro_batch": 512}
-    )
+    step = {"ranks": 2, "micro_batches": 2, "tokens_per_micro_batch": 512, "patches_per_micro_batch": 32}
+    spec = write_spec(tmp_path, "chaos", "127.0.0.1:9", data, step=step)
     body = yaml.safe_load(spec.read_text())
     body["sources"][1]["loaders"] = 2  # two loaders share the docstrings
+    # A multimodal source: image-text pairs, their pixels on the topics as JPEG frames, which the audit compares
+    # byte for byte; the encoder's cost counts, and a micro-batch holds at most 32 patches (an image has up to 24).
+    write_caption_shards(data / "captions", pairs=64, per_shard=16, seed=12)
+    body["sources"].append(caption_source("captions", data / "captions"))
+    body["mixture"]["weights"]["captions"] = 0.5
+    body["cost"]["vision"] = {"alpha": 1.0, "beta": 50.0}
     spec.write_text(yaml.safe_dump(body, sort_keys=False))
 
     # The constructor stays within 2 steps of the sinks (their progress reports), so sink kills and restarts
@@ -215,6 +222,12 @@ def test_a_job_survives_a_fault_of_every_kind_with_nothing_lost_or_repeated(tmp_
     assert report.failures == []
     assert report.audit is not None and report.audit.steps > 0 and report.audit.samples == report.audit.expected
     assert len(report.gaps_s) == sum(f.kind is FaultKind.KILL_ACTIVE_CONSTRUCTOR for f in report.planned)
+    trained = {i for path in (tmp_path / "chaos" / "sinks").glob("received-rank*.jsonl") for i in _trained_ids(path)}
+    assert any(i.startswith("captions/") for i in trained), "no image-text pair reached a trainer"
+
+
+def _trained_ids(path: Path) -> list[str]:
+    return [i for line in path.read_text().splitlines() for i in json.loads(line)["sample_ids"]]
 
 
 def test_the_audit_compares_media_bytes_as_well_as_tokens() -> None:
