@@ -117,8 +117,9 @@ def test_text_planned_with_two_capacities_is_the_text_plan_with_trades(
 ) -> None:
     """Samples without patches whose costs are the cost model's: the kernels for two capacities (costliest
     first, searches over both rooms, the repair on length and patches) make the one-capacity plan, which the
-    trades between ranks then only improve: LPT is the same plan, the plan places the same samples, and its
-    costliest rank is no costlier."""
+    trades between ranks then only improve: LPT is the same plan, and where the text plan places the same
+    samples its costliest rank is no cheaper. (Text steps have one candidate more, the prefix plan, which may
+    place more: it never places fewer tokens.)"""
     model = CostModel(alpha=1.0 / shape[2], beta=1.0)
     lengths = pool(family, seed, *shape, load, most=3000)
     text = plan_step(lengths, *shape, model, tolerance=tolerance)
@@ -131,9 +132,10 @@ def test_text_planned_with_two_capacities_is_the_text_plan_with_trades(
         patches=np.zeros(lengths.size, np.int64),
         patch_capacity=patch_capacity,
     )
-    np.testing.assert_array_equal(text.placed_mask, two.placed_mask)
     costs = model.costs(lengths)
-    assert two.rank_totals(costs).max() <= text.rank_totals(costs).max() * (1 + RATIO_SLACK)
+    assert int(lengths[text.placed_mask].sum()) >= int(lengths[two.placed_mask].sum())
+    if np.array_equal(text.placed_mask, two.placed_mask):
+        assert two.rank_totals(costs).max() <= text.rank_totals(costs).max() * (1 + RATIO_SLACK)
     for starvation_safe in (False, True):
         text_lpt = plan_lpt(lengths, *shape, model, starvation_safe=starvation_safe)
         two_lpt = plan_lpt(lengths, *shape, model, starvation_safe=starvation_safe, costs=model.costs(lengths))
