@@ -12,10 +12,12 @@ What it does for the user:
 
 - **Batches**: each micro-batch of the job is one torchtitan batch ``(input_dict, labels)``, packed:
   ``input_dict["input"]`` the samples' tokens concatenated, ``input_dict["positions"]`` restarting at 0 at
-  each sample (torchtitan's ``Decoder`` builds its document masks from them for Flex and varlen attention;
-  SDPA gets them for RoPE only and lets samples attend across their boundaries), ``labels`` the next token of
-  the same sample and ``-100`` (torchtitan's ``IGNORE_INDEX``) on each sample's last token: all int64 of shape
-  ``[1, T]``. An empty micro-batch is one padding token without a label. ``layout="padded"`` pads each to the
+  each sample (torchtitan's ``Decoder`` builds its document masks from them, with Flex and varlen attention,
+  the backends of its language models), ``labels`` the next token of the same sample and ``-100``
+  (torchtitan's ``IGNORE_INDEX``) on each sample's last token: all int64 of shape ``[1, T]``.
+  ``pad_to_multiple_of`` pads each to a multiple of that many tokens, which torchtitan's ``ChunkedLossWrapper``
+  needs (a multiple of its ``num_chunks``, 8 by default); an empty micro-batch is one padding segment of that
+  many tokens (one token by default) without labels. ``layout="padded"`` pads each to the
   job's micro-batch capacity instead (a fixed shape, for ``torch.compile``, CUDA graphs or pipeline
   parallelism). Nothing else goes in ``input_dict``: torchtitan gives all of it to the model's ``forward``.
   ``loader.step_micro_batches`` describes the micro-batches handed out of the current step (``step``,
@@ -61,16 +63,18 @@ METADATA_KEYS = ("step", "micro_batch", "micro_batches", "sample_ids", "padding_
 MEDIA_KEYS = frozenset({*VISION_KEYS, "mm_token_type_ids"})
 
 
-def titan_batch(micro_batch: MicroBatch, *, pad_token_id: int = 0) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def titan_batch(
+    micro_batch: MicroBatch, *, pad_token_id: int = 0, pad_to_multiple_of: int = 1
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """One micro-batch of the sink as torchtitan's trainer takes a batch: ``({"input", "positions"}, labels)``,
-    each int64 ``[1, T]``."""
+    each int64 ``[1, T]``. An empty micro-batch becomes one padding segment of ``pad_to_multiple_of`` tokens."""
     input_ids = micro_batch["input_ids"].to(torch.int64)
     positions = micro_batch["position_ids"].to(torch.int64)
     labels = micro_batch["labels"].to(torch.int64)
     if input_ids.numel() == 0:
-        input_ids = torch.tensor([pad_token_id], dtype=torch.int64)
-        positions = torch.zeros(1, dtype=torch.int64)
-        labels = torch.tensor([IGNORE_INDEX], dtype=torch.int64)
+        input_ids = torch.full((pad_to_multiple_of,), pad_token_id, dtype=torch.int64)
+        positions = torch.arange(pad_to_multiple_of, dtype=torch.int64)
+        labels = torch.full((pad_to_multiple_of,), IGNORE_INDEX, dtype=torch.int64)
     return {"input": input_ids.unsqueeze(0), "positions": positions.unsqueeze(0)}, labels.unsqueeze(0)
 
 
@@ -126,6 +130,7 @@ class MixflowDataLoader(BaseDataLoader):
         self.sink = sink if sink is not None else _sink(config, dp_rank)
         self.step_micro_batches: list[dict[str, Any]] = []
         self._iterated = False
+        self._empty_tokens = config.pad_to_multiple_of if Layout(config.layout) is Layout.PACKED else 1
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         self._iterated = True
@@ -142,7 +147,7 @@ class MixflowDataLoader(BaseDataLoader):
                     for key in ("step", "micro_batch", "micro_batches", "sample_ids", "padding_tokens")
                 }
             )
-            yield titan_batch(micro_batch, pad_token_id=self.config.pad_token_id)
+            yield titan_batch(micro_batch, pad_token_id=self.config.pad_token_id, pad_to_multiple_of=self._empty_tokens)
 
     def _check(self, micro_batch: MicroBatch) -> None:
         ranks = self.sink.state_dict().get("ranks")
