@@ -7,11 +7,14 @@ loader against torchtitan's types and protocols, and its batches against the doc
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torchtitan")
 
@@ -96,3 +99,102 @@ def test_a_checkpoint_at_two_ranks_resumes_on_another_number_of_ranks(
     trained = [sample for record in before + after for sample in record[2]]
     every = [sample for topic in jobs.topics[1].values() for record in topic for sample in record[2]]
     assert sorted(trained) == sorted(every) and len(set(trained)) == len(trained)
+
+
+def test_the_loader_is_what_torchtitan_builds_checkpoints_and_iterates(jobs: Jobs, tmp_path: Path) -> None:
+    """Built by torchtitan's ``Config.build`` with the trainer's arguments, a ``Stateful`` ``BaseDataLoader``;
+    saved and loaded by ``torch.distributed.checkpoint`` as ``CheckpointManager`` does it (the loader under
+    ``"dataloader"``); a rank the checkpoint has no key for (a changed data-parallel degree) resumes from rank
+    0's state at the same step on its own topic; a state in the middle of a step is refused."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.stateful import Stateful
+    from torchtitan.components.checkpoint import DATALOADER
+    from torchtitan.components.dataloader import BaseDataLoader
+
+    from topics.errors import MixflowError
+    from trainer_sink.integrations.torchtitan_data import MixflowDataLoader
+
+    def build(ranks: int, rank: int) -> MixflowDataLoader:
+        config = MixflowDataLoader.Config(job=jobs.names[ranks], bootstrap_servers=jobs.bootstrap, wait_timeout_s=60)
+        return config.build(
+            dp_rank=rank, dp_world_size=ranks, tokenizer=None, seq_len=128, local_batch_size=1,
+            snapshot_every_n_steps=None,
+        )  # fmt: skip
+
+    first = build(1, 0)
+    assert isinstance(first, BaseDataLoader) and isinstance(first, Stateful)
+    batches = iter(first)
+    for _ in range(2 * MICRO_BATCHES):
+        input_dict, labels = next(batches)
+        assert set(input_dict) == {"input", "positions"} and labels.shape == input_dict["input"].shape
+    assert [m["step"] for m in first.step_micro_batches] == [1] * MICRO_BATCHES
+    checkpoint = str(tmp_path / "step-2")
+    dcp.save({DATALOADER: first}, checkpoint_id=checkpoint)
+    next(batches)
+    with pytest.raises(MixflowError, match="global_batch_size"):
+        first.state_dict()
+
+    for ranks, rank in ((1, 0), (3, 2)):
+        resumed = build(ranks, rank)
+        dcp.load({DATALOADER: resumed}, checkpoint_id=checkpoint)
+        next(iter(resumed))
+        (meta,) = resumed.step_micro_batches
+        assert (meta["step"], meta["micro_batch"]) == (2, 0), f"rank {rank} of {ranks}"
+        expected = next(r for r in jobs.topics[ranks][rank] if r[0] == 2)
+        assert tuple(meta["sample_ids"]) == expected[2]
+
+    with pytest.raises(MixflowError, match="local_batch_size"):
+        MixflowDataLoader.Config(job=jobs.names[1]).build(dp_rank=0, dp_world_size=1, local_batch_size=8)
+    wrong_degree = build(2, 0)
+    wrong_degree.dp_world_size = 3
+    with pytest.raises(MixflowError, match="replay --ranks 3"):
+        next(iter(wrong_degree))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 255), min_size=1, max_size=8), max_size=5),
+    st.sampled_from([1, 8]),
+)
+def test_batches_give_torchtitan_the_sample_boundaries_as_its_document_masks(
+    samples: list[list[int]], multiple: int
+) -> None:
+    """torchtitan's varlen metadata and Flex document mask, built from the batch's positions, are the sink's
+    samples (and its padding segment), each causal; labels are each sample's next tokens."""
+    import numpy as np
+    import torch
+    from torch.nn.attention.flex_attention import create_mask
+    from torchtitan.models.common.attention import (
+        create_varlen_metadata_for_document,
+        get_causal_mask_mod,
+        get_document_mask_mod,
+    )
+
+    from topics.batch import Batch
+    from trainer_sink.integrations.torchtitan_data import IGNORE_INDEX, titan_batch
+    from trainer_sink.tensors import micro_batch_tensors
+
+    batch = Batch.from_arrays(
+        step=0, rank=0, ranks=1, micro_batches=1, capacity=64, sample_ids=[f"s/{i}" for i in range(len(samples))],
+        sources=["s"] * len(samples), micro_batch=[0] * len(samples), offsets=np.cumsum([0, *map(len, samples)]),
+        tokens=np.array([t for s in samples for t in s], np.int32),
+    )  # fmt: skip
+    (micro_batch,) = micro_batch_tensors(batch, pad_to_multiple_of=multiple)
+    input_dict, labels = titan_batch(micro_batch, pad_to_multiple_of=multiple)
+    tokens, positions = input_dict["input"], input_dict["positions"]
+    assert tokens.dtype == positions.dtype == labels.dtype == torch.int64
+    length = tokens.shape[1]
+    assert length % multiple == 0 and tokens.shape == positions.shape == labels.shape == (1, length)
+    bounds = micro_batch["cu_seqlens"].tolist() if samples else [0, length]
+    assert create_varlen_metadata_for_document(positions).cu_seq_q.tolist() == bounds
+    document = get_document_mask_mod(positions)
+    causal = get_causal_mask_mod()
+    mask = create_mask(lambda b, h, q, k: causal(b, h, q, k) & document(b, h, q, k), 1, None, length, length, "cpu")
+    segment = torch.repeat_interleave(torch.arange(len(bounds) - 1), torch.tensor(bounds).diff())
+    expected = (segment[:, None] == segment[None, :]) & torch.ones(length, length, dtype=torch.bool).tril()
+    assert torch.equal(mask[0, 0], expected)
+    for lo, hi in itertools.pairwise(bounds):
+        want = [*tokens[0, lo + 1 : hi].tolist(), IGNORE_INDEX]
+        if lo >= sum(map(len, samples)):
+            want = [IGNORE_INDEX] * (hi - lo)  # the padding segment has no labels
+        assert labels[0, lo:hi].tolist() == want
