@@ -1,6 +1,6 @@
 """mixflow in torchtitan: ``MixflowDataLoader``, a torchtitan dataloader over a job's rank topics.
 
-    config = llama3_debugmodel_flex_attn()                # any torchtitan Trainer.Config
+    config = llama3_debugmodel()                          # any torchtitan Trainer.Config (Flex attention)
     config.dataloader = MixflowDataLoader.Config(job="my-job", bootstrap_servers="kafka:9092")
     config.training.local_batch_size = 1                  # one packed micro-batch per batch
     config.training.global_batch_size = dp_degree * M     # M: the job's step.micro_batches
