@@ -1,7 +1,7 @@
 """mixflow in torchtitan: ``MixflowDataLoader``, a torchtitan dataloader over a job's rank topics.
 
     config = llama3_debugmodel()                          # any torchtitan Trainer.Config (Flex attention)
-    config.dataloader = MixflowDataLoader.Config(job="my-job", bootstrap_servers="kafka:9092")
+    config.dataloader = MixflowDataLoader.Config(job="my-job", bootstrap_servers="kafka:9092", pad_to_multiple_of=64)
     config.training.local_batch_size = 1                  # one packed micro-batch per batch
     config.training.global_batch_size = dp_degree * M     # M: the job's step.micro_batches
     config.training.seq_len = C                           # at least the job's micro-batch capacity
