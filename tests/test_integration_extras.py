@@ -22,7 +22,7 @@ DISTRIBUTION = {
     "prometheus_client": "prometheus-client",
     "pydantic_core": "pydantic",
 }
-INTEGRATIONS = {"hf_trainer": "huggingface", "lightning_data": "lightning"}
+INTEGRATIONS = {"hf_trainer": "huggingface", "lightning_data": "lightning", "torchtitan_data": "torchtitan"}
 FRAMEWORKS = {"transformers", "accelerate", "lightning", "torchtitan", "megatron-core", "torch"}
 
 

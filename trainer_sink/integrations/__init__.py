@@ -3,6 +3,8 @@
 - ``trainer_sink.integrations.hf_trainer``: ``MixflowTrainer``, a Hugging Face ``Trainer``
   (``pip install "mixflow[huggingface]"``);
 - ``trainer_sink.integrations.lightning_data``: ``MixflowDataModule``, a ``LightningDataModule``
-  (``pip install "mixflow[lightning]"``).
+  (``pip install "mixflow[lightning]"``);
+- ``trainer_sink.integrations.torchtitan_data``: ``MixflowDataLoader``, a torchtitan dataloader
+  (``pip install "mixflow[torchtitan]"``).
 
 Nothing is imported here: importing a module imports its framework, and only that one."""

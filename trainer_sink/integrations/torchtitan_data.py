@@ -1,0 +1,226 @@
+"""mixflow in torchtitan: ``MixflowDataLoader``, a torchtitan dataloader over a job's rank topics.
+
+    config = llama3_debugmodel()                          # any torchtitan Trainer.Config (Flex attention)
+    config.dataloader = MixflowDataLoader.Config(job="my-job", bootstrap_servers="kafka:9092", pad_to_multiple_of=64)
+    config.training.local_batch_size = 1                  # one packed micro-batch per batch
+    config.training.global_batch_size = dp_degree * M     # M: the job's step.micro_batches
+    config.training.seq_len = C                           # at least the job's micro-batch capacity
+    trainer = config.build()
+    trainer.train()                                       # resumes from checkpoint.folder, if it holds one
+
+What it does for the user:
+
+- **Batches**: each micro-batch of the job is one torchtitan batch ``(input_dict, labels)``, packed:
+  ``input_dict["input"]`` the samples' tokens concatenated, ``input_dict["positions"]`` restarting at 0 at
+  each sample (torchtitan's ``Decoder`` builds its document masks from them, with Flex and varlen attention,
+  the backends of its language models), ``labels`` the next token of the same sample and ``-100``
+  (torchtitan's ``IGNORE_INDEX``) on each sample's last token: all int64 of shape ``[1, T]``.
+  ``pad_to_multiple_of`` pads each to a multiple of that many tokens, which torchtitan's ``ChunkedLossWrapper``
+  needs (a multiple of its ``num_chunks``, 8 by default); an empty micro-batch is one padding segment of that
+  many tokens (one token by default) without labels. ``layout="padded"`` pads each to the
+  job's micro-batch capacity instead (a fixed shape, for ``torch.compile``, CUDA graphs or pipeline
+  parallelism). Nothing else goes in ``input_dict``: torchtitan gives all of it to the model's ``forward``.
+  ``loader.step_micro_batches`` describes the micro-batches handed out of the current step (``step``,
+  ``micro_batch``, ``sample_ids``, ``padding_tokens``).
+- **Steps**: one training step per step of the job: torchtitan takes ``global_batch_size / (local_batch_size
+  x data-parallel degree)`` batches a step, which must be the job's ``step.micro_batches``; a checkpoint in
+  the middle of a job's step is refused. The stream ends at the job's end-of-data record, where torchtitan
+  stops (``DataloaderExhaustedError``).
+- **Ranks**: torchtitan builds the loader with the data-parallel rank and degree of its parallel dimensions
+  (the ``batch`` mesh: ``dp_replicate x dp_shard``); tensor, context and pipeline parallel ranks of one
+  data-parallel rank read the same rank topic. The job must have as many ranks as that degree.
+- **Checkpoints**: ``CheckpointManager`` saves ``state_dict()``, ``{"dp_rank_<r>": sink state (JSON),
+  "world_size": W}`` like torchtitan's own dataloader, every rank its own key. torchtitan reads no batch
+  ahead of the step it trains, so the state is the position after the checkpointed step.
+- **Resume**: under ``torch.distributed.checkpoint`` a rank can only ask for keys the checkpoint holds, so
+  every rank resumes from rank 0's state, finding that step on its own topic by number (ranks train in
+  lockstep): under the same data-parallel degree or another (after ``mixflow replay --ranks``, reading the
+  replayed job), which torchtitan's own dataloader refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torchtitan.components.dataloader import BaseDataLoader
+
+from topics.errors import MixflowError
+from trainer_sink.dataset import KafkaBatchDataset
+from trainer_sink.media_tensors import VISION_KEYS
+from trainer_sink.tensors import Layout, MicroBatch
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100  # torchtitan.components.loss.IGNORE_INDEX, the sink's label on a sample's last token
+RANK_KEY = "dp_rank_{}"
+WORLD_SIZE_KEY = "world_size"
+METADATA_KEYS = ("step", "micro_batch", "micro_batches", "sample_ids", "padding_tokens")
+MEDIA_KEYS = frozenset({*VISION_KEYS, "mm_token_type_ids"})
+
+
+def titan_batch(
+    micro_batch: MicroBatch, *, pad_token_id: int = 0, pad_to_multiple_of: int = 1
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """One micro-batch of the sink as torchtitan's trainer takes a batch: ``({"input", "positions"}, labels)``,
+    each int64 ``[1, T]``. An empty micro-batch becomes one padding segment of ``pad_to_multiple_of`` tokens."""
+    input_ids = micro_batch["input_ids"].to(torch.int64)
+    positions = micro_batch["position_ids"].to(torch.int64)
+    labels = micro_batch["labels"].to(torch.int64)
+    if input_ids.numel() == 0:
+        input_ids = torch.full((pad_to_multiple_of,), pad_token_id, dtype=torch.int64)
+        positions = torch.arange(pad_to_multiple_of, dtype=torch.int64)
+        labels = torch.full((pad_to_multiple_of,), IGNORE_INDEX, dtype=torch.int64)
+    return {"input": input_ids.unsqueeze(0), "positions": positions.unsqueeze(0)}, labels.unsqueeze(0)
+
+
+class MixflowDataLoader(BaseDataLoader):
+    """A job's micro-batches for torchtitan's ``Trainer`` (see the module's docstring). ``job=`` (with
+    ``bootstrap_servers=`` or ``KAFKA_BOOTSTRAP_SERVERS``) or ``spec=`` names the job."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config):
+        spec: str | None = None
+        """The job's spec (YAML), or give ``job``."""
+
+        job: str | None = None
+        """The job's name, with ``bootstrap_servers`` or ``KAFKA_BOOTSTRAP_SERVERS``."""
+
+        bootstrap_servers: str | None = None
+
+        layout: str = "packed"
+        """``packed`` (T tokens, as many as the micro-batch holds) or ``padded`` (the job's capacity)."""
+
+        pad_token_id: int = 0
+
+        pad_to_multiple_of: int = 1
+        """Pad each packed micro-batch to a multiple of this many tokens (64: faster matrix products)."""
+
+        wait_timeout_s: float = 600.0
+        """How long to wait for the job's next batch before raising."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_rank: int,
+        dp_world_size: int,
+        local_batch_size: int = 1,
+        seq_len: int | None = None,
+        tokenizer: Any = None,
+        snapshot_every_n_steps: int | None = None,
+        sink: KafkaBatchDataset | None = None,
+    ) -> None:
+        del tokenizer, snapshot_every_n_steps  # the job's samples are tokenized; the sink's state is exact
+        if local_batch_size != 1:
+            msg = (
+                f"MixflowDataLoader hands out one packed micro-batch per batch: set training.local_batch_size=1 "
+                f"(not {local_batch_size}) and training.global_batch_size to the data-parallel degree times the "
+                "job's step.micro_batches"
+            )
+            raise MixflowError(msg)
+        self.config = config
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.seq_len = seq_len
+        self.sink = sink if sink is not None else _sink(config, dp_rank)
+        self.step_micro_batches: list[dict[str, Any]] = []
+        self._iterated = False
+        self._empty_tokens = config.pad_to_multiple_of if Layout(config.layout) is Layout.PACKED else 1
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        self._iterated = True
+        return self._batches()
+
+    def _batches(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        for micro_batch in self.sink:
+            self._check(micro_batch)
+            if micro_batch["micro_batch"] == 0:
+                self.step_micro_batches = []
+            self.step_micro_batches.append(
+                {
+                    key: micro_batch[key]
+                    for key in ("step", "micro_batch", "micro_batches", "sample_ids", "padding_tokens")
+                }
+            )
+            yield titan_batch(micro_batch, pad_token_id=self.config.pad_token_id, pad_to_multiple_of=self._empty_tokens)
+
+    def _check(self, micro_batch: MicroBatch) -> None:
+        ranks = self.sink.state_dict().get("ranks")
+        if ranks is not None and ranks != self.dp_world_size:
+            msg = (
+                f"{self.sink.topic} holds steps for {ranks} data-parallel ranks, but torchtitan's data-parallel "
+                f"degree is {self.dp_world_size}: train on a job of that many ranks (mixflow replay --ranks "
+                f"{self.dp_world_size})"
+            )
+            raise MixflowError(msg)
+        tokens = micro_batch["input_ids"].numel()
+        if self.seq_len is not None and tokens > self.seq_len:
+            msg = (
+                f"micro-batch {micro_batch['micro_batch']} of step {micro_batch['step']} has {tokens} tokens, more "
+                f"than training.seq_len ({self.seq_len}), which bounds the model's positions: set it to at least "
+                "the job's micro-batch capacity"
+            )
+            raise MixflowError(msg)
+        if MEDIA_KEYS & micro_batch.keys():
+            msg = f"MixflowDataLoader carries text only, and {self.sink.topic} is a job with media"
+            raise MixflowError(msg)
+
+    # -- Stateful ------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's sink state under ``dp_rank_<r>``; before iterating, under ``dp_rank_0``: that is the key
+        ``torch.distributed.checkpoint`` loads (it asks for the keys of this dict), which every checkpoint holds
+        whatever its data-parallel degree."""
+        state = self.sink.state_dict()
+        if not self._iterated:
+            return {RANK_KEY.format(0): json.dumps(state), WORLD_SIZE_KEY: self.dp_world_size}
+        if state.get("micro_batch") not in (0, None):
+            msg = (
+                f"torchtitan checkpoints in the middle of step {state['step']} of {self.sink.topic} (before "
+                f"micro-batch {state['micro_batch']} of {state.get('micro_batches')}): set training.global_batch_size "
+                "to the data-parallel degree times the job's step.micro_batches, so that one training step is one "
+                "step of the job"
+            )
+            raise MixflowError(msg)
+        return {RANK_KEY.format(self.dp_rank): json.dumps(state), WORLD_SIZE_KEY: self.dp_world_size}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from this rank's state if ``state_dict`` holds it, else from the lowest rank's."""
+        if not state_dict:
+            return
+        ranks = sorted(int(key.removeprefix("dp_rank_")) for key in state_dict if key.startswith("dp_rank_"))
+        if not ranks:
+            msg = f"not a MixflowDataLoader state (no dp_rank_<r> key): {sorted(state_dict)}"
+            raise MixflowError(msg)
+        chosen = self.dp_rank if self.dp_rank in ranks else ranks[0]
+        saved = state_dict[RANK_KEY.format(chosen)]
+        self.sink.load_state_dict(json.loads(saved) if isinstance(saved, str | bytes) else saved)
+        saved_world = state_dict.get(WORLD_SIZE_KEY)
+        if saved_world is not None and saved_world != self.dp_world_size:
+            log.info(
+                "data-parallel rank %d of %d resumes from rank %d's state of a checkpoint taken at %d ranks",
+                self.dp_rank,
+                self.dp_world_size,
+                chosen,
+                saved_world,
+            )
+
+
+def _sink(config: MixflowDataLoader.Config, dp_rank: int) -> KafkaBatchDataset:
+    layout = Layout(config.layout)
+    return KafkaBatchDataset(
+        config.spec,
+        job=config.job,
+        bootstrap_servers=config.bootstrap_servers,
+        rank=dp_rank,
+        layout=layout,
+        pad_token_id=config.pad_token_id,
+        attention_mask=False,  # torchtitan builds its masks from the positions
+        pad_to_multiple_of=config.pad_to_multiple_of if layout is Layout.PACKED else 1,
+        wait_timeout_s=config.wait_timeout_s,
+    )
