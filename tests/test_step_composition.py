@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from pipeline.planning.mixing import Draw, DrawStatus, Mixer, MixerState, Schedule, draw_step
 from pipeline.planning.mixing._compose_bins import pack_bins_kernel
 from pipeline.planning.mixing._compose_select import (
+    PACK_AHEAD,
     Groups,
     HoleFill,
     Longs,
@@ -69,6 +70,11 @@ def _uniform(rng: np.random.Generator, n: int, capacity: int) -> np.ndarray:
     return rng.uniform(1, capacity, n)
 
 
+def _chunks(rng: np.random.Generator, n: int, capacity: int) -> np.ndarray:
+    """Long documents cut into chunks of a micro-batch: most are whole, the last of a document shorter."""
+    return np.where(rng.random(n) < 0.85, capacity, rng.uniform(1, capacity, n))
+
+
 FAMILIES: dict[str, Family] = {
     "lognormal": _lognormal,
     "pareto": _pareto,
@@ -76,6 +82,7 @@ FAMILIES: dict[str, Family] = {
     "long/short": _long_short,
     "uniform-long": _uniform_long,
     "uniform": _uniform,
+    "chunks": _chunks,
 }
 
 
@@ -275,15 +282,16 @@ def test_waiting_bound_with_the_defaults(family: str, seed: int) -> None:
 )
 def test_shares_stay_within_a_sample(families: list[str], raw: list[float], seed: int) -> None:
     """Over many steps, with the scheduler's deferrals fed back, each source's credit (tokens owed or
-    given ahead against its share of what was delivered) stays within two of the longest samples."""
+    given ahead against its share of what was delivered) stays within two of the longest samples and the
+    micro-batches a packed option may take ahead (``PACK_AHEAD``)."""
     shape = Shape(4, 2, 1000)
     weights = {f"s{k}": w for k, w in enumerate(raw[: len(families)])}
     run = _simulate(families, weights, shape, 60, seed)
-    longest = float(run.lengths.max())
+    bound = 2 * float(run.lengths.max()) + PACK_AHEAD * shape.capacity
     worst = max(abs(c) for credits in run.credits for c in credits.values())
-    assert worst <= 2 * longest
+    assert worst <= bound
     wanted = np.array(list(weights.values())) / sum(weights.values()) * run.delivered.sum()
-    assert np.all(np.abs(run.delivered - wanted) <= 2 * longest)
+    assert np.all(np.abs(run.delivered - wanted) <= bound)
 
 
 @settings(deadline=None, max_examples=8)
@@ -303,12 +311,37 @@ def test_a_source_with_samples_longer_than_its_share_of_a_step(
     weights = {"big": 1 - small, "small": small}
     run = _simulate(["lognormal", family], weights, shape, 60, seed, window=window, due=due)
     longest = float(run.lengths.max())
-    assert max(abs(c) for credits in run.credits for c in credits.values()) <= 2 * longest
+    assert max(abs(c) for credits in run.credits for c in credits.values()) <= 2 * longest + PACK_AHEAD * shape.capacity
     unit = small * math.floor(shape.tokens * (1 - HEADROOM))
     mine = run.source == 1
     seen = run.drawn[mine] >= 0
     waits = run.drawn[mine][seen] - run.entered[mine][seen]
-    assert waits.max() <= waiting_bound(window, due, float(run.lengths[mine].max()) / unit)
+    assert waits.max() <= waiting_bound(window, due, float(run.lengths[mine].max()) / unit, shape.capacity / unit)
+
+
+@settings(deadline=None, max_examples=4)
+@given(st.integers(0, 2**16))
+def test_chunks_of_a_micro_batch_and_a_short_source_fill_and_balance_the_example_shape(seed: int) -> None:
+    """The example job's stretches: 2 ranks x 2 micro-batches of 1,024 tokens, two sources of mostly
+    whole-micro-batch chunks at 70% and 20%, short samples at 10%. Three chunks leave a micro-batch that the
+    short source's share cannot fill and its due samples keep a fourth chunk out; a packed step may take a
+    micro-batch ahead (``PACK_AHEAD``), so steps of three chunks and short samples alternate with steps of
+    four (without it: max/mean about 1.2 and fill about 0.91)."""
+    shape = Shape(2, 2, 1024)
+    weights = {"code": 0.7, "topics": 0.2, "docstrings": 0.1}
+    steps = 60
+    run = _simulate(["chunks", "chunks", "lognormal"], weights, shape, steps, seed)
+    assert float(np.mean(run.ratios)) <= 1.08
+    assert run.delivered.sum() / (steps * shape.tokens) >= 0.97
+    goal = math.floor(shape.tokens * (1 - HEADROOM))
+    for k, (s, w) in enumerate(weights.items()):
+        mine = run.source == k
+        seen = run.drawn[mine] >= 0
+        waits = run.drawn[mine][seen] - run.entered[mine][seen]
+        unit = w * goal
+        assert waits.max() <= waiting_bound(
+            longest_per_unit=shape.capacity / unit, capacity_per_unit=shape.capacity / unit
+        ), s
 
 
 @settings(deadline=None, max_examples=15)

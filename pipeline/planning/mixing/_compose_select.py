@@ -18,13 +18,16 @@ constructor composes the same steps on any machine.
 
 **Packed options.** Where short samples are too few to fill around the groups (a window of mostly long
 samples), the best option scores low: holes stay in the micro-batches. When it scores below
-``PACK_BELOW``, packed options compete: the same options built again with their holes packed by window
-samples, long and short (``HoleFill``; ``_compose_holes``), and one that packs whole micro-batches best
-fit and deals them to ranks (``_compose_bins``: it wins where ranks hold several micro-batches). A packed
-option takes what it packed and the due samples, no filler to the target (the credit carries the
-difference, as for any source below its target), and is scored from its packing; the best wins if it
-scores more than ``PREFER_OLDER`` above the grouped one. Its packing goes to the scheduler as a start
-(``Composed.placement``): samples chosen to fit the holes are a set that a plan from scratch packs worse.
+``PACK_BELOW``, packed options compete, each source's allowance raised by ``PACK_AHEAD`` micro-batches
+(less what it is ahead of its tokens per step), so that a source of short samples can fill a hole its
+share alone cannot (and take nothing in the next step): the same options built again with their holes
+packed by window samples, long and short (``HoleFill``; ``_compose_holes``), and one that packs whole
+micro-batches best fit and deals them to ranks (``_compose_bins``: it wins where ranks hold several
+micro-batches). A packed option takes what it packed and the due samples, no filler to the target (the
+credit carries the difference, as for any source below its target), and is scored from its packing; the
+best wins if it scores more than ``PREFER_OLDER`` above the grouped one. Its packing goes to the
+scheduler as a start (``Composed.placement``): samples chosen to fit the holes are a set that a plan from
+scratch packs worse.
 
 Planning is most of the cost, so options are planned lazily (``choose_option``): an option's score is at
 most the share of capacity it draws, which bounds what the options not planned yet can reach; the choice
@@ -72,6 +75,8 @@ SLACK = 0.005
 """A rank within this share of a short-filled rank's cost below the level takes no more long samples."""
 PACK_BELOW = 0.97
 """Where the best option scores below this, options whose holes are packed with window samples compete."""
+PACK_AHEAD = 1.0
+"""Micro-batches of tokens a packed option may take from a source beyond its allowance."""
 
 
 def compose_takes(
@@ -251,14 +256,15 @@ class _Composition:
         )
         at = np.concatenate([self.positions, shorts_at])
         holes, first_home = self._hole_fill(goal, np.concatenate([self.age, shorts_age]), packable)
+        allowance = self.allowance + self._ahead_allowance()
         packed: list[tuple[Slots, dict[str, Fill]]] = []
         for i, (level, anchor) in enumerate(self.options):
-            args = (self.order, self.allowance, level, self.slack, self.shape, anchor, holes)
+            args = (self.order, allowance, level, self.slack, self.shape, anchor, holes)
             groups = build_groups(self.seeds, packable, *args)
             plain = self.group(i)
             if not np.array_equal(groups.chosen[: len(plain)], plain) or groups.chosen[len(plain) :].any():
                 packed.append((groups.slots, self.fills(groups.chosen, at, packable.source, to_target=False)))
-        chosen, slots = pack_bins(self.seeds, packable, holes, self.allowance, self.shape, self.cost_model)
+        chosen, slots = pack_bins(self.seeds, packable, holes, allowance, self.shape, self.cost_model)
         packed.append((slots, self.fills(chosen, at, packable.source, to_target=False)))
         window_start = np.array([self.homes.of("window", s, 0) for s in self.names], dtype=np.int64)
         cand_home = window_start[packable.source] + at
@@ -267,6 +273,12 @@ class _Composition:
             return self.homes.placement(packed[i][0], self.seed_homes, first_home, cand_home, taken)
 
         return packed, placement_of
+
+    def _ahead_allowance(self) -> np.ndarray:
+        """Per source, the tokens a packed option may take beyond its allowance: ``PACK_AHEAD`` micro-batches,
+        less what its target is already below its tokens per step (it is ahead by that much)."""
+        ahead = np.array([max(0.0, w.unit - w.remaining) for w in self.windows.values()])
+        return np.maximum(0.0, PACK_AHEAD * self.shape.capacity - ahead)
 
     def _hole_fill(self, goal: float, age: np.ndarray, packable: Longs) -> tuple[HoleFill, np.ndarray]:
         """What the kernels need to pack the holes, and where each of its ``first`` samples lies: the samples

@@ -19,19 +19,29 @@ FIFO is *due*, and due samples are taken first, in FIFO order, while the source 
 least that many tokens from the head of its FIFO each step, so a sample in its source's window is taken
 within ``ceil(window / due) - 1`` steps (63 with the defaults, at constant weights; measured waits are
 far shorter). A source ahead of its share takes nothing until its credit is back, and it is never ahead
-by more than about two of its samples (see Shares), so a source whose samples are long against its
-tokens per step (``unit = weight * goal``) adds ``ceil(2 * longest / unit)`` steps:
-``waiting_bound(window, due, longest / unit)``. The in-order draw has the same rate limit: a source
-gives about ``unit`` tokens a step. Sources out of play (weight 0) wait with all their samples, as in
-``draw_step``. A drawn sample the scheduler defers comes back first in the next draw, as before.
+by more than about two of its samples and ``PACK_AHEAD`` micro-batches (see Shares), so a source whose
+samples or micro-batches are long against its tokens per step (``unit = weight * goal``) adds
+``ceil((2 * longest + PACK_AHEAD * capacity) / unit)`` steps:
+``waiting_bound(window, due, longest / unit, capacity / unit)``. The in-order draw has the same rate
+limit: a source gives about ``unit`` tokens a step. Sources out of play (weight 0) wait with all their
+samples, as in ``draw_step``. A drawn sample the scheduler defers comes back first in the next draw, as
+before.
 
 **Shares.** Each source in play gives about its target (its weight's share of the goal plus its credit,
 as in ``draw_step``): the due samples and the long samples chosen for balance may pass it by one sample
 each, the short samples that fill the rest stop *below* it (a whole step must fit the capacity, so that
 the scheduler need not cut the newest samples, which here may be the chosen long ones). The credit
 carries the difference, so cumulative shares stay within about one sample per source, as today. (Due
-samples taken whatever the target, as in a first version, let a source whose samples are longer than
-its tokens per step run ahead by one sample every step.)
+samples taken whatever the target, as in a first version, let a source whose samples are longer than its
+tokens per step run ahead by one sample every step.) A *packed* step (where the grouped options leave
+holes) may take up to ``PACK_AHEAD`` micro-batches of tokens more from a source than its target (less
+what the source is already ahead of its tokens per step), to fill them: at 2 ranks x 2 micro-batches of
+1,024 tokens, with two sources of 1,024-token chunks and a short one at a tenth of the step, the short
+source's share cannot fill the hole that three chunks leave, and the due short samples keep a fourth out,
+so without it such stretches of steps ran at 85-90% fill and 1.2 max/mean; with it, a step of three
+chunks and a micro-batch of short samples and a step of four alternate, and the short source catches up
+by taking nothing in the second. So a source's cumulative share stays within about two samples and a
+micro-batch.
 
 **Long context.** The spec's ``long_context`` section (a token share from samples of ``min_length`` or
 more) is not an input: composition makes it redundant for balancing, and every long sample is delivered
@@ -48,7 +58,7 @@ from dataclasses import replace
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pipeline.planning.mixing._compose_select import compose_takes
+from pipeline.planning.mixing._compose_select import PACK_AHEAD, compose_takes
 from pipeline.planning.mixing._compose_types import SourceWindow, StepMedia, StepShape
 from pipeline.planning.mixing._take import EMPTY
 from pipeline.planning.mixing.draw import Draw, DrawStatus, draw_step
@@ -64,10 +74,16 @@ HEADROOM = 0.01
 """Share of the step's capacity left undrawn, so that the scheduler can balance rather than pack."""
 
 
-def waiting_bound(window: float = DEFAULT_WINDOW, due: float = DEFAULT_DUE, longest_per_unit: float = 0.0) -> int:
+def waiting_bound(
+    window: float = DEFAULT_WINDOW,
+    due: float = DEFAULT_DUE,
+    longest_per_unit: float = 0.0,
+    capacity_per_unit: float = 0.0,
+) -> int:
     """The most steps a sample waits once in its source's window (at constant weights), where the
-    source's longest sample is ``longest_per_unit`` times its tokens per step."""
-    return math.ceil(window / due) - 1 + math.ceil(2 * longest_per_unit)
+    source's longest sample is ``longest_per_unit`` times its tokens per step and a micro-batch
+    ``capacity_per_unit`` times (a packed step may take up to ``PACK_AHEAD`` micro-batches ahead of it)."""
+    return math.ceil(window / due) - 1 + math.ceil(2 * longest_per_unit + PACK_AHEAD * capacity_per_unit)
 
 
 def compose_step(
