@@ -134,7 +134,10 @@ def run_job(spec: Path, state_dir: Path, timeout_s: float, trainer: str | None =
 
 
 def job_folder(state_dir: Path) -> Path:
-    return state_dir / "jobs" / "spec"
+    """The folder of the one job ``mixflow run`` ran under ``state_dir`` (``jobs/<job>/``)."""
+    folders = [p for p in (state_dir / "jobs").iterdir() if p.is_dir()]
+    assert len(folders) == 1, f"expected one job folder under {state_dir / 'jobs'}, found {folders}"
+    return folders[0]
 
 
 def decisions(state_dir: Path) -> list[dict]:
