@@ -282,12 +282,12 @@ def test_waiting_bound_with_the_defaults(family: str, seed: int) -> None:
 )
 def test_shares_stay_within_a_sample(families: list[str], raw: list[float], seed: int) -> None:
     """Over many steps, with the scheduler's deferrals fed back, each source's credit (tokens owed or
-    given ahead against its share of what was delivered) stays within two of the longest samples and the
+    given ahead against its share of what was delivered) stays within three of the longest samples and the
     micro-batches a packed option may take ahead (``PACK_AHEAD``)."""
     shape = Shape(4, 2, 1000)
     weights = {f"s{k}": w for k, w in enumerate(raw[: len(families)])}
     run = _simulate(families, weights, shape, 60, seed)
-    bound = 2 * float(run.lengths.max()) + PACK_AHEAD * shape.capacity
+    bound = 3 * float(run.lengths.max()) + PACK_AHEAD * shape.capacity
     worst = max(abs(c) for credits in run.credits for c in credits.values())
     assert worst <= bound
     wanted = np.array(list(weights.values())) / sum(weights.values()) * run.delivered.sum()

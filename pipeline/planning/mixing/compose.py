@@ -40,8 +40,9 @@ what the source is already ahead of its tokens per step), to fill them: at 2 ran
 source's share cannot fill the hole that three chunks leave, and the due short samples keep a fourth out,
 so without it such stretches of steps ran at 85-90% fill and 1.2 max/mean; with it, a step of three
 chunks and a micro-batch of short samples and a step of four alternate, and the short source catches up
-by taking nothing in the second. So a source's cumulative share stays within about two samples and a
-micro-batch.
+by taking nothing in the second. So a source's cumulative share stays within three of its longest samples
+and a micro-batch (the property test's bound; a pareto mix reached 2.06 samples and a micro-batch, the
+example job about two samples).
 
 **Long context.** The spec's ``long_context`` section (a token share from samples of ``min_length`` or
 more) is not an input: composition makes it redundant for balancing, and every long sample is delivered
