@@ -86,6 +86,26 @@ def test_the_supervisor_restarts_a_killed_role_and_reports_one_that_died_on_its_
         supervisor.kill_all()
 
 
+def test_a_role_whose_kafka_client_got_stuck_is_started_again_and_reported_apart(tmp_path: Path) -> None:
+    flag = tmp_path / "stuck-once"
+    stuck_once = (
+        f"import pathlib, sys; f = pathlib.Path({str(flag)!r})\n"
+        "if not f.exists():\n    f.touch(); print('mixflow construct: error: stuck'); sys.exit(3)"
+    )
+    supervisor = Supervisor(tmp_path, dict(os.environ))
+    role = supervisor.start("construct-0", RoleKind.CONSTRUCTOR, [sys.executable, "-c", stuck_once], finite=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not role.done:
+            assert time.monotonic() < deadline, "the supervisor did not start the stuck role again"
+            supervisor.poll()
+            time.sleep(0.05)
+        assert role.starts == 2 and supervisor.failures == []
+        assert supervisor.stuck_restarts() == {"construct-0": 1} and supervisor.logged_errors() == {}
+    finally:
+        supervisor.kill_all()
+
+
 # -- the audit finds what it claims to find ---------------------------------------------------------
 
 

@@ -1,5 +1,9 @@
 """The error types every mixflow package raises for problems a user can cause."""
 
+STUCK_CLIENT_EXIT = 3
+"""The exit code of a role whose Kafka client got stuck (librdkafka#5456): it asks to be started again, as
+``mixflow run`` and the chaos supervisor do."""
+
 
 class MixflowError(Exception):
     """Base class: a problem with input, configuration or the environment, with a message that says

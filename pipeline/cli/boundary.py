@@ -27,12 +27,12 @@ import sys
 import traceback
 from collections.abc import Iterator
 
-from topics.errors import BrokerUnreachableError, MixflowError, NotFoundError, RefusedError
+from topics.errors import STUCK_CLIENT_EXIT, BrokerUnreachableError, MixflowError, NotFoundError, RefusedError
 
 DONE = 0
 FAILED_CHECK = 1
 USAGE = 2
-STUCK_CLIENT = 3
+STUCK_CLIENT = STUCK_CLIENT_EXIT
 INTERRUPTED = 128 + signal.SIGINT
 
 

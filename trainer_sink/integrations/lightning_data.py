@@ -50,9 +50,13 @@ class _PositionedBatches(IterableDataset):
 
     def __iter__(self) -> Iterator[MicroBatch]:
         sink = self.module.sink
-        for micro_batch in sink:
-            self.module._read[(micro_batch["step"], micro_batch["micro_batch"])] = sink.state_dict()
-            yield micro_batch
+        batches = self.module._batches = iter(sink)
+        try:
+            for micro_batch in batches:
+                self.module._read[(micro_batch["step"], micro_batch["micro_batch"])] = sink.state_dict()
+                yield micro_batch
+        finally:
+            batches.close()
 
 
 class MixflowDataModule(pl.LightningDataModule):
@@ -69,6 +73,7 @@ class MixflowDataModule(pl.LightningDataModule):
         self.spec = spec
         self.sink_options = sink_options
         self.sink: KafkaBatchDataset | None = None
+        self._batches: Any = None  # the sink's iterator while one is open: teardown closes it
         self._trained: dict[str, Any] | None = None  # the sink's position after the last batch trained
         self._read: dict[tuple[int, int], dict[str, Any]] = {}
 
@@ -107,6 +112,13 @@ class MixflowDataModule(pl.LightningDataModule):
             for older in [k for k in self._read if k < key]:
                 del self._read[older]
         return batch
+
+    def teardown(self, stage: str) -> None:
+        """Stop the sink's reader thread and consumer before the process ends: Lightning stops at
+        ``max_steps`` with the loader's iterator still open."""
+        if self._batches is not None:
+            self._batches.close()
+            self._batches = None
 
     def state_dict(self) -> dict[str, Any]:
         if self._trained is None:

@@ -34,6 +34,7 @@ class ChaosReport:
     injected: list[InjectedFault] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     errors_logged: dict[str, int] = field(default_factory=dict)  # role: errors its log reports
+    stuck_restarts: dict[str, int] = field(default_factory=dict)  # role: restarts after a stuck Kafka client
     audit: JobAudit | None = None
     error: str | None = None
     wall_s: float = 0.0
@@ -78,6 +79,8 @@ class ChaosReport:
             + (" (" + ", ".join(f"{f.role} exit {f.code}" for f in self.failures[:5]) + ")" if self.failures else ""),
             "errors in the role logs (tracebacks, 'mixflow ...: error:' lines): "
             + (", ".join(f"{role} {n}" for role, n in self.errors_logged.items()) or "none"),
+            "roles started again after their Kafka client got stuck (exit 3, as mixflow run does): "
+            + (", ".join(f"{role} {n}" for role, n in self.stuck_restarts.items()) or "none"),
             _gap_line(self.gaps_s),
         ]
         downs = [f.down_s for f in self.injected if f.down_s is not None]
@@ -118,6 +121,7 @@ class ChaosReport:
                 for f in self.injected
             ],
             "failures": [{"role": f.role, "pid": f.pid, "code": f.code, "log_tail": f.log_tail} for f in self.failures],
+            "stuck_restarts": self.stuck_restarts,
             "errors_logged": self.errors_logged,
             "audit": None
             if self.audit is None

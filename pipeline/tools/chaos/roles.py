@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from topics.errors import STUCK_CLIENT_EXIT
+
 log = logging.getLogger(__name__)
 
 # A role that died on its own is started again after this long (the run goes on; the failure is reported).
@@ -51,6 +53,7 @@ class Role:
     process: subprocess.Popen | None = None
     starts: int = 0
     kills: int = 0
+    stuck_exits: int = 0  # exits with STUCK_CLIENT_EXIT: started again, as `mixflow run` does
     log_start: int = 0  # where the current process's output begins in the log
     restart_at: float | None = None
     stopping: bool = False  # asked to stop: its exit with 0 is expected
@@ -117,6 +120,11 @@ class Supervisor:
             if (code == 0 and role.finite) or (role.stopping and code in (0, -signal.SIGTERM)):
                 role.done = True
                 continue
+            if code == STUCK_CLIENT_EXIT and not role.stopping:
+                role.stuck_exits += 1
+                role.restart_at = time.monotonic() + FAILED_RESTART_DELAY_S
+                log.warning("%s (pid %d): its Kafka client got stuck; starting it again", role.name, role.process.pid)
+                continue
             failure = Failure(role.name, role.process.pid, code, role.tail())
             self.failures.append(failure)
             log.error("%s", failure.describe())
@@ -130,9 +138,15 @@ class Supervisor:
         counts = {}
         for role in self.roles.values():
             with role.log_file.open(errors="replace") as log_file:
-                if errors := sum(1 for line in log_file if ERROR_LINE.match(line)):
+                # Each stuck-client exit says so in one error line: that restart is reported apart.
+                errors = sum(1 for line in log_file if ERROR_LINE.match(line)) - role.stuck_exits
+                if errors > 0:
                     counts[role.name] = errors
         return counts
+
+    def stuck_restarts(self) -> dict[str, int]:
+        """Per role, how often its Kafka client got stuck and it was started again."""
+        return {role.name: role.stuck_exits for role in self.roles.values() if role.stuck_exits}
 
     def terminate(self, roles: list[Role]) -> None:
         """Ask ``roles`` to stop (SIGTERM): each ends after its current piece of work."""

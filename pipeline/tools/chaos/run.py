@@ -99,6 +99,7 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
             live.close()
             report.failures = list(live.supervisor.failures)
             report.errors_logged = live.supervisor.logged_errors()
+            report.stuck_restarts = live.supervisor.stuck_restarts()
         if report.error is None:
             phase = time.monotonic()
             report.audit = audit_job(config, spec, folder / "sinks")
