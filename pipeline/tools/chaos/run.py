@@ -27,10 +27,11 @@ from pipeline.spec import JobSpec, load_spec
 from pipeline.tools.chaos.audit import audit_job
 from pipeline.tools.chaos.report import ChaosReport, InjectedFault
 from pipeline.tools.chaos.roles import Role, RoleKind, Supervisor
-from pipeline.tools.chaos.schedule import DEFAULT_WEIGHTS, Fault, FaultKind, Targets, plan_faults
+from pipeline.tools.chaos.schedule import DEFAULT_WEIGHTS, OBJECT_STORE_KINDS, Fault, FaultKind, Targets, plan_faults
 from pipeline.tools.chaos.sink_state import checkpoint_steps
 from pipeline.tools.chaos.watch import Lease, LeaseWatch, StateWatch
 from pipeline.tools.stack.local_broker import LocalBroker, default_state_dir, free_port_pair
+from pipeline.tools.stack.object_store import LocalObjectStore
 from topics.admin import ensure_job_topics
 from topics.errors import MixflowError, RefusedError
 
@@ -54,7 +55,11 @@ class ChaosOptions:
     start_timeout_s: float = 300.0  # for the first step to reach every sink
     drain_timeout_s: float = 600.0  # for the job to end once the faults are over
     max_pause_s: float = 2.0  # before each fault, once the previous one was survived
-    max_down_s: float = 3.0  # a restarted broker stays down up to this long
+    max_down_s: float = 3.0  # a restarted broker or object store stays down up to this long
+    # The folder of a running local object store (``LocalObjectStore``) that the spec's s3:// sources read:
+    # the run restarts and stalls it, and gives the roles its endpoint and keys (AWS_* variables).
+    object_store: Path | None = None
+    max_stall_s: float = 5.0  # a stalled object store answers nothing for 1 s up to this long
     max_lead_steps: int | None = None  # overrides the spec's constructor.max_lead_steps (the sinks pace it)
 
 
@@ -74,17 +79,18 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
             f"{base.constructor.lanes} (lanes under SIGKILL are tested by tests/test_lanes.py)"
         )
         raise MixflowError(msg)
+    _object_store(options.object_store)  # refused before anything starts when none runs there
     folder.mkdir(parents=True, exist_ok=True)
     targets = Targets(
         loaders=tuple(f"load-{s.name}-{i}" for s in base.sources for i in range(s.loaders)),
         sinks=tuple(f"sink-{r}" for r in range(base.step.ranks)),
         shadows=options.shadows,
         broker=options.bootstrap is None,
+        object_store=options.object_store is not None,
     )
     weights = {kind: weight for kind, weight in DEFAULT_WEIGHTS.items() if kind in options.kinds}
-    faults = plan_faults(
-        options.seed, options.faults, targets, weights, max_pause_s=options.max_pause_s, max_down_s=options.max_down_s
-    )
+    maxima = {"max_pause_s": options.max_pause_s, "max_down_s": options.max_down_s, "max_stall_s": options.max_stall_s}
+    faults = plan_faults(options.seed, options.faults, targets, weights, **maxima)
     report = ChaosReport(job, options.seed, options.shadows, targets.broker, folder, planned=faults)
     broker = None if options.bootstrap else LocalBroker(folder / "broker", port=free_port_pair())
     try:
@@ -140,9 +146,15 @@ class LiveJob:
         self.folder = folder
         self.sinks = folder / "sinks"
         self.broker = broker
+        self.store = _object_store(options.object_store)
         self.bootstrap = str(config["bootstrap.servers"])
         self.began = time.monotonic()
-        self.supervisor = Supervisor(folder, {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap})
+        env = {
+            **os.environ,
+            **(self.store.environment() if self.store else {}),
+            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+        }
+        self.supervisor = Supervisor(folder, env)
         self.watch = StateWatch(config, spec.job)
         self.lease = LeaseWatch(config, spec.job)
         self._lease_seen = Lease()
@@ -166,6 +178,8 @@ class LiveJob:
             log.error("chaos run stopped: %s", exc)
 
     def close(self) -> None:
+        if self.store is not None:
+            self.store.resume()  # a run stopped during a stall leaves the store running
         self.supervisor.kill_all()
         self.watch.close()
 
@@ -206,8 +220,10 @@ class LiveJob:
         """Strike, then wait until the job has survived it."""
         at = time.monotonic()
         timeout = self.options.fault_timeout_s
-        if fault.kind is FaultKind.RESTART_BROKER:
-            down = self._restart_broker(fault.down_s)
+        if fault.kind in (FaultKind.RESTART_BROKER, *OBJECT_STORE_KINDS):
+            down = self._restart_broker(fault.down_s) if fault.kind is FaultKind.RESTART_BROKER else None
+            if fault.kind in OBJECT_STORE_KINDS:
+                down = self._strike_object_store(fault)
             end = self.watch.end_offset()
             what = fault.describe()
             self._wait(
@@ -215,7 +231,8 @@ class LiveJob:
                 timeout,
                 f"{what}: no step was written after it",
             )
-            return InjectedFault(fault, "broker", at - self.began, time.monotonic() - at, down_s=down)
+            target = "broker" if fault.kind is FaultKind.RESTART_BROKER else "object-store"
+            return InjectedFault(fault, target, at - self.began, time.monotonic() - at, down_s=down)
 
         role = self._target(fault)
         what = f"{fault.describe()} ({role.name}, pid {role.pid})"
@@ -279,6 +296,23 @@ class LiveJob:
         self.broker.up()
         return time.monotonic() - stopped
 
+    def _strike_object_store(self, fault: Fault) -> float:
+        """Restart the object store (down ``fault.down_s``) or stall it (SIGSTOP for ``fault.down_s``, then
+        SIGCONT); seconds until it answered again."""
+        assert self.store is not None, "no object store faults without an object store"
+        struck = time.monotonic()
+        if fault.kind is FaultKind.RESTART_OBJECT_STORE:
+            self.store.stop()
+            self._sleep(fault.down_s)
+            self.store.start()
+        else:
+            self.store.pause()
+            try:
+                self._sleep(fault.down_s)
+            finally:
+                self.store.resume()
+        return time.monotonic() - struck
+
     # -- waiting --------------------------------------------------------------------------------------
 
     def _every_sink_has_a_step(self) -> bool:
@@ -311,6 +345,17 @@ class LiveJob:
         now = time.monotonic()
         report.phases_s[name] = now - since
         return now
+
+
+def _object_store(folder: Path | None) -> LocalObjectStore | None:
+    """The running object store of ``folder``; a clear error when none runs there."""
+    if folder is None:
+        return None
+    store = LocalObjectStore(folder)
+    if store.running_pid() is None:
+        msg = f"no object store runs from {folder}; start it (`mixflow stack object-store up --state-dir {folder}`)"
+        raise ChaosError(msg)
+    return store
 
 
 def _rank(role: Role) -> int:

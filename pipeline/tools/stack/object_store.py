@@ -148,14 +148,15 @@ class LocalObjectStore:
         )
         return created
 
-    def _write_env_file(self, credentials: Credentials) -> None:
-        lines = {
+    def environment(self) -> dict[str, str]:
+        """The ``AWS_*`` variables that point boto3's standard chain (keys, endpoint, region) at this store."""
+        credentials = self.credentials()
+        return {
             "AWS_ACCESS_KEY_ID": credentials.access_key,
             "AWS_SECRET_ACCESS_KEY": credentials.secret_key,
             "AWS_ENDPOINT_URL": self.endpoint,
             "AWS_REGION": REGION,
         }
-        write_private(self.env_file, "".join(f"{key}={value}\n" for key, value in lines.items()))
 
     # -- inspection -------------------------------------------------------------------------------
 
@@ -215,7 +216,7 @@ class LocalObjectStore:
             msg = f"port {self.host}:{self.port} is taken by another process; stop it or choose another with --port"
             raise MixflowError(msg)
         credentials = self.credentials()
-        self._write_env_file(credentials)
+        write_private(self.env_file, "".join(f"{key}={value}\n" for key, value in self.environment().items()))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         command = [str(binary), "--port", f"{self.host}:{self.port}", "--quiet", "posix", str(self.data_dir)]
