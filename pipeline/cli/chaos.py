@@ -39,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "gives the roles its endpoint and keys (default: none, and no object store faults)",
     )
     parser.add_argument(
+        "--max-stall-s",
+        type=positive_float,
+        default=5.0,
+        help="a stall-object-store fault stops the store for 1 s up to this long (default: %(default)s)",
+    )
+    parser.add_argument(
         "--kinds",
         type=_kinds,
         default=tuple(FaultKind),
@@ -86,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         fault_timeout_s=args.fault_timeout_s,
         max_lead_steps=args.max_lead_steps,
         object_store=args.object_store_dir,
+        max_stall_s=args.max_stall_s,
     )
     report = run_chaos(options)
     for line in report.lines():
