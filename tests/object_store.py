@@ -43,12 +43,7 @@ class ObjectStoreEndpoint:
 
     def environment(self) -> dict[str, str]:
         """The ``AWS_*`` variables that point the standard credential chain and endpoint at the store."""
-        return {
-            "AWS_ACCESS_KEY_ID": self.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.secret_key,
-            "AWS_ENDPOINT_URL": self.endpoint_url,
-            "AWS_REGION": self.region,
-        }
+        return self.store.environment()
 
     def client(self, **config: Any) -> Any:
         """A boto3 S3 client of the store; ``config`` goes to ``botocore.config.Config`` (timeouts, retries)."""

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pipeline.tools.stack.local_broker import default_state_dir, port_is_free
 from pipeline.tools.stack.object_store_install import ensure_installed
-from topics.errors import MixflowError
+from topics.errors import MixflowError, NotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,16 @@ def default_object_store_dir() -> Path:
     if env := os.environ.get("MIXFLOW_OBJECT_STORE_DIR"):
         return Path(env).absolute()
     return default_state_dir() / "object-store"
+
+
+class ObjectStoreStopped(NotFoundError):
+    """No object store of ours runs from the folder (exit 4)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        super().__init__(
+            f"no local object store runs from {state_dir}; start it with `mixflow stack up --object-store` "
+            f"or `mixflow stack object-store up --state-dir {state_dir}`"
+        )
 
 
 @dataclass(frozen=True)
