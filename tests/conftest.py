@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from pipeline.tools.stack.fault_proxy import FaultProxy
 from pipeline.tools.stack.local_broker import LocalBroker, free_port_pair
 from tests.object_store import ObjectStoreEndpoint, running_object_store
 
@@ -107,3 +108,11 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectSto
     temporary folder: its endpoint, keys, and ``bucket(name)`` to create a bucket."""
     with running_object_store(tmp_path_factory.mktemp("object-store")) as endpoint:
         yield endpoint
+
+
+@pytest.fixture
+def object_store_proxy(object_store: ObjectStoreEndpoint) -> Iterator[tuple[FaultProxy, ObjectStoreEndpoint]]:
+    """A ``FaultProxy`` in front of the session's object store, for a test that makes storage slow, refuses or
+    resets connections: ``(proxy, the store reached through it)``."""
+    with FaultProxy(object_store.store.host, object_store.store.port) as proxy:
+        yield proxy, object_store.through(proxy.endpoint)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,10 @@ class ObjectStoreEndpoint:
     def env_file(self) -> Path:
         return self.store.env_file
 
+    def through(self, endpoint_url: str) -> ObjectStoreEndpoint:
+        """The same store reached at another endpoint: a ``FaultProxy`` in front of it."""
+        return replace(self, endpoint_url=endpoint_url)
+
     def client_options(self) -> dict[str, Any]:
         """Keyword arguments for ``boto3.client("s3", **options)`` (endpoint, region, keys)."""
         return {
@@ -43,7 +47,7 @@ class ObjectStoreEndpoint:
 
     def environment(self) -> dict[str, str]:
         """The ``AWS_*`` variables that point the standard credential chain and endpoint at the store."""
-        return self.store.environment()
+        return {**self.store.environment(), "AWS_ENDPOINT_URL": self.endpoint_url}
 
     def client(self, **config: Any) -> Any:
         """A boto3 S3 client of the store; ``config`` goes to ``botocore.config.Config`` (timeouts, retries)."""
