@@ -4,8 +4,11 @@ objects and range reads, its lifecycle, its credentials files, and the faults ch
 from __future__ import annotations
 
 import hashlib
+import os
 import stat
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -175,3 +178,42 @@ def test_a_paused_server_times_requests_out_until_it_resumes(private_store: Obje
     assert "result" in outcome, outcome.get("error", "the request did not finish after the resume")
     assert outcome["result"]["Body"].read() == b"after the stall"
     assert single.get_object(Bucket=bucket, Key="k")["Body"].read() == b"after the stall"
+
+
+def test_without_extended_attributes_the_metadata_goes_to_a_sidecar_folder(tmp_path: Path) -> None:
+    # Where the filesystem has them, the server is started as on any other; the sidecar variant is started
+    # here by hand, to check that versitygw takes it as `mixflow` passes it.
+    from pipeline.tools.stack.local_broker import free_port_block
+    from pipeline.tools.stack.object_store import server_answers, server_command, supports_xattrs
+    from pipeline.tools.stack.object_store_install import ensure_installed
+
+    assert supports_xattrs(tmp_path) and not list(tmp_path.iterdir()), "the probe file must not stay behind"
+    (tmp_path / "data" / "bucket").mkdir(parents=True)
+    (tmp_path / "metadata").mkdir()
+    port = free_port_block(1)
+    command = server_command(ensure_installed(), f"127.0.0.1:{port}", tmp_path / "data", tmp_path / "metadata")
+    assert command[-4:] == ["posix", "--sidecar", str(tmp_path / "metadata"), str(tmp_path / "data")]
+    keys = {"ROOT_ACCESS_KEY_ID": "sidecar", "ROOT_SECRET_ACCESS_KEY": "sidecar-secret"}
+    process = subprocess.Popen(
+        command, env={**os.environ, **keys}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not server_answers("127.0.0.1", port, timeout_s=1.0):
+            assert process.poll() is None and time.monotonic() < deadline, "versitygw --sidecar did not start"
+        import boto3
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            region_name="us-east-1",
+            aws_access_key_id="sidecar",
+            aws_secret_access_key="sidecar-secret",
+        )
+        put = client.put_object(Bucket="bucket", Key="k", Body=b"sidecar", Metadata={"who": "me"})
+        head = client.head_object(Bucket="bucket", Key="k")
+        assert head["ETag"] == put["ETag"] and head["Metadata"] == {"who": "me"}
+        assert any((tmp_path / "metadata").rglob("*")), "nothing was written to the sidecar folder"
+    finally:
+        process.terminate()
+        process.wait(WAIT_S)

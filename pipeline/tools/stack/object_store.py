@@ -116,6 +116,26 @@ def write_private(path: Path, text: str) -> None:
         out.write(text)
 
 
+def supports_xattrs(folder: Path) -> bool:
+    """Whether files in ``folder`` take user extended attributes, where versitygw keeps ETags and metadata."""
+    probe = folder / ".xattr-probe"
+    try:
+        probe.touch()
+        os.setxattr(probe, "user.mixflow.probe", b"1")
+    except OSError:
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+    return True
+
+
+def server_command(binary: Path, address: str, data_dir: Path, sidecar: Path | None) -> list[str]:
+    """versitygw serving ``data_dir`` at ``address``; object metadata in a ``sidecar`` folder where the
+    filesystem has no extended attributes (tmpfs on old kernels, some network filesystems)."""
+    backend = ["posix", *(["--sidecar", str(sidecar)] if sidecar else []), str(data_dir)]
+    return [str(binary), "--port", address, "--quiet", *backend]
+
+
 class LocalObjectStore:
     """Start, stop, fault and inspect the object store that belongs to one state folder."""
 
@@ -229,7 +249,8 @@ class LocalObjectStore:
         write_private(self.env_file, "".join(f"{key}={value}\n" for key, value in self.environment().items()))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        command = [str(binary), "--port", f"{self.host}:{self.port}", "--quiet", "posix", str(self.data_dir)]
+        sidecar = None if supports_xattrs(self.data_dir) else self.state_dir / "metadata"
+        command = server_command(binary, f"{self.host}:{self.port}", self.data_dir, sidecar)
         env = {
             **os.environ,
             "ROOT_ACCESS_KEY_ID": credentials.access_key,
