@@ -83,7 +83,7 @@ class ChaosReport:
             + (", ".join(f"{role} {n}" for role, n in self.stuck_restarts.items()) or "none"),
             _gap_line(self.gaps_s),
         ]
-        for kind in (FaultKind.RESTART_BROKER, FaultKind.RESTART_OBJECT_STORE, FaultKind.STALL_OBJECT_STORE):
+        for kind in FaultKind:  # the broker's and the object store's faults record how long they kept it away
             downs = [f.down_s for f in self.injected if f.down_s is not None and f.fault.kind is kind]
             if downs:
                 out.append(f"{kind}: away {statistics.median(downs):.1f} s median, {max(downs):.1f} s worst")

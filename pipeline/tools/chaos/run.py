@@ -25,13 +25,13 @@ import yaml
 from pipeline.kafka.clients import KafkaConfig
 from pipeline.spec import JobSpec, load_spec
 from pipeline.tools.chaos.audit import audit_job
+from pipeline.tools.chaos.object_store import ChaosObjectStore
 from pipeline.tools.chaos.report import ChaosReport, InjectedFault
 from pipeline.tools.chaos.roles import Role, RoleKind, Supervisor
 from pipeline.tools.chaos.schedule import DEFAULT_WEIGHTS, OBJECT_STORE_KINDS, Fault, FaultKind, Targets, plan_faults
 from pipeline.tools.chaos.sink_state import checkpoint_steps
 from pipeline.tools.chaos.watch import Lease, LeaseWatch, StateWatch
 from pipeline.tools.stack.local_broker import LocalBroker, default_state_dir, free_port_pair
-from pipeline.tools.stack.object_store import LocalObjectStore
 from topics.admin import ensure_job_topics
 from topics.errors import MixflowError, RefusedError
 
@@ -57,9 +57,9 @@ class ChaosOptions:
     max_pause_s: float = 2.0  # before each fault, once the previous one was survived
     max_down_s: float = 3.0  # a restarted broker or object store stays down up to this long
     # The folder of a running local object store (``LocalObjectStore``) that the spec's s3:// sources read:
-    # the run restarts and stalls it, and gives the roles its endpoint and keys (AWS_* variables).
+    # the roles reach it through a fault proxy of the run; the run restarts, stalls, slows and refuses it.
     object_store: Path | None = None
-    max_stall_s: float = 5.0  # a stalled object store answers nothing for 1 s up to this long
+    max_stall_s: float = 5.0  # an object store is stalled, slow or refusing for 1 s up to this long
     max_lead_steps: int | None = None  # overrides the spec's constructor.max_lead_steps (the sinks pace it)
 
 
@@ -79,7 +79,7 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
             f"{base.constructor.lanes} (lanes under SIGKILL are tested by tests/test_lanes.py)"
         )
         raise MixflowError(msg)
-    _object_store(options.object_store)  # refused before anything starts when none runs there
+    store = ChaosObjectStore.running(options.object_store) if options.object_store else None
     folder.mkdir(parents=True, exist_ok=True)
     targets = Targets(
         loaders=tuple(f"load-{s.name}-{i}" for s in base.sources for i in range(s.loaders)),
@@ -95,10 +95,12 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
     broker = None if options.bootstrap else LocalBroker(folder / "broker", port=free_port_pair())
     try:
         bootstrap = broker.up() if broker is not None else str(options.bootstrap)
-        spec, streaming, draining = _write_specs(options.spec, job, bootstrap, folder, options.max_lead_steps)
+        if store is not None:
+            store.open()
+        spec, streaming, draining = _write_specs(options.spec, job, bootstrap, folder, options.max_lead_steps, store)
         config = spec.kafka.client_config(bootstrap)
         ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks, lanes=spec.constructor.lanes)
-        live = LiveJob(options, spec, config, folder, broker)
+        live = LiveJob(options, spec, config, folder, broker, store)
         try:
             live.run(faults, streaming, draining, report)
         finally:
@@ -111,6 +113,8 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
             report.audit = audit_job(config, spec, folder / "sinks")
             report.phases_s["audit"] = time.monotonic() - phase
     finally:
+        if store is not None:
+            store.close()
         if broker is not None:
             broker.down()
         report.wall_s = time.monotonic() - began
@@ -119,10 +123,18 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
 
 
 def _write_specs(
-    spec_path: Path, job: str, bootstrap: str, folder: Path, max_lead_steps: int | None
+    spec_path: Path,
+    job: str,
+    bootstrap: str,
+    folder: Path,
+    max_lead_steps: int | None,
+    store: ChaosObjectStore | None = None,
 ) -> tuple[JobSpec, Path, Path]:
-    """The spec under ``job`` on ``bootstrap``, streaming (``spec.yaml``), and for the drain."""
+    """The spec under ``job`` on ``bootstrap`` (and the object store's proxy), streaming (``spec.yaml``), and
+    for the drain."""
     body = load_spec(spec_path).model_dump(mode="json", exclude_none=True)
+    if store is not None:
+        body = store.through_proxy(body)
     body["job"] = job
     body["kafka"] = {**body.get("kafka", {}), "bootstrap_servers": bootstrap}
     if max_lead_steps is not None:
@@ -139,14 +151,20 @@ class LiveJob:
     """The job's processes, and what the run watches of it, while faults strike."""
 
     def __init__(
-        self, options: ChaosOptions, spec: JobSpec, config: KafkaConfig, folder: Path, broker: LocalBroker | None
+        self,
+        options: ChaosOptions,
+        spec: JobSpec,
+        config: KafkaConfig,
+        folder: Path,
+        broker: LocalBroker | None,
+        store: ChaosObjectStore | None = None,
     ) -> None:
         self.options = options
         self.spec = spec
         self.folder = folder
         self.sinks = folder / "sinks"
         self.broker = broker
-        self.store = _object_store(options.object_store)
+        self.store = store
         self.bootstrap = str(config["bootstrap.servers"])
         self.began = time.monotonic()
         env = {
@@ -178,8 +196,6 @@ class LiveJob:
             log.error("chaos run stopped: %s", exc)
 
     def close(self) -> None:
-        if self.store is not None:
-            self.store.resume()  # a run stopped during a stall leaves the store running
         self.supervisor.kill_all()
         self.watch.close()
 
@@ -223,7 +239,8 @@ class LiveJob:
         if fault.kind in (FaultKind.RESTART_BROKER, *OBJECT_STORE_KINDS):
             down = self._restart_broker(fault.down_s) if fault.kind is FaultKind.RESTART_BROKER else None
             if fault.kind in OBJECT_STORE_KINDS:
-                down = self._strike_object_store(fault)
+                assert self.store is not None, "no object store faults without an object store"
+                down = self.store.strike(fault, self._sleep)
             end = self.watch.end_offset()
             what = fault.describe()
             self._wait(
@@ -296,23 +313,6 @@ class LiveJob:
         self.broker.up()
         return time.monotonic() - stopped
 
-    def _strike_object_store(self, fault: Fault) -> float:
-        """Restart the object store (down ``fault.down_s``) or stall it (SIGSTOP for ``fault.down_s``, then
-        SIGCONT); seconds until it answered again."""
-        assert self.store is not None, "no object store faults without an object store"
-        struck = time.monotonic()
-        if fault.kind is FaultKind.RESTART_OBJECT_STORE:
-            self.store.stop()
-            self._sleep(fault.down_s)
-            self.store.start()
-        else:
-            self.store.pause()
-            try:
-                self._sleep(fault.down_s)
-            finally:
-                self.store.resume()
-        return time.monotonic() - struck
-
     # -- waiting --------------------------------------------------------------------------------------
 
     def _every_sink_has_a_step(self) -> bool:
@@ -345,17 +345,6 @@ class LiveJob:
         now = time.monotonic()
         report.phases_s[name] = now - since
         return now
-
-
-def _object_store(folder: Path | None) -> LocalObjectStore | None:
-    """The running object store of ``folder``; a clear error when none runs there."""
-    if folder is None:
-        return None
-    store = LocalObjectStore(folder)
-    if store.running_pid() is None:
-        msg = f"no object store runs from {folder}; start it (`mixflow stack object-store up --state-dir {folder}`)"
-        raise ChaosError(msg)
-    return store
 
 
 def _rank(role: Role) -> int:

@@ -18,9 +18,20 @@ class FaultKind(StrEnum):
     RESTART_BROKER = "restart-broker"
     RESTART_OBJECT_STORE = "restart-object-store"
     STALL_OBJECT_STORE = "stall-object-store"  # SIGSTOP, then SIGCONT: requests hang meanwhile
+    SLOW_OBJECT_STORE = "slow-object-store"  # the run's proxy holds every chunk a while
+    REFUSE_OBJECT_STORE = "refuse-object-store"  # the run's proxy resets open connections and new ones
 
 
-OBJECT_STORE_KINDS = frozenset({FaultKind.RESTART_OBJECT_STORE, FaultKind.STALL_OBJECT_STORE})
+OBJECT_STORE_KINDS = frozenset(
+    {
+        FaultKind.RESTART_OBJECT_STORE,
+        FaultKind.STALL_OBJECT_STORE,
+        FaultKind.SLOW_OBJECT_STORE,
+        FaultKind.REFUSE_OBJECT_STORE,
+    }
+)
+# The object store faults that last a while (1 s up to max_stall_s) rather than a restart's time down.
+LASTING_KINDS = OBJECT_STORE_KINDS - {FaultKind.RESTART_OBJECT_STORE}
 
 
 DEFAULT_WEIGHTS: Mapping[FaultKind, float] = {
@@ -31,6 +42,8 @@ DEFAULT_WEIGHTS: Mapping[FaultKind, float] = {
     FaultKind.RESTART_BROKER: 1,
     FaultKind.RESTART_OBJECT_STORE: 1,
     FaultKind.STALL_OBJECT_STORE: 1,
+    FaultKind.SLOW_OBJECT_STORE: 1,
+    FaultKind.REFUSE_OBJECT_STORE: 1,
 }
 
 
@@ -54,6 +67,8 @@ class Targets:
             FaultKind.RESTART_BROKER: self.broker,
             FaultKind.RESTART_OBJECT_STORE: self.object_store,
             FaultKind.STALL_OBJECT_STORE: self.object_store,
+            FaultKind.SLOW_OBJECT_STORE: self.object_store,
+            FaultKind.REFUSE_OBJECT_STORE: self.object_store,
         }
         return [kind for kind in FaultKind if present[kind]]
 
@@ -71,8 +86,8 @@ class Fault:
         down = ""
         if self.kind in (FaultKind.RESTART_BROKER, FaultKind.RESTART_OBJECT_STORE):
             down = f", down {self.down_s:.1f} s"
-        elif self.kind is FaultKind.STALL_OBJECT_STORE:
-            down = f", stalled {self.down_s:.1f} s"
+        elif self.kind in LASTING_KINDS:
+            down = f", for {self.down_s:.1f} s"
         return f"fault {self.number} {self.kind}{where}{down}"
 
 
@@ -86,8 +101,8 @@ def plan_faults(
     max_stall_s: float = 5.0,
 ) -> tuple[Fault, ...]:
     """``count`` faults of the kinds ``targets`` allows: each kind at least once when ``count`` is large
-    enough, the rest drawn by ``weights``, in a shuffled order. A restart is down up to ``max_down_s``, a
-    stall lasts from 1 s to ``max_stall_s`` (at least 1 s: long enough to time a request out)."""
+    enough, the rest drawn by ``weights``, in a shuffled order. A restart is down up to ``max_down_s``; an
+    object store that is stalled, slow or refusing is so from 1 s to ``max_stall_s``."""
     if count < 0:
         msg = f"the number of faults must not be negative, not {count}"
         raise ValueError(msg)
@@ -116,7 +131,7 @@ def _down_s(rng: random.Random, kind: FaultKind, max_down_s: float, max_stall_s:
     without them draws what it drew before they existed."""
     if kind in (FaultKind.RESTART_BROKER, FaultKind.RESTART_OBJECT_STORE):
         return round(rng.uniform(0, max_down_s), 3)
-    if kind is FaultKind.STALL_OBJECT_STORE:
+    if kind in LASTING_KINDS:
         return round(rng.uniform(min(1.0, max_stall_s), max_stall_s), 3)
     return 0.0
 
