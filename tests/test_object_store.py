@@ -217,3 +217,23 @@ def test_without_extended_attributes_the_metadata_goes_to_a_sidecar_folder(tmp_p
     finally:
         process.terminate()
         process.wait(WAIT_S)
+
+
+def test_without_go_and_without_a_cached_build_the_error_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.tools.stack.object_store_install import BINARY_ENV, ensure_installed, installed_path
+    from topics.errors import MixflowError
+
+    monkeypatch.delenv(BINARY_ENV, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(MixflowError, match="'go' is not on PATH; it is needed once to build the local object store"):
+        ensure_installed(tmp_path / "cache")
+    built = installed_path(tmp_path / "cache")
+    built.parent.mkdir(parents=True)
+    built.write_text("#!/bin/sh\n")
+    built.chmod(0o755)
+    assert ensure_installed(tmp_path / "cache") == built, "a cached build is used without go"
+    monkeypatch.setenv(BINARY_ENV, str(tmp_path / "nothing"))
+    with pytest.raises(MixflowError, match="not an executable file"):
+        ensure_installed(tmp_path / "cache")
