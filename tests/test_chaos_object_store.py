@@ -3,6 +3,7 @@ a real local object store (Versity S3 Gateway), audited at the end as every chao
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,11 @@ def test_the_run_specs_name_the_proxy_where_the_spec_names_the_store(tmp_path: P
         assert proxied["sources"][0]["storage"]["endpoint_url"] == chaos.proxy.endpoint
         assert proxied["sources"][1] == {"path": "x"} and proxied["kafka"] == body["kafka"]
         assert chaos.environment()["AWS_ENDPOINT_URL"] == chaos.proxy.endpoint
+        before = dict(os.environ)
+        with chaos.environ():
+            assert os.environ["AWS_ENDPOINT_URL"] == chaos.proxy.endpoint
+            assert os.environ["AWS_SECRET_ACCESS_KEY"] == chaos.store.credentials().secret_key
+        assert dict(os.environ) == before
     finally:
         chaos.close()
 

@@ -8,8 +8,10 @@ every chunk a while), or refuse it (the proxy resets open connections and new on
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,21 @@ class ChaosObjectStore:
     def environment(self) -> dict[str, str]:
         """The roles' ``AWS_*`` variables: the store's keys and region, the proxy's endpoint."""
         return {**self.store.environment(), "AWS_ENDPOINT_URL": self.proxy.endpoint}
+
+    @contextmanager
+    def environ(self) -> Iterator[None]:
+        """This process's environment with ``environment()`` in it, restored after: for the audit, which
+        reads the sources as the loaders do."""
+        saved = {name: os.environ.get(name) for name in self.environment()}
+        os.environ.update(self.environment())
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def through_proxy(self, spec_body: Any) -> Any:
         """``spec_body`` (a spec as plain data) with every string that is the store's endpoint (a source's

@@ -11,6 +11,7 @@ is left and the end-of-data record, and the sinks end there. The audit then read
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -110,7 +111,8 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
             report.stuck_restarts = live.supervisor.stuck_restarts()
         if report.error is None:
             phase = time.monotonic()
-            report.audit = audit_job(config, spec, folder / "sinks")
+            with store.environ() if store is not None else contextlib.nullcontext():  # s3:// sources: keys
+                report.audit = audit_job(config, spec, folder / "sinks")
             report.phases_s["audit"] = time.monotonic() - phase
     finally:
         if store is not None:
