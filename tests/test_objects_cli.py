@@ -106,3 +106,13 @@ def test_put_takes_the_standard_chain_and_says_what_is_wrong_in_one_line(
     stopped = LocalObjectStore(tmp_path / "stopped-store", port=free_port_block(1))
     assert main(["objects", "ls", "s3://chain", "--object-store-dir", str(stopped.state_dir)]) == NOT_FOUND
     assert "no local object store runs from" in capsys.readouterr().err
+
+
+def test_a_large_file_goes_up_in_parts(object_store: ObjectStoreEndpoint, tmp_path: Path) -> None:
+    body = bytes(range(256)) * (9 * 4096)  # 9 MiB: above boto3's 8 MiB multipart threshold
+    (tmp_path / "big.bin").write_bytes(body)
+    local = ("--object-store-dir", str(object_store.store.state_dir))
+    assert main(["objects", "put", str(tmp_path / "big.bin"), "s3://multipart", "--create-bucket", *local]) == 0
+    got = object_store.client().get_object(Bucket="multipart", Key="big.bin")
+    assert got["ETag"].strip('"').endswith("-2"), "not a multipart upload"
+    assert got["Body"].read() == body
