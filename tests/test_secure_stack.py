@@ -17,14 +17,17 @@ import uuid
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 from cryptography import x509
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.tools.stack.local_broker import override_properties
+from pipeline.tools.stack.local_broker import free_port_block, override_properties
 from pipeline.tools.stack.scram_users import ensure_users, list_users, remove_users
 from pipeline.tools.stack.secure import (
     ADMIN_USER,
+    StackSecrets,
     client_properties_text,
     ensure_secrets,
     read_client_properties,
@@ -178,6 +181,43 @@ def test_overrides_may_hold_the_fields_of_the_template() -> None:
         "listeners=PLAINTEXT://{host}:{port}\nnode.id=1\n", {"listeners": "SASL_SSL://{host}:{port}"}
     )
     assert text == "listeners=SASL_SSL://{host}:{port}\nnode.id=1\n"
+
+
+# -- a secured cluster of its own (first, before the session's secured broker starts) --------------------------
+
+
+def _transactional_write(config: dict[str, str], topic: str) -> None:
+    """Create ``topic`` (3 replicas) and commit a record to it in a transaction: the brokers' own traffic (the
+    replicas' fetches, the transaction's markers) passes their secured listener."""
+    admin = AdminClient(config)
+    admin.create_topics([NewTopic(topic, 1, 3)])[topic].result(timeout=60)
+    producer = Producer({**config, "transactional.id": f"{topic}-writer"})
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    producer.produce(topic, b"secured")
+    producer.commit_transaction(60)
+
+
+@pytest.mark.kafka  # starts brokers of its own
+def test_a_secured_cluster_of_three_brokers_writes_transactions_and_takes_a_node_back(tmp_path: Path) -> None:
+    state, port = str(tmp_path / "cluster"), str(free_port_block(6))
+    up = _mixflow("stack", "up", "--secure", "--brokers", "3", "--state-dir", state, "--port", port)
+    try:
+        assert up.returncode == 0, up.stderr
+        secrets = StackSecrets(tmp_path / "cluster" / "secrets")
+        assert f"admin client settings: {secrets.admin_properties}" in up.stdout
+        admin = read_client_properties(secrets.admin_properties)
+        assert admin["bootstrap.servers"] == up.stdout.strip().splitlines()[-1]
+        _transactional_write(admin, "secured.before")
+        assert _mixflow("stack", "stop-node", "2", "--kill", "--state-dir", state).returncode == 0
+        started = _mixflow("stack", "start-node", "2", "--state-dir", state)
+        assert started.returncode == 0, started.stderr
+        status = _mixflow("stack", "status", "--state-dir", state)
+        assert status.returncode == 0 and "3 live in its metadata" in status.stdout, status.stdout
+        _transactional_write(admin, "secured.after")
+    finally:
+        down = _mixflow("stack", "down", "--wipe", "--state-dir", state)
+    assert down.returncode == 0, down.stderr
 
 
 # -- the secured broker: the stack's commands, users, refusals -------------------------------------------------

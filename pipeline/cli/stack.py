@@ -16,12 +16,10 @@ from pipeline.tools.stack.local_cluster import (
     is_cluster_state_dir,
 )
 from pipeline.tools.stack.secure import (
-    StackSecrets,
     broker_security,
     ensure_secrets,
     is_secured,
     require_same_security,
-    secrets_dir,
 )
 from topics.errors import MixflowError, NotFoundError
 
@@ -103,10 +101,9 @@ def _secured_stack(args: argparse.Namespace, *, make: bool = False) -> LocalBrok
     holds_stack = is_cluster_state_dir(state_dir) or (state_dir / "config" / "server.properties").exists()
     secure = args.secure if make else is_secured(state_dir)
     require_same_security(state_dir, secure=secure, holds_stack=holds_stack)
-    if secure:
+    if secure and make:
         host = stack.layout.host if isinstance(stack, LocalCluster) else stack.host
-        secrets = ensure_secrets(state_dir, [host], stack.bootstrap) if make else StackSecrets(secrets_dir(state_dir))
-        stack.security = broker_security(secrets, stack.bootstrap)
+        stack.security = broker_security(ensure_secrets(state_dir, [host], stack.bootstrap), stack.bootstrap)
     return stack
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from pipeline.tools.stack.jars import resolve_broker_jars
-from pipeline.tools.stack.secure import BrokerSecurity
+from pipeline.tools.stack.secure import BrokerSecurity, recorded_security
 from topics.errors import MixflowError
 
 log = logging.getLogger(__name__)
@@ -145,8 +145,8 @@ class LocalBroker:
     """Start, stop and inspect the broker that belongs to one state folder.
 
     ``overrides`` replace (or add) properties of ``server.properties`` after its fields are filled in;
-    ``cluster_id`` is the id its storage is formatted with (a new one when not given); ``security`` (set
-    before ``launch`` and ``status``) makes it a secured broker."""
+    ``cluster_id`` is the id its storage is formatted with (a new one when not given). ``security`` makes it a
+    secured broker: what the state folder's secrets say (``secure.py``), or what is set before ``launch``."""
 
     def __init__(
         self,
@@ -166,7 +166,7 @@ class LocalBroker:
         self.overrides = dict(overrides or {})
         self.cluster_id = cluster_id
         self.jvm_options = tuple(jvm_options)
-        self.security: BrokerSecurity | None = None
+        self.security: BrokerSecurity | None = recorded_security(self.state_dir, self.bootstrap)
         self.pid_file = self.state_dir / "broker.pid"
         self.info_file = self.state_dir / "broker.json"
         self.config_dir = self.state_dir / "config"

@@ -33,7 +33,7 @@ from pipeline.tools.stack.local_broker import (
     new_cluster_id,
     port_is_free,
 )
-from pipeline.tools.stack.secure import BrokerSecurity
+from pipeline.tools.stack.secure import BrokerSecurity, recorded_security
 from topics.admin import default_replication_factor, min_insync_replicas
 from topics.errors import MixflowError
 
@@ -156,7 +156,8 @@ class LocalCluster:
         # The nodes this object started: right after exec, /proc does not yet show a JVM's command line,
         # so whether such a node still runs is asked of its Popen.
         self._launched: dict[int, subprocess.Popen] = {}
-        self.security: BrokerSecurity | None = None  # set before launching or asking a secured cluster
+        # A secured cluster's, from its secrets (``secure.py``); or set before its first launch.
+        self.security: BrokerSecurity | None = recorded_security(self.state_dir, self.bootstrap)
 
     def _layout(self, brokers: int | None, host: str | None, port: int | None) -> ClusterLayout:
         asked = ClusterLayout(

@@ -191,6 +191,12 @@ def read_client_properties(path: Path) -> dict[str, str]:
     return config
 
 
+def recorded_security(state_dir: Path, bootstrap: str) -> BrokerSecurity | None:
+    """The security of the stack in ``state_dir`` as its secrets say (None for a plaintext one): what every
+    start of a secured stack's broker, a node of it included, must use again."""
+    return broker_security(StackSecrets(secrets_dir(state_dir)), bootstrap) if is_secured(state_dir) else None
+
+
 def broker_security(stack: StackSecrets, bootstrap: str) -> BrokerSecurity:
     """The secured broker's properties over ``server.properties``, the SCRAM users its storage is formatted
     with, and the admin's client settings."""
