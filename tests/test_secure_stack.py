@@ -8,7 +8,6 @@ the refusal reasons, the client settings files, the state folder's rules) need n
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import stat
 import subprocess
@@ -96,7 +95,8 @@ def test_the_broker_certificate_names_every_host_clients_use(tmp_path_factory: p
     assert secrets.key_store.read_bytes() == first["broker.pem"], "a certificate that covers the hosts was replaced"
     ensure_secrets(state, [*hosts, "added.example"], "h:1")
     assert secrets.key_store.read_bytes() != first["broker.pem"], "a new host got no new certificate"
-    assert secrets.ca.read_bytes() == first["ca.pem"] and secrets.passwords.read_bytes() == first["passwords.json"]
+    assert secrets.ca.read_bytes() == first["ca.pem"]
+    assert secrets.password_file(ADMIN_USER).read_bytes() == first["admin.password"]
 
 
 def _is_ip(host: str) -> bool:
@@ -112,13 +112,14 @@ def test_secrets_are_the_owners_only(tmp_path: Path) -> None:
     assert stat.S_IMODE(secrets.folder.stat().st_mode) == 0o700
     assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o700
     files = list(secrets.folder.iterdir())
-    assert {path.name for path in files} >= {"ca.pem", "ca.key", "broker.pem", "passwords.json", "admin.properties"}
+    names = {"ca.pem", "ca.key", "broker.pem", "admin.password", "mixflow-broker.password", "admin.properties"}
+    assert {path.name for path in files} == names
     assert all(stat.S_IMODE(path.stat().st_mode) == 0o600 for path in files), [oct(p.stat().st_mode) for p in files]
     admin = read_client_properties(secrets.admin_properties)
     assert admin["sasl.username"] == ADMIN_USER and admin["sasl.password"] == secrets.password(ADMIN_USER)
     assert admin["security.protocol"] == "SASL_SSL" and admin["sasl.mechanism"] == "SCRAM-SHA-512"
     assert admin["ssl.ca.location"] == str(secrets.ca) and admin["bootstrap.servers"] == "127.0.0.1:1"
-    assert len(set(json.loads(secrets.passwords.read_text()).values())) == 2
+    assert secrets.password(ADMIN_USER) != secrets.password("mixflow-broker")
 
 
 _setting = st.from_regex(r"[a-z]+(\.[a-z]+){0,3}", fullmatch=True)

@@ -16,6 +16,8 @@ from pipeline.tools.stack.local_cluster import (
     is_cluster_state_dir,
 )
 from pipeline.tools.stack.secure import (
+    ADMIN_USER,
+    BROKER_USER,
     broker_security,
     ensure_secrets,
     is_secured,
@@ -164,6 +166,34 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if single.running and single.answering else 1
 
 
+def _add_secrets_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_state_dir(parser)
+    parser.add_argument(
+        "--host",
+        action="append",
+        default=None,
+        help=f"a name or address clients reach the brokers by (again for several; default: {DEFAULT_HOST}); "
+        "localhost and 127.0.0.1 are always in the certificate",
+    )
+    parser.add_argument(
+        "--port", type=port, default=DEFAULT_PORT, help="the port in the admin's settings (default: %(default)s)"
+    )
+
+
+def _secrets(args: argparse.Namespace) -> int:
+    """The secrets of a secured stack, without starting one: for a broker started otherwise (docker compose)."""
+    state_dir = args.state_dir or default_state_dir()
+    holds_stack = is_cluster_state_dir(state_dir) or (state_dir / "config" / "server.properties").exists()
+    require_same_security(state_dir, secure=True, holds_stack=holds_stack)
+    hosts = args.host or [DEFAULT_HOST]
+    secrets = ensure_secrets(state_dir, hosts, f"{hosts[0]}:{args.port}")
+    for line in secrets.describe():
+        print(line)
+    print(f"broker key store: {secrets.key_store}")
+    print(f"passwords: {secrets.password_file(ADMIN_USER)}, {secrets.password_file(BROKER_USER)}")
+    return 0
+
+
 def _cluster(args: argparse.Namespace) -> LocalCluster:
     state_dir = args.state_dir or default_cluster_state_dir()
     if not is_cluster_state_dir(state_dir):
@@ -217,5 +247,12 @@ ACTIONS = (
         help="start one stopped node of the cluster again; print the bootstrap addresses last",
         add_arguments=_add_node_arguments,
         run=_start_node,
+    ),
+    Command(
+        name="secrets",
+        help="make (or keep) a secured stack's CA, broker certificate and passwords without starting a broker "
+        "(for docker-compose.secure.yml); print their paths",
+        add_arguments=_add_secrets_arguments,
+        run=_secrets,
     ),
 )

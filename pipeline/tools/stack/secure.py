@@ -5,7 +5,8 @@ controller listener, ACLs enforced, and the secrets that takes, kept under the s
 
     ca.pem ca.key      the local certificate authority (clients trust ca.pem: ``ssl.ca.location``)
     broker.pem         the brokers' key and certificate chain (Kafka's PEM key store)
-    passwords.json     the SCRAM passwords of the admin user and of the brokers' own user
+    admin.password     the SCRAM password of the admin user (a super user)
+    mixflow-broker.password   the SCRAM password of the brokers' own user
     admin.properties   librdkafka settings of the admin user, ready for ``--admin-config`` and ``-X``-style use
 
 The brokers authenticate to each other over the client listener as the SCRAM user ``mixflow-broker`` and
@@ -15,7 +16,6 @@ admin are super users. Both SCRAM users are written into the metadata when the s
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 from collections.abc import Mapping, Sequence
@@ -76,16 +76,15 @@ class StackSecrets:
     def key_store(self) -> Path:
         return self.folder / "broker.pem"
 
-    @property
-    def passwords(self) -> Path:
-        return self.folder / "passwords.json"
+    def password_file(self, user: str) -> Path:
+        return self.folder / f"{user}.password"
 
     @property
     def admin_properties(self) -> Path:
         return self.folder / "admin.properties"
 
     def password(self, user: str) -> str:
-        return str(json.loads(self.passwords.read_text())[user])
+        return self.password_file(user).read_text().strip()
 
     def admin_client_config(self, bootstrap: str) -> dict[str, str]:
         """librdkafka settings of the admin user for ``bootstrap``."""
@@ -160,9 +159,9 @@ def ensure_secrets(state_dir: Path, hosts: Sequence[str], bootstrap: str) -> Sta
     names = _broker_hosts(hosts)
     if not _certificate_covers(stack.key_store, names):
         _write_private(stack.key_store, key_store_pem(issue(ca, BROKER_CERTIFICATE_NAME, names), ca))
-    if not stack.passwords.exists():
-        passwords = {user: secrets.token_hex(_PASSWORD_BYTES) for user in (ADMIN_USER, BROKER_USER)}
-        _write_private(stack.passwords, json.dumps(passwords) + "\n")
+    for user in (ADMIN_USER, BROKER_USER):
+        if not stack.password_file(user).exists():
+            _write_private(stack.password_file(user), secrets.token_hex(_PASSWORD_BYTES) + "\n")
     _write_private(stack.admin_properties, client_properties_text(stack.admin_client_config(bootstrap)))
     return stack
 
