@@ -27,6 +27,7 @@ from pipeline.tools.stack.scram_users import ensure_users, list_users, remove_us
 from pipeline.tools.stack.secure import (
     ADMIN_USER,
     StackSecrets,
+    broker_security,
     client_properties_text,
     ensure_secrets,
     read_client_properties,
@@ -120,6 +121,11 @@ def test_secrets_are_the_owners_only(tmp_path: Path) -> None:
     assert admin["security.protocol"] == "SASL_SSL" and admin["sasl.mechanism"] == "SCRAM-SHA-512"
     assert admin["ssl.ca.location"] == str(secrets.ca) and admin["bootstrap.servers"] == "127.0.0.1:1"
     assert secrets.password(ADMIN_USER) != secrets.password("mixflow-broker")
+    security = broker_security(secrets, "127.0.0.1:1")
+    said = " ".join(security.format_arguments)
+    assert secrets.password(ADMIN_USER) in said and "***" in security.redact(said)
+    assert secrets.password(ADMIN_USER) not in security.redact(said)
+    assert secrets.password("mixflow-broker") not in security.redact(said)
 
 
 _setting = st.from_regex(r"[a-z]+(\.[a-z]+){0,3}", fullmatch=True)

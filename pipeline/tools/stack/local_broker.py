@@ -341,7 +341,8 @@ class LocalBroker:
         ]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
-            msg = f"formatting the broker storage in {self.data_dir} failed: {result.stderr.strip()[-500:]}"
+            said = self.security.redact(result.stderr) if self.security else result.stderr  # --add-scram's passwords
+            msg = f"formatting the broker storage in {self.data_dir} failed: {said.strip()[-500:]}"
             raise MixflowError(msg)
 
     def _wait_until_answering(

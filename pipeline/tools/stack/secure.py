@@ -117,6 +117,12 @@ class BrokerSecurity:
     client: Mapping[str, str]
     secrets: StackSecrets
 
+    def redact(self, text: str) -> str:
+        """``text`` (a tool's output, say) with every password of the stack replaced by ``***``."""
+        for user in (ADMIN_USER, BROKER_USER):
+            text = text.replace(self.secrets.password(user), "***")
+        return text
+
 
 def _write_private(path: Path, data: bytes | str) -> None:
     """Write ``path`` readable and writable by its owner only, from its creation on."""
