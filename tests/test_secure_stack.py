@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from cryptography import x509
@@ -346,3 +347,33 @@ def test_an_expired_certificate_is_refused(secure_stack: SecureStack, tmp_path: 
     message = _refused_add(secure_stack, tmp_path, config)
     assert f"(listener sasl_ssl://{secure_stack.expired_bootstrap}): TLS handshake failed" in message
     assert "the broker's certificate has expired" in message
+
+
+def _spec(folder: Path, job: str, kafka: dict[str, str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "job": job,
+        "kafka": {"config": kafka},
+        "sources": [{"name": "web", "reader": "parquet", "path": str(folder), "pretokenized": True, "field": "tokens"}],
+        "mixture": {"weights": {"web": 1}},
+        "step": {"ranks": 2, "micro_batches": 1, "tokens_per_micro_batch": 4096},
+        "cost": {"hidden_size": 4096, "num_layers": 32},
+    }
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("who", ["a wrong password", "no credentials"])
+def test_a_role_refused_by_the_cluster_says_so_before_it_starts(
+    secure_stack: SecureStack, tmp_path: Path, unique_name: str, who: str
+) -> None:
+    admin = {key: value for key, value in secure_stack.admin_config.items() if key != "bootstrap.servers"}
+    kafka = {**admin, "sasl.password": "not-the-password"} if who == "a wrong password" else {}
+    spec = _spec(tmp_path, unique_name, kafka)
+    done = _mixflow("construct", "--spec", str(spec), "--bootstrap-servers", secure_stack.bootstrap)
+    message = _one_line_refusal(done, secure_stack.secrets.password(ADMIN_USER))
+    assert message.startswith(f"mixflow construct: error: Kafka at {secure_stack.bootstrap} refused this client")
+    expected = "wrong password or unknown user" if who == "a wrong password" else "this client has neither"
+    assert expected in message
+    assert not [topic for topic in cluster_topics(secure_stack.admin_config) if topic.startswith(unique_name)]

@@ -90,6 +90,7 @@ class ClusterProbe:
         self._unreachable_since: float | None = None
         self._last_error: KafkaError | None = None
         self._refused: str | None = None  # the last librdkafka line that says a secured listener refused us
+        self._refused_since: float | None = None
         settings = {
             **config,
             "group.id": f"mixflow-probe-{uuid.uuid4().hex[:12]}",  # required; never joined
@@ -134,10 +135,14 @@ class ClusterProbe:
     def _note(self, line: str) -> None:
         if refusal(self._config, line) is not None:
             self._refused = line
+            self._refused_since = self._refused_since or time.monotonic()
 
     def _gave_up(self, began: float) -> bool:
         now = time.monotonic()
-        since = self._unreachable_since
+        since, refused = self._unreachable_since, self._refused_since
+        # A refusal is an answer: given up on after GIVE_UP_AFTER_S even where unreachability is waited out.
+        if refused is not None and now - refused >= min(self.give_up_after_s, GIVE_UP_AFTER_S):
+            return True
         return now - began >= self.timeout_s or (since is not None and now - since >= self.give_up_after_s)
 
     def _unreachable(self, seconds: float) -> BrokerUnreachableError | SecurityRefusedError:
@@ -199,6 +204,15 @@ class JobOnCluster:
                 f"{self.job}.rank.{ranks - 1}): there is no rank {rank}"
             )
             raise NotFoundError(msg)
+
+
+def require_reachable(bootstrap_or_config: str | Mapping[str, Any], topic: str) -> None:
+    """Nothing once a broker answers a metadata request of ``topic`` (one topic, whether it exists or not: what
+    thousands of roles starting together can afford). Before a role starts: a secured cluster that refuses its
+    credentials or TLS is said at once (``SecurityRefusedError``), while a broker that does not answer (one
+    restarting) is waited for the whole timeout, as the role's own clients would."""
+    with ClusterProbe(bootstrap_or_config, give_up_after_s=DEFAULT_TIMEOUT_S) as asking:
+        asking.topics(topic)
 
 
 def job_on_cluster(bootstrap_or_config: str | Mapping[str, Any], job: str, **probe: float) -> JobOnCluster:
