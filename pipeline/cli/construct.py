@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.roles.constructor import ConstructorOptions, DataConstructor
     from pipeline.roles.constructor.metrics import ConstructorMetrics, SourceBacklog
     from pipeline.spec import load_spec
+    from topics.cluster_probe import require_reachable
     from topics.names import JobTopics
 
     spec = load_spec(args.spec)
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         lane=args.lane,
     )
     config = spec.kafka.client_config(args.bootstrap_servers)
+    require_reachable(config, JobTopics(spec.job).control)  # a secured cluster's refusal, in one line
     registry = role_registry()
     metrics = ConstructorMetrics(registry, args.output_job or spec.job, spec)
     backlog = SourceBacklog(config, JobTopics(spec.job), spec.source_names, metrics, partition=args.lane)

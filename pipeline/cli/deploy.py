@@ -10,6 +10,7 @@ from pipeline.cli.arguments import output_folder
 from pipeline.cli.command import Command
 from pipeline.spec import load_spec
 from pipeline.tools.deploy import DeployOptions, check_links, render_job, write_manifests
+from pipeline.tools.deploy.manifests import KAFKA_SECRETS_FOLDER
 from topics.errors import MixflowError
 
 _DEFAULTS = DeployOptions()
@@ -37,6 +38,13 @@ def _add_render_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     parser.add_argument(
+        "--kafka-secrets",
+        metavar="PREFIX",
+        help="a secured cluster: each role's pods mount the Secret PREFIX-loader, PREFIX-constructor or "
+        "PREFIX-autoscaler (its credentials and CA, made with kubectl create secret) read-only at "
+        f"{KAFKA_SECRETS_FOLDER}, where the spec's kafka section refers to them",
+    )
+    parser.add_argument(
         "--prometheus-url",
         default=_DEFAULTS.prometheus_url,
         help="the Prometheus KEDA asks for the desired loaders (default: %(default)s)",
@@ -53,6 +61,7 @@ def _render(args: argparse.Namespace) -> int:
         data_mount=args.data_mount,
         prometheus_url=args.prometheus_url,
         spec_file=args.spec.name,
+        kafka_secrets=args.kafka_secrets,
     )
     objects = render_job(spec, args.spec.read_text(encoding="utf-8"), options)
     if problems := check_links(objects):

@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.roles.loader.source_runtime import SourceRuntime
     from pipeline.spec import OnExhausted, load_spec
     from topics.admin import ensure_job_topics
+    from topics.cluster_probe import require_reachable
     from topics.errors import NotFoundError
     from topics.names import JobTopics
 
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     config = spec.kafka.client_config(args.bootstrap_servers)
     runtime = SourceRuntime.from_spec(spec, args.source)
     topics = JobTopics(spec.job)
+    require_reachable(config, topics.control)  # a secured cluster's refusal, in one line
     registry = role_registry()
     metrics = LoaderMetrics(registry, spec.job, args.source)
     lag = WorkUnitLag(config, topics, args.source)

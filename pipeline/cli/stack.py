@@ -18,6 +18,14 @@ from pipeline.tools.stack.local_cluster import (
     is_cluster_state_dir,
 )
 from pipeline.tools.stack.object_store import LocalObjectStore
+from pipeline.tools.stack.secure import (
+    ADMIN_USER,
+    BROKER_USER,
+    broker_security,
+    ensure_secrets,
+    is_secured,
+    require_same_security,
+)
 from topics.errors import MixflowError, NotFoundError
 
 
@@ -61,6 +69,13 @@ def _add_up_arguments(parser: argparse.ArgumentParser) -> None:
         help="also start the local S3-compatible object store (in object-store/ of the state folder, or "
         "$MIXFLOW_OBJECT_STORE_DIR; built with Go once); `stack down` stops it",
     )
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS and SASL/SCRAM-SHA-512 for clients, TLS for the controllers, ACLs enforced; a local CA, the "
+        "admin's password and client settings are made under the state folder (secrets/, owner only) and "
+        "their paths printed",
+    )
     add_object_store_port(parser)
 
 
@@ -90,13 +105,30 @@ def _stack(args: argparse.Namespace) -> LocalBroker | LocalCluster:
     return LocalBroker(state_dir, host=host or DEFAULT_HOST, port=DEFAULT_PORT if port is None else port)
 
 
-def _up(args: argparse.Namespace) -> int:
+def _secured_stack(args: argparse.Namespace, *, make: bool = False) -> LocalBroker | LocalCluster:
+    """``_stack``, secured when it was made so (or, with ``make``, when ``--secure`` asks): its secrets made
+    on first use, and refused when the state folder holds a stack made the other way."""
     stack = _stack(args)
+    state_dir = stack.state_dir
+    holds_stack = is_cluster_state_dir(state_dir) or (state_dir / "config" / "server.properties").exists()
+    secure = args.secure if make else is_secured(state_dir)
+    require_same_security(state_dir, secure=secure, holds_stack=holds_stack)
+    if secure and make:
+        host = stack.layout.host if isinstance(stack, LocalCluster) else stack.host
+        stack.security = broker_security(ensure_secrets(state_dir, [host], stack.bootstrap), stack.bootstrap)
+    return stack
+
+
+def _up(args: argparse.Namespace) -> int:
+    stack = _secured_stack(args, make=True)
     timeout = {} if args.timeout is None else {"timeout_s": args.timeout}
     if args.object_store:
         store = LocalObjectStore(object_store_dir(stack.state_dir), port=args.object_store_port)
         print(start_line(store, args.timeout))
-    print(stack.up(**timeout))
+    bootstrap = stack.up(**timeout)
+    for line in stack.security.secrets.describe() if stack.security else ():
+        print(line)
+    print(bootstrap)
     return 0
 
 
@@ -136,9 +168,11 @@ def _wipe(state_dir: Path) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    stack = _stack(args)
+    stack = _secured_stack(args)
     if (store_dir := object_store_dir(stack.state_dir)).exists():
         print(f"object store: {LocalObjectStore(store_dir).status().describe()}")
+    for line in stack.security.secrets.describe() if stack.security else ():
+        print(line)
     if isinstance(stack, LocalCluster):
         status = stack.status()
         for line in status.lines():
@@ -147,6 +181,34 @@ def _status(args: argparse.Namespace) -> int:
     single = stack.status()
     print(f"kafka: {single.describe()}")
     return 0 if single.running and single.answering else 1
+
+
+def _add_secrets_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_state_dir(parser)
+    parser.add_argument(
+        "--host",
+        action="append",
+        default=None,
+        help=f"a name or address clients reach the brokers by (again for several; default: {DEFAULT_HOST}); "
+        "localhost and 127.0.0.1 are always in the certificate",
+    )
+    parser.add_argument(
+        "--port", type=port, default=DEFAULT_PORT, help="the port in the admin's settings (default: %(default)s)"
+    )
+
+
+def _secrets(args: argparse.Namespace) -> int:
+    """The secrets of a secured stack, without starting one: for a broker started otherwise (docker compose)."""
+    state_dir = args.state_dir or default_state_dir()
+    holds_stack = is_cluster_state_dir(state_dir) or (state_dir / "config" / "server.properties").exists()
+    require_same_security(state_dir, secure=True, holds_stack=holds_stack)
+    hosts = args.host or [DEFAULT_HOST]
+    secrets = ensure_secrets(state_dir, hosts, f"{hosts[0]}:{args.port}")
+    for line in secrets.describe():
+        print(line)
+    print(f"broker key store: {secrets.key_store}")
+    print(f"passwords: {secrets.password_file(ADMIN_USER)}, {secrets.password_file(BROKER_USER)}")
+    return 0
 
 
 def _cluster(args: argparse.Namespace) -> LocalCluster:
@@ -202,6 +264,13 @@ ACTIONS = (
         help="start one stopped node of the cluster again; print the bootstrap addresses last",
         add_arguments=_add_node_arguments,
         run=_start_node,
+    ),
+    Command(
+        name="secrets",
+        help="make (or keep) a secured stack's CA, broker certificate and passwords without starting a broker "
+        "(for docker-compose.secure.yml); print their paths",
+        add_arguments=_add_secrets_arguments,
+        run=_secrets,
     ),
     OBJECT_STORE,
 )

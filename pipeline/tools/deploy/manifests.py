@@ -10,7 +10,10 @@
   is its shadow;
 - with the spec's ``autoscaling.enabled``: an autoscaler Deployment exporting
   ``mixflow_autoscaler_desired_loaders{job,source}`` (with a Service Prometheus scrapes), and per source
-  with an ``autoscale`` section a KEDA ScaledObject that sets the loaders' replicas to that gauge.
+  with an ``autoscale`` section a KEDA ScaledObject that sets the loaders' replicas to that gauge;
+- on a secured cluster (``kafka_secrets``): each role's pods mount the Secret ``<kafka_secrets>-<role>``
+  (``loader``, ``constructor``, ``autoscaler``), made by the operator, read-only at ``KAFKA_SECRETS_FOLDER``;
+  the spec's ``kafka`` section refers to the files there. No credential is ever in a rendered object.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 # StatefulSet names get "-<revision hash>" in a label value of at most 63 characters.
 MAX_NAME_LENGTH = 52
 SPEC_FOLDER = PurePosixPath("/etc/mixflow")
+KAFKA_SECRETS_FOLDER = PurePosixPath("/var/run/secrets/mixflow-kafka")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 NAME_LABEL = "app.kubernetes.io/name"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
@@ -52,6 +56,7 @@ class DeployOptions:
     data_mount: str = "/data"
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     spec_file: str = "spec.yaml"
+    kafka_secrets: str | None = None  # the prefix of each role's Secret of Kafka credentials; None: plaintext
 
     def __post_init__(self) -> None:
         if not PurePosixPath(self.data_mount).is_absolute() or PurePosixPath(self.data_mount) == SPEC_FOLDER:
@@ -136,8 +141,14 @@ def config_map(spec: JobSpec, spec_text: str, options: DeployOptions) -> Manifes
     }
 
 
-def _volumes(spec: JobSpec, options: DeployOptions) -> tuple[list[Manifest], list[Manifest]]:
-    """The pod's volumes (the spec's ConfigMap, the data claim) and the container's mounts of them."""
+def kafka_secret_name(options: DeployOptions, component: str) -> str | None:
+    """The Secret holding the Kafka credentials of a role's pods (``loader``, ...); None when there are none."""
+    return object_name(options.kafka_secrets, component) if options.kafka_secrets else None
+
+
+def _volumes(spec: JobSpec, options: DeployOptions, component: str) -> tuple[list[Manifest], list[Manifest]]:
+    """The pod's volumes (the spec's ConfigMap, the data claim, the role's Kafka credentials on a secured
+    cluster) and the container's mounts of them."""
     claim = options.data_claim or object_name(spec.job, "data")
     volumes = [
         {"name": "spec", "configMap": {"name": object_name(spec.job, "spec")}},
@@ -147,6 +158,9 @@ def _volumes(spec: JobSpec, options: DeployOptions) -> tuple[list[Manifest], lis
         {"name": "data", "mountPath": options.data_mount, "readOnly": True},
         {"name": "spec", "mountPath": str(SPEC_FOLDER), "readOnly": True},
     ]
+    if secret := kafka_secret_name(options, component):
+        volumes.append({"name": "kafka-credentials", "secret": {"secretName": secret, "defaultMode": 0o400}})
+        mounts.append({"name": "kafka-credentials", "mountPath": str(KAFKA_SECRETS_FOLDER), "readOnly": True})
     return volumes, mounts
 
 
@@ -171,7 +185,7 @@ def loaders(spec: JobSpec, source: str, options: DeployOptions) -> Manifest:
     """The StatefulSet of ``source``'s loaders: ``--instance`` is the pod's ordinal."""
     name = object_name(spec.job, "load", source)
     selector = labels(spec.job, "loader", **{"mixflow.dev/source": object_name(source)})
-    volumes, mounts = _volumes(spec, options)
+    volumes, mounts = _volumes(spec, options, "loader")
     ordinal = {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}
     env = [{"name": "MIXFLOW_INSTANCE", "valueFrom": ordinal}]
     container = _container(
@@ -219,7 +233,7 @@ def constructor(spec: JobSpec, lane: int, options: DeployOptions) -> Manifest:
     """Two ``mixflow construct`` pods of one lane: the lease makes one active and the other its shadow."""
     name = object_name(spec.job, "construct", str(lane))
     selector = labels(spec.job, "constructor", **{"mixflow.dev/lane": str(lane)})
-    volumes, mounts = _volumes(spec, options)
+    volumes, mounts = _volumes(spec, options, "constructor")
     env = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
     args = ["construct", "--lane", str(lane), "--instance", "$(POD_NAME)"]
     return {
@@ -245,7 +259,7 @@ def constructor(spec: JobSpec, lane: int, options: DeployOptions) -> Manifest:
 def autoscaler(spec: JobSpec, options: DeployOptions) -> Manifest:
     name = object_name(spec.job, "autoscale")
     selector = labels(spec.job, "autoscaler")
-    volumes, mounts = _volumes(spec, options)
+    volumes, mounts = _volumes(spec, options, "autoscaler")
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
