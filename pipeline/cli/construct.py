@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         instance=args.instance,
         lane=args.lane,
     )
-    config = spec.kafka.client_config(args.bootstrap_servers)
+    config = spec.kafka.client_config(args.bootstrap_servers, role="constructor")
     registry = role_registry()
     metrics = ConstructorMetrics(registry, args.output_job or spec.job, spec)
     backlog = SourceBacklog(config, JobTopics(spec.job), spec.source_names, metrics, partition=args.lane)

@@ -90,7 +90,7 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
     try:
         bootstrap = broker.up() if broker is not None else str(options.bootstrap)
         spec, streaming, draining = _write_specs(options.spec, job, bootstrap, folder, options.max_lead_steps)
-        config = spec.kafka.client_config(bootstrap)
+        config = spec.kafka.client_config(bootstrap, role="operator")
         ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks, lanes=spec.constructor.lanes)
         live = LiveJob(options, spec, config, folder, broker)
         try:
