@@ -169,4 +169,3 @@ def test_no_problem_or_error_or_redaction_shows_a_secret(settings: dict, secret:
     referenced = {**settings, "sasl.password": {"env": "S"}}
     assert resolve_settings(referenced, environ={"S": secret}) == {**settings, "sasl.password": secret}
     assert redacted(referenced)["sasl.password"] == "{env: S}"
-
