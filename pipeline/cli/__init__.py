@@ -81,6 +81,11 @@ COMMANDS: tuple[Command, ...] = (
         module="pipeline.cli.chaos",
     ),
     Command("deploy", "Kubernetes manifests of a job", module="pipeline.cli.deploy"),
+    Command(
+        "acl",
+        "the Kafka ACLs each role of a job needs: print them, create them or remove them",
+        module="pipeline.cli.acl",
+    ),
 )
 
 
