@@ -17,10 +17,11 @@ Each role runs as the principal of its ``kafka.principals`` entry (``User:<sasl.
   ``<job>.control`` (mixture changes), delete the job's topics and groups.
 
 Every role that creates the job's topics at start (loaders, constructor, operator) may create and describe
-the configs of topics named ``<job>.``, and every role may describe them (metadata) and describe the
-groups named ``mixflow-``: its readers that never join a group or commit still give a group id (``mixflow-<what>-
-<random>``), and librdkafka looks up its coordinator, which takes DESCRIBE (and allows no commit). Names are prefixed with ``<job>.``, and no job or source name holds a ``.``, so one job's
-prefixed binding never covers another job's resource.
+the configs of topics named ``<job>.``. Every role may describe them (metadata) and describe the groups named
+``mixflow-``: its readers that never join a group or commit still give a group id (``mixflow-<what>-<random>``),
+and librdkafka looks up its coordinator, which takes DESCRIBE (and allows no commit). Names are prefixed with
+``<job>.``, and no job or source name holds a ``.``, so one job's prefixed binding never covers another job's
+resource.
 """
 
 from __future__ import annotations
