@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from topics.admin_client import bootstrap_servers, client_config
+from topics.authorization import is_authorization_error, refused
 from topics.errors import BrokerUnreachableError, MixflowError, NotFoundError
 from topics.names import JobTopics, TopicKind, parse_topic
 
@@ -69,6 +70,7 @@ class ClusterProbe:
         except ValueError as exc:
             raise MixflowError(str(exc)) from exc
         self.servers = bootstrap_servers(config)
+        self._config = config
         self.timeout_s = timeout_s
         self.give_up_after_s = give_up_after_s
         self._log = LibrdkafkaLog()
@@ -107,6 +109,9 @@ class ClusterProbe:
                 if self._gave_up(began):
                     raise self._unreachable(time.monotonic() - began) from None
                 continue
+            asked = metadata.topics.get(topic) if topic is not None else None
+            if asked is not None and is_authorization_error(asked.error):
+                raise refused(self._config, "DESCRIBE", "topic", topic or "", "asking for its metadata")
             return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
 
     def _on_error(self, error: KafkaError) -> None:
