@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from pipeline.tools.stack.local_broker import LocalBroker, free_port_pair
+from tests.secure_stack import SecureStack, start_secure_stack
 
 # Property tests draw the same examples on every run, so a red CI run is reproducible and a green one
 # stays green; `--hypothesis-profile default` draws new ones.
@@ -48,10 +49,11 @@ def _docker_engine_answers() -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test whose fixture closure holds ``kafka_bootstrap`` (asked for directly or through another
-    fixture) with ``kafka``, so that ``-m "not kafka"`` runs the rest without a broker and ``-m kafka`` this."""
+    """Mark every test whose fixture closure holds ``kafka_bootstrap`` or ``secure_stack`` (asked for directly or
+    through another fixture) with ``kafka``, so that ``-m "not kafka"`` runs the rest without a broker and
+    ``-m kafka`` this."""
     for item in items:
-        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+        if {"kafka_bootstrap", "secure_stack"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.kafka)
 
 
@@ -75,6 +77,17 @@ def kafka_bootstrap() -> Iterator[str]:
     finally:
         if not was_running:
             broker.down()
+
+
+@pytest.fixture(scope="session")
+def secure_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureStack]:
+    """A secured broker of this test session's own (``tests/secure_stack.py``): SASL_SSL with SCRAM-SHA-512,
+    ACLs enforced, its admin a super user; started on first use, stopped at the end."""
+    stack = start_secure_stack(tmp_path_factory.mktemp("secure-stack"))
+    try:
+        yield stack
+    finally:
+        stack.down()
 
 
 @pytest.fixture

@@ -3,8 +3,10 @@ sink starts its work, so that a wrong address, job name or rank is said at once 
 
 librdkafka logs every failed connection attempt (a ``FAIL`` line every few hundred milliseconds while no
 broker answers); the probe counts those lines instead of printing them, and its error says how many there
-were and gives the last error. The probe is a consumer that joins nothing: asking it about a topic that does
-not exist never creates one, whatever the brokers' ``auto.create.topics.enable``."""
+were and gives the last error. A secured cluster's refusal (authentication, or a TLS handshake the client
+cannot complete) is said as such: which listener, and what is wrong (``topics/client_refusals.py``).
+The probe is a consumer that joins nothing: asking it about a topic that does not exist never creates one,
+whatever the brokers' ``auto.create.topics.enable``."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import difflib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +22,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from topics.admin_client import bootstrap_servers, client_config
 from topics.authorization import is_authorization_error, refused
-from topics.errors import BrokerUnreachableError, MixflowError, NotFoundError
+from topics.client_refusals import certificate_problem, is_certificate_refusal, listener_of, refusal
+from topics.errors import BrokerUnreachableError, MixflowError, NotFoundError, SecurityRefusedError
 from topics.names import JobTopics, TopicKind, parse_topic
 
 DEFAULT_TIMEOUT_S = 15.0
@@ -30,21 +33,31 @@ says the cluster is not there, rather than waiting for the whole timeout."""
 _ASK_EVERY_S = 0.5
 # librdkafka's errors that mean no broker could be reached at all (not a broker that is slow to answer).
 _NOT_THERE = frozenset(
-    {KafkaError._TRANSPORT, KafkaError._RESOLVE, KafkaError._ALL_BROKERS_DOWN, KafkaError._AUTHENTICATION}
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._RESOLVE,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._AUTHENTICATION,
+        KafkaError._SSL,
+    }
 )
 
 
 class LibrdkafkaLog(logging.Handler):
-    """Takes a librdkafka client's log lines (its ``logger`` setting) and keeps only their count and the last."""
+    """Takes a librdkafka client's log lines (its ``logger`` setting) and keeps only their count and the last,
+    handing each to ``on_line`` when given."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_line: Callable[[str], None] | None = None) -> None:
         super().__init__(logging.DEBUG)
         self.lines = 0
         self.last: str | None = None
+        self.on_line = on_line
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines += 1
         self.last = record.getMessage()
+        if self.on_line is not None:
+            self.on_line(self.last)
 
     def logger(self) -> logging.Logger:
         """A logger of its own (not registered with ``logging``) that hands every line to this handler."""
@@ -55,8 +68,9 @@ class LibrdkafkaLog(logging.Handler):
 
 class ClusterProbe:
     """Asks a cluster for its topics, or one topic; ``BrokerUnreachableError`` when no broker answers: after
-    ``give_up_after_s`` when every connection attempt fails (refused, a name that does not resolve,
-    authentication refused), else after ``timeout_s``."""
+    ``give_up_after_s`` when every connection attempt fails (refused, a name that does not resolve), else after
+    ``timeout_s``; ``SecurityRefusedError`` instead when a secured listener refused the client's credentials or
+    TLS."""
 
     def __init__(
         self,
@@ -70,12 +84,13 @@ class ClusterProbe:
         except ValueError as exc:
             raise MixflowError(str(exc)) from exc
         self.servers = bootstrap_servers(config)
-        self._config = config
         self.timeout_s = timeout_s
         self.give_up_after_s = give_up_after_s
-        self._log = LibrdkafkaLog()
+        self._config = config
+        self._log = LibrdkafkaLog(self._note)
         self._unreachable_since: float | None = None
         self._last_error: KafkaError | None = None
+        self._refused: str | None = None  # the last librdkafka line that says a secured listener refused us
         settings = {
             **config,
             "group.id": f"mixflow-probe-{uuid.uuid4().hex[:12]}",  # required; never joined
@@ -116,15 +131,28 @@ class ClusterProbe:
 
     def _on_error(self, error: KafkaError) -> None:
         self._last_error = error
+        self._note(error.str())
         if error.code() in _NOT_THERE and self._unreachable_since is None:
             self._unreachable_since = time.monotonic()
+
+    def _note(self, line: str) -> None:
+        if refusal(self._config, line) is not None:
+            self._refused = line
 
     def _gave_up(self, began: float) -> bool:
         now = time.monotonic()
         since = self._unreachable_since
         return now - began >= self.timeout_s or (since is not None and now - since >= self.give_up_after_s)
 
-    def _unreachable(self, seconds: float) -> BrokerUnreachableError:
+    def _unreachable(self, seconds: float) -> BrokerUnreachableError | SecurityRefusedError:
+        if self._refused is not None:
+            listener = listener_of(self._refused) or self.servers
+            verify = None
+            if is_certificate_refusal(self._refused):
+                verify = certificate_problem(listener, self._config.get("ssl.ca.location"))
+            reason = refusal(self._config, self._refused, verify)
+            msg = f"Kafka at {self.servers} refused this client (listener {listener}): {reason}"
+            return SecurityRefusedError(msg)
         error = self._last_error.str() if self._last_error is not None else self._log.last or "no answer"
         msg = (
             f"no Kafka broker answers at {self.servers} ({seconds:.1f} s; librdkafka logged {self._log.lines} "

@@ -27,6 +27,11 @@ class RefusedError(MixflowError):
     exit_code = 5
 
 
+class SecurityRefusedError(RefusedError):
+    """A secured cluster refused the client: its credentials (a wrong password, an unknown user, none), or
+    the TLS handshake (a broker certificate from another CA, for another host, or expired)."""
+
+
 class BrokerUnreachableError(MixflowError):
     """No Kafka broker answered at the bootstrap servers."""
 

@@ -26,6 +26,11 @@ COMMANDS: tuple[Command, ...] = (
         module="pipeline.cli.stack",
     ),
     Command(
+        "users",
+        "add, remove or list the SCRAM users of a secured cluster, as its admin (passwords from a file or variable)",
+        module="pipeline.cli.users",
+    ),
+    Command(
         "plan",
         "plan one global step from a .npy file of int64 sample lengths (index 0 oldest)",
         module="pipeline.cli.plan",

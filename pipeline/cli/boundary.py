@@ -10,7 +10,8 @@ Exit codes:
 2     a bad argument or spec (also argparse's own usage errors)
 3     a Kafka client got stuck (a role exits so; ``mixflow run`` starts it again)
 4     not found: a file or folder, a job, a topic, a source or a rank named does not exist
-5     refused: it would overwrite or delete what is not the job's own, or the job's state does not allow it
+5     refused: it would overwrite or delete what is not the job's own, or the job's state does not allow it;
+      or a secured cluster refused the client's credentials or TLS handshake
 6     no Kafka broker answers at the bootstrap servers
 7     a request nobody answered in time (a mixture change no constructor has read)
 130   interrupted by Ctrl-C (SIGINT); a role stops after its current piece of work first
@@ -27,7 +28,14 @@ import sys
 import traceback
 from collections.abc import Iterator
 
-from topics.errors import STUCK_CLIENT_EXIT, BrokerUnreachableError, MixflowError, NotFoundError, RefusedError
+from topics.errors import (
+    STUCK_CLIENT_EXIT,
+    BrokerUnreachableError,
+    MixflowError,
+    NotFoundError,
+    RefusedError,
+    SecurityRefusedError,
+)
 
 DONE = 0
 FAILED_CHECK = 1
@@ -71,13 +79,15 @@ def _as_mixflow_error(exc: BaseException) -> MixflowError | None:
     if kafka is not None and isinstance(exc, kafka.KafkaException):
         error = exc.args[0] if exc.args else None
         reason = error.str() if isinstance(error, kafka.KafkaError) else str(exc)
-        unreached = isinstance(error, kafka.KafkaError) and error.code() in _unreached_codes(kafka.KafkaError)
+        code = error.code() if isinstance(error, kafka.KafkaError) else None
+        if code in _codes(kafka.KafkaError, "_AUTHENTICATION", "_SSL"):
+            return SecurityRefusedError(f"Kafka refused this client: {reason}")
+        unreached = code in _codes(kafka.KafkaError, "_TRANSPORT", "_RESOLVE", "_ALL_BROKERS_DOWN", "_TIMED_OUT")
         return BrokerUnreachableError(f"Kafka: {reason}") if unreached else MixflowError(f"Kafka: {reason}")
     return None
 
 
-def _unreached_codes(kafka_error: type) -> set[int]:
-    names = ("_TRANSPORT", "_RESOLVE", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_AUTHENTICATION")
+def _codes(kafka_error: type, *names: str) -> set[int]:
     return {getattr(kafka_error, name) for name in names}
 
 

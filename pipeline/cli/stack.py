@@ -15,6 +15,14 @@ from pipeline.tools.stack.local_cluster import (
     default_cluster_state_dir,
     is_cluster_state_dir,
 )
+from pipeline.tools.stack.secure import (
+    StackSecrets,
+    broker_security,
+    ensure_secrets,
+    is_secured,
+    require_same_security,
+    secrets_dir,
+)
 from topics.errors import MixflowError, NotFoundError
 
 
@@ -52,6 +60,13 @@ def _add_up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=positive_float, default=None, help="seconds to wait for the brokers to answer"
     )
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS and SASL/SCRAM-SHA-512 for clients, TLS for the controllers, ACLs enforced; a local CA, the "
+        "admin's password and client settings are made under the state folder (secrets/, owner only) and "
+        "their paths printed",
+    )
 
 
 def _add_node_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,10 +95,28 @@ def _stack(args: argparse.Namespace) -> LocalBroker | LocalCluster:
     return LocalBroker(state_dir, host=host or DEFAULT_HOST, port=DEFAULT_PORT if port is None else port)
 
 
-def _up(args: argparse.Namespace) -> int:
+def _secured_stack(args: argparse.Namespace, *, make: bool = False) -> LocalBroker | LocalCluster:
+    """``_stack``, secured when it was made so (or, with ``make``, when ``--secure`` asks): its secrets made
+    on first use, and refused when the state folder holds a stack made the other way."""
     stack = _stack(args)
+    state_dir = stack.state_dir
+    holds_stack = is_cluster_state_dir(state_dir) or (state_dir / "config" / "server.properties").exists()
+    secure = args.secure if make else is_secured(state_dir)
+    require_same_security(state_dir, secure=secure, holds_stack=holds_stack)
+    if secure:
+        host = stack.layout.host if isinstance(stack, LocalCluster) else stack.host
+        secrets = ensure_secrets(state_dir, [host], stack.bootstrap) if make else StackSecrets(secrets_dir(state_dir))
+        stack.security = broker_security(secrets, stack.bootstrap)
+    return stack
+
+
+def _up(args: argparse.Namespace) -> int:
+    stack = _secured_stack(args, make=True)
     timeout = {} if args.timeout is None else {"timeout_s": args.timeout}
-    print(stack.up(**timeout))
+    bootstrap = stack.up(**timeout)
+    for line in stack.security.secrets.describe() if stack.security else ():
+        print(line)
+    print(bootstrap)
     return 0
 
 
@@ -121,7 +154,9 @@ def _wipe(state_dir: Path) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    stack = _stack(args)
+    stack = _secured_stack(args)
+    for line in stack.security.secrets.describe() if stack.security else ():
+        print(line)
     if isinstance(stack, LocalCluster):
         status = stack.status()
         for line in status.lines():

@@ -29,6 +29,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from pipeline.tools.stack.jars import resolve_broker_jars
+from pipeline.tools.stack.secure import BrokerSecurity
 from topics.errors import MixflowError
 
 log = logging.getLogger(__name__)
@@ -43,10 +44,12 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("MIXFLOW_STATE_DIR", ".mixflow")).absolute()
 
 
-def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
-    """True when a broker at ``bootstrap`` answers a metadata request within the timeout."""
+def broker_answers(bootstrap: str, timeout_s: float = 2.0, config: Mapping[str, str] | None = None) -> bool:
+    """True when a broker at ``bootstrap`` answers a metadata request (of a client with ``config``, for a
+    secured broker) within the timeout."""
     admin = AdminClient(
         {
+            **(config or {}),
             "bootstrap.servers": bootstrap,
             "socket.connection.setup.timeout.ms": 1000,
             # Connection-refused lines are expected while the broker starts; keep them off stderr.
@@ -142,7 +145,8 @@ class LocalBroker:
     """Start, stop and inspect the broker that belongs to one state folder.
 
     ``overrides`` replace (or add) properties of ``server.properties`` after its fields are filled in;
-    ``cluster_id`` is the id its storage is formatted with (a new one when not given)."""
+    ``cluster_id`` is the id its storage is formatted with (a new one when not given); ``security`` (set
+    before ``launch`` and ``status``) makes it a secured broker."""
 
     def __init__(
         self,
@@ -162,6 +166,7 @@ class LocalBroker:
         self.overrides = dict(overrides or {})
         self.cluster_id = cluster_id
         self.jvm_options = tuple(jvm_options)
+        self.security: BrokerSecurity | None = None
         self.pid_file = self.state_dir / "broker.pid"
         self.info_file = self.state_dir / "broker.json"
         self.config_dir = self.state_dir / "config"
@@ -204,7 +209,7 @@ class LocalBroker:
     def status(self) -> BrokerStatus:
         pid = self._recorded_pid()
         bootstrap = self.recorded_bootstrap() if pid else None
-        answering = bool(bootstrap) and broker_answers(bootstrap)  # type: ignore[arg-type]
+        answering = bool(bootstrap) and broker_answers(bootstrap, config=self.client_settings)  # type: ignore[arg-type]
         return BrokerStatus(self.state_dir, pid, bootstrap, pid is not None, answering, self.log_file)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -224,6 +229,10 @@ class LocalBroker:
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def client_settings(self) -> Mapping[str, str] | None:
+        return self.security.client if self.security else None
 
     def launch(self, java: str, libs: Path) -> subprocess.Popen:
         """Write the config, format the storage on first use and start the broker's JVM; do not wait
@@ -305,12 +314,13 @@ class LocalBroker:
             "data_dir": self.data_dir,
             "log_file": self.log_file,
         }
+        overrides = {**(self.security.overrides if self.security else {}), **self.overrides}
         for name in ("server.properties", "log4j2.yaml"):
             text = resources.files("pipeline.tools.stack").joinpath(name).read_text()
+            if name == "server.properties":  # before the fields are filled in: overrides may hold fields
+                text = override_properties(text, overrides)
             for key, value in values.items():
                 text = text.replace(f"{{{key}}}", str(value))
-            if name == "server.properties":
-                text = override_properties(text, self.overrides)
             (self.config_dir / name).write_text(text)
 
     def _format_storage(self, java: str, libs: Path) -> None:
@@ -327,6 +337,7 @@ class LocalBroker:
             self.cluster_id or new_cluster_id(),
             "--config",
             str(self.config_dir / "server.properties"),
+            *(self.security.format_arguments if self.security else ()),
         ]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
@@ -337,7 +348,7 @@ class LocalBroker:
         self, bootstrap: str, pid: int, timeout_s: float, process: subprocess.Popen | None = None
     ) -> None:
         deadline = time.monotonic() + timeout_s
-        while not broker_answers(bootstrap, timeout_s=1.0):
+        while not broker_answers(bootstrap, timeout_s=1.0, config=self.client_settings):
             exited = process.poll() is not None if process else not self._is_our_broker(pid)
             if exited or time.monotonic() > deadline:
                 why = "exited" if exited else f"did not answer within {timeout_s:.0f} s"

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -32,6 +33,7 @@ from pipeline.tools.stack.local_broker import (
     new_cluster_id,
     port_is_free,
 )
+from pipeline.tools.stack.secure import BrokerSecurity
 from topics.admin import default_replication_factor, min_insync_replicas
 from topics.errors import MixflowError
 
@@ -154,6 +156,7 @@ class LocalCluster:
         # The nodes this object started: right after exec, /proc does not yet show a JVM's command line,
         # so whether such a node still runs is asked of its Popen.
         self._launched: dict[int, subprocess.Popen] = {}
+        self.security: BrokerSecurity | None = None  # set before launching or asking a secured cluster
 
     def _layout(self, brokers: int | None, host: str | None, port: int | None) -> ClusterLayout:
         asked = ClusterLayout(
@@ -184,7 +187,7 @@ class LocalCluster:
         if node_id not in self.layout.node_ids:
             msg = f"node {node_id} is not in the cluster of {self.state_dir} (nodes 1..{self.layout.brokers})"
             raise MixflowError(msg)
-        return LocalBroker(
+        node = LocalBroker(
             self.state_dir / f"node-{node_id}",
             host=self.layout.host,
             port=self.layout.client_port(node_id),
@@ -193,10 +196,16 @@ class LocalCluster:
             cluster_id=self.layout.cluster_id,
             jvm_options=CLUSTER_JVM_OPTIONS,
         )
+        node.security = self.security
+        return node
 
     @property
     def bootstrap(self) -> str:
         return self.layout.bootstrap
+
+    @property
+    def _client_settings(self) -> Mapping[str, str] | None:
+        return self.security.client if self.security else None
 
     # -- inspection -------------------------------------------------------------------------------
 
@@ -204,7 +213,7 @@ class LocalCluster:
         if not self.info_file.is_file():
             return ClusterStatus(self.state_dir, None, {}, None)
         nodes = {i: self.node(i).status() for i in self.layout.node_ids}
-        return ClusterStatus(self.state_dir, self.bootstrap, nodes, live_brokers(self.bootstrap))
+        return ClusterStatus(self.state_dir, self.bootstrap, nodes, live_brokers(self.bootstrap, self._client_settings))
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -282,7 +291,7 @@ class LocalCluster:
             if dead:
                 msg = f"node {dead[0]} of the cluster in {self.state_dir} exited; its log ends with:\n"
                 raise MixflowError(msg + nodes[dead[0]].log_tail())
-            if live_brokers(self.bootstrap) == self.layout.brokers:
+            if live_brokers(self.bootstrap, self._client_settings) == self.layout.brokers:
                 return
             if time.monotonic() > deadline:
                 msg = (
@@ -303,9 +312,11 @@ class LocalCluster:
                     raise MixflowError(msg)
 
 
-def live_brokers(bootstrap: str, timeout_s: float = 2.0) -> int | None:
-    """How many brokers the cluster's metadata lists (the live, unfenced ones); None when no node answers."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000, "log_level": 0})
+def live_brokers(bootstrap: str, config: Mapping[str, str] | None = None, timeout_s: float = 2.0) -> int | None:
+    """How many brokers the cluster's metadata lists (the live, unfenced ones); None when no node answers.
+    ``config``: a client's settings for a secured cluster."""
+    settings = {**(config or {}), "bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000}
+    admin = AdminClient({**settings, "log_level": 0})
     try:
         return len(admin.list_topics(timeout=timeout_s).brokers)
     except Exception:  # any failure means "not answering yet"

@@ -1,0 +1,124 @@
+"""`mixflow users add|remove|list`: the SCRAM-SHA-512 users of a secured cluster, through its admin API, as
+the admin (``--admin-config``: the secured local stack's ``secrets/admin.properties`` by default)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from pipeline.cli.command import Command
+from pipeline.tools.stack.local_broker import default_state_dir
+from pipeline.tools.stack.local_cluster import default_cluster_state_dir
+from pipeline.tools.stack.secure import StackSecrets, read_client_properties, secrets_dir
+from topics.errors import MixflowError, NotFoundError
+
+
+def _admin_properties_defaults() -> list[Path]:
+    return [
+        StackSecrets(secrets_dir(folder)).admin_properties
+        for folder in (default_state_dir(), default_cluster_state_dir())
+    ]
+
+
+def _add_admin_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--admin-config",
+        type=Path,
+        default=None,
+        help="librdkafka settings (key=value lines) of a user allowed to change SCRAM credentials (default: the "
+        f"secured local stack's, {' or '.join(map(str, _admin_properties_defaults()))})",
+    )
+    parser.add_argument("--bootstrap-servers", help="override the settings' bootstrap.servers")
+
+
+def _admin_config(args: argparse.Namespace) -> dict[str, Any]:
+    path = args.admin_config
+    if path is None:
+        path = next((found for found in _admin_properties_defaults() if found.is_file()), None)
+        if path is None:
+            msg = "no secured local stack here (mixflow stack up --secure): give the admin's --admin-config FILE"
+            raise NotFoundError(msg)
+    config: dict[str, Any] = read_client_properties(path)
+    if args.bootstrap_servers:
+        config["bootstrap.servers"] = args.bootstrap_servers
+    if not config.get("bootstrap.servers"):
+        msg = f"{path} sets no bootstrap.servers; add it there or give --bootstrap-servers"
+        raise MixflowError(msg)
+    return config
+
+
+def _add_add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="the user's name (its principal is User:NAME)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--password-file", type=Path, help="read the password from this file (its first line)")
+    source.add_argument("--password-env", metavar="VAR", help="read the password from this environment variable")
+    _add_admin_arguments(parser)
+
+
+def _password(args: argparse.Namespace) -> str:
+    if args.password_env is not None:
+        password = os.environ.get(args.password_env, "")
+        where = f"${args.password_env}"
+    else:
+        try:
+            lines = args.password_file.read_text().splitlines()
+        except FileNotFoundError as exc:
+            msg = f"no password file at {args.password_file}"
+            raise NotFoundError(msg) from exc
+        password = lines[0] if lines else ""
+        where = str(args.password_file)
+    if not password:
+        msg = f"the password in {where} is empty (or not set)"
+        raise MixflowError(msg)
+    return password
+
+
+def _add(args: argparse.Namespace) -> int:
+    from pipeline.tools.stack.scram_users import ensure_users
+
+    config = _admin_config(args)
+    ensure_users(config, {args.name: _password(args)})
+    print(f"user {args.name!r} has a SCRAM-SHA-512 credential at {config['bootstrap.servers']}")
+    return 0
+
+
+def _add_remove_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="+", help="the users whose SCRAM credentials to remove")
+    _add_admin_arguments(parser)
+
+
+def _remove(args: argparse.Namespace) -> int:
+    from pipeline.tools.stack.scram_users import remove_users
+
+    config = _admin_config(args)
+    remove_users(config, args.name)
+    print(f"removed the SCRAM-SHA-512 credentials of {', '.join(args.name)} at {config['bootstrap.servers']}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from pipeline.tools.stack.scram_users import list_users
+
+    config = _admin_config(args)
+    users = list_users(config)
+    if not users:
+        print(f"no SCRAM users at {config['bootstrap.servers']}")
+    for user, credentials in users.items():
+        print(f"{user:<40} {' '.join(credentials)}")
+    return 0
+
+
+ACTIONS = (
+    Command(
+        name="add",
+        help="give a user a SCRAM-SHA-512 credential (a new user, or a new password); never prints the password",
+        add_arguments=_add_add_arguments,
+        run=_add,
+    ),
+    Command(
+        name="remove", help="remove users' SCRAM-SHA-512 credentials", add_arguments=_add_remove_arguments, run=_remove
+    ),
+    Command(name="list", help="the users with SCRAM credentials", add_arguments=_add_admin_arguments, run=_list),
+)

@@ -1,0 +1,118 @@
+"""SCRAM-SHA-512 users of a secured cluster, through Kafka's admin API, run as a user allowed to change them
+(``ALTER`` on the cluster: a super user, such as the local stack's admin).
+
+``ensure_users`` is what a command that creates a job's principals calls: it sets every user's password (a
+new user, or a new password for one that exists) in one request. No password is ever logged or put in an
+error message."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (
+    AdminClient,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialDeletion,
+    UserScramCredentialUpsertion,
+)
+
+from topics.admin_client import bootstrap_servers
+from topics.cluster_probe import cluster_topics
+from topics.errors import MixflowError, NotFoundError, RefusedError
+
+MECHANISM = ScramMechanism.SCRAM_SHA_512
+ITERATIONS = 4096
+DEFAULT_TIMEOUT_S = 30.0
+_NOT_ALLOWED = frozenset({KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.TOPIC_AUTHORIZATION_FAILED})
+
+
+def _admin(admin_config: Mapping[str, Any]) -> AdminClient:
+    """An admin client, once the cluster has answered it (so that an unreachable cluster, or one that refuses
+    these credentials, is said in one line: ``topics/cluster_probe.py``)."""
+    cluster_topics(admin_config)
+    return AdminClient({**admin_config, "log_level": 0})
+
+
+def _settle(futures: Mapping[str, Future], servers: str, doing: str, timeout_s: float) -> dict[str, KafkaError]:
+    """Wait for each user's future; the users whose request failed, with Kafka's error. A refusal to do it at
+    all (no ALTER or DESCRIBE on the cluster) is raised as ``RefusedError``."""
+    failed: dict[str, KafkaError] = {}
+    for user, future in futures.items():
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if error is None:
+                raise
+            if error.code() in _NOT_ALLOWED:
+                msg = f"Kafka at {servers} refused to {doing} (user {user!r}): {error.str()}; run it as a super user"
+                raise RefusedError(msg) from None
+            failed[user] = error
+    return failed
+
+
+def ensure_users(
+    admin_config: Mapping[str, Any], passwords: Mapping[str, str], *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> None:
+    """Give each user of ``passwords`` a SCRAM-SHA-512 credential with that password (made, or replaced)."""
+    if not passwords:
+        return
+    for user, password in passwords.items():
+        if not user or not password:
+            msg = f"a SCRAM user needs a name and a password (user {user!r})"
+            raise MixflowError(msg)
+    info = ScramCredentialInfo(MECHANISM, ITERATIONS)
+    upserts = [UserScramCredentialUpsertion(user, info, password.encode()) for user, password in passwords.items()]
+    servers = bootstrap_servers(admin_config)
+    admin = _admin(admin_config)  # alive until its futures are settled
+    futures = admin.alter_user_scram_credentials(upserts, request_timeout=timeout_s)
+    failed = _settle(futures, servers, "set SCRAM credentials", timeout_s)
+    if failed:
+        listed = "; ".join(f"{user}: {error.str()}" for user, error in failed.items())
+        msg = f"Kafka at {servers} did not set the SCRAM credentials of {listed}"
+        raise MixflowError(msg)
+
+
+def remove_users(
+    admin_config: Mapping[str, Any], users: Iterable[str], *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> None:
+    """Remove the SCRAM-SHA-512 credential of each user; ``NotFoundError`` naming those that had none."""
+    users = list(dict.fromkeys(users))
+    if not users:
+        return
+    servers = bootstrap_servers(admin_config)
+    deletions = [UserScramCredentialDeletion(user, MECHANISM) for user in users]
+    admin = _admin(admin_config)  # alive until its futures are settled
+    futures = admin.alter_user_scram_credentials(deletions, request_timeout=timeout_s)
+    failed = _settle(futures, servers, "remove SCRAM credentials", timeout_s)
+    missing = [user for user, error in failed.items() if error.code() == KafkaError.RESOURCE_NOT_FOUND]
+    if missing:
+        msg = f"no {MECHANISM.name} credential at {servers} for {', '.join(map(repr, missing))}"
+        raise NotFoundError(msg)
+    if failed:
+        listed = "; ".join(f"{user}: {error.str()}" for user, error in failed.items())
+        msg = f"Kafka at {servers} did not remove the SCRAM credentials of {listed}"
+        raise MixflowError(msg)
+
+
+def list_users(admin_config: Mapping[str, Any], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, list[str]]:
+    """Every user with a SCRAM credential: its mechanisms and iterations (``SCRAM_SHA_512/4096``), by name."""
+    servers = bootstrap_servers(admin_config)
+    admin = _admin(admin_config)  # alive until its future is settled
+    future = admin.describe_user_scram_credentials(request_timeout=timeout_s)
+    try:
+        described = future.result(timeout=timeout_s)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if error is not None and error.code() in _NOT_ALLOWED:
+            msg = f"Kafka at {servers} refused to describe SCRAM credentials: {error.str()}; run it as a super user"
+            raise RefusedError(msg) from None
+        raise
+    return {
+        user: [f"{info.mechanism.name}/{info.iterations}" for info in description.scram_credential_infos]
+        for user, description in sorted(described.items())
+    }

@@ -1,0 +1,73 @@
+"""A secured single-node broker for tests (``mixflow stack up --secure`` as a library call), in a state folder of
+the test's own on free ports, never the session's plaintext broker. The ``secure_stack`` fixture of
+``tests/conftest.py`` starts one per test session on first use and stops it at the end.
+
+Beside its SASL_SSL client listener it has two TLS listeners whose certificates clients must refuse, signed by
+the same CA: ``wrong_host_bootstrap`` presents a certificate for another host, ``expired_bootstrap`` one that
+has expired."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.tools.stack.local_broker import DEFAULT_HOST, LocalBroker, free_port_block
+from pipeline.tools.stack.secure import CLIENT_LISTENER, StackSecrets, broker_security, ensure_secrets
+from pipeline.tools.stack.tls import Issued, issue, key_store_pem
+
+WRONG_HOST = "elsewhere.invalid"
+
+
+@dataclass(frozen=True)
+class SecureStack:
+    broker: LocalBroker
+    secrets: StackSecrets
+    bootstrap: str
+    wrong_host_bootstrap: str
+    expired_bootstrap: str
+
+    @property
+    def admin_config(self) -> dict[str, str]:
+        """The admin's librdkafka settings (a super user)."""
+        return dict(self.secrets.admin_client_config(self.bootstrap))
+
+    def client_config(self, username: str, password: str) -> dict[str, str]:
+        """librdkafka settings of another SCRAM user on the secured listener."""
+        return {**self.admin_config, "sasl.username": username, "sasl.password": password}
+
+    def down(self) -> None:
+        self.broker.down()
+
+
+def _refused_certificates(secrets: StackSecrets) -> tuple[Path, Path]:
+    """Key stores, signed by the stack's CA, for another host and expired (a year ago)."""
+    ca = Issued.from_pem(secrets.ca_key.read_bytes(), secrets.ca.read_bytes())
+    wrong_host = secrets.folder / "wrong-host.pem"
+    wrong_host.write_bytes(key_store_pem(issue(ca, WRONG_HOST, [WRONG_HOST]), ca))
+    expired = secrets.folder / "expired.pem"
+    year_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=365)
+    expired.write_bytes(key_store_pem(issue(ca, "mixflow-expired", [DEFAULT_HOST], days=1, not_before=year_ago), ca))
+    return wrong_host, expired
+
+
+def start_secure_stack(state_dir: Path, timeout_s: float = 120.0) -> SecureStack:
+    """Start a secured broker in ``state_dir`` on free ports (client, controller and the two test listeners)."""
+    port = free_port_block(4)
+    host = DEFAULT_HOST
+    bootstrap = f"{host}:{port}"
+    secrets = ensure_secrets(state_dir, [host], bootstrap)
+    wrong_host, expired = _refused_certificates(secrets)
+    test_listeners = {
+        "listeners": (
+            f"{CLIENT_LISTENER}://{host}:{port},CONTROLLER://{host}:{port + 1},"
+            f"WRONGHOST://{host}:{port + 2},EXPIRED://{host}:{port + 3}"
+        ),
+        "listener.security.protocol.map": f"CONTROLLER:SSL,{CLIENT_LISTENER}:SASL_SSL,WRONGHOST:SSL,EXPIRED:SSL",
+        "listener.name.wronghost.ssl.keystore.location": str(wrong_host),
+        "listener.name.expired.ssl.keystore.location": str(expired),
+    }
+    broker = LocalBroker(state_dir, host=host, port=port, overrides=test_listeners)
+    broker.security = broker_security(secrets, bootstrap)
+    broker.up(timeout_s=timeout_s)
+    return SecureStack(broker, secrets, bootstrap, f"{host}:{port + 2}", f"{host}:{port + 3}")
