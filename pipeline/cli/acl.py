@@ -12,8 +12,7 @@ from pipeline.cli.arguments import job_name
 from pipeline.cli.command import Command
 from pipeline.kafka.acls import Binding, all_bindings, job_bindings
 from pipeline.spec import load_spec
-from topics.errors import MixflowError
-from topics.kafka_settings import redacted
+from topics.errors import MixflowError, NotFoundError
 
 
 def _add_spec_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,9 +30,9 @@ def _add_admin_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--admin-config",
         type=Path,
-        required=True,
-        help="librdkafka settings of a user allowed to alter ACLs, one key=value a line (bootstrap.servers "
-        "included), e.g. <state>/secrets/admin.properties of `mixflow stack up --secure`",
+        default=None,
+        help="librdkafka settings (key=value lines, bootstrap.servers included) of a user allowed to alter ACLs "
+        "(default: the secured local stack's secrets/admin.properties)",
     )
 
 
@@ -64,25 +63,23 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_admin_config(path: Path) -> dict[str, Any]:
-    """librdkafka settings from a ``key=value`` file (``#`` comments, blank lines)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        msg = f"cannot read the admin settings {path}: {exc.strerror or exc}"
-        raise MixflowError(msg) from exc
-    config: dict[str, Any] = {}
-    for number, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text or text.startswith(("#", "!")):
-            continue
-        key, sep, value = text.partition("=")
-        if not sep or not key.strip():
-            msg = f"{path}:{number}: expected key=value"  # the line itself may hold a secret
-            raise MixflowError(msg)
-        config[key.strip()] = value.strip()
+def _admin_config(args: argparse.Namespace) -> dict[str, Any]:
+    from pipeline.tools.stack.local_broker import default_state_dir
+    from pipeline.tools.stack.local_cluster import default_cluster_state_dir
+    from pipeline.tools.stack.secure import StackSecrets, read_client_properties, secrets_dir
+
+    path = args.admin_config
+    if path is None:
+        defaults = [
+            StackSecrets(secrets_dir(d)).admin_properties for d in (default_state_dir(), default_cluster_state_dir())
+        ]
+        path = next((found for found in defaults if found.is_file()), None)
+        if path is None:
+            msg = "no secured local stack here (mixflow stack up --secure): give the admin's --admin-config FILE"
+            raise NotFoundError(msg)
+    config: dict[str, Any] = read_client_properties(path)
     if not config.get("bootstrap.servers"):
-        msg = f"{path}: no bootstrap.servers (settings found: {', '.join(redacted(config)) or 'none'})"
+        msg = f"{path} sets no bootstrap.servers"
         raise MixflowError(msg)
     return config
 
@@ -92,7 +89,7 @@ def _apply(args: argparse.Namespace) -> int:
 
     job, by_key = _planned(args)
     bindings = all_bindings(by_key)
-    admin = AclAdmin(read_admin_config(args.admin_config))
+    admin = AclAdmin(_admin_config(args))
     held = admin.granted({b.principal for b in bindings})
     missing = [b for b in bindings if b not in held]
     admin.create(missing)
@@ -101,16 +98,17 @@ def _apply(args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
-    """The planned bindings, and any other binding of the job's principals on a resource of the job's
-    (one an older spec granted)."""
+    """The job's bindings: those plan prints and any other of its principals on the job's resources (one an
+    older spec granted). The principals' DESCRIBE on the groups ``mixflow-`` stays: it is on no job's
+    resource, and another job of the same principals needs it."""
     from pipeline.kafka.acl_admin import AclAdmin
 
     job, by_key = _planned(args)
     bindings = all_bindings(by_key)
-    admin = AclAdmin(read_admin_config(args.admin_config))
+    admin = AclAdmin(_admin_config(args))
     held = admin.granted({b.principal for b in bindings})
-    stale = [b for b in held if b.name.startswith(f"{job}.")]
-    deleted = admin.delete(sorted({*bindings, *stale}))
+    ours = sorted({b for b in [*bindings, *held] if b.name.startswith(f"{job}.")})
+    deleted = admin.delete(ours)
     print(f"job {job}: deleted {deleted} bindings")
     return 0
 
@@ -130,7 +128,7 @@ ACTIONS = (
     ),
     Command(
         name="revoke",
-        help="delete the job's ACL bindings (those plan prints, and its principals' others on the job's resources)",
+        help="delete the job's ACL bindings: those on its resources that plan prints, and its principals' others there",
         add_arguments=_add_admin_arguments,
         run=_revoke,
     ),

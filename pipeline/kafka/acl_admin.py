@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from confluent_kafka.admin import (
 )
 
 from pipeline.kafka.acls import Binding, Operation, Pattern, Resource
+from topics.cluster_probe import cluster_topics
 from topics.errors import MixflowError
 
 TIMEOUT_S = 30.0
@@ -79,7 +81,8 @@ class AclAdmin:
     DESCRIBE the cluster's ACLs: a super user)."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
-        self._client = AdminClient(dict(config))
+        cluster_topics(config)  # an unreachable cluster, or one refusing these credentials, said in one line
+        self._client = AdminClient({**config, "log_level": 0})
         self._where = config.get("bootstrap.servers", "?")
 
     def _fail(self, what: str, exc: BaseException) -> MixflowError:
@@ -98,8 +101,25 @@ class AclAdmin:
             out.update(b for acl in acls if (b := _mixflow_binding(acl)) is not None)
         return out
 
+    def settle(self, bindings: Sequence[Binding], *, present: bool, timeout_s: float = TIMEOUT_S) -> None:
+        """Wait until the cluster's answer holds every one of ``bindings`` (``present``) or none: a change of
+        ACLs reaches the brokers' metadata a moment after the request returns."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.05
+        wanted = set(bindings)
+        while True:
+            held = self.granted({b.principal for b in wanted}) & wanted
+            if held == (wanted if present else set()):
+                return
+            if time.monotonic() + delay > deadline:
+                state = "in force" if present else "gone"
+                msg = f"{len(wanted ^ held if present else held)} ACL bindings were not {state} at {self._where} "
+                raise MixflowError(msg + f"within {timeout_s:g} s")
+            time.sleep(delay)  # poll interval of the ACL listing
+            delay = min(delay * 2, 1.0)
+
     def create(self, bindings: Sequence[Binding]) -> None:
-        """Create ``bindings`` (those that exist already are left as they are)."""
+        """Create ``bindings`` (those that exist already are left as they are) and wait until they hold."""
         if not bindings:
             return
         futures = self._client.create_acls([kafka_binding(b) for b in bindings], request_timeout=TIMEOUT_S)
@@ -108,6 +128,7 @@ class AclAdmin:
                 future.result(timeout=TIMEOUT_S)
             except (KafkaException, TimeoutError) as exc:
                 raise self._fail(f"create the ACL {_mixflow_binding(acl) or acl}", exc) from exc
+        self.settle(bindings, present=True)
 
     def delete(self, bindings: Sequence[Binding]) -> int:
         """Delete ``bindings``; returns how many the cluster held."""
@@ -120,4 +141,5 @@ class AclAdmin:
                 deleted += len(future.result(timeout=TIMEOUT_S))
             except (KafkaException, TimeoutError) as exc:
                 raise self._fail(f"delete the ACL {acl_filter}", exc) from exc
+        self.settle(bindings, present=False)
         return deleted
