@@ -74,7 +74,7 @@ def _touched_by_constructor(job: str, sources: list[str], ranks: int, lanes: int
         *_creates_topics(job, sources, ranks, lanes),
         *[(TOPIC, t.src(s), R) for s in sources],
         *[(GROUP, f"{job}.loaders.{s}", D) for s in sources],
-        *[(TOPIC, t.rank(r), W) for r in range(ranks)],
+        *[(TOPIC, t.rank(r), op) for r in range(ranks) for op in (R, W)],
         (TOPIC, t.state, R),
         (TOPIC, t.state, W),
         (TOPIC, t.control, R),
@@ -181,7 +181,7 @@ def test_nothing_is_granted_outside_the_job_and_no_role_writes_what_is_not_its_o
 def test_the_count_follows_the_sources_not_the_ranks(sources: list[str], ranks: int) -> None:
     del ranks  # the bindings do not depend on it
     count = len(all_bindings(job_bindings("j", sources, _principals(sources, []))))
-    assert count == 40 + 6 * len(sources)
+    assert count == 41 + 6 * len(sources)
 
 
 def test_a_role_without_a_user_gets_nothing() -> None:
@@ -216,8 +216,8 @@ def _spec(tmp_path: Path, sources: int, ranks: int) -> Path:
 def test_plan_of_a_3_source_1024_rank_job(tmp_path: Path, capsys) -> None:
     assert main(["acl", "plan", "--spec", str(_spec(tmp_path, 3, 1024))]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[-1] == "job big: 58 bindings for 5 principals"
+    assert out.splitlines()[-1] == "job big: 59 bindings for 5 principals"
     assert "allow write            topic            prefixed big.rank." in out
     assert "trainer (User:big-trainer): 4 bindings" in out
     assert main(["acl", "plan", "--spec", str(_spec(tmp_path, 3, 1024)), "--json"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 58
+    assert len(capsys.readouterr().out.splitlines()) == 59

@@ -80,3 +80,11 @@ def topics_without(
         if wanted not in granted and AclOperation.ALL not in granted:
             lacking.append(name)
     return sorted(lacking)
+
+
+def raise_if_read_refused(config: Mapping[str, Any], error: KafkaError, topic: str) -> None:
+    """``AuthorizationError`` when ``error`` (a consumer's) is the cluster refusing ``config``'s principal to
+    read ``topic``."""
+    if is_authorization_error(error):
+        resource, name = ("topic", topic) if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED else ("group", "")
+        raise refused(config, "READ", resource, name or "of this consumer", "reading it")

@@ -8,9 +8,10 @@ Each role runs as the principal of its ``kafka.principals`` entry (``User:<sasl.
   group ``<job>.loaders.<source>``; its transactional ids ``<job>.loader.<source>.<instance>`` (prefixed) and
   ``<job>.planner.<source>``;
 - the constructor (shadows and replay too): read the source topics, write the rank topics (prefixed
-  ``<job>.rank.``), read and write ``<job>.state`` and ``<job>.control``, write ``<job>.dlq``, read
-  ``<job>.progress``; the groups and transactional ids starting ``<job>.constructor`` (its source offsets, its
-  lease, one per lane) and ``<job>.progress-reader``;
+  ``<job>.rank.``; and read them: a constructor that resumes checks the step shape last written), read and
+  write ``<job>.state`` and ``<job>.control``, write ``<job>.dlq``, read ``<job>.progress``; the groups and
+  transactional ids starting ``<job>.constructor`` (its source offsets, its lease, one per lane) and
+  ``<job>.progress-reader``;
 - a trainer: read the rank topics (prefixed ``<job>.rank.``), write ``<job>.progress``;
 - an observer (``top``, ``report``, ``autoscale``): read and describe the job's topics and groups;
 - the operator (``run``, ``control``, ``topics``, ``chaos``): what an observer may, and write
@@ -190,6 +191,7 @@ def _constructor(names: JobNames) -> list[Grant]:
     grants += [
         (Resource.TOPIC, Pattern.PREFIXED, f"{names.job}.src.", Operation.READ),
         (Resource.TOPIC, Pattern.PREFIXED, f"{names.job}.rank.", Operation.WRITE),
+        (Resource.TOPIC, Pattern.PREFIXED, f"{names.job}.rank.", Operation.READ),  # the shape it wrote, at start
         (Resource.GROUP, Pattern.PREFIXED, names.prefix, Operation.DESCRIBE),  # the loaders' progress
         (Resource.GROUP, Pattern.PREFIXED, names.constructor_prefix, Operation.READ),
         (Resource.GROUP, Pattern.LITERAL, names.progress_reader_group, Operation.READ),
