@@ -221,3 +221,17 @@ def test_plan_of_a_3_source_1024_rank_job(tmp_path: Path, capsys) -> None:
     assert "trainer (User:big-trainer): 4 bindings" in out
     assert main(["acl", "plan", "--spec", str(_spec(tmp_path, 3, 1024)), "--json"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 59
+
+
+def test_an_authorization_refusal_no_caller_named_exits_as_refused(capsys) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from pipeline.cli.boundary import failure_exit
+
+    error = KafkaException(
+        KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "Fetch failed: Topic authorization failed")
+    )
+    assert failure_exit("construct", error, verbose=False) == 5
+    err = capsys.readouterr().err
+    assert err.startswith("mixflow construct: error: Kafka refused an operation this client's ACLs do not grant: ")
+    assert err.count("\n") == 1
