@@ -259,3 +259,20 @@ def test_a_role_whose_acl_is_removed_stops_with_the_reason_and_exactly_once_hold
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "each sample exactly once: yes" in again.stdout, again.stdout
     assert "every committed source sample reached a rank topic: yes" in again.stdout
+
+
+def test_a_loader_refused_its_work_group_stops_with_the_reason(secured_job: SecuredJob) -> None:
+    group = f"{secured_job.job}.loaders.docstrings"
+    reads_group = Binding(f"User:{secured_job.job}-loader", Resource.GROUP, Pattern.LITERAL, group, Operation.READ)
+    admin = AclAdmin(secured_job.stack.admin_config)
+    assert admin.delete([reads_group]) == 1
+    try:
+        spec = str(secured_job.spec)
+        done = secured_job.run("load", "--spec", spec, "--source", "docstrings", "--until-drained", timeout_s=120)
+    finally:
+        admin.create([reads_group])
+    assert done.returncode == REFUSED_EXIT, done.stderr[-2000:]
+    principal = f"User:{secured_job.job}-loader"
+    assert f"refused {principal} READ on group {group} (loader {secured_job.job}.loader.docstrings.0 joining it)" in (
+        done.stderr
+    )
