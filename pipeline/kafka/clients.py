@@ -44,17 +44,14 @@ GroupConsumer = Consumer | RenewingConsumer
 
 class TransactionalProducer(Producer):
     """A transactional ``Producer`` that keeps its client settings (``base``), its ``transactional_id`` and the
-    topics its open transaction wrote, so that a refusal can name the principal and the resource."""
+    topics its open transaction wrote through ``produce`` (this module's), so that a refusal can name the
+    principal and the resource."""
 
     def __init__(self, config: KafkaConfig, base: KafkaConfig, transactional_id: str) -> None:
         super().__init__(dict(config))
         self.base = base
         self.transactional_id = transactional_id
         self.written: set[str] = set()
-
-    def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
-        self.written.add(topic)
-        super().produce(topic, *args, **kwargs)
 
     def begin_transaction(self, *args: Any) -> None:
         self.written.clear()
@@ -74,7 +71,7 @@ def raise_if_unauthorized(error: KafkaError, producer: Producer, what: str) -> N
     kind, base = AUTHORIZATION_FAILED[error.code()], producer.base
     if kind == "topic":
         lacking = topics_without(base, producer.written, "WRITE") or sorted(producer.written)
-        raise refused(base, "WRITE", "topic", ", ".join(lacking), what)
+        raise refused(base, "WRITE", "topic", ", ".join(lacking) or "(one this transaction wrote)", what)
     if kind == "group":
         raise refused(base, "READ", "group", "of the consumed offsets", what)
     if kind == "cluster":
@@ -132,6 +129,8 @@ def read_committed_settings(base: KafkaConfig, group_id: str, **overrides: Any) 
 
 def produce(producer: Producer, topic: str, value: bytes, **kwargs: Any) -> None:
     """``producer.produce`` that waits for room when the local queue is full instead of failing."""
+    if type(producer) is TransactionalProducer:
+        producer.written.add(topic)
     while True:
         try:
             producer.produce(topic, value, **kwargs)
