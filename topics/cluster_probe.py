@@ -21,6 +21,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from topics.admin_client import bootstrap_servers, client_config
+from topics.authorization import is_authorization_error, refused
 from topics.client_refusals import certificate_problem, is_certificate_refusal, listener_of, refusal
 from topics.errors import BrokerUnreachableError, MixflowError, NotFoundError, SecurityRefusedError
 from topics.names import JobTopics, TopicKind, parse_topic
@@ -124,6 +125,9 @@ class ClusterProbe:
                 if self._gave_up(began):
                     raise self._unreachable(time.monotonic() - began) from None
                 continue
+            asked = metadata.topics.get(topic) if topic is not None else None
+            if asked is not None and is_authorization_error(asked.error):
+                raise refused(self._config, "DESCRIBE", "topic", topic or "", "asking for its metadata")
             return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
 
     def _on_error(self, error: KafkaError) -> None:

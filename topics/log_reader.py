@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from topics.authorization import raise_if_read_refused
 from topics.retry import KAFKA_RETRY
 
 Isolation = Literal["read_committed", "read_uncommitted"]
@@ -61,6 +62,7 @@ def read_to_end(
                 raise TimeoutError(msg)
             for message in consumer.consume(num_messages=10_000, timeout=0.2):
                 if message.error():
+                    raise_if_read_refused(config, message.error(), message.topic() or topic)
                     raise KafkaException(message.error())
                 if message.offset() < ends[message.partition()]:
                     records.append(message)

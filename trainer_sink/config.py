@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from topics.errors import MixflowError
+from topics.kafka_settings import resolve_role_settings, setting_problems
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 DEFAULT_BOOTSTRAP_SERVERS = "localhost:9092"
@@ -36,7 +37,9 @@ class SinkSource:
         environ: Mapping[str, str] | None = None,
     ) -> SinkSource:
         """From a job spec file. Bootstrap servers: ``bootstrap_servers`` if given, else
-        ``$KAFKA_BOOTSTRAP_SERVERS``, else the spec's ``kafka.bootstrap_servers`` (as every role does)."""
+        ``$KAFKA_BOOTSTRAP_SERVERS``, else the spec's ``kafka.bootstrap_servers`` (as every role does).
+        Settings: ``kafka.config`` with the ``trainer`` principal over it, secrets' references resolved from
+        ``environ`` (default ``os.environ``) or their files (``topics.kafka_settings``)."""
         path = Path(path)
         try:
             body = yaml.safe_load(path.read_text())
@@ -51,10 +54,7 @@ class SinkSource:
             msg = f"job spec {path}: field 'job' must be a non-empty string, not {job!r}"
             raise MixflowError(msg)
         kafka = body.get("kafka") or {}
-        extra = kafka.get("config") or {} if isinstance(kafka, dict) else None
-        if not isinstance(extra, dict):
-            msg = f"job spec {path}: field 'kafka.config' must be a mapping"
-            raise MixflowError(msg)
+        settings = _trainer_settings(path, kafka, environ)
         step = body.get("step") or {}
         ranks = step.get("ranks") if isinstance(step, dict) else None
         if ranks is not None and (isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1):
@@ -62,4 +62,25 @@ class SinkSource:
             raise MixflowError(msg)
         env = os.environ if environ is None else environ
         servers = bootstrap_servers or env.get(BOOTSTRAP_ENV) or kafka.get("bootstrap_servers")
-        return cls(job, {**extra, "bootstrap.servers": servers or DEFAULT_BOOTSTRAP_SERVERS}, ranks)
+        return cls(job, {**settings, "bootstrap.servers": servers or DEFAULT_BOOTSTRAP_SERVERS}, ranks)
+
+
+def _trainer_settings(path: Path, kafka: object, environ: Mapping[str, str] | None) -> dict[str, Any]:
+    """The spec's ``kafka.config`` with the ``trainer`` principal over it, references resolved."""
+    if not isinstance(kafka, dict):
+        msg = f"job spec {path}: field 'kafka' must be a mapping"
+        raise MixflowError(msg)
+    config = kafka.get("config") or {}
+    principals = kafka.get("principals") or {}
+    if not isinstance(config, dict) or not isinstance(principals, dict):
+        msg = f"job spec {path}: fields 'kafka.config' and 'kafka.principals' must be mappings"
+        raise MixflowError(msg)
+    trainer = principals.get("trainer") or {}
+    if not isinstance(trainer, dict):
+        msg = f"job spec {path}: field 'kafka.principals.trainer' must be a mapping"
+        raise MixflowError(msg)
+    for where, settings in (("kafka.config", config), ("kafka.principals.trainer", trainer)):
+        for key, problem in setting_problems(settings):
+            msg = f"job spec {path}: {where} {key}: {problem}"
+            raise MixflowError(msg)
+    return resolve_role_settings(config, {"trainer": trainer}, "trainer", environ=environ)

@@ -91,6 +91,11 @@ COMMANDS: tuple[Command, ...] = (
         "put a folder's files into an S3-compatible bucket (the local object store or any endpoint), list a prefix",
         module="pipeline.cli.objects",
     ),
+    Command(
+        "acl",
+        "the Kafka ACLs each role of a job needs: print them, create them or remove them",
+        module="pipeline.cli.acl",
+    ),
 )
 
 

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     registry = role_registry()
     metrics = AutoscalerMetrics(registry, spec.job)
     server = serve_metrics(registry, args.metrics_port, f"autoscaler of {spec.job}")
-    probe = JobProbe(spec.kafka.client_config(args.bootstrap_servers), spec.job, spec.source_names)
+    probe = JobProbe(spec.kafka.client_config(args.bootstrap_servers, role="observer"), spec.job, spec.source_names)
     decided = 0
     try:
         while not stop.is_set() and (args.decisions is None or decided < args.decisions):

@@ -82,9 +82,19 @@ def _as_mixflow_error(exc: BaseException) -> MixflowError | None:
         code = error.code() if isinstance(error, kafka.KafkaError) else None
         if code in _codes(kafka.KafkaError, "_AUTHENTICATION", "_SSL"):
             return SecurityRefusedError(f"Kafka refused this client: {reason}")
+        if code in _codes(kafka.KafkaError, *_AUTHORIZATION):  # where no caller could name the principal
+            return RefusedError(f"Kafka refused an operation this client's ACLs do not grant: {reason}")
         unreached = code in _codes(kafka.KafkaError, "_TRANSPORT", "_RESOLVE", "_ALL_BROKERS_DOWN", "_TIMED_OUT")
         return BrokerUnreachableError(f"Kafka: {reason}") if unreached else MixflowError(f"Kafka: {reason}")
     return None
+
+
+_AUTHORIZATION = (
+    "TOPIC_AUTHORIZATION_FAILED",
+    "GROUP_AUTHORIZATION_FAILED",
+    "CLUSTER_AUTHORIZATION_FAILED",
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+)
 
 
 def _codes(kafka_error: type, *names: str) -> set[int]:

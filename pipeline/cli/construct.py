@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         instance=args.instance,
         lane=args.lane,
     )
-    config = spec.kafka.client_config(args.bootstrap_servers)
+    config = spec.kafka.client_config(args.bootstrap_servers, role="constructor")
     require_reachable(config, JobTopics(spec.job).control)  # a secured cluster's refusal, in one line
     registry = role_registry()
     metrics = ConstructorMetrics(registry, args.output_job or spec.job, spec)

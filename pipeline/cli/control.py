@@ -55,7 +55,7 @@ def _add_set_mixture_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _set_mixture(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
-    config = spec.kafka.client_config(args.bootstrap_servers)
+    config = spec.kafka.client_config(args.bootstrap_servers, role="operator")
     topics = JobTopics(args.job or spec.job)
     _require_sources(args.shares, spec.source_names)
     shares = shares_from_arguments(args.shares, dict.fromkeys(spec.source_names))

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.source not in spec.source_names:
         msg = f"no source {args.source!r} in {args.spec} (sources: {', '.join(spec.source_names)})"
         raise NotFoundError(msg)
-    config = spec.kafka.client_config(args.bootstrap_servers)
+    config = spec.kafka.client_config(args.bootstrap_servers, role="loader", source=args.source)
     runtime = SourceRuntime.from_spec(spec, args.source)
     topics = JobTopics(spec.job)
     require_reachable(config, topics.control)  # a secured cluster's refusal, in one line

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from topics.cluster_probe import job_on_cluster
 
     spec = load_spec(args.spec)
-    config = spec.kafka.client_config(args.bootstrap_servers)
+    config = spec.kafka.client_config(args.bootstrap_servers, role="constructor")
     job_on_cluster(config, args.job or spec.job).require()
     request = ReplayRequest(args.to_job, args.from_step, args.to_step, args.ranks, args.micro_batches, args.job)
     summary = replay(spec, config, request, args.transaction_timeout_ms).to_dict()

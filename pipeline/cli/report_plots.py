@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from topics.names import JobTopics
 
     spec = load_spec(args.spec)
-    config = spec.kafka.client_config(args.bootstrap_servers)
+    config = spec.kafka.client_config(args.bootstrap_servers, role="observer")
     job = args.job or spec.job
     found = job_on_cluster(config, job).require()
     if JobTopics(job).state not in found.topics:

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     train_folder = folder / "train"
     if args.trainer:  # a bad template is refused before anything starts
         trainer_command(args.trainer, args.spec, train_folder)
-    config = spec.kafka.client_config(args.bootstrap_servers)
+    config = spec.kafka.client_config(args.bootstrap_servers, role="operator")
     cluster_topics(config)  # the broker answers: said at once, before any folder or process is made
     spec, spec_path = job_spec_file(args.spec, args.job, folder)
     metrics = RunMetrics(folder, spec.job, args.metrics_port_base)

@@ -26,7 +26,7 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 def _client_config(args: argparse.Namespace) -> dict[str, Any]:
     """The cluster's client settings, once a broker there has answered."""
     if args.spec is not None:
-        config = load_spec(args.spec).kafka.client_config(args.bootstrap_servers)
+        config = load_spec(args.spec).kafka.client_config(args.bootstrap_servers, role="operator")
     elif servers := args.bootstrap_servers or os.environ.get(BOOTSTRAP_ENV):
         config = {"bootstrap.servers": servers}
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -11,6 +12,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from topics.authorization import AUTHORIZATION_FAILED, is_authorization_error, refused, topics_without
 from topics.errors import MixflowError
 from topics.renewing_consumer import RenewingConsumer
 from topics.retry import KAFKA_RETRY, KafkaUnavailableError
@@ -40,13 +42,50 @@ TRANSACTIONAL_PRODUCER_SETTINGS: dict[str, Any] = {
 GroupConsumer = Consumer | RenewingConsumer
 
 
+class TransactionalProducer(Producer):
+    """A transactional ``Producer`` that keeps its client settings (``base``), its ``transactional_id`` and the
+    topics its open transaction wrote through ``produce`` (this module's), so that a refusal can name the
+    principal and the resource."""
+
+    def __init__(self, config: KafkaConfig, base: KafkaConfig, transactional_id: str) -> None:
+        super().__init__(dict(config))
+        self.base = base
+        self.transactional_id = transactional_id
+        self.written: set[str] = set()
+
+    def begin_transaction(self, *args: Any) -> None:
+        self.written.clear()
+        super().begin_transaction(*args)
+
+
+def raise_if_unauthorized(error: KafkaError, producer: Producer, what: str) -> None:
+    """``AuthorizationError`` naming the principal, the resource and the operation when the cluster refused
+    ``producer``'s transaction (its open transaction aborted first, where it can be: nothing is written)."""
+    if not is_authorization_error(error):
+        return
+    if not isinstance(producer, TransactionalProducer):
+        raise refused({}, "an operation", AUTHORIZATION_FAILED[error.code()], "(unknown)", what)
+    if not error.fatal():
+        with contextlib.suppress(KafkaException, MixflowError):
+            producer.abort_transaction(10)
+    kind, base = AUTHORIZATION_FAILED[error.code()], producer.base
+    if kind == "topic":
+        lacking = topics_without(base, producer.written, "WRITE") or sorted(producer.written)
+        raise refused(base, "WRITE", "topic", ", ".join(lacking) or "(one this transaction wrote)", what)
+    if kind == "group":
+        raise refused(base, "READ", "group", "of the consumed offsets", what)
+    if kind == "cluster":
+        raise refused(base, "IDEMPOTENT_WRITE", "cluster", "kafka-cluster", what)
+    raise refused(base, "WRITE", kind, producer.transactional_id, what)
+
+
 def transactional_producer(
     base: KafkaConfig,
     transactional_id: str,
     *,
     transaction_timeout_ms: int = 60_000,
     init_timeout_s: float = 60.0,
-) -> Producer:
+) -> TransactionalProducer:
     """A producer for exactly-once writes, with its transactions initialised.
 
     Initialising fences any earlier producer with the same ``transactional_id`` and aborts its open
@@ -58,10 +97,12 @@ def transactional_producer(
         # An open transaction of a killed producer blocks read_committed readers until this passes.
         "transaction.timeout.ms": transaction_timeout_ms,
     }
-    producer = Producer(config)
+    producer = TransactionalProducer(config, base, transactional_id)
     try:
         producer.init_transactions(init_timeout_s)
     except KafkaException as exc:
+        # Refused before the coordinator is asked for a producer id: the id's owner is not fenced.
+        raise_if_unauthorized(exc.args[0], producer, "initialising transactions")
         where = base.get("bootstrap.servers")
         msg = f"cannot initialise transactions for {transactional_id!r} at {where}: {exc}"
         raise MixflowError(msg) from exc
@@ -88,6 +129,8 @@ def read_committed_settings(base: KafkaConfig, group_id: str, **overrides: Any) 
 
 def produce(producer: Producer, topic: str, value: bytes, **kwargs: Any) -> None:
     """``producer.produce`` that waits for room when the local queue is full instead of failing."""
+    if type(producer) is TransactionalProducer:
+        producer.written.add(topic)
     while True:
         try:
             producer.produce(topic, value, **kwargs)
@@ -215,6 +258,7 @@ def commit_or_abort(producer: Producer, timeout_s: float = 60.0) -> bool:
         return True
     except KafkaException as exc:
         error: KafkaError = exc.args[0]
+        raise_if_unauthorized(error, producer, "committing a transaction")
         if error.txn_requires_abort():
             log.warning("transaction aborted: %s", error)
             abort(producer, timeout_s)

@@ -25,6 +25,7 @@ from pipeline.kafka.clients import (
     commit_or_abort,
     raise_if_fatal,
     raise_if_fenced,
+    raise_if_unauthorized,
     send_offsets,
     transactional_producer,
 )
@@ -97,6 +98,9 @@ class TransactionalRole:
         try:
             producer.begin_transaction()
         except KafkaException as exc:
+            raise_if_unauthorized(
+                exc.args[0], producer, f"{self.kind} {self.transactional_id}: beginning a transaction"
+            )
             raise_if_fenced(exc.args[0], self.transactional_id)
             raise_if_fatal(exc.args[0], f"{self.kind} {self.transactional_id}: beginning a transaction")
             raise
@@ -112,6 +116,7 @@ class TransactionalRole:
             raise
         except KafkaException as exc:
             error = exc.args[0]
+            raise_if_unauthorized(error, producer, f"{self.kind} {self.transactional_id}: {what}")
             raise_if_fenced(error, self.transactional_id)
             raise_if_fatal(error, f"{self.kind} {self.transactional_id}: {what}")
             if not (error.txn_requires_abort() or error.retriable()):

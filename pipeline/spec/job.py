@@ -21,6 +21,7 @@ from pipeline.spec.sections import (
     StepSpec,
 )
 from pipeline.spec.sources import SourceSpec
+from topics.kafka_settings import principal_key_problem
 
 
 class JobSpec(BaseModel):
@@ -66,6 +67,10 @@ class JobSpec(BaseModel):
         self._check_sources(problems)
         self._check_mixture(problems)
         self._check_autoscaling(problems)
+        names = [s.name for s in self.sources]
+        for key in self.kafka.principals:
+            if (problem := principal_key_problem(key, names)) is not None:
+                problems.add(("kafka", "principals", key), problem, NO_VALUE)
         if self.long_context is not None:
             self._check_long_context(problems, self.long_context)
         problems.raise_if_any()

@@ -14,6 +14,7 @@ from pipeline.spec._locate import duplicate_keys, field_path, known_keys, line_o
 from pipeline.spec._problems import NO_VALUE
 from pipeline.spec.job import JobSpec
 from topics.errors import MixflowError
+from topics.kafka_settings import is_secret_key
 
 _MAX_VALUE_CHARS = 80
 
@@ -89,6 +90,8 @@ def _problem(error: Any, file: str, root: yaml.Node | None) -> SpecProblem:
     loc = tuple(error["loc"])
     message = str(error["msg"]).removeprefix("Value error, ")
     value = error.get("input", NO_VALUE)
+    if any(isinstance(part, str) and is_secret_key(part) for part in loc):
+        value = NO_VALUE  # a secret's value, however wrongly given, is never shown
     if error["type"] == "missing":
         message, value = "required", NO_VALUE
     elif error["type"] == "extra_forbidden":

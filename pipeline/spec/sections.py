@@ -5,16 +5,31 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from enum import StrEnum
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
-from pipeline.spec._problems import Problems
+from pipeline.spec._problems import NO_VALUE, Problems
 from pipeline.spec.cost import CostModel, VisionCostModel
+from topics.kafka_settings import resolve_role_settings, setting_problems
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 DEFAULT_BOOTSTRAP_SERVERS = "localhost:9092"
 
 ConfigValue = str | int | bool
+_REFERENCE_SCHEMA = {
+    "type": "object",
+    "minProperties": 1,
+    "maxProperties": 1,
+    "properties": {"env": {"type": "string"}, "file": {"type": "string"}},
+    "additionalProperties": False,
+}
+SettingValue = Annotated[
+    Any,
+    WithJsonSchema({"anyOf": [{"type": ["string", "integer", "boolean"]}, _REFERENCE_SCHEMA]}),
+]
+"""A librdkafka setting as a spec gives it: a value, or a secret's reference (``{env: NAME}``, ``{file: PATH}``);
+checked by ``topics.kafka_settings.setting_problems``, whose messages never show a value."""
 
 
 class KafkaSpec(BaseModel):
@@ -27,18 +42,26 @@ class KafkaSpec(BaseModel):
         min_length=1,
         description=f"host:port[,host:port...]; overridden by --bootstrap-servers, then by ${BOOTSTRAP_ENV}.",
     )
-    config: dict[str, ConfigValue] = Field(
+    config: dict[str, SettingValue] = Field(
         default_factory=dict,
-        description="Extra librdkafka settings for every client of the job (security.protocol, sasl.*, ssl.*).",
+        description="Extra librdkafka settings for every client of the job (security.protocol, sasl.*, ssl.*); "
+        "a secret (sasl.password, ssl.key.password, ...) only as a reference: {env: VARIABLE} or {file: PATH}.",
+    )
+    principals: dict[str, dict[str, SettingValue]] = Field(
+        default_factory=dict,
+        description="Settings per role laid over config, each role its own credentials (sasl.username and a "
+        "sasl.password reference): loader (or loader.<source>), constructor, trainer, observer, operator.",
     )
 
     @model_validator(mode="after")
     def _check(self) -> KafkaSpec:
         problems = Problems("KafkaSpec")
-        if "bootstrap.servers" in self.config:
-            problems.add(
-                ("config", "bootstrap.servers"), "set kafka.bootstrap_servers instead", self.config["bootstrap.servers"]
-            )
+        sections = {("config",): self.config} | {("principals", k): v for k, v in self.principals.items()}
+        for loc, settings in sections.items():
+            if "bootstrap.servers" in settings:
+                problems.add((*loc, "bootstrap.servers"), "set kafka.bootstrap_servers instead")
+            for key, message in setting_problems(settings):
+                problems.add((*loc, key), message, NO_VALUE)
         problems.raise_if_any()
         return self
 
@@ -49,9 +72,16 @@ class KafkaSpec(BaseModel):
         return override or env.get(BOOTSTRAP_ENV) or self.bootstrap_servers
 
     def client_config(
-        self, override: str | None = None, environ: Mapping[str, str] | None = None
+        self,
+        override: str | None = None,
+        environ: Mapping[str, str] | None = None,
+        *,
+        role: str | None = None,
+        source: str | None = None,
     ) -> dict[str, ConfigValue]:
-        """The librdkafka settings shared by every client of the job: ``config`` plus
+        """The librdkafka settings of every client of ``role`` (``source``: a loader's): ``config`` with the
+        role's principal over it (``topics.kafka_settings.role_principal``; no role: ``config`` alone), its
+        secrets' references resolved from ``environ`` (default ``os.environ``) or their files, plus
         ``bootstrap.servers`` (see ``resolved_bootstrap_servers``). Roles add their own settings.
 
         ``metadata.recovery.strategy`` is ``none`` unless ``config`` says otherwise: with librdkafka's
@@ -60,7 +90,7 @@ class KafkaSpec(BaseModel):
         whose brokers all change address may want ``rebootstrap`` back."""
         return {
             "metadata.recovery.strategy": "none",
-            **self.config,
+            **resolve_role_settings(self.config, self.principals, role, source, environ),
             "bootstrap.servers": self.resolved_bootstrap_servers(override, environ),
         }
 

@@ -11,6 +11,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 from pipeline.kafka.clients import KafkaConfig
 from pipeline.kafka.work_plan import WorkPlan, plan_is_complete, read_work_plan, request_epoch
 from pipeline.planning.step.pool import SamplePool
+from topics.authorization import raise_if_read_refused
 from topics.dead_letter import DeadLetter
 from topics.errors import DecodeError
 from topics.names import JobTopics, parse_topic
@@ -81,6 +82,7 @@ class SourceTopicFeed:
             if message.error().code() == KafkaError._PARTITION_EOF:
                 self.eof_at[source] = message.offset()
                 return 0
+            raise_if_read_refused(self.config, message.error(), topic)
             raise KafkaException(message.error())
         self.eof_at.pop(source, None)
         try:

@@ -15,6 +15,7 @@ from pipeline.kafka.clients import KafkaConfig, close_within, read_committed_con
 from pipeline.kafka.group_membership import MembershipWatch
 from pipeline.roles.loader.options import LoaderOptions
 from pipeline.roles.loader.stats import LoaderStats
+from topics.authorization import raise_if_read_refused, refused
 from topics.errors import MixflowError
 from topics.fetch_stall import FetchStallWatch
 from topics.names import JobTopics
@@ -106,6 +107,9 @@ class WorkGroup:
         return message
 
     def on_consumer_error(self, error: KafkaError) -> None:
+        if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+            raise refused(self.config, "READ", "group", self.group_id, f"loader {self.name} joining it")
+        raise_if_read_refused(self.config, error, self.topic)
         if error.fatal():
             msg = f"loader {self.name}: fatal consumer error: {error}"
             raise MixflowError(msg)

@@ -99,7 +99,7 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
         if store is not None:
             store.open()
         spec, streaming, draining = _write_specs(options.spec, job, bootstrap, folder, options.max_lead_steps, store)
-        config = spec.kafka.client_config(bootstrap)
+        config = spec.kafka.client_config(bootstrap, role="operator")
         ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks, lanes=spec.constructor.lanes)
         live = LiveJob(options, spec, config, folder, broker, store)
         try:

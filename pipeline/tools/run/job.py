@@ -110,7 +110,9 @@ def run_local_job(
         roles.append(_start("train", folder, trainer, {"KAFKA_BOOTSTRAP_SERVERS": bootstrap} if bootstrap else None))
     scaling = None
     if spec.autoscaling.enabled:
-        scaling = LoaderScaling(spec, spec.kafka.client_config(bootstrap), start_loader, folder, max_total_loaders)
+        scaling = LoaderScaling(
+            spec, spec.kafka.client_config(bootstrap, role="operator"), start_loader, folder, max_total_loaders
+        )
     try:
         _wait(roles, progress, scaling)
     except BaseException:

@@ -1,0 +1,278 @@
+"""A job on the secured broker (``secure_stack``) with a principal per role and the ACLs `mixflow acl apply`
+grants: it runs end to end exactly once with shadows and a trainer; no password shows in any output, log,
+report or record; and each refusal says the principal, the resource and the missing operation, writes
+nothing, and fences nobody."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from pipeline.cli import main
+from pipeline.kafka.acl_admin import AclAdmin
+from pipeline.kafka.acls import (
+    EPHEMERAL_GROUP_PREFIX,
+    Binding,
+    Operation,
+    Pattern,
+    Resource,
+    all_bindings,
+    job_bindings,
+)
+from pipeline.kafka.clients import commit_or_abort, produce, transactional_producer
+from pipeline.spec import load_spec
+from pipeline.tools.stack.scram_users import ensure_users
+from tests.loader_support import REPO, build_example_data, write_spec
+from tests.secure_stack import SecureStack
+from topics.admin import ensure_job_topics, list_jobs
+from topics.authorization import AuthorizationError
+from topics.log_reader import read_to_end
+from topics.names import JobTopics
+from trainer_sink.dataset import KafkaBatchDataset
+
+SENTINEL = "S3ntinel-acl"
+PRINCIPALS = ("loader", "loader.topics", "constructor", "trainer", "observer", "operator")
+TRAINER = (
+    "{python} -m torch.distributed.run --standalone --nproc_per_node 2 examples/train.py --spec {spec} "
+    "--out {out} --steps 12 --checkpoint-every 5 --resume --threads 1 --d-model 32 --layers 1 --heads 2 "
+    "--vocab-size 1024"
+)
+REFUSED_EXIT = AuthorizationError.exit_code
+
+
+def _variable(key: str) -> str:
+    return "PW_" + key.upper().replace(".", "_")
+
+
+@dataclass(frozen=True)
+class SecuredJob:
+    stack: SecureStack
+    job: str
+    spec: Path
+    folder: Path
+    env: dict[str, str]  # the roles' passwords, as their references name them
+
+    def run(self, *args: str, timeout_s: float = 540) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "pipeline.cli", *args]
+        return subprocess.run(command, cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout_s)
+
+    def config(self, role: str, source: str | None = None) -> dict:
+        kafka = load_spec(self.spec).kafka
+        return kafka.client_config(self.stack.bootstrap, self.env, role=role, source=source)
+
+    def admin(self, job: str | None = None, *, apply: bool = True) -> None:
+        action = "apply" if apply else "revoke"
+        properties = str(self.stack.secrets.admin_properties)
+        assert (
+            main(["acl", action, "--spec", str(self.spec), "--job", job or self.job, "--admin-config", properties]) == 0
+        )
+
+
+@pytest.fixture(scope="module")
+def secured_job(secure_stack: SecureStack, tmp_path_factory: pytest.TempPathFactory) -> SecuredJob:
+    folder = tmp_path_factory.mktemp("acl-job")
+    job = f"t{uuid.uuid4().hex[:8]}-acl"
+    passwords = {key: f"{SENTINEL}-{key}-{uuid.uuid4().hex[:6]}" for key in PRINCIPALS}
+    ensure_users(secure_stack.admin_config, {f"{job}-{key}": pw for key, pw in passwords.items()})
+    kafka = {
+        "bootstrap_servers": secure_stack.bootstrap,
+        "config": {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "ssl.ca.location": str(secure_stack.secrets.ca),
+        },
+        "principals": {
+            key: {"sasl.username": f"{job}-{key}", "sasl.password": {"env": _variable(key)}} for key in PRINCIPALS
+        },
+    }
+    data = build_example_data(folder / "data", limit=12)
+    step = {"ranks": 2, "micro_batches": 2, "tokens_per_micro_batch": 512}
+    spec = write_spec(folder, job, secure_stack.bootstrap, data, on_exhausted="renormalize", step=step, kafka=kafka)
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
+    env |= {_variable(key): pw for key, pw in passwords.items()}
+    secured = SecuredJob(secure_stack, job, spec, folder, env)
+    secured.admin()
+    # Created by the operator's principal, as `mixflow run` does, so that each test can run alone.
+    ensure_job_topics(secured.config("operator"), job, ["code", "docstrings", "topics"], step["ranks"])
+    return secured
+
+
+def _held(secured: SecuredJob, job: str) -> set[Binding]:
+    spec = load_spec(secured.spec)
+    planned = all_bindings(job_bindings(job, spec.source_names, spec.kafka.principals))
+    held = AclAdmin(secured.stack.admin_config).granted({b.principal for b in planned})
+    return {b for b in held if b in set(planned) and b.name.startswith(f"{job}.")}
+
+
+def test_apply_creates_what_plan_prints_and_revoke_removes_it(secured_job: SecuredJob, capsys) -> None:
+    other = f"{secured_job.job}-b"
+    spec = load_spec(secured_job.spec)
+    planned = {b for b in all_bindings(job_bindings(other, spec.source_names, spec.kafka.principals))}
+    shared = {b for b in planned if not b.name.startswith(f"{other}.")}  # describe on groups mixflow-
+    assert {b.name for b in shared} == {EPHEMERAL_GROUP_PREFIX}
+    planned -= shared
+    assert _held(secured_job, other) == set()
+    secured_job.admin(other)
+    assert _held(secured_job, other) == planned
+    capsys.readouterr()
+    secured_job.admin(other)
+    assert (
+        f"job {other}: created 0 bindings, {len(planned) + len(shared)} were there already" in capsys.readouterr().out
+    )
+    secured_job.admin(other, apply=False)
+    assert _held(secured_job, other) == set()
+    assert _held(secured_job, secured_job.job) != set()  # another job's bindings are left alone
+
+
+def _dump(config: dict, topics: list[str]) -> bytes:
+    """Every record of ``topics``, aborted ones too: keys, values and headers."""
+    out = []
+    for topic in topics:
+        for message in read_to_end(config, topic, isolation="read_uncommitted"):
+            out += [message.key() or b"", message.value() or b""]
+            out += [value or b"" for _, value in message.headers() or []]
+    return b"".join(out)
+
+
+def test_a_job_runs_exactly_once_with_a_principal_per_role_and_shows_no_secret(secured_job: SecuredJob) -> None:
+    state = secured_job.folder / "state"
+    spec = str(secured_job.spec)
+    ran = secured_job.run("run", "--spec", spec, "--state-dir", str(state), "--shadows", "1", "--trainer", TRAINER)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert "each sample exactly once: yes" in ran.stdout, ran.stdout
+    assert "every committed source sample reached a rank topic: yes" in ran.stdout
+    assert "the trainer received every micro-batch exactly as written: yes (48 micro-batches on 2 ranks" in ran.stdout
+    shown = [ran.stdout, ran.stderr]
+    for args in (
+        ["spec", "check", spec],
+        ["acl", "plan", "--spec", spec],
+        ["report", "--spec", spec, "--out", str(secured_job.folder / "report")],
+        ["topics", "list", "--spec", spec],
+        ["deploy", "render", "--spec", spec, "--out", str(secured_job.folder / "manifests")],
+    ):
+        done = secured_job.run(*args)
+        assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-2000:])
+        shown += [done.stdout, done.stderr]
+    assert all(SENTINEL not in text for text in shown)
+    files = [path for path in secured_job.folder.rglob("*") if path.is_file() and "data" not in path.parts]
+    assert len(files) > 10
+    assert [path for path in files if SENTINEL.encode() in path.read_bytes()] == []
+    topics = sorted(list_jobs(secured_job.stack.admin_config)[secured_job.job])
+    assert SENTINEL.encode() not in _dump(secured_job.stack.admin_config, topics)
+
+
+def test_a_sink_cannot_read_another_jobs_rank_topic(secured_job: SecuredJob) -> None:
+    other = f"{secured_job.job}-c"
+    ensure_job_topics(secured_job.stack.admin_config, other, ["code"], 2)
+    with pytest.raises(AuthorizationError) as info:
+        KafkaBatchDataset(job=other, kafka_config=secured_job.config("trainer"), rank=0, wait_timeout_s=30)
+    principal = f"User:{secured_job.job}-trainer"
+    assert f"refused {principal} DESCRIBE on topic {other}.rank.0 (asking for its metadata)" in str(info.value)
+
+
+def _committed(secured: SecuredJob, topic: str) -> int:
+    return len(read_to_end(secured.stack.admin_config, topic))
+
+
+@pytest.mark.parametrize(("source", "target"), [("code", "rank.0"), ("code", "src.topics"), ("topics", "src.code")])
+def test_a_loader_cannot_write_a_rank_topic_or_another_sources(
+    secured_job: SecuredJob, source: str, target: str
+) -> None:
+    topic = f"{secured_job.job}.{target}"
+    before = _committed(secured_job, topic)
+    config = secured_job.config("loader", source)
+    producer = transactional_producer(config, f"{secured_job.job}.loader.{source}.7", init_timeout_s=30)
+    producer.begin_transaction()
+    produce(producer, f"{secured_job.job}.src.{source}", b"a record of its own source")
+    produce(producer, topic, b"not its topic")
+    with pytest.raises(AuthorizationError) as info:
+        commit_or_abort(producer, timeout_s=30)
+    user = f"{secured_job.job}-loader" + (".topics" if source == "topics" else "")
+    assert f"refused User:{user} WRITE on topic {topic} (committing a transaction)" in str(info.value)
+    assert _committed(secured_job, topic) == before
+
+
+def test_the_constructors_transactional_id_is_refused_to_others_and_its_holder_not_fenced(
+    secured_job: SecuredJob,
+) -> None:
+    transactional_id = f"{secured_job.job}.constructor"
+    holder = transactional_producer(secured_job.config("constructor"), transactional_id, init_timeout_s=30)
+    holder.begin_transaction()
+    dlq = JobTopics(secured_job.job).dlq
+    before = _committed(secured_job, dlq)
+    produce(holder, dlq, b"written by the constructor's principal")
+    for role in ("loader", "trainer", "operator"):
+        with pytest.raises(AuthorizationError) as info:
+            transactional_producer(secured_job.config(role), transactional_id, init_timeout_s=30)
+        user = f"{secured_job.job}-{role}"
+        expected = f"refused User:{user} WRITE on transactional id {transactional_id} (initialising transactions)"
+        assert expected in str(info.value)
+    assert commit_or_abort(holder, timeout_s=30)  # not fenced: its transaction commits
+    assert _committed(secured_job, dlq) == before + 1
+
+
+def _state_records(config: dict, topic: str) -> int:
+    consumer = Consumer({**config, "group.id": f"mixflow-test-{uuid.uuid4().hex[:8]}"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=5)[1]
+    except KafkaException:
+        return 0
+    finally:
+        consumer.close()
+
+
+def test_a_role_whose_acl_is_removed_stops_with_the_reason_and_exactly_once_holds(secured_job: SecuredJob) -> None:
+    job = f"{secured_job.job}-d"
+    secured_job.admin(job)
+    state = secured_job.folder / "state-d"
+    command = [sys.executable, "-m", "pipeline.cli", "run", "--spec", str(secured_job.spec), "--job", job]
+    run = subprocess.Popen(
+        [*command, "--state-dir", str(state)],
+        cwd=REPO,
+        env=secured_job.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    state_topic = JobTopics(job).state
+    deadline = time.monotonic() + 300
+    while _state_records(secured_job.stack.admin_config, state_topic) < 10 and run.poll() is None:
+        assert time.monotonic() < deadline, "the constructor wrote no 10 steps in 300 s"
+        time.sleep(0.2)  # poll interval of the watermark probe
+    principal = f"User:{secured_job.job}-constructor"
+    writes_ranks = Binding(principal, Resource.TOPIC, Pattern.PREFIXED, f"{job}.rank.", Operation.WRITE)
+    assert AclAdmin(secured_job.stack.admin_config).delete([writes_ranks]) == 1
+    stdout, stderr = run.communicate(timeout=300)
+    assert run.returncode != 0, stdout[-2000:]
+    refusal = f"refused {principal} WRITE on topic {job}.rank.0, {job}.rank.1 (committing a transaction)"
+    assert refusal in stdout + stderr, stderr[-3000:]
+    secured_job.admin(job)
+    again = secured_job.run("run", *command[4:], "--state-dir", str(state))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "each sample exactly once: yes" in again.stdout, again.stdout
+    assert "every committed source sample reached a rank topic: yes" in again.stdout
+
+
+def test_a_loader_refused_its_work_group_stops_with_the_reason(secured_job: SecuredJob) -> None:
+    group = f"{secured_job.job}.loaders.docstrings"
+    reads_group = Binding(f"User:{secured_job.job}-loader", Resource.GROUP, Pattern.LITERAL, group, Operation.READ)
+    admin = AclAdmin(secured_job.stack.admin_config)
+    assert admin.delete([reads_group]) == 1
+    try:
+        spec = str(secured_job.spec)
+        done = secured_job.run("load", "--spec", spec, "--source", "docstrings", "--until-drained", timeout_s=120)
+    finally:
+        admin.create([reads_group])
+    assert done.returncode == REFUSED_EXIT, done.stderr[-2000:]
+    principal = f"User:{secured_job.job}-loader"
+    assert f"refused {principal} READ on group {group} (loader {secured_job.job}.loader.docstrings.0 joining it)" in (
+        done.stderr
+    )

@@ -1,0 +1,90 @@
+"""Kafka's authorization refusals, said in one line: the principal, the resource and the missing operation.
+
+A secured cluster refuses a principal what its ACLs do not grant (``mixflow acl plan`` lists what each role of
+a job is granted); librdkafka says only which kind of resource (``TOPIC_AUTHORIZATION_FAILED`` and the like),
+so the callers that know the resource name it. Nothing here quotes a client setting but the user name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
+from confluent_kafka.admin import AclOperation, AdminClient
+
+from topics.errors import RefusedError
+
+AUTHORIZATION_FAILED = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: "group",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "cluster",
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactional id",
+}
+"""librdkafka's authorization error codes, and the kind of resource each is about."""
+
+
+class AuthorizationError(RefusedError):
+    """The cluster refused this client's principal an operation its ACLs do not grant; nothing was written."""
+
+
+def is_authorization_error(error: object) -> bool:
+    return isinstance(error, KafkaError) and error.code() in AUTHORIZATION_FAILED
+
+
+def principal_of(config: Mapping[str, Any]) -> str:
+    """The principal a client with ``config`` authenticates as, as Kafka's ACLs name it."""
+    user = config.get("sasl.username")
+    if user:
+        return f"User:{user}"
+    protocol = str(config.get("security.protocol", "plaintext")).lower()
+    return "the client's certificate principal" if protocol == "ssl" else "User:ANONYMOUS"
+
+
+def refused(config: Mapping[str, Any], operation: str, resource: str, name: str, doing: str = "") -> AuthorizationError:
+    """``AuthorizationError`` saying that ``config``'s principal lacks ``operation`` on ``resource`` ``name``."""
+    where = config.get("bootstrap.servers", "?")
+    what = f" ({doing})" if doing else ""
+    msg = (
+        f"Kafka at {where} refused {principal_of(config)} {operation} on {resource} {name}{what}: its ACLs do not "
+        "grant it (`mixflow acl plan --spec SPEC` lists what each role's principal is granted)"
+    )
+    return AuthorizationError(msg)
+
+
+def topics_without(
+    config: Mapping[str, Any], topics: Iterable[str], operation: str, timeout_s: float = 10.0
+) -> list[str]:
+    """Those of ``topics`` on which ``config``'s principal (a client's settings, no producer's or consumer's own)
+    lacks ``operation`` (``AclOperation``'s name, e.g.
+    ``WRITE``), as the cluster says (a topic it may not even describe counts); all of them when the cluster
+    does not answer in time."""
+    names = sorted(set(topics))
+    if not names:
+        return []
+    client = AdminClient(dict(config))
+    wanted = AclOperation[operation]
+    try:
+        futures = client.describe_topics(
+            TopicCollection(names), request_timeout=timeout_s, include_authorized_operations=True
+        )
+    except KafkaException:
+        return names
+    lacking = []
+    for name, future in futures.items():
+        try:
+            granted = future.result(timeout=timeout_s).authorized_operations or []
+        except (KafkaException, TimeoutError):
+            lacking.append(name)
+            continue
+        if wanted not in granted and AclOperation.ALL not in granted:
+            lacking.append(name)
+    return sorted(lacking)
+
+
+def raise_if_read_refused(config: Mapping[str, Any], error: KafkaError, topic: str) -> None:
+    """``AuthorizationError`` when ``error`` (a consumer's) is the cluster refusing ``config``'s principal to
+    read ``topic``."""
+    if is_authorization_error(error):
+        resource, name = ("topic", topic) if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED else ("group", "")
+        raise refused(config, "READ", resource, name or "of this consumer", "reading it")
