@@ -55,20 +55,23 @@ class TrainerIntegration:
     def check_reference_checkpoints(self, reference: Path) -> None:
         """What the uninterrupted run's checkpoints must be."""
 
-    def run(self, jobs: Jobs, ranks: int, out: Path, *extra: str) -> subprocess.Popen:
+    @classmethod
+    def run(cls, jobs: Jobs, ranks: int, out: Path, *extra: str) -> subprocess.Popen:
         """The training script on the job laid out for ``ranks`` ranks, one process per rank."""
         job = ("--job", jobs.names[ranks], "--bootstrap", jobs.bootstrap)
-        return start(self.script, ranks, out, *job, "--out", str(out), *extra)
+        return start(cls.script, ranks, out, *job, "--out", str(out), *extra)
 
     @pytest.fixture(scope="class")
-    def jobs(self, kafka_bootstrap: str) -> Jobs:
-        return write_jobs(kafka_bootstrap, self.label)
+    @classmethod
+    def jobs(cls, kafka_bootstrap: str) -> Jobs:
+        return write_jobs(kafka_bootstrap, cls.label)
 
     @pytest.fixture(scope="class")
-    def reference(self, jobs: Jobs, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    @classmethod
+    def reference(cls, jobs: Jobs, tmp_path_factory: pytest.TempPathFactory) -> Path:
         """One uninterrupted run at 2 ranks to the end of the data."""
-        out = tmp_path_factory.mktemp(f"{self.label}-reference")
-        finish(self.run(jobs, 2, out), out)
+        out = tmp_path_factory.mktemp(f"{cls.label}-reference")
+        finish(cls.run(jobs, 2, out), out)
         return out
 
     def test_the_uninterrupted_run_trains_exactly_its_rank_topics(self, jobs: Jobs, reference: Path) -> None:
