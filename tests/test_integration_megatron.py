@@ -3,7 +3,7 @@
 (gloo) with checkpoints in Megatron-LM's layout: the shared tests of ``tests.integration_base`` (a kill and a
 resume, a resume at 1 and at 3 ranks). Also: the batch against Megatron's own types and consumers
 (``PackedSeqParams``, ``get_thd_batch_on_this_cp_rank``, ``get_batch_on_this_cp_rank``), context-parallel
-padding, and the iterator's checkpoint files."""
+padding, and the iterator's checkpoint files and checks."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ pytest.importorskip("megatron.core")
 import torch
 
 from tests.integration_base import TrainerIntegration
-from tests.integration_support import SAVE_EVERY, STEPS
+from tests.integration_support import MICRO_BATCHES, SAVE_EVERY, STEPS, Jobs, write_jobs
 from topics.batch import Batch
 from trainer_sink.integrations.megatron_batch import megatron_batch
 from trainer_sink.integrations.megatron_data import TRACKER_FILE, iteration_folder, latest_iteration
@@ -155,3 +155,63 @@ def test_seq_length_gives_every_micro_batch_megatrons_fixed_shape() -> None:
     assert empty["cu_seqlens"][0].tolist() == [0, 16] and int(empty["loss_mask"].sum()) == 0
     with pytest.raises(MixflowError, match="seq_length"):
         megatron_batch(_micro_batch([list(range(1, 20))]), seq_length=16)
+
+
+@pytest.fixture(scope="module")
+def jobs(kafka_bootstrap: str) -> Jobs:
+    return write_jobs(kafka_bootstrap, "megatron-iterator")
+
+
+def test_the_iterator_checkpoints_in_megatrons_iteration_folders_and_resumes_on_any_data_parallel_size(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    """Written into ``iter_<7 digits>`` at the step boundary; read back at the tracker's iteration by a rank of
+    another data-parallel size, which goes on at the same step of its own topic; refused in the middle of a
+    step, on a micro-batch count that is not the job's, and on a data-parallel size that is not the job's."""
+    from topics.errors import MixflowError
+    from trainer_sink.integrations.megatron_data import DataRanks, MixflowDataIterator
+
+    def iterator(ranks: int, rank: int, micro_batches: int = MICRO_BATCHES, **options) -> MixflowDataIterator:
+        return MixflowDataIterator(
+            job=jobs.names[ranks], bootstrap_servers=jobs.bootstrap, ranks=DataRanks(rank, ranks),
+            num_microbatches=micro_batches, wait_timeout_s=60, **options,
+        )  # fmt: skip
+
+    root = tmp_path / "checkpoints"
+    first = iterator(2, 1, save=root, save_interval=2)
+    for _ in range(2 * MICRO_BATCHES):
+        batch = next(first)
+    assert set(batch) == {
+        "tokens",
+        "labels",
+        "loss_mask",
+        "position_ids",
+        "cu_seqlens",
+        "max_seqlen",
+        "packed_seq_params",
+    }
+    assert first.micro_batch_info["step"] == 1 and first.iteration == 2
+    assert (iteration_folder(root, 2) / "mixflow-sink-rank1.json").is_file()
+    next(first)
+    with pytest.raises(MixflowError, match="middle of step 2"):
+        first.state_dict()
+    first.close()
+    assert latest_iteration(root) is None
+    (root / TRACKER_FILE).write_text("2\n")
+    for ranks, rank in ((1, 0), (3, 2)):
+        resumed = iterator(ranks, rank)
+        assert resumed.load_checkpoint(root) == 2
+        next(resumed)
+        assert (resumed.micro_batch_info["step"], resumed.micro_batch_info["micro_batch"]) == (2, 0)
+        expected = next(r for r in jobs.topics[ranks][rank] if r[0] == 2)
+        assert tuple(resumed.micro_batch_info["sample_ids"]) == expected[2], f"rank {rank} of {ranks}"
+        resumed.close()
+    with pytest.raises(MixflowError, match="global-batch-size"):
+        next(iterator(1, 0, micro_batches=MICRO_BATCHES + 1))
+    wrong_size = iterator(2, 0)
+    wrong_size.ranks = DataRanks(0, 3)
+    with pytest.raises(MixflowError, match="replay --ranks 3"):
+        next(wrong_size)
+    (root / TRACKER_FILE).write_text("release\n")
+    with pytest.raises(MixflowError, match="release"):
+        latest_iteration(root)

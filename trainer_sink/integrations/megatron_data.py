@@ -178,8 +178,12 @@ class MixflowDataIterator(Iterator[dict[str, Any]]):
         if self._batches is None:
             self._batches = iter(self.sink)
         micro_batch = next(self._batches)
-        self._check(micro_batch)
-        batch = megatron_batch(micro_batch, **self.layout)
+        try:
+            self._check(micro_batch)
+            batch = megatron_batch(micro_batch, **self.layout)
+        except BaseException:
+            self.close()  # a refused batch ends the run: stop the reader thread with it
+            raise
         self.micro_batch_info = {key: micro_batch[key] for key in INFO_KEYS}
         self.micro_batch_info["padding_tokens"] = batch["tokens"].shape[1] - micro_batch["input_ids"].numel()
         if micro_batch["micro_batch"] == micro_batch["micro_batches"] - 1:
