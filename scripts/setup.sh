@@ -69,7 +69,8 @@ fi
 if ! .venv/bin/python -c 'import torchtitan.trainer' >/dev/null 2>&1; then
   echo "setup: installing torchtitan 0.3.0 into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check torchdata==0.11.0 tyro==1.0.17 \
-    spmd_types==0.2.3 tensorboard==2.21.0 datasets==4.7.0 torch_checkpointing==0.1.1 einops==0.8.2
+    spmd_types==0.2.3 tensorboard==2.21.0 datasets==4.7.0 torch_checkpointing==0.1.1 einops==0.8.2 \
+    tokenizers safetensors pillow  # in place already (mixflow, transformers): named, not pinned
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps torchtitan==0.3.0
 fi
 # Megatron-Core installs as a wheel without CUDA builds; its core needs only torch, numpy and packaging.
