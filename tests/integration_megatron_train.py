@@ -82,7 +82,7 @@ def forward_step(data: MixflowDataIterator, pending: list[str], data_iterator: A
     return output, partial(loss_func, loss_mask)
 
 
-def build_model() -> GPTModel:
+def build_model(vocab_size: int = 256, max_sequence_length: int = CAPACITY + PAD_TO) -> GPTModel:
     config = TransformerConfig(
         num_layers=2,
         hidden_size=32,
@@ -96,8 +96,8 @@ def build_model() -> GPTModel:
     return GPTModel(
         config=config,
         transformer_layer_spec=get_gpt_layer_local_spec(),
-        vocab_size=256,
-        max_sequence_length=CAPACITY + PAD_TO,
+        vocab_size=vocab_size,
+        max_sequence_length=max_sequence_length,
         position_embedding_type="rope",
     )
 
