@@ -58,11 +58,25 @@ fi
 
 # The trainer integrations' frameworks (their tests; tests/test_layout.py imports every module), installed
 # once torch is importable, so that pip takes that torch for theirs instead of downloading another.
-# torchtitan is left out: resolved together with the others in a fresh venv, pip backtracks for many
-# minutes; `pip install "mixflow[torchtitan]"` on its own is quick, and its tests skip without it.
 if ! .venv/bin/python -c 'import accelerate, lightning' >/dev/null 2>&1; then
   echo "setup: installing mixflow[huggingface,lightning] into .venv"
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[huggingface,lightning]'
+fi
+# torchtitan with its own requirements, resolved beside the others, sends pip backtracking for many minutes in
+# a fresh venv. So it is installed without them, after the packages its trainer, checkpointing and models
+# import, pinned to the versions tested together (a resolution with nothing left to search). Left out: wandb,
+# imported only when its logger is enabled.
+if ! .venv/bin/python -c 'import torchtitan.trainer' >/dev/null 2>&1; then
+  echo "setup: installing torchtitan 0.3.0 into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check torchdata==0.11.0 tyro==1.0.17 \
+    spmd_types==0.2.3 tensorboard==2.21.0 datasets==4.7.0 torch_checkpointing==0.1.1 einops==0.8.2 \
+    tokenizers safetensors pillow  # in place already (mixflow, transformers): named, not pinned
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps torchtitan==0.3.0
+fi
+# Megatron-Core installs as a wheel without CUDA builds; its core needs only torch, numpy and packaging.
+if ! .venv/bin/python -c 'import megatron.core' >/dev/null 2>&1; then
+  echo "setup: installing mixflow[megatron] into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[megatron]'
 fi
 
 for tool in java mvn; do

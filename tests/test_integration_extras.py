@@ -21,8 +21,15 @@ DISTRIBUTION = {
     "confluent_kafka": "confluent-kafka",
     "prometheus_client": "prometheus-client",
     "pydantic_core": "pydantic",
+    "megatron": "megatron-core",
 }
-INTEGRATIONS = {"hf_trainer": "huggingface", "lightning_data": "lightning", "torchtitan_data": "torchtitan"}
+INTEGRATIONS = {
+    "hf_trainer": "huggingface",
+    "lightning_data": "lightning",
+    "torchtitan_data": "torchtitan",
+    "megatron_data": "megatron",
+    "megatron_batch": "megatron",
+}
 FRAMEWORKS = {"transformers", "accelerate", "lightning", "torchtitan", "megatron-core", "torch"}
 
 

@@ -1,7 +1,7 @@
 """The Hugging Face ``Trainer`` integration (``MixflowTrainer``) with transformers' own loop and checkpoints,
 2 data-parallel processes on CPU (gloo): a run killed by SIGKILL and resumed with ``resume_from_checkpoint``
 trains exactly the micro-batches of an uninterrupted run, and a checkpoint taken at 2 ranks resumes on the
-same samples laid out for 1 and for 3 ranks with every sample trained exactly once."""
+same samples laid out for 1 and for 3 ranks with every sample trained exactly once (``tests.integration_base``)."""
 
 from __future__ import annotations
 
@@ -15,87 +15,35 @@ from hypothesis import strategies as st
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from tests.integration_support import (
-    MICRO_BATCHES,
-    SAVE_EVERY,
-    STEPS,
-    Jobs,
-    finish,
-    kill_rank_after,
-    received,
-    start,
-    write_jobs,
-)
+from tests.integration_base import TrainerIntegration
+from tests.integration_support import SAVE_EVERY, STEPS
 from trainer_sink.integrations.hf_trainer import last_complete_checkpoint, padding_free_batch
 
 pytestmark = pytest.mark.kafka
 
-SCRIPT = Path(__file__).resolve().parent / "integration_hf_train.py"
 
+class TestHuggingFace(TrainerIntegration):
+    script = Path(__file__).resolve().parent / "integration_hf_train.py"
+    label = "hf"
+    resume_args = ("--resume",)
 
-@pytest.fixture(scope="module")
-def jobs(kafka_bootstrap: str) -> Jobs:
-    return write_jobs(kafka_bootstrap, "hf")
+    def resumed_at(self, out: Path) -> int:
+        checkpoint = last_complete_checkpoint(out / "checkpoints")
+        assert checkpoint is not None, "no whole checkpoint before the kill"
+        return int(checkpoint.rsplit("-", 1)[1])
 
+    def copy_checkpoint(self, reference: Path, step: int, out: Path) -> tuple[str, ...]:
+        saved = out / "checkpoints" / f"checkpoint-{step}"
+        shutil.copytree(reference / "checkpoints" / f"checkpoint-{step}", saved)
+        return ("--resume-from", str(saved))
 
-@pytest.fixture(scope="module")
-def reference(jobs: Jobs, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One uninterrupted run at 2 ranks to the end of the data."""
-    out = tmp_path_factory.mktemp("hf-reference")
-    finish(start(SCRIPT, 2, out, "--job", jobs.names[2], "--bootstrap", jobs.bootstrap, "--out", str(out)), out)
-    return out
-
-
-def _run(jobs: Jobs, ranks: int, processes: int, out: Path, *extra: str):
-    job = ("--job", jobs.names[ranks], "--bootstrap", jobs.bootstrap)
-    return start(SCRIPT, processes, out, *job, "--out", str(out), *extra)
-
-
-def test_the_uninterrupted_run_trains_exactly_its_rank_topics(jobs: Jobs, reference: Path) -> None:
-    for rank in range(2):
-        assert received(reference / f"received-rank{rank}.jsonl") == jobs.topics[2][rank], f"rank {rank}"
-    checkpoints = reference / "checkpoints"
-    assert last_complete_checkpoint(checkpoints) == str(checkpoints / f"checkpoint-{STEPS}")
-    assert {p.name for p in (checkpoints / f"checkpoint-{SAVE_EVERY}").glob("mixflow-sink-rank*.json")} == {
-        "mixflow-sink-rank0.json",
-        "mixflow-sink-rank1.json",
-    }
-
-
-def test_a_killed_run_resumes_with_exactly_the_micro_batches_of_an_uninterrupted_one(
-    jobs: Jobs, reference: Path, tmp_path: Path
-) -> None:
-    out = tmp_path / "killed"
-    # Killed in step 7, after the checkpoint of step 6: steps 6 and 7 were trained once already.
-    kill_rank_after(_run(jobs, 2, 2, out), out, rank=1, lines=7 * MICRO_BATCHES + 1)
-    logs = [out / f"received-rank{r}.jsonl" for r in range(2)]
-    sizes = [path.stat().st_size for path in logs]
-    checkpoint = last_complete_checkpoint(out / "checkpoints")
-    assert checkpoint is not None, "no whole checkpoint before the kill"
-    resumed_at = int(checkpoint.rsplit("-", 1)[1])
-    finish(_run(jobs, 2, 2, out, "--resume"), out)
-    for rank in range(2):
-        expected = [r for r in received(reference / f"received-rank{rank}.jsonl") if r[0] >= resumed_at]
-        assert received(logs[rank], sizes[rank]) == expected, f"rank {rank} resumed at step {resumed_at} differs"
-
-
-@pytest.mark.parametrize("ranks", [1, 3])
-def test_a_checkpoint_at_two_ranks_resumes_on_another_number_of_ranks(
-    jobs: Jobs, reference: Path, tmp_path: Path, ranks: int
-) -> None:
-    at = 2 * SAVE_EVERY
-    out = tmp_path / f"at-{ranks}"
-    saved = out / "checkpoints" / f"checkpoint-{at}"
-    shutil.copytree(reference / "checkpoints" / f"checkpoint-{at}", saved)
-    finish(_run(jobs, ranks, ranks, out, "--resume-from", str(saved)), out)
-    before = [r for rank in range(2) for r in received(reference / f"received-rank{rank}.jsonl") if r[0] < at]
-    after = [r for rank in range(ranks) for r in received(out / f"received-rank{rank}.jsonl")]
-    for rank in range(ranks):
-        expected = [r for r in jobs.topics[ranks][rank] if r[0] >= at]
-        assert received(out / f"received-rank{rank}.jsonl") == expected, f"rank {rank} of {ranks}"
-    trained = [sample for record in before + after for sample in record[2]]
-    every = [sample for topic in jobs.topics[1].values() for record in topic for sample in record[2]]
-    assert sorted(trained) == sorted(every) and len(set(trained)) == len(trained)
+    def check_reference_checkpoints(self, reference: Path) -> None:
+        checkpoints = reference / "checkpoints"
+        assert last_complete_checkpoint(checkpoints) == str(checkpoints / f"checkpoint-{STEPS}")
+        assert {p.name for p in (checkpoints / f"checkpoint-{SAVE_EVERY}").glob("mixflow-sink-rank*.json")} == {
+            "mixflow-sink-rank0.json",
+            "mixflow-sink-rank1.json",
+        }
 
 
 @settings(max_examples=40, deadline=None)
