@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +13,9 @@ from connectors.readers.base import Document, FileLayout, Reader, location
 from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
 from topics.file_formats import FILE_FORMATS
+
+# Read-ahead of an object's file: small, for pyarrow asks for the footer and each column chunk in one read.
+_OBJECT_BUFFER_BYTES = 64 << 10
 
 
 class ParquetReader(Reader):
@@ -30,13 +32,19 @@ class ParquetReader(Reader):
     file_format = FILE_FORMATS["parquet"]
     supported_content = ("text", "tokens", "media")
 
+    def parquet_file(self, path: str, unit: WorkUnit | None = None) -> pq.ParquetFile:
+        """The file, opened by path on a local disk; in an object store read by ranges (footer, then the
+        column chunks of the row groups read), at the version ``unit`` planned."""
+        if not self.storage.remote:
+            return pq.ParquetFile(self.full_path(path))
+        return pq.ParquetFile(self.open_file(path, unit, buffer_bytes=_OBJECT_BUFFER_BYTES))
+
     def layout(self, path: str) -> FileLayout:
-        full = self.full_path(path)
         try:
-            size = full.stat().st_size
-            meta = pq.ParquetFile(full).metadata
+            size = self.size_of(path)
+            meta = self.parquet_file(path).metadata
         except (OSError, pa.ArrowException) as exc:
-            return FileLayout.unreadable(path, _size_or_zero(full), f"cannot open as Parquet: {exc}")
+            return FileLayout.unreadable(path, self._size_or_zero(path), f"cannot open as Parquet: {exc}")
         rows = np.array([meta.row_group(i).num_rows for i in range(meta.num_row_groups)], dtype=np.int64)
         group_bytes = np.array(
             [self._content_bytes(meta.row_group(i)) for i in range(meta.num_row_groups)], dtype=np.float64
@@ -59,7 +67,7 @@ class ParquetReader(Reader):
     def read(self, unit: WorkUnit) -> Iterator[Document | DeadLetter]:
         self.check_unit(unit)
         try:
-            parquet = pq.ParquetFile(self.full_path(unit.path))
+            parquet = self.parquet_file(unit.path, unit)
         except (OSError, pa.ArrowException) as exc:
             yield self.dead_letter(location(unit.path), f"cannot open as Parquet: {exc}")
             return
@@ -106,9 +114,8 @@ class ParquetReader(Reader):
         last = int(np.searchsorted(starts, unit.stop, side="left"))
         return range(max(first, 0), min(last, len(starts) - 1))
 
-
-def _size_or_zero(full: Path) -> int:
-    try:
-        return full.stat().st_size
-    except OSError:
-        return 0
+    def _size_or_zero(self, path: str) -> int:
+        try:
+            return self.size_of(path)
+        except OSError:
+            return 0

@@ -39,6 +39,14 @@ class ObjectRangeIO(io.RawIOBase):
         self.position = base + offset
         return self.position
 
+    def readall(self) -> bytes:
+        """The rest of the object, in one request."""
+        data = b""
+        if self.position < self.size:
+            data = self.storage.read_range(self.path, self.position, self.size, self.etag)
+        self.position += len(data)
+        return data
+
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         wanted = min(len(buffer), self.size - self.position)
         if wanted <= 0:
