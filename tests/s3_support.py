@@ -103,3 +103,16 @@ def running_server(root: Path) -> Iterator[S3Server]:
 def s3_server(tmp_path: Path) -> Iterator[S3Server]:
     with running_server(tmp_path / "s3") as server:
         yield server
+
+
+def upload(server: S3Server, folder: Path, prefix: str, bucket: str = BUCKET) -> str:
+    """Put every file under ``folder`` into ``bucket`` under ``prefix`` through S3 (so each object has its
+    ETag), the bucket made when missing; the source root ``s3://bucket/prefix``."""
+    from connectors.storage.s3 import S3Storage
+
+    client = S3Storage(f"s3://{bucket}", server.settings()).client
+    if not (server.root / bucket).is_dir():
+        client.create_bucket(Bucket=bucket)
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{file.relative_to(folder).as_posix()}", Body=file.read_bytes())
+    return f"s3://{bucket}/{prefix}"
