@@ -65,7 +65,13 @@ def unpinned(unit: WorkUnit) -> WorkUnit:
     return dataclasses.replace(unit, etag="", object_size=0)
 
 
-@settings(deadline=None, max_examples=8, derandomize=True, phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    deadline=None,
+    max_examples=8,
+    derandomize=True,
+    phases=[Phase.explicit, Phase.generate],  # each example uploads files: no shrinking
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(
     file_format=st.sampled_from(FORMATS),
     sizes=st.lists(st.integers(0, 60), min_size=1, max_size=4),
