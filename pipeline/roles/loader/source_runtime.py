@@ -10,6 +10,7 @@ from connectors.media.config import VisionConfig
 from connectors.planning import plan_units
 from connectors.readers import MediaFields
 from pipeline.roles.loader.defaults import TARGET_UNIT_SECONDS
+from pipeline.roles.loader.source_storage import source_storage
 from pipeline.spec import JobSpec, SourceSpec
 
 # Content bytes the planner times its tokenizer on.
@@ -39,8 +40,9 @@ class SourceRuntime:
             spec.field or "text",
             content="media" if spec.multimodal else "tokens" if spec.pretokenized else "text",
             media_fields=media_fields,
+            storage=source_storage(spec),
         )
-        reader.files()  # fail at start-up, naming the path, when the root or glob finds nothing
+        reader.files()  # fail at start-up, naming the path (or bucket and reason), when the root or glob finds nothing
         tokenizer = None if spec.pretokenized else TextTokenizer.from_file(spec.tokenizer)  # type: ignore[arg-type]
         max_length = spec.max_sample_length or job.step.tokens_per_micro_batch
         vision = None if spec.vision is None else VisionConfig(**spec.vision.model_dump())
