@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +17,8 @@ from topics.file_formats import FILE_FORMATS
 
 # Read-ahead of an object's file: small, for pyarrow asks for the footer and each column chunk in one read.
 _OBJECT_BUFFER_BYTES = 64 << 10
+# Footers of objects kept, by path and ETag, so the units of one object read its footer once.
+_FOOTERS_KEPT = 64
 
 
 class ParquetReader(Reader):
@@ -32,12 +35,24 @@ class ParquetReader(Reader):
     file_format = FILE_FORMATS["parquet"]
     supported_content = ("text", "tokens", "media")
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._footers: dict[tuple[str, str], pq.FileMetaData] = {}
+
     def parquet_file(self, path: str, unit: WorkUnit | None = None) -> pq.ParquetFile:
         """The file, opened by path on a local disk; in an object store read by ranges (footer, then the
         column chunks of the row groups read), at the version ``unit`` planned."""
         if not self.storage.remote:
             return pq.ParquetFile(self.full_path(path))
-        return pq.ParquetFile(self.open_file(path, unit, buffer_bytes=_OBJECT_BUFFER_BYTES))
+        file = self.open_file(path, unit, buffer_bytes=_OBJECT_BUFFER_BYTES)
+        version = (path, unit.etag if unit is not None else self.object_info(path).etag)
+        metadata = self._footers.get(version) if version[1] else None
+        parquet = pq.ParquetFile(file, metadata=metadata)  # a footer read before is not requested again
+        if version[1]:
+            self._footers[version] = parquet.metadata
+            while len(self._footers) > _FOOTERS_KEPT:
+                self._footers.pop(next(iter(self._footers)))
+        return parquet
 
     def layout(self, path: str) -> FileLayout:
         try:
