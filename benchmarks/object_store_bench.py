@@ -53,7 +53,7 @@ from topics.admin import delete_job_topics
 from topics.names import JobTopics
 
 REPO = Path(__file__).resolve().parent.parent
-WORDS = "def return value the list of items index error string number class import self data for in".split()
+WORDS = [
     "def",
     "return",
     "value",
@@ -71,7 +71,6 @@ WORDS = "def return value the list of items index error string number class impo
     "data",
     "for",
     "in",
-    "if",
 ]
 
 
