@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 
 from connectors.readers._columns import column_documents, media_columns, media_documents
 from connectors.readers.base import Document, FileLayout, Reader, location
+from connectors.storage import ObjectChangedError, ObjectMissingError
 from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
 from topics.file_formats import FILE_FORMATS
@@ -101,6 +102,9 @@ class ParquetReader(Reader):
             block = location(unit.path, row_group=group)
             try:
                 table = parquet.read_row_group(group, columns=columns)
+            except (ObjectChangedError, ObjectMissingError) as exc:  # the rest of the unit is refused with it
+                yield self.dead_letter(location(unit.path), f"cannot read: {exc}")
+                return
             except (OSError, pa.ArrowException) as exc:
                 yield self.dead_letter(block, f"cannot read row group: {exc}")
                 continue
