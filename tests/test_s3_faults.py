@@ -21,12 +21,17 @@ from connectors.planning import split_file
 from connectors.readers import Document, make_reader
 from connectors.storage import StorageUnavailableError, storage_for
 from connectors.storage.retry import RetryPolicy
+from connectors.storage.s3 import S3Storage
 from pipeline.cli import main
+from pipeline.kafka.work_plan import publish_work_plan
+from pipeline.roles.loader.source_runtime import SourceRuntime
+from pipeline.roles.loader.topic_partitions import partition_count
 from pipeline.spec import load_spec
 from tests.kafka_support import TopicGrowth
 from tests.loader_support import (
     build_example_data,
     committed_sample_ids,
+    dead_letters,
     expected_sample_ids,
     start_loader,
     wait_all,
@@ -35,6 +40,7 @@ from tests.loader_support import (
 from tests.s3_support import S3Server, running_server, upload
 from tests.test_s3_job import object_store_spec
 from tests.test_s3_readers import write_source
+from topics.admin import ensure_job_topics
 from topics.names import JobTopics
 
 
@@ -221,3 +227,31 @@ def test_a_server_restart_and_a_killed_loader_mid_job_lose_and_repeat_nothing(
     assert ids == expected_sample_ids(load_spec(spec), kafka_bootstrap, "docstrings")
     assert set(ids.values()) == {1}, "a sample committed twice"
     assert sum(ids.values()) == 3 * 4_000
+
+
+@pytest.mark.kafka
+def test_an_object_changed_after_planning_is_a_dead_letter_and_the_job_goes_on(
+    kafka_bootstrap: str, server: S3Server, tmp_path: Path, unique_name: str
+) -> None:
+    """The source is planned, then one of its objects is overwritten: its unit is one dead letter naming the
+    object and the reason, every other unit's samples arrive once, and nothing of the new version does."""
+    data = build_example_data(tmp_path / "data", limit=30)
+    upload(server, data / "topics", f"{unique_name}/topics")
+    spec = object_store_spec(
+        write_spec(tmp_path, unique_name, kafka_bootstrap, data), tmp_path, server, unique_name, unique_name
+    )
+    job = load_spec(spec)
+    config = {"bootstrap.servers": kafka_bootstrap}
+    topics = JobTopics(unique_name)
+    ensure_job_topics(config, unique_name, job.source_names, job.step.ranks)
+    units = SourceRuntime.from_spec(job, "topics").plan(job.seed)
+    publish_work_plan(config, topics, "topics", units, partition_count(config, topics.work("topics")))
+    changed = units[0]
+    key = f"{unique_name}/topics/{changed.path}"
+    S3Storage("s3://corpus", server.settings()).client.put_object(Bucket="corpus", Key=key, Body=b"new version")
+    wait_all([start_loader(spec, "topics", 0, tmp_path)], 240, tmp_path)
+    [letter] = dead_letters(kafka_bootstrap, topics)
+    assert letter.location == changed.path and f"s3://corpus/{key}: changed since planning" in letter.reason
+    ids = Counter(committed_sample_ids(kafka_bootstrap, topics, "topics"))
+    assert set(ids.values()) == {1} and len(ids) > 0
+    assert not any(sample_id.startswith(f"topics/{changed.path}/") for sample_id in ids)
