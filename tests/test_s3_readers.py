@@ -4,6 +4,7 @@ disk, for every format; changed and vanished objects refused as dead letters nam
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from connectors.planning import split_file
 from connectors.readers import Document, Reader, make_reader
+from connectors.readers.jsonl import lines
 from connectors.storage import storage_for
 from connectors.work_units import WorkUnit
 from tests.s3_support import S3Server, running_server, upload
@@ -157,3 +159,20 @@ def test_unchanged_objects_beside_a_changed_one_are_read(server: S3Server, tmp_p
         else:
             assert items and all(isinstance(i, Document) for i in items)
     assert np.all([u.etag for u in units])
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    data=st.binary(max_size=300).map(lambda b: b.replace(b"a", b"\n")),
+    chunk=st.integers(1, 64),
+    skip=st.integers(0, 5),
+)
+def test_lines_are_what_readline_gives(data: bytes, chunk: int, skip: int) -> None:
+    """The JSONL reader's chunked lines (one request a chunk from a store) are readline's, from any position."""
+    expected = io.BytesIO(data)
+    for _ in range(skip):
+        expected.readline()
+    got = io.BytesIO(data)
+    for _ in range(skip):
+        got.readline()
+    assert list(lines(got, chunk)) == list(iter(expected.readline, b""))

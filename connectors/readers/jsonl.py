@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import BinaryIO
 
 import numpy as np
 
@@ -22,6 +23,19 @@ LISTING_ONLY_BYTES = 1 << 20
 def line_bounds(data: bytes, base: int) -> np.ndarray:
     """Offsets just past each b'\\n' in ``data``, shifted by ``base``."""
     return np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n")).astype(np.int64) + base + 1
+
+
+def lines(file: BinaryIO, chunk_bytes: int) -> Iterator[bytes]:
+    """The lines from the file's position, each with its b"\\n" (the last may lack it), as ``readline`` gives
+    them, read ``chunk_bytes`` at a time: one request per chunk from an object store."""
+    rest = b""
+    while data := file.read(chunk_bytes):
+        pieces = (rest + data).split(b"\n")
+        rest = pieces.pop()
+        for piece in pieces:
+            yield piece + b"\n"
+    if rest:
+        yield rest
 
 
 class JsonlReader(Reader):
@@ -74,9 +88,8 @@ class JsonlReader(Reader):
                     for _ in range(start):
                         f.readline()
                 row = start
-                while whole or row < unit.stop:
-                    line = f.readline()
-                    if not line:
+                for line in lines(f, ahead):
+                    if not whole and row >= unit.stop:
                         break
                     if line.strip():
                         yield self._parse(unit.path, row, line)
