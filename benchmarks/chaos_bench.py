@@ -57,7 +57,10 @@ def print_report(report: ChaosReport, markdown: bool) -> None:
     )
 
     gap_median, gap_worst = seconds(report.gaps_s)
-    away_median, away_worst = seconds([f.down_s for f in report.injected if f.down_s is not None])
+    broker_downs = [
+        f.down_s for f in report.injected if f.down_s is not None and f.fault.kind is FaultKind.RESTART_BROKER
+    ]
+    away_median, away_worst = seconds(broker_downs)
     audit = report.audit
     stuck = sum(f.code == 3 for f in report.failures)
     totals = [

@@ -71,3 +71,10 @@ for tool in java mvn; do
     exit 1
   fi
 done
+
+# The local S3-compatible object store (Versity S3 Gateway) for `stack up --object-store` and the object-store
+# tests: built once with `go install` into the shared cache (about a minute); nothing to do when cached.
+if ! .venv/bin/python -c 'from pipeline.tools.stack.object_store_install import ensure_installed; ensure_installed()'; then
+  echo "setup: could not build the local object store (versitygw); it needs Go 1.24+ on PATH once" >&2
+  exit 1
+fi

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from pipeline.tools.stack.fault_proxy import FaultProxy
 from pipeline.tools.stack.local_broker import LocalBroker, free_port_pair
+from tests.object_store import ObjectStoreEndpoint, running_object_store
 
 # Property tests draw the same examples on every run, so a red CI run is reproducible and a green one
 # stays green; `--hypothesis-profile default` draws new ones.
@@ -49,10 +51,14 @@ def _docker_engine_answers() -> bool:
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test whose fixture closure holds ``kafka_bootstrap`` (asked for directly or through another
-    fixture) with ``kafka``, so that ``-m "not kafka"`` runs the rest without a broker and ``-m kafka`` this."""
+    fixture) with ``kafka``, so that ``-m "not kafka"`` runs the rest without a broker and ``-m kafka`` this;
+    likewise ``object_store``."""
     for item in items:
-        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "kafka_bootstrap" in fixtures:
             item.add_marker(pytest.mark.kafka)
+        if "object_store" in fixtures:
+            item.add_marker(pytest.mark.object_store)
 
 
 @pytest.fixture(scope="session")
@@ -94,3 +100,19 @@ def private_broker(tmp_path: Path) -> Iterator[tuple[LocalBroker, str]]:
         yield broker, bootstrap
     finally:
         broker.down()
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStoreEndpoint]:
+    """A real S3-compatible object store (Versity S3 Gateway) for this test session, on a free port in a
+    temporary folder: its endpoint, keys, and ``bucket(name)`` to create a bucket."""
+    with running_object_store(tmp_path_factory.mktemp("object-store")) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def object_store_proxy(object_store: ObjectStoreEndpoint) -> Iterator[tuple[FaultProxy, ObjectStoreEndpoint]]:
+    """A ``FaultProxy`` in front of the session's object store, for a test that makes storage slow, refuses or
+    resets connections: ``(proxy, the store reached through it)``."""
+    with FaultProxy(object_store.store.host, object_store.store.port) as proxy:
+        yield proxy, object_store.through(proxy.endpoint)

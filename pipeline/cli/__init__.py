@@ -81,6 +81,11 @@ COMMANDS: tuple[Command, ...] = (
         module="pipeline.cli.chaos",
     ),
     Command("deploy", "Kubernetes manifests of a job", module="pipeline.cli.deploy"),
+    Command(
+        "objects",
+        "put a folder's files into an S3-compatible bucket (the local object store or any endpoint), list a prefix",
+        module="pipeline.cli.objects",
+    ),
 )
 
 

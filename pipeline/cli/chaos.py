@@ -31,6 +31,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run on this broker instead of a private one (then the broker is never restarted)",
     )
     parser.add_argument(
+        "--object-store-dir",
+        type=Path,
+        default=None,
+        help="the folder of a running local object store (`mixflow stack object-store up`) that the spec's s3:// "
+        "sources read: the run restarts and stalls it (fault kinds restart-object-store, stall-object-store) and "
+        "gives the roles its endpoint and keys (default: none, and no object store faults)",
+    )
+    parser.add_argument(
+        "--max-stall-s",
+        type=positive_float,
+        default=5.0,
+        help="a stall-object-store fault stops the store for 1 s up to this long (default: %(default)s)",
+    )
+    parser.add_argument(
         "--kinds",
         type=_kinds,
         default=tuple(FaultKind),
@@ -77,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         kinds=args.kinds,
         fault_timeout_s=args.fault_timeout_s,
         max_lead_steps=args.max_lead_steps,
+        object_store=args.object_store_dir,
+        max_stall_s=args.max_stall_s,
     )
     report = run_chaos(options)
     for line in report.lines():

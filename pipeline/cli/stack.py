@@ -1,4 +1,5 @@
-"""`mixflow stack up|down|status|stop-node|start-node`: the local Kafka broker, or a local cluster of several."""
+"""`mixflow stack up|down|status|stop-node|start-node|object-store`: the local Kafka broker, or a local cluster of
+several, and beside it (``up --object-store``) a local S3-compatible object store."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from pipeline.cli.arguments import output_folder, port, positive_float, positive_int
 from pipeline.cli.command import Command
+from pipeline.cli.stack_object_store import OBJECT_STORE, add_object_store_port, object_store_dir, start_line, stop_line
 from pipeline.tools.stack.local_broker import DEFAULT_HOST, DEFAULT_PORT, LocalBroker, default_state_dir
 from pipeline.tools.stack.local_cluster import (
     DEFAULT_CLUSTER_PORT,
@@ -15,6 +17,7 @@ from pipeline.tools.stack.local_cluster import (
     default_cluster_state_dir,
     is_cluster_state_dir,
 )
+from pipeline.tools.stack.object_store import LocalObjectStore
 from topics.errors import MixflowError, NotFoundError
 
 
@@ -52,6 +55,13 @@ def _add_up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=positive_float, default=None, help="seconds to wait for the brokers to answer"
     )
+    parser.add_argument(
+        "--object-store",
+        action="store_true",
+        help="also start the local S3-compatible object store (in object-store/ of the state folder, or "
+        "$MIXFLOW_OBJECT_STORE_DIR; built with Go once); `stack down` stops it",
+    )
+    add_object_store_port(parser)
 
 
 def _add_node_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,6 +93,9 @@ def _stack(args: argparse.Namespace) -> LocalBroker | LocalCluster:
 def _up(args: argparse.Namespace) -> int:
     stack = _stack(args)
     timeout = {} if args.timeout is None else {"timeout_s": args.timeout}
+    if args.object_store:
+        store = LocalObjectStore(object_store_dir(stack.state_dir), port=args.object_store_port)
+        print(start_line(store, args.timeout))
     print(stack.up(**timeout))
     return 0
 
@@ -103,6 +116,8 @@ def _down(args: argparse.Namespace) -> int:
         print(f"stopped nodes {', '.join(map(str, stopped))}" if stopped else "no node of ours was running")
     else:
         print("stopped" if stack.down() else "no broker of ours was running")
+    if stopped_store := stop_line(LocalObjectStore(object_store_dir(stack.state_dir))):
+        print(stopped_store)
     if args.wipe:
         _wipe(stack.state_dir)
     return 0
@@ -122,6 +137,8 @@ def _wipe(state_dir: Path) -> None:
 
 def _status(args: argparse.Namespace) -> int:
     stack = _stack(args)
+    if (store_dir := object_store_dir(stack.state_dir)).exists():
+        print(f"object store: {LocalObjectStore(store_dir).status().describe()}")
     if isinstance(stack, LocalCluster):
         status = stack.status()
         for line in status.lines():
@@ -186,4 +203,5 @@ ACTIONS = (
         add_arguments=_add_node_arguments,
         run=_start_node,
     ),
+    OBJECT_STORE,
 )

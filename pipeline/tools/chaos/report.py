@@ -16,11 +16,11 @@ from pipeline.tools.chaos.schedule import Fault, FaultKind
 @dataclass(frozen=True)
 class InjectedFault:
     fault: Fault
-    target: str  # the role process killed, or "broker"
+    target: str  # the role process killed, "broker" or "object-store"
     at_s: float  # since the run began
     survived_s: float | None  # from the fault until the job wrote a step after it and the role was back
     gap_s: float | None = None  # killing the active constructor: until the next step was written
-    down_s: float | None = None  # a broker restart: from the stop until it answered again
+    down_s: float | None = None  # a broker or object store restart or stall: from the fault until it answered
 
 
 @dataclass
@@ -83,9 +83,10 @@ class ChaosReport:
             + (", ".join(f"{role} {n}" for role, n in self.stuck_restarts.items()) or "none"),
             _gap_line(self.gaps_s),
         ]
-        downs = [f.down_s for f in self.injected if f.down_s is not None]
-        if downs:
-            out.append(f"broker restarts: away {statistics.median(downs):.1f} s median, {max(downs):.1f} s worst")
+        for kind in FaultKind:  # the broker's and the object store's faults record how long they kept it away
+            downs = [f.down_s for f in self.injected if f.down_s is not None and f.fault.kind is kind]
+            if downs:
+                out.append(f"{kind}: away {statistics.median(downs):.1f} s median, {max(downs):.1f} s worst")
         if self.audit is not None:
             out += self.audit.lines()
         phases = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.phases_s.items())

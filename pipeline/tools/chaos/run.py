@@ -11,6 +11,7 @@ is left and the end-of-data record, and the sinks end there. The audit then read
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -25,9 +26,10 @@ import yaml
 from pipeline.kafka.clients import KafkaConfig
 from pipeline.spec import JobSpec, load_spec
 from pipeline.tools.chaos.audit import audit_job
+from pipeline.tools.chaos.object_store import ChaosObjectStore
 from pipeline.tools.chaos.report import ChaosReport, InjectedFault
 from pipeline.tools.chaos.roles import Role, RoleKind, Supervisor
-from pipeline.tools.chaos.schedule import DEFAULT_WEIGHTS, Fault, FaultKind, Targets, plan_faults
+from pipeline.tools.chaos.schedule import DEFAULT_WEIGHTS, OBJECT_STORE_KINDS, Fault, FaultKind, Targets, plan_faults
 from pipeline.tools.chaos.sink_state import checkpoint_steps
 from pipeline.tools.chaos.watch import Lease, LeaseWatch, StateWatch
 from pipeline.tools.stack.local_broker import LocalBroker, default_state_dir, free_port_pair
@@ -54,7 +56,11 @@ class ChaosOptions:
     start_timeout_s: float = 300.0  # for the first step to reach every sink
     drain_timeout_s: float = 600.0  # for the job to end once the faults are over
     max_pause_s: float = 2.0  # before each fault, once the previous one was survived
-    max_down_s: float = 3.0  # a restarted broker stays down up to this long
+    max_down_s: float = 3.0  # a restarted broker or object store stays down up to this long
+    # The folder of a running local object store (``LocalObjectStore``) that the spec's s3:// sources read:
+    # the roles reach it through a fault proxy of the run; the run restarts, stalls, slows and refuses it.
+    object_store: Path | None = None
+    max_stall_s: float = 5.0  # an object store is stalled, slow or refusing for 1 s up to this long
     max_lead_steps: int | None = None  # overrides the spec's constructor.max_lead_steps (the sinks pace it)
 
 
@@ -74,25 +80,28 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
             f"{base.constructor.lanes} (lanes under SIGKILL are tested by tests/test_lanes.py)"
         )
         raise MixflowError(msg)
+    store = ChaosObjectStore.running(options.object_store) if options.object_store else None
     folder.mkdir(parents=True, exist_ok=True)
     targets = Targets(
         loaders=tuple(f"load-{s.name}-{i}" for s in base.sources for i in range(s.loaders)),
         sinks=tuple(f"sink-{r}" for r in range(base.step.ranks)),
         shadows=options.shadows,
         broker=options.bootstrap is None,
+        object_store=options.object_store is not None,
     )
     weights = {kind: weight for kind, weight in DEFAULT_WEIGHTS.items() if kind in options.kinds}
-    faults = plan_faults(
-        options.seed, options.faults, targets, weights, max_pause_s=options.max_pause_s, max_down_s=options.max_down_s
-    )
+    maxima = {"max_pause_s": options.max_pause_s, "max_down_s": options.max_down_s, "max_stall_s": options.max_stall_s}
+    faults = plan_faults(options.seed, options.faults, targets, weights, **maxima)
     report = ChaosReport(job, options.seed, options.shadows, targets.broker, folder, planned=faults)
     broker = None if options.bootstrap else LocalBroker(folder / "broker", port=free_port_pair())
     try:
         bootstrap = broker.up() if broker is not None else str(options.bootstrap)
-        spec, streaming, draining = _write_specs(options.spec, job, bootstrap, folder, options.max_lead_steps)
+        if store is not None:
+            store.open()
+        spec, streaming, draining = _write_specs(options.spec, job, bootstrap, folder, options.max_lead_steps, store)
         config = spec.kafka.client_config(bootstrap)
         ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks, lanes=spec.constructor.lanes)
-        live = LiveJob(options, spec, config, folder, broker)
+        live = LiveJob(options, spec, config, folder, broker, store)
         try:
             live.run(faults, streaming, draining, report)
         finally:
@@ -102,9 +111,12 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
             report.stuck_restarts = live.supervisor.stuck_restarts()
         if report.error is None:
             phase = time.monotonic()
-            report.audit = audit_job(config, spec, folder / "sinks")
+            with store.environ() if store is not None else contextlib.nullcontext():  # s3:// sources: keys
+                report.audit = audit_job(config, spec, folder / "sinks")
             report.phases_s["audit"] = time.monotonic() - phase
     finally:
+        if store is not None:
+            store.close()
         if broker is not None:
             broker.down()
         report.wall_s = time.monotonic() - began
@@ -113,10 +125,18 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
 
 
 def _write_specs(
-    spec_path: Path, job: str, bootstrap: str, folder: Path, max_lead_steps: int | None
+    spec_path: Path,
+    job: str,
+    bootstrap: str,
+    folder: Path,
+    max_lead_steps: int | None,
+    store: ChaosObjectStore | None = None,
 ) -> tuple[JobSpec, Path, Path]:
-    """The spec under ``job`` on ``bootstrap``, streaming (``spec.yaml``), and for the drain."""
+    """The spec under ``job`` on ``bootstrap`` (and the object store's proxy), streaming (``spec.yaml``), and
+    for the drain."""
     body = load_spec(spec_path).model_dump(mode="json", exclude_none=True)
+    if store is not None:
+        body = store.through_proxy(body)
     body["job"] = job
     body["kafka"] = {**body.get("kafka", {}), "bootstrap_servers": bootstrap}
     if max_lead_steps is not None:
@@ -133,16 +153,28 @@ class LiveJob:
     """The job's processes, and what the run watches of it, while faults strike."""
 
     def __init__(
-        self, options: ChaosOptions, spec: JobSpec, config: KafkaConfig, folder: Path, broker: LocalBroker | None
+        self,
+        options: ChaosOptions,
+        spec: JobSpec,
+        config: KafkaConfig,
+        folder: Path,
+        broker: LocalBroker | None,
+        store: ChaosObjectStore | None = None,
     ) -> None:
         self.options = options
         self.spec = spec
         self.folder = folder
         self.sinks = folder / "sinks"
         self.broker = broker
+        self.store = store
         self.bootstrap = str(config["bootstrap.servers"])
         self.began = time.monotonic()
-        self.supervisor = Supervisor(folder, {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap})
+        env = {
+            **os.environ,
+            **(self.store.environment() if self.store else {}),
+            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+        }
+        self.supervisor = Supervisor(folder, env)
         self.watch = StateWatch(config, spec.job)
         self.lease = LeaseWatch(config, spec.job)
         self._lease_seen = Lease()
@@ -206,8 +238,11 @@ class LiveJob:
         """Strike, then wait until the job has survived it."""
         at = time.monotonic()
         timeout = self.options.fault_timeout_s
-        if fault.kind is FaultKind.RESTART_BROKER:
-            down = self._restart_broker(fault.down_s)
+        if fault.kind in (FaultKind.RESTART_BROKER, *OBJECT_STORE_KINDS):
+            down = self._restart_broker(fault.down_s) if fault.kind is FaultKind.RESTART_BROKER else None
+            if fault.kind in OBJECT_STORE_KINDS:
+                assert self.store is not None, "no object store faults without an object store"
+                down = self.store.strike(fault, self._sleep)
             end = self.watch.end_offset()
             what = fault.describe()
             self._wait(
@@ -215,7 +250,8 @@ class LiveJob:
                 timeout,
                 f"{what}: no step was written after it",
             )
-            return InjectedFault(fault, "broker", at - self.began, time.monotonic() - at, down_s=down)
+            target = "broker" if fault.kind is FaultKind.RESTART_BROKER else "object-store"
+            return InjectedFault(fault, target, at - self.began, time.monotonic() - at, down_s=down)
 
         role = self._target(fault)
         what = f"{fault.describe()} ({role.name}, pid {role.pid})"

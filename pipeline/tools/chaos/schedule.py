@@ -16,6 +16,22 @@ class FaultKind(StrEnum):
     KILL_SHADOW_CONSTRUCTOR = "kill-shadow-constructor"
     KILL_SINK = "kill-sink"
     RESTART_BROKER = "restart-broker"
+    RESTART_OBJECT_STORE = "restart-object-store"
+    STALL_OBJECT_STORE = "stall-object-store"  # SIGSTOP, then SIGCONT: requests hang meanwhile
+    SLOW_OBJECT_STORE = "slow-object-store"  # the run's proxy holds every chunk a while
+    REFUSE_OBJECT_STORE = "refuse-object-store"  # the run's proxy resets open connections and new ones
+
+
+OBJECT_STORE_KINDS = frozenset(
+    {
+        FaultKind.RESTART_OBJECT_STORE,
+        FaultKind.STALL_OBJECT_STORE,
+        FaultKind.SLOW_OBJECT_STORE,
+        FaultKind.REFUSE_OBJECT_STORE,
+    }
+)
+# The object store faults that last a while (1 s up to max_stall_s) rather than a restart's time down.
+LASTING_KINDS = OBJECT_STORE_KINDS - {FaultKind.RESTART_OBJECT_STORE}
 
 
 DEFAULT_WEIGHTS: Mapping[FaultKind, float] = {
@@ -24,17 +40,23 @@ DEFAULT_WEIGHTS: Mapping[FaultKind, float] = {
     FaultKind.KILL_SHADOW_CONSTRUCTOR: 1,
     FaultKind.KILL_SINK: 2,
     FaultKind.RESTART_BROKER: 1,
+    FaultKind.RESTART_OBJECT_STORE: 1,
+    FaultKind.STALL_OBJECT_STORE: 1,
+    FaultKind.SLOW_OBJECT_STORE: 1,
+    FaultKind.REFUSE_OBJECT_STORE: 1,
 }
 
 
 @dataclass(frozen=True)
 class Targets:
-    """What a run can strike: its loader and sink roles by name, its shadow constructors, its broker."""
+    """What a run can strike: its loader and sink roles by name, its shadow constructors, its broker, the
+    object store its sources are read from."""
 
     loaders: tuple[str, ...]
     sinks: tuple[str, ...]
     shadows: int
     broker: bool
+    object_store: bool = False
 
     def kinds(self) -> list[FaultKind]:
         present = {
@@ -43,6 +65,10 @@ class Targets:
             FaultKind.KILL_SHADOW_CONSTRUCTOR: self.shadows > 0,
             FaultKind.KILL_SINK: bool(self.sinks),
             FaultKind.RESTART_BROKER: self.broker,
+            FaultKind.RESTART_OBJECT_STORE: self.object_store,
+            FaultKind.STALL_OBJECT_STORE: self.object_store,
+            FaultKind.SLOW_OBJECT_STORE: self.object_store,
+            FaultKind.REFUSE_OBJECT_STORE: self.object_store,
         }
         return [kind for kind in FaultKind if present[kind]]
 
@@ -51,13 +77,17 @@ class Targets:
 class Fault:
     number: int  # from 1
     kind: FaultKind
-    target: str | None  # the loader or sink role killed; the run finds the constructor, and there is one broker
+    target: str | None  # the loader or sink role killed; the run finds the constructor; one broker, one store
     pause_s: float  # how long the run waits, once the previous fault is survived, before this one
-    down_s: float = 0.0  # how long a restarted broker stays down
+    down_s: float = 0.0  # how long a restarted broker or object store stays down, or a stalled store stalls
 
     def describe(self) -> str:
         where = f" {self.target}" if self.target else ""
-        down = f", down {self.down_s:.1f} s" if self.kind is FaultKind.RESTART_BROKER else ""
+        down = ""
+        if self.kind in (FaultKind.RESTART_BROKER, FaultKind.RESTART_OBJECT_STORE):
+            down = f", down {self.down_s:.1f} s"
+        elif self.kind in LASTING_KINDS:
+            down = f", for {self.down_s:.1f} s"
         return f"fault {self.number} {self.kind}{where}{down}"
 
 
@@ -68,9 +98,11 @@ def plan_faults(
     weights: Mapping[FaultKind, float] = DEFAULT_WEIGHTS,
     max_pause_s: float = 2.0,
     max_down_s: float = 3.0,
+    max_stall_s: float = 5.0,
 ) -> tuple[Fault, ...]:
     """``count`` faults of the kinds ``targets`` allows: each kind at least once when ``count`` is large
-    enough, the rest drawn by ``weights``, in a shuffled order."""
+    enough, the rest drawn by ``weights``, in a shuffled order. A restart is down up to ``max_down_s``; an
+    object store that is stalled, slow or refusing is so from 1 s to ``max_stall_s``."""
     if count < 0:
         msg = f"the number of faults must not be negative, not {count}"
         raise ValueError(msg)
@@ -90,9 +122,18 @@ def plan_faults(
         elif kind is FaultKind.KILL_SINK:
             target = rng.choice(targets.sinks)
         pause = round(rng.uniform(0, max_pause_s), 3)
-        down = round(rng.uniform(0, max_down_s), 3) if kind is FaultKind.RESTART_BROKER else 0.0
-        faults.append(Fault(number, kind, target, pause, down))
+        faults.append(Fault(number, kind, target, pause, _down_s(rng, kind, max_down_s, max_stall_s)))
     return tuple(faults)
+
+
+def _down_s(rng: random.Random, kind: FaultKind, max_down_s: float, max_stall_s: float) -> float:
+    """How long the fault keeps its target away; drawn only for the kinds that have one, so that a schedule
+    without them draws what it drew before they existed."""
+    if kind in (FaultKind.RESTART_BROKER, FaultKind.RESTART_OBJECT_STORE):
+        return round(rng.uniform(0, max_down_s), 3)
+    if kind in LASTING_KINDS:
+        return round(rng.uniform(min(1.0, max_stall_s), max_stall_s), 3)
+    return 0.0
 
 
 def count_kinds(faults: tuple[Fault, ...] | list[Fault]) -> Counter[FaultKind]:
