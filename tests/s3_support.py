@@ -20,12 +20,17 @@ from connectors.storage.s3 import S3Settings
 ACCESS_KEY = "mixflowtest"
 SECRET_KEY = "mixflowtestsecret"
 BUCKET = "corpus"
-_BINARIES = (os.environ.get("MIXFLOW_VERSITYGW", ""), "/root/.cache/mixflow/bin-probe/versitygw")
+_BINARIES = (os.environ.get("MIXFLOW_VERSITYGW", ""), str(Path.home() / ".cache/mixflow/bin-probe/versitygw"))
 START_TIMEOUT_S = 30.0
 
 
 def versitygw_binary() -> str | None:
-    return next((b for b in _BINARIES if b and Path(b).is_file()), None) or shutil.which("versitygw")
+    """``$MIXFLOW_VERSITYGW``, else the project's build (``mixflow stack`` installs it into its cache), else
+    one on the PATH."""
+    from pipeline.tools.stack.object_store_install import installed_path
+
+    candidates = (*_BINARIES[:1], str(installed_path()), *_BINARIES[1:])
+    return next((b for b in candidates if b and Path(b).is_file()), None) or shutil.which("versitygw")
 
 
 def free_port() -> int:
