@@ -51,7 +51,7 @@ class SourceRuntime:
             max_length=max_length,
             eod_id=spec.eod_token_id,
             vision=vision,
-            media_root=spec.path,
+            media_root=reader.storage if reader.storage.remote else spec.path,
             max_patches=job.step.patches_per_micro_batch,
         )
         return cls(spec, reader, builder, quick_cost=job.autoscaling.enabled)
