@@ -9,6 +9,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO
 
+from connectors.storage.errors import StorageNotFoundError
+
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
@@ -29,6 +31,11 @@ class Storage(ABC):
     @abstractmethod
     def list(self) -> list[ObjectInfo]:
         """Every object under the root, sorted by path."""
+
+    @abstractmethod
+    def probe(self) -> None:
+        """Raise the storage's error (``StorageError``: access denied, no such bucket, no answer; or
+        ``StorageNotFoundError`` when the root holds nothing) with one cheap request; a local root: nothing."""
 
     @abstractmethod
     def info(self, path: str) -> ObjectInfo:
@@ -58,6 +65,10 @@ class LocalStorage(Storage):
     def list(self) -> list[ObjectInfo]:
         found = (p for p in self.root.rglob("*") if p.is_file())
         return sorted((ObjectInfo(p.relative_to(self.root).as_posix(), p.stat().st_size) for p in found), key=_path)
+
+    def probe(self) -> None:
+        if not self.root.is_dir():
+            raise StorageNotFoundError(f"{self.root} does not exist or is not a directory")
 
     def info(self, path: str) -> ObjectInfo:
         return ObjectInfo(path, (self.root / path).stat().st_size)

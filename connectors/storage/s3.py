@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar
 
 from connectors.storage.base import ObjectInfo, Storage
-from connectors.storage.errors import StorageError
+from connectors.storage.errors import StorageError, StorageNotFoundError
 from connectors.storage.faults import classify
 from connectors.storage.object_file import open_object
 from connectors.storage.retry import RetryPolicy
@@ -76,6 +76,13 @@ class S3Storage(Storage):
             if not page.get("IsTruncated"):
                 return sorted(found, key=lambda info: info.path)
             token = page["NextContinuationToken"]
+
+    def probe(self) -> None:
+        prefix = f"{self.uri.prefix}/" if self.uri.prefix else ""
+        arguments = {"Bucket": self.uri.bucket, "Prefix": prefix, "MaxKeys": 1}
+        page = self._request("", lambda: self.client.list_objects_v2(**arguments))
+        if not page.get("Contents"):
+            raise StorageNotFoundError(f"{self.describe()}: no object under this prefix")
 
     def info(self, path: str) -> ObjectInfo:
         head = self._request(path, lambda: self.client.head_object(Bucket=self.uri.bucket, Key=self.uri.key(path)))

@@ -42,7 +42,11 @@ class SourceRuntime:
             media_fields=media_fields,
             storage=source_storage(spec),
         )
-        reader.files()  # fail at start-up, naming the path (or bucket and reason), when the root or glob finds nothing
+        if reader.storage.remote:
+            # One request says what is wrong with the bucket; the planner's listing says what the glob finds.
+            reader.storage.probe()
+        else:
+            reader.files()  # fail at start-up, naming the path, when the root or glob finds nothing
         tokenizer = None if spec.pretokenized else TextTokenizer.from_file(spec.tokenizer)  # type: ignore[arg-type]
         max_length = spec.max_sample_length or job.step.tokens_per_micro_batch
         vision = None if spec.vision is None else VisionConfig(**spec.vision.model_dump())
