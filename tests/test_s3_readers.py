@@ -4,8 +4,10 @@ disk, for every format; changed and vanished objects refused as dead letters nam
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -176,3 +178,25 @@ def test_lines_are_what_readline_gives(data: bytes, chunk: int, skip: int) -> No
     for _ in range(skip):
         got.readline()
     assert list(lines(got, chunk)) == list(iter(expected.readline, b""))
+
+
+def test_a_prefix_of_many_small_objects_is_planned_from_its_paginated_listing_alone(server: S3Server) -> None:
+    """2,500 objects (three pages of a listing): one pinned whole-object unit each, and no object read."""
+    folder = server.bucket() / "many"
+    for i in range(2_500):
+        body = (json.dumps({"text": f"object {i}"}) + "\n").encode()
+        path = folder / f"{i % 7}" / f"obj-{i:05d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body)
+        os.setxattr(path, "user.etag", f'"{hashlib.md5(body).hexdigest()}"'.encode())  # as a PUT leaves it
+    storage = storage_for("s3://corpus/many", server.settings())
+
+    def no_reads(*args: object, **kwargs: object) -> bytes:
+        raise AssertionError(f"planning read an object: {args}")
+
+    storage.read_range = no_reads  # type: ignore[method-assign]
+    reader = make_reader("jsonl", "many", "s3://corpus/many", storage=storage)
+    units = units_of(reader, 1 << 20)
+    assert len(units) == 2_500 and {u.kind for u in units} == {"file"}
+    assert sorted(u.path for u in units) == sorted(f"{i % 7}/obj-{i:05d}.jsonl" for i in range(2_500))
+    assert all(u.etag.startswith('"') and u.object_size > 0 for u in units)
