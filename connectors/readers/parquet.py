@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,6 +40,7 @@ class ParquetReader(Reader):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._footers: dict[tuple[str, str], pq.FileMetaData] = {}
+        self._footers_lock = threading.Lock()
 
     def parquet_file(self, path: str, unit: WorkUnit | None = None) -> pq.ParquetFile:
         """The file, opened by path on a local disk; in an object store read by ranges (footer, then the
@@ -50,9 +52,10 @@ class ParquetReader(Reader):
         metadata = self._footers.get(version) if version[1] else None
         parquet = pq.ParquetFile(file, metadata=metadata)  # a footer read before is not requested again
         if version[1]:
-            self._footers[version] = parquet.metadata
-            while len(self._footers) > _FOOTERS_KEPT:
-                self._footers.pop(next(iter(self._footers)))
+            with self._footers_lock:  # planning reads layouts on several threads
+                self._footers[version] = parquet.metadata
+                while len(self._footers) > _FOOTERS_KEPT:
+                    self._footers.pop(next(iter(self._footers)))
         return parquet
 
     def layout(self, path: str) -> FileLayout:
