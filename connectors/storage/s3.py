@@ -105,13 +105,6 @@ class S3Storage(Storage):
 
         return self._request(path, get, etag)
 
-    def read_object(self, path: str, etag: str = "") -> bytes:
-        """The whole object, in one GET."""
-        arguments: dict[str, Any] = {"Bucket": self.uri.bucket, "Key": self.uri.key(path)}
-        if etag:
-            arguments["IfMatch"] = etag
-        return self._request(path, lambda: self.client.get_object(**arguments)["Body"].read(), etag)
-
     def open(self, path: str, etag: str = "", *, size: int | None = None, buffer_bytes: int = 1 << 20) -> BinaryIO:
         if size is None or not etag:
             now = self.info(path)
