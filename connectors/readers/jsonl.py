@@ -88,8 +88,10 @@ class JsonlReader(Reader):
                     for _ in range(start):
                         f.readline()
                 row = start
-                for line in lines(f, ahead):
-                    if not whole and row >= unit.stop:
+                unit_lines = lines(f, ahead)
+                while whole or row < unit.stop:  # checked first: a line past the unit would read another chunk
+                    line = next(unit_lines, b"")
+                    if not line:
                         break
                     if line.strip():
                         yield self._parse(unit.path, row, line)
