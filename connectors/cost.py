@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 
+from connectors.planning import pinned
 from connectors.readers.base import Document, FileLayout, Reader
 from connectors.samples import SampleBuilder
 from connectors.work_units import WorkUnit
@@ -23,10 +24,18 @@ def sample_units(reader: Reader, layouts: list[FileLayout], sample_bytes: int, m
     per_file = max(1, sample_bytes // len(picks))
     units = []
     for layout in (readable[i] for i in picks.tolist()):
+        if not layout.rows_known:  # a small object planned from the listing: read whole
+            unit = WorkUnit(reader.source, layout.path, "file", 0, 1, estimated_bytes=layout.size_bytes)
+            units += pinned([unit], layout.etag, layout.size_bytes)
+            continue
         stop = int(np.searchsorted(layout.row_bounds, layout.row_bounds[0] + per_file, side="left"))
         stop = min(max(stop, 1), layout.num_rows)
         size = int(layout.row_bounds[stop] - layout.row_bounds[0])
-        units.append(WorkUnit(reader.source, layout.path, "rows", 0, stop, estimated_bytes=size))
+        units += pinned(
+            [WorkUnit(reader.source, layout.path, "rows", 0, stop, estimated_bytes=size)],
+            layout.etag,
+            layout.size_bytes,
+        )
     return units
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -41,7 +42,19 @@ def cut_rows(bounds: np.ndarray, cuts: np.ndarray, max_bytes: int) -> np.ndarray
 
 
 def split_file(source: str, layout: FileLayout, max_bytes: int, epoch: int = 0) -> list[WorkUnit]:
-    """The units of one file, in row order, covering each of its rows exactly once."""
+    """The units of one file, in row order, covering each of its rows exactly once; an object's units carry
+    its ETag and size (``pinned``)."""
+    return pinned(_split_file(source, layout, max_bytes, epoch), layout.etag, layout.size_bytes)
+
+
+def pinned(units: list[WorkUnit], etag: str, object_size: int) -> list[WorkUnit]:
+    """``units`` with the ETag and size of the object they read, when it has an ETag."""
+    if not etag:
+        return units
+    return [dataclasses.replace(unit, etag=etag, object_size=object_size) for unit in units]
+
+
+def _split_file(source: str, layout: FileLayout, max_bytes: int, epoch: int) -> list[WorkUnit]:
     bounds = layout.row_bounds
     whole = WorkUnit(source, layout.path, "file", 0, layout.num_rows, epoch, layout.content_bytes)
     if layout.problem is not None:
@@ -143,7 +156,7 @@ def split_unit(unit: WorkUnit, layout: FileLayout, max_bytes: int) -> list[WorkU
         else:
             offset = int(bounds[lo])
             units.append(WorkUnit(unit.source, unit.path, "rows", lo, hi, unit.epoch, size, byte_offset=offset))
-    return units
+    return pinned(units, unit.etag, unit.object_size)
 
 
 def _row_ranges(bounds: np.ndarray, start: int, stop: int, max_bytes: int) -> list[tuple[int, int]]:

@@ -11,6 +11,7 @@ import numpy as np
 from connectors.media.config import VisionConfig
 from connectors.readers.base import Document, location
 from connectors.sample_ids import with_suffixes
+from connectors.storage import Storage
 from connectors.tokenizer import TextTokenizer
 from topics.dead_letter import DeadLetter
 from topics.sample import Sample
@@ -48,9 +49,9 @@ class SampleBuilder:
     ``#<k>`` ids; epochs after the first get ``@e<n>``.
 
     Interleaved documents (``Document.parts``) have their text parts tokenized in the same batch and their
-    media decoded per ``vision`` (path references under ``media_root``), and are split only between
-    placeholder blocks (``connectors.multimodal_samples``); a bad image or clip makes its document a dead
-    letter."""
+    media decoded per ``vision`` (path references under ``media_root``: a folder, or a ``Storage``), and are
+    split only between placeholder blocks (``connectors.multimodal_samples``); a bad image or clip makes its
+    document a dead letter."""
 
     def __init__(
         self,
@@ -59,7 +60,7 @@ class SampleBuilder:
         max_length: int,
         eod_id: int | None = None,
         vision: VisionConfig | None = None,
-        media_root: str | Path | None = None,
+        media_root: str | Path | Storage | None = None,
         max_patches: int | None = None,
     ) -> None:
         if max_length < 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from topics.json_record import decode, encode, json_record
+from topics.json_record import decode, encode, json_field, json_record
 
 UnitKind = Literal["file", "row_group", "rows"]
 UNIT_KINDS: tuple[str, ...] = get_args(UnitKind)
@@ -20,6 +20,9 @@ class WorkUnit:
     group ``row_group``, whose rows are ``[start, stop)`` of the file) or ``rows`` (a row range of a
     file that can be split anywhere). ``byte_offset`` is where row ``start`` begins in the file, for
     readers that can seek to it. ``estimated_bytes`` is the content size the planner costed the unit at.
+    ``etag`` and ``object_size``, set for a file in an object store, pin the version planned: reading
+    another version (or none) is refused. They are left out of the JSON while empty, so a local source's
+    units are written as before.
 
     The JSON form (:meth:`to_json`, ``topics.json_record``) is an object of exactly these fields, keys
     sorted. :meth:`from_json` validates it with a pydantic model made from them at the first decode (planning
@@ -36,6 +39,8 @@ class WorkUnit:
     estimated_bytes: int = 0
     row_group: int | None = None
     byte_offset: int = 0
+    etag: str = json_field(omit_default=True, default="")
+    object_size: int = json_field(omit_default=True, default=0)
 
     def __post_init__(self) -> None:
         if self.kind not in UNIT_KINDS:
@@ -47,8 +52,8 @@ class WorkUnit:
         if (self.kind == "row_group") != (self.row_group is not None):
             msg = f"work unit of {self.path}: row_group is set exactly when kind is 'row_group'"
             raise ValueError(msg)
-        if self.epoch < 0 or self.estimated_bytes < 0 or self.byte_offset < 0:
-            msg = f"work unit of {self.path}: epoch, estimated_bytes and byte_offset must be >= 0"
+        if min(self.epoch, self.estimated_bytes, self.byte_offset, self.object_size) < 0:
+            msg = f"work unit of {self.path}: epoch, estimated_bytes and byte_offset must be >= 0 (and object_size)"
             raise ValueError(msg)
 
     @property

@@ -7,17 +7,19 @@ from pathlib import Path
 from connectors.media.config import VisionConfig
 from connectors.media.refs import media_input
 from connectors.readers.base import MediaRef
+from connectors.storage import Storage
 from topics.media import MediaItem
 
 
 class MediaDecoder:
-    """Decodes images (Pillow) and clips (PyAV) per ``config``; path references are files under ``root``.
+    """Decodes images (Pillow) and clips (PyAV) per ``config``; path references are files under ``root``
+    (a folder, or an object store's ``Storage``).
 
     The decoders' modules load on the first image or clip, so a text source never imports Pillow or PyAV."""
 
-    def __init__(self, config: VisionConfig, root: str | Path | None = None) -> None:
+    def __init__(self, config: VisionConfig, root: str | Path | Storage | None = None) -> None:
         self.config = config
-        self.root = None if root is None else Path(root).resolve()
+        self.root = root if isinstance(root, Storage) or root is None else Path(root).resolve()
 
     def decode(self, ref: MediaRef) -> MediaItem:
         """``ref`` decoded and resized, ``token_offset`` 0; ``MediaError`` saying why it cannot be."""

@@ -22,6 +22,7 @@ from connectors.readers.base import (
     SourceNotFoundError,
     location,
 )
+from connectors.storage import Storage
 from topics.file_formats import FILE_FORMATS
 
 if TYPE_CHECKING:
@@ -60,16 +61,18 @@ def make_reader(
     *,
     content: ContentKind = "text",
     media_fields: MediaFields | None = None,
+    storage: Storage | None = None,
 ) -> Reader:
     """The reader for ``file_format``; ``ValueError`` naming the known formats otherwise. ``content="media"``
     reads text, images and clips (Parquet, JSONL, Arrow and WebDataset) from the keys or columns that
-    ``media_fields`` names (default ``MediaFields()``)."""
+    ``media_fields`` names (default ``MediaFields()``). ``root`` may be ``s3://bucket/prefix``, read through
+    ``storage`` (``connectors.storage.storage_for(root, settings)``)."""
     try:
         reader = reader_class(file_format)
     except KeyError as exc:
         msg = f"source {source}: format {file_format!r} is not one of {', '.join(READERS)}"
         raise ValueError(msg) from exc
-    return reader(source, root, glob, field, content=content, media_fields=media_fields)
+    return reader(source, root, glob, field, content=content, media_fields=media_fields, storage=storage)
 
 
 __getattr__, _, _ = lazy_loader.attach(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -16,14 +17,38 @@ from topics.dead_letter import DeadLetter
 from topics.file_formats import FILE_FORMATS
 
 
-def read_ipc(full: Path) -> pa.Table:
-    """The whole table, memory-mapped: the IPC file format when it has a footer, else the stream format."""
-    with pa.memory_map(str(full)) as source:
+def read_ipc(full: Path | BinaryIO) -> pa.Table:
+    """The whole table, memory-mapped (or from an object's file): the IPC file format when it has a footer,
+    else the stream format."""
+    with pa.memory_map(str(full)) if isinstance(full, Path) else pa.PythonFile(full, mode="r") as source:
         try:
             return pa.ipc.open_file(source).read_all()
         except pa.ArrowInvalid:
             source.seek(0)
             return pa.ipc.open_stream(source).read_all()
+
+
+def read_ipc_rows(file: BinaryIO, start: int, stop: int) -> tuple[pa.Table, int]:
+    """Rows ``[start, stop)`` of an IPC file read batch by batch, those before ``start`` dropped as they come
+    and none read after ``stop``, with the number of rows seen (to tell a file that is too short)."""
+    with pa.PythonFile(file, mode="r") as source:
+        try:
+            batches: Iterator[pa.RecordBatch] | pa.ipc.RecordBatchStreamReader
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        except pa.ArrowInvalid:
+            source.seek(0)
+            reader = pa.ipc.open_stream(source)
+            batches = reader
+        kept, first, schema = [], 0, reader.schema
+        for batch in batches:
+            last = first + batch.num_rows
+            if last > start:
+                kept.append(batch.slice(max(start - first, 0), max(min(stop, last) - max(start, first), 0)))
+            first = last
+            if first >= stop:
+                break
+        return pa.Table.from_batches(kept, schema), first
 
 
 def row_sizes(column: pa.ChunkedArray) -> np.ndarray:
@@ -46,10 +71,9 @@ class ArrowReader(Reader):
     supported_content = ("text", "tokens", "media")
 
     def layout(self, path: str) -> FileLayout:
-        full = self.full_path(path)
         try:
-            size = full.stat().st_size
-            table = read_ipc(full)
+            size = self.size_of(path)
+            table = read_ipc(self.full_path(path) if not self.storage.remote else self.open_file(path))
         except (OSError, pa.ArrowException) as exc:
             return FileLayout.unreadable(path, 0, f"cannot open as Arrow IPC: {exc}")
         if self.content == "media":
@@ -66,36 +90,40 @@ class ArrowReader(Reader):
         self.check_unit(unit)
         where = location(unit.path)
         try:
-            table = read_ipc(self.full_path(unit.path))
+            table, first, total = self._unit_table(unit)
         except (OSError, pa.ArrowException) as exc:
             yield self.dead_letter(where, f"cannot open as Arrow IPC: {exc}")
             return
         if self.content == "media":
-            yield from self._media_rows(unit, table)
-            return
-        if self.field not in table.column_names:
+            columns = media_columns(self.media_fields, table.column_names)
+            if isinstance(columns, str):
+                yield self.dead_letter(where, f"{columns} (columns: {', '.join(table.column_names)})")
+                return
+            table = table.select(columns)
+        elif self.field not in table.column_names:
             yield self.dead_letter(where, f"no column {self.field!r} (columns: {', '.join(table.column_names)})")
             return
-        column = table.column(self.field)
-        if unit.kind == "file":
-            yield from column_documents(self, unit.path, 0, column, where)
-            return
-        yield from column_documents(self, unit.path, unit.start, column.slice(unit.start, unit.num_rows), where)
-        yield from self._rows_missing(unit, table)
+        if unit.kind != "file":
+            table = table.slice(unit.start - first, unit.num_rows)
+        start = 0 if unit.kind == "file" else unit.start
+        if self.content == "media":
+            yield from media_documents(self, unit.path, start, table)
+        else:
+            yield from column_documents(self, unit.path, start, table.column(self.field), where)
+        if unit.kind != "file" and total < unit.stop:
+            reason = f"file has {total} rows, fewer than the {unit.stop} of {unit.unit_id}"
+            yield self.dead_letter(location(unit.path, row=total), reason)
 
-    def _rows_missing(self, unit: WorkUnit, table: pa.Table) -> Iterator[DeadLetter]:
-        if table.num_rows < unit.stop:
-            reason = f"file has {table.num_rows} rows, fewer than the {unit.stop} of {unit.unit_id}"
-            yield self.dead_letter(location(unit.path, row=table.num_rows), reason)
-
-    def _media_rows(self, unit: WorkUnit, table: pa.Table) -> Iterator[Document | DeadLetter]:
-        columns = media_columns(self.media_fields, table.column_names)
-        if isinstance(columns, str):
-            yield self.dead_letter(location(unit.path), f"{columns} (columns: {', '.join(table.column_names)})")
-            return
-        media = table.select(columns)
+    def _unit_table(self, unit: WorkUnit) -> tuple[pa.Table, int, int]:
+        """A table holding the unit's rows, the file row its first row is, and the rows the file has (as far
+        as read): memory-mapped on a local disk; from an object store, the whole object for a ``file`` unit,
+        else only the batches that hold its rows."""
+        if not self.storage.remote:
+            table = read_ipc(self.full_path(unit.path))
+            return table, 0, table.num_rows
+        file = self.open_file(unit.path, unit, buffer_bytes=1 << 16)
         if unit.kind == "file":
-            yield from media_documents(self, unit.path, 0, media)
-            return
-        yield from media_documents(self, unit.path, unit.start, media.slice(unit.start, unit.num_rows))
-        yield from self._rows_missing(unit, table)
+            table = read_ipc(file)
+            return table, 0, table.num_rows
+        table, seen = read_ipc_rows(file, unit.start, unit.stop)
+        return table, unit.start, seen

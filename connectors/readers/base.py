@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal, get_args
+from typing import BinaryIO, ClassVar, Literal, get_args
 
 import numpy as np
 
 from connectors.sample_ids import document_id
+from connectors.storage import ObjectInfo, Storage, glob_matches, storage_for
 from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
 from topics.errors import MixflowError
@@ -21,6 +24,8 @@ ContentKind = Literal["text", "tokens", "media"]
 CONTENT_KINDS: tuple[str, ...] = get_args(ContentKind)
 TEXT_CONTENT: tuple[str, ...] = ("text", "tokens")
 INT32_LIMIT = 2**31
+# Objects whose layouts are read at once when planning a source in an object store (Parquet footers, say).
+LAYOUT_THREADS = 16
 
 
 class SourceNotFoundError(MixflowError, FileNotFoundError):
@@ -104,7 +109,9 @@ class FileLayout:
     in bytes: exact file offsets for line-based files, estimates elsewhere. ``row_groups``, when set,
     holds the row numbers where row groups start and end (``[0, 64, 128, 150]``), and the file can only
     be split there. ``problem`` is set when the file could not be inspected; it is then planned as one
-    unit and reading it yields the dead letter.
+    unit and reading it yields the dead letter. ``etag`` is an object's version in an object store (``""``
+    on a local disk). ``rows_known`` is False for a small object planned from the listing alone, without
+    reading it: one row spanning its bytes, read as one ``file`` unit.
     """
 
     path: str
@@ -112,6 +119,8 @@ class FileLayout:
     row_bounds: np.ndarray
     row_groups: np.ndarray | None = None
     problem: str | None = None
+    etag: str = ""
+    rows_known: bool = True
 
     @property
     def num_rows(self) -> int:
@@ -142,6 +151,9 @@ class Reader(ABC):
     each document; ``content`` says whether it holds text or a list of token ids, or (``"media"``) text,
     images and clips in the keys or columns that ``media_fields`` names (``field`` is then not used).
     Nothing is read from disk until :meth:`files` is called.
+
+    ``root`` is a local folder or ``s3://bucket/prefix``, read through ``storage`` (by default
+    ``connectors.storage.storage_for(root)``); the paths, and so the sample ids, are the same either way.
     """
 
     file_format: ClassVar[FileFormat]
@@ -157,6 +169,7 @@ class Reader(ABC):
         *,
         content: ContentKind = "text",
         media_fields: MediaFields | None = None,
+        storage: Storage | None = None,
     ) -> None:
         if not source or "/" in source:
             msg = f"source name {source!r} must be non-empty and hold no '/'"
@@ -171,9 +184,13 @@ class Reader(ABC):
         self.field = field
         self.content = content
         self.media_fields = media_fields or MediaFields()
+        self.storage = storage or storage_for(root)
+        self.objects: dict[str, ObjectInfo] = {}  # an object store's listing, as files() last read it
 
     def files(self) -> list[str]:
         """The matching files, relative to the root with '/' separators, sorted."""
+        if self.storage.remote:
+            return self._objects()
         if not self.root.is_dir():
             msg = f"source {self.source}: root {self.root} does not exist or is not a directory"
             raise SourceNotFoundError(msg)
@@ -188,8 +205,44 @@ class Reader(ABC):
             raise SourceNotFoundError(msg)
         return found
 
+    def _objects(self) -> list[str]:
+        listed = [info for info in self.storage.list() if glob_matches(self.glob, info.path)]
+        if not listed:
+            msg = f"source {self.source}: no object under {self.storage.describe()} matches {self.glob!r}"
+            raise SourceNotFoundError(msg)
+        self.objects = {info.path: info for info in listed}
+        return [info.path for info in listed]
+
     def layouts(self) -> list[FileLayout]:
-        return [self.layout(path) for path in self.files()]
+        if not self.storage.remote:
+            return [self.layout(path) for path in self.files()]
+        paths = self.files()
+        with ThreadPoolExecutor(LAYOUT_THREADS) as pool:
+            return list(pool.map(self.object_layout, paths))
+
+    def object_layout(self, path: str) -> FileLayout:
+        """The layout of an object as listed, with its ETag: the version its units will read."""
+        return dataclasses.replace(self.layout(path), etag=self.object_info(path).etag)
+
+    def object_info(self, path: str) -> ObjectInfo:
+        """Size and ETag of ``path``: as listed, or else as the store says now."""
+        info = self.objects.get(path)
+        if info is None:
+            info = self.objects[path] = self.storage.info(path)
+        return info
+
+    def open_file(self, path: str, unit: WorkUnit | None = None, buffer_bytes: int = 1 << 20) -> BinaryIO:
+        """``path`` opened for reading: a local file, or an object read by ranges, at the version ``unit``
+        planned (or else the listed one), with at most ``buffer_bytes`` read ahead."""
+        if not self.storage.remote:
+            return self.full_path(path).open("rb")
+        if unit is not None and unit.etag:
+            return self.storage.open(path, unit.etag, size=unit.object_size, buffer_bytes=buffer_bytes)
+        info = self.object_info(path)
+        return self.storage.open(path, info.etag, size=info.size if info.etag else None, buffer_bytes=buffer_bytes)
+
+    def size_of(self, path: str) -> int:
+        return self.full_path(path).stat().st_size if not self.storage.remote else self.object_info(path).size
 
     @abstractmethod
     def layout(self, path: str) -> FileLayout:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import BinaryIO
 
 import numpy as np
 
@@ -14,11 +15,27 @@ from topics.dead_letter import DeadLetter
 from topics.file_formats import FILE_FORMATS
 
 _SCAN_BYTES = 8 << 20
+# An object in a store of at most this many bytes is planned from the listing alone, as one unit: its lines
+# are found when it is read. (A local file's layout is always read: its plan stays as it was.)
+LISTING_ONLY_BYTES = 1 << 20
 
 
 def line_bounds(data: bytes, base: int) -> np.ndarray:
     """Offsets just past each b'\\n' in ``data``, shifted by ``base``."""
     return np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n")).astype(np.int64) + base + 1
+
+
+def lines(file: BinaryIO, chunk_bytes: int) -> Iterator[bytes]:
+    """The lines from the file's position, each with its b"\\n" (the last may lack it), as ``readline`` gives
+    them, read ``chunk_bytes`` at a time: one request per chunk from an object store."""
+    rest = b""
+    while data := file.read(chunk_bytes):
+        pieces = (rest + data).split(b"\n")
+        rest = pieces.pop()
+        for piece in pieces:
+            yield piece + b"\n"
+    if rest:
+        yield rest
 
 
 class JsonlReader(Reader):
@@ -37,7 +54,7 @@ class JsonlReader(Reader):
         parts = [np.zeros(1, dtype=np.int64)]
         size = 0
         try:
-            with self.full_path(path).open("rb") as f:
+            with self.open_file(path, buffer_bytes=_SCAN_BYTES) as f:
                 while data := f.read(_SCAN_BYTES):
                     parts.append(line_bounds(data, size))
                     size += len(data)
@@ -48,20 +65,32 @@ class JsonlReader(Reader):
             parts.append(np.array([size], dtype=np.int64))
         return FileLayout(path, size, np.concatenate(parts))
 
+    def object_layout(self, path: str) -> FileLayout:
+        info = self.object_info(path)
+        if info.size > LISTING_ONLY_BYTES:
+            return super().object_layout(path)
+        bounds = np.array([0, info.size] if info.size else [0], dtype=np.int64)  # an empty object has no rows
+        return FileLayout(path, info.size, bounds, etag=info.etag, rows_known=False)
+
     def read(self, unit: WorkUnit) -> Iterator[Document | DeadLetter]:
         self.check_unit(unit)
         whole = unit.kind == "file"
         start = 0 if whole else unit.start
+        # a unit's bytes are read ahead in one range where they fit the buffer: rows [start, stop) span exactly
+        # estimated_bytes from byte_offset in a line-based file
+        span = unit.object_size if whole else unit.estimated_bytes
+        ahead = min(_SCAN_BYTES, span + 1) if span else _SCAN_BYTES
         try:
-            with self.full_path(unit.path).open("rb") as f:
+            with self.open_file(unit.path, unit, buffer_bytes=ahead) as f:
                 if not whole and unit.byte_offset:
                     f.seek(unit.byte_offset)
                 else:
                     for _ in range(start):
                         f.readline()
                 row = start
-                while whole or row < unit.stop:
-                    line = f.readline()
+                unit_lines = lines(f, ahead)
+                while whole or row < unit.stop:  # checked first: a line past the unit would read another chunk
+                    line = next(unit_lines, b"")
                     if not line:
                         break
                     if line.strip():

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -11,9 +12,15 @@ import pyarrow.parquet as pq
 
 from connectors.readers._columns import column_documents, media_columns, media_documents
 from connectors.readers.base import Document, FileLayout, Reader, location
+from connectors.storage import ObjectChangedError, ObjectMissingError
 from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
 from topics.file_formats import FILE_FORMATS
+
+# Read-ahead of an object's file: small, for pyarrow asks for the footer and each column chunk in one read.
+_OBJECT_BUFFER_BYTES = 64 << 10
+# Footers of objects kept, by path and ETag, so the units of one object read its footer once.
+_FOOTERS_KEPT = 64
 
 
 class ParquetReader(Reader):
@@ -30,13 +37,33 @@ class ParquetReader(Reader):
     file_format = FILE_FORMATS["parquet"]
     supported_content = ("text", "tokens", "media")
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._footers: dict[tuple[str, str], pq.FileMetaData] = {}
+        self._footers_lock = threading.Lock()
+
+    def parquet_file(self, path: str, unit: WorkUnit | None = None) -> pq.ParquetFile:
+        """The file, opened by path on a local disk; in an object store read by ranges (footer, then the
+        column chunks of the row groups read), at the version ``unit`` planned."""
+        if not self.storage.remote:
+            return pq.ParquetFile(self.full_path(path))
+        file = self.open_file(path, unit, buffer_bytes=_OBJECT_BUFFER_BYTES)
+        version = (path, unit.etag if unit is not None else self.object_info(path).etag)
+        metadata = self._footers.get(version) if version[1] else None
+        parquet = pq.ParquetFile(file, metadata=metadata)  # a footer read before is not requested again
+        if version[1]:
+            with self._footers_lock:  # planning reads layouts on several threads
+                self._footers[version] = parquet.metadata
+                while len(self._footers) > _FOOTERS_KEPT:
+                    self._footers.pop(next(iter(self._footers)))
+        return parquet
+
     def layout(self, path: str) -> FileLayout:
-        full = self.full_path(path)
         try:
-            size = full.stat().st_size
-            meta = pq.ParquetFile(full).metadata
+            size = self.size_of(path)
+            meta = self.parquet_file(path).metadata
         except (OSError, pa.ArrowException) as exc:
-            return FileLayout.unreadable(path, _size_or_zero(full), f"cannot open as Parquet: {exc}")
+            return FileLayout.unreadable(path, self._size_or_zero(path), f"cannot open as Parquet: {exc}")
         rows = np.array([meta.row_group(i).num_rows for i in range(meta.num_row_groups)], dtype=np.int64)
         group_bytes = np.array(
             [self._content_bytes(meta.row_group(i)) for i in range(meta.num_row_groups)], dtype=np.float64
@@ -59,7 +86,7 @@ class ParquetReader(Reader):
     def read(self, unit: WorkUnit) -> Iterator[Document | DeadLetter]:
         self.check_unit(unit)
         try:
-            parquet = pq.ParquetFile(self.full_path(unit.path))
+            parquet = self.parquet_file(unit.path, unit)
         except (OSError, pa.ArrowException) as exc:
             yield self.dead_letter(location(unit.path), f"cannot open as Parquet: {exc}")
             return
@@ -78,6 +105,9 @@ class ParquetReader(Reader):
             block = location(unit.path, row_group=group)
             try:
                 table = parquet.read_row_group(group, columns=columns)
+            except (ObjectChangedError, ObjectMissingError) as exc:  # the rest of the unit is refused with it
+                yield self.dead_letter(location(unit.path), f"cannot read: {exc}")
+                return
             except (OSError, pa.ArrowException) as exc:
                 yield self.dead_letter(block, f"cannot read row group: {exc}")
                 continue
@@ -106,9 +136,8 @@ class ParquetReader(Reader):
         last = int(np.searchsorted(starts, unit.stop, side="left"))
         return range(max(first, 0), min(last, len(starts) - 1))
 
-
-def _size_or_zero(full: Path) -> int:
-    try:
-        return full.stat().st_size
-    except OSError:
-        return 0
+    def _size_or_zero(self, path: str) -> int:
+        try:
+            return self.size_of(path)
+        except OSError:
+            return 0

@@ -21,7 +21,7 @@ class TextReader(Reader):
 
     def layout(self, path: str) -> FileLayout:
         try:
-            size = self.full_path(path).stat().st_size
+            size = self.size_of(path)
         except OSError as exc:
             return FileLayout.unreadable(path, 0, f"cannot stat: {exc}")
         return FileLayout(path, size, np.array([0, size], dtype=np.int64))
@@ -30,7 +30,8 @@ class TextReader(Reader):
         self.check_unit(unit)
         where = location(unit.path)
         try:
-            data = self.full_path(unit.path).read_bytes()
+            with self.open_file(unit.path, unit, buffer_bytes=0) as file:
+                data = file.read()
         except OSError as exc:
             yield self.dead_letter(where, f"cannot read: {exc}")
             return

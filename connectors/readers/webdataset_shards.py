@@ -30,6 +30,7 @@ import numpy as np
 from connectors.readers._tar_members import KeyGroup, TarBreak, TarEntry, TarShard
 from connectors.readers.base import ContentKind, Document, FileLayout, MediaFields, MediaRef, Reader, location
 from connectors.readers.media_parts import BadRecord, MediaResolver, first_present, record_parts
+from connectors.storage import Storage
 from connectors.work_units import WorkUnit
 from topics.dead_letter import DeadLetter
 from topics.file_formats import FILE_FORMATS
@@ -70,16 +71,16 @@ class WebDatasetReader(Reader):
         *,
         content: ContentKind = "media",
         media_fields: MediaFields | None = None,
+        storage: Storage | None = None,
     ) -> None:
-        super().__init__(source, root, glob, field, content=content, media_fields=media_fields)
+        super().__init__(source, root, glob, field, content=content, media_fields=media_fields, storage=storage)
 
     def layout(self, path: str) -> FileLayout:
-        full = self.full_path(path)
         starts: list[int] = []
         end = 0
         try:
-            size = full.stat().st_size
-            with full.open("rb") as file:
+            size = self.size_of(path)
+            with self.open_file(path) as file:
                 for group in TarShard(file).groups():
                     if isinstance(group, TarBreak):
                         return FileLayout.unreadable(path, size, group.reason)
@@ -93,7 +94,7 @@ class WebDatasetReader(Reader):
     def read(self, unit: WorkUnit) -> Iterator[Document | DeadLetter]:
         self.check_unit(unit)
         try:
-            with self.full_path(unit.path).open("rb") as file:
+            with self.open_file(unit.path, unit) as file:
                 yield from self._read_unit(TarShard(file, 0 if unit.kind == "file" else unit.byte_offset), unit)
         except OSError as exc:
             yield self.dead_letter(location(unit.path), f"cannot read: {exc}")

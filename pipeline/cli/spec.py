@@ -23,7 +23,7 @@ def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec)
-        if args.files and (problems := check_files(spec, args.spec)):
+        if args.files and (problems := check_files(spec, args.spec) + _object_store_problems(spec, args.spec)):
             raise SpecError(args.spec, problems)
     except SpecError as exc:
         print(exc, file=sys.stderr)
@@ -31,6 +31,14 @@ def _check(args: argparse.Namespace) -> int:
     unchecked = "" if args.files else "; source folders, files and tokenizers not checked: --files checks them"
     print(f"ok: {spec.job} ({summary(spec)}){unchecked}")
     return 0
+
+
+def _object_store_problems(spec: JobSpec, file: Path) -> list:
+    if not any(source.in_object_store for source in spec.sources):
+        return []
+    from pipeline.roles.loader.source_storage import check_object_sources
+
+    return check_object_sources(spec, file)
 
 
 def summary(spec: JobSpec) -> str:

@@ -21,6 +21,7 @@ from pipeline.spec.sections import (
     StepSpec,
 )
 from pipeline.spec.sources import SourceSpec
+from pipeline.spec.storage import StorageSpec
 from topics.kafka_settings import principal_key_problem
 
 
@@ -48,6 +49,9 @@ class JobSpec(BaseModel):
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec, description="Loaders per source that follow demand (off by default)."
     )
+    storage: StorageSpec | None = Field(
+        None, description="How to reach the object store of every s3:// source without a storage section of its own."
+    )
     seed: int = Field(0, ge=0, description="Seed of every random choice of the job.")
     on_exhausted: OnExhausted = Field(
         OnExhausted.STOP,
@@ -65,6 +69,9 @@ class JobSpec(BaseModel):
         if self.long_context is not None and "composition" not in self.model_fields_set:
             self.composition = None  # a long-context quota draws in order unless composition is asked for too
         self._check_sources(problems)
+        for source in self.sources:
+            if source.in_object_store and source.storage is None:
+                source.storage = self.storage or StorageSpec()
         self._check_mixture(problems)
         self._check_autoscaling(problems)
         names = [s.name for s in self.sources]

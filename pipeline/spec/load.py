@@ -108,7 +108,9 @@ def check_files(spec: JobSpec, file: str | Path = "") -> list[SpecProblem]:
     exists."""
     problems = []
     for i, source in enumerate(spec.sources):
-        if not source.path.is_dir():
+        if isinstance(source.path, str):
+            pass  # an object store's prefix: the loader lists it at start, and says what is wrong there
+        elif not source.path.is_dir():
             problems.append(SpecProblem(f"sources[{i}].path", "no such folder", str(source.path), str(file)))
         elif source.glob and next(source.path.glob(source.glob), None) is None:
             problems.append(

@@ -13,6 +13,7 @@ from pipeline.spec._paths import resolve_path
 from pipeline.spec._problems import Problems
 from pipeline.spec.autoscaling import SourceAutoscaleSpec
 from pipeline.spec.names import SourceName
+from pipeline.spec.storage import S3_SCHEME, ObjectUri, StorageSpec, check_object_uri
 from pipeline.spec.vision import MediaFieldsSpec, VisionSpec
 from topics.file_formats import FILE_FORMATS
 
@@ -46,7 +47,9 @@ class SourceSpec(BaseModel):
 
     name: SourceName
     reader: ReaderKind = Field(description="File format: " + ", ".join(r.value for r in ReaderKind))
-    path: Path = Field(description="Root folder of the source's files; relative to the spec's folder.")
+    path: Path | ObjectUri = Field(
+        description="Root folder of the source's files, relative to the spec's folder; or s3://bucket/prefix."
+    )
     glob: str | None = Field(
         None,
         min_length=1,
@@ -90,14 +93,25 @@ class SourceSpec(BaseModel):
     media_fields: MediaFieldsSpec | None = Field(
         None, description="A multimodal source's keys or columns of text, images, clips and interleaved segments."
     )
+    storage: StorageSpec | None = Field(
+        None, description="How to reach the object store of an s3:// path; default: the job's storage section."
+    )
     autoscale: SourceAutoscaleSpec | None = Field(
         None, description="Bounds of the source's loaders under job-level autoscaling; without it: always `loaders`."
     )
 
+    @field_validator("path", mode="before")
+    @classmethod
+    def _local_or_object(cls, value: object) -> object:
+        """A local path is a ``Path`` before the union sees it, so only ``s3://`` strings are object URIs."""
+        if isinstance(value, str) and value.startswith(S3_SCHEME):
+            return check_object_uri(value)  # here, or the union would take a bad one as a local Path
+        return Path(str(value))
+
     @field_validator("path", "tokenizer")
     @classmethod
-    def _resolve_paths(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        return resolve_path(value, info)
+    def _resolve_paths(cls, value: Path | str | None, info: ValidationInfo) -> Path | str | None:
+        return resolve_path(value, info) if not isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _reader_defaults(self) -> SourceSpec:
@@ -112,6 +126,8 @@ class SourceSpec(BaseModel):
                 problems.add(("field",), f"the {self.reader.value} reader has no fields; remove it", self.field)
             if self.pretokenized:
                 problems.add(("pretokenized",), f"the {self.reader.value} reader reads text, not token ids", True)
+        if self.storage is not None and not self.in_object_store:
+            problems.add(("storage",), "only a source whose path is s3://bucket/prefix has a storage section")
         if self.autoscale is not None and not self.autoscale.min <= self.loaders <= self.autoscale.max:
             bounds = f"autoscale.min ({self.autoscale.min}) and autoscale.max ({self.autoscale.max})"
             problems.add(("loaders",), f"must be between {bounds}", self.loaders)
@@ -133,6 +149,10 @@ class SourceSpec(BaseModel):
             problems.add(("pretokenized",), "a multimodal source tokenizes its text parts", True)
         if self.field is not None:
             problems.add(("field",), "a multimodal source names its text column in media_fields.text", self.field)
+
+    @property
+    def in_object_store(self) -> bool:
+        return isinstance(self.path, str)
 
     @property
     def multimodal(self) -> bool:

@@ -10,6 +10,7 @@ from connectors.media.config import VisionConfig
 from connectors.planning import plan_units
 from connectors.readers import MediaFields
 from pipeline.roles.loader.defaults import TARGET_UNIT_SECONDS
+from pipeline.roles.loader.source_storage import source_storage
 from pipeline.spec import JobSpec, SourceSpec
 
 # Content bytes the planner times its tokenizer on.
@@ -39,8 +40,13 @@ class SourceRuntime:
             spec.field or "text",
             content="media" if spec.multimodal else "tokens" if spec.pretokenized else "text",
             media_fields=media_fields,
+            storage=source_storage(spec),
         )
-        reader.files()  # fail at start-up, naming the path, when the root or glob finds nothing
+        if reader.storage.remote:
+            # One request says what is wrong with the bucket; the planner's listing says what the glob finds.
+            reader.storage.probe()
+        else:
+            reader.files()  # fail at start-up, naming the path, when the root or glob finds nothing
         tokenizer = None if spec.pretokenized else TextTokenizer.from_file(spec.tokenizer)  # type: ignore[arg-type]
         max_length = spec.max_sample_length or job.step.tokens_per_micro_batch
         vision = None if spec.vision is None else VisionConfig(**spec.vision.model_dump())
@@ -49,7 +55,7 @@ class SourceRuntime:
             max_length=max_length,
             eod_id=spec.eod_token_id,
             vision=vision,
-            media_root=spec.path,
+            media_root=reader.storage if reader.storage.remote else spec.path,
             max_patches=job.step.patches_per_micro_batch,
         )
         return cls(spec, reader, builder, quick_cost=job.autoscaling.enabled)

@@ -1,0 +1,47 @@
+"""Where a source's files live: a local folder or an S3-compatible bucket, behind one small interface."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lazy_loader
+
+from connectors.storage.base import LocalStorage, ObjectInfo, Storage, glob_matches
+from connectors.storage.errors import (
+    ObjectChangedError,
+    ObjectMissingError,
+    StorageError,
+    StorageNotFoundError,
+    StorageUnavailableError,
+)
+from connectors.storage.retry import RetryPolicy
+from connectors.storage.uri import ObjectUri, is_object_uri
+
+
+def storage_for(root: str | Path, settings: object | None = None) -> Storage:
+    """The storage of a source root: ``s3://bucket/prefix`` (with ``S3Settings``) or a local folder."""
+    if is_object_uri(root):
+        from connectors.storage.s3 import S3Settings, S3Storage
+
+        return S3Storage(str(root), settings if isinstance(settings, S3Settings) else None)
+    return LocalStorage(root)
+
+
+__getattr__, _, _ = lazy_loader.attach(__name__, submod_attrs={"s3": ["S3Settings", "S3Storage"]})
+__all__ = [
+    "LocalStorage",
+    "ObjectChangedError",
+    "ObjectInfo",
+    "ObjectMissingError",
+    "ObjectUri",
+    "RetryPolicy",
+    "S3Settings",
+    "S3Storage",
+    "Storage",
+    "StorageError",
+    "StorageNotFoundError",
+    "StorageUnavailableError",
+    "glob_matches",
+    "is_object_uri",
+    "storage_for",
+]

@@ -1,0 +1,30 @@
+"""What can go wrong reading a source from storage, each with a message naming the bucket, key and reason.
+
+An object that changed or vanished since planning is an ``OSError`` as well: a reader turns it into a dead
+letter for the unit, as it does a local file it cannot read. The others stop the loader: the data is fine,
+the storage is not (wrong credentials, no such bucket, an endpoint that stays away past the deadline)."""
+
+from __future__ import annotations
+
+from topics.errors import MixflowError, NotFoundError
+
+
+class StorageError(MixflowError):
+    """A permanent problem with the storage itself: access denied, a bad or missing bucket, an endpoint
+    that does not answer, an invalid setting."""
+
+
+class StorageNotFoundError(StorageError, NotFoundError):
+    """A bucket (or a prefix with no object) that does not exist."""
+
+
+class StorageUnavailableError(StorageError):
+    """Transient errors (timeouts, 5xx, SlowDown, connection resets) went on past the retry deadline."""
+
+
+class ObjectChangedError(StorageError, OSError):
+    """The object's ETag is not the one planned (412 on ``If-Match``): it was overwritten after planning."""
+
+
+class ObjectMissingError(StorageError, OSError):
+    """The object is gone (404) since planning."""

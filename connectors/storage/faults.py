@@ -1,0 +1,69 @@
+"""Which storage errors are worth trying again, and the message of each that is not."""
+
+from __future__ import annotations
+
+from connectors.storage.errors import (
+    ObjectChangedError,
+    ObjectMissingError,
+    StorageError,
+    StorageNotFoundError,
+)
+from connectors.storage.retry import TransientError
+
+_TRANSIENT_CODES = frozenset(
+    {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling", "ThrottlingException"}
+)
+_DENIED_CODES = frozenset(
+    {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"}
+)
+_MISSING_KEY_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+_CHANGED_CODES = frozenset({"412", "PreconditionFailed"})
+
+
+def classify(exc: Exception, where: str, endpoint: str | None, etag: str = "") -> Exception:
+    """``exc``, raised by a request for ``where`` (``s3://bucket/key``), as a ``TransientError`` to retry or
+    the ``StorageError`` to report; anything else comes back as it is."""
+    from botocore import exceptions as botocore_errors
+
+    if isinstance(exc, StorageError | TransientError):
+        return exc
+    if isinstance(exc, botocore_errors.ClientError):
+        return _client_error(exc, where, etag)
+    if isinstance(exc, botocore_errors.NoCredentialsError | botocore_errors.PartialCredentialsError):
+        hint = "set them in the environment or name them in the spec"
+        return StorageError(f"{where}: no AWS credentials: {exc} ({hint})")
+    if isinstance(exc, botocore_errors.ParamValidationError):
+        return StorageError(f"{where}: invalid request: {exc}")
+    reachable = (
+        botocore_errors.EndpointConnectionError,
+        botocore_errors.ConnectionClosedError,
+        botocore_errors.ConnectTimeoutError,
+        botocore_errors.ReadTimeoutError,
+        botocore_errors.ResponseStreamingError,
+        botocore_errors.HTTPClientError,
+        ConnectionError,
+        TimeoutError,
+    )
+    if isinstance(exc, reachable):
+        return TransientError(f"endpoint {endpoint or 'AWS'} did not answer: {exc}")
+    return exc
+
+
+def _client_error(exc: Exception, where: str, etag: str) -> Exception:
+    error = getattr(exc, "response", {}).get("Error", {})
+    code = str(error.get("Code", ""))
+    status = int(getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    message = error.get("Message") or code
+    if code in _TRANSIENT_CODES or status >= 500 or status == 429:
+        return TransientError(f"{where}: {code or status} {message}")
+    if code in _CHANGED_CODES or status == 412:
+        return ObjectChangedError(f"{where}: changed since planning (ETag {etag} planned; 412 Precondition Failed)")
+    if code == "NoSuchBucket":
+        return StorageNotFoundError(f"{where}: no such bucket ({message})")
+    if code in _DENIED_CODES or status == 403:
+        return StorageError(f"{where}: access denied ({code}: {message}); check the credentials and the bucket policy")
+    if code in _MISSING_KEY_CODES or status == 404:
+        return ObjectMissingError(f"{where}: no such object (404); it vanished since planning")
+    if code == "InvalidBucketName":
+        return StorageError(f"{where}: invalid bucket name ({message})")
+    return StorageError(f"{where}: {code or status}: {message}")

@@ -1,0 +1,65 @@
+"""A seekable read-only file over one object, each read a range request: what pyarrow and the line readers
+read a remote object through, holding at most one read-ahead buffer in memory."""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import TYPE_CHECKING, BinaryIO, cast
+
+if TYPE_CHECKING:
+    from connectors.storage.base import Storage
+
+
+class ObjectRangeIO(io.RawIOBase):
+    """Bytes of ``path`` of ``storage``, version ``etag``, of ``size`` bytes; every ``readinto`` is one
+    ranged GET (``Storage.read_range``) from the current position."""
+
+    def __init__(self, storage: Storage, path: str, size: int, etag: str) -> None:
+        super().__init__()
+        self.storage = storage
+        self.path = path
+        self.size = size
+        self.etag = etag
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.position, os.SEEK_END: self.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset} in {self.storage.describe(self.path)}")
+        self.position = base + offset
+        return self.position
+
+    def readall(self) -> bytes:
+        """The rest of the object, in one request."""
+        data = b""
+        if self.position < self.size:
+            data = self.storage.read_range(self.path, self.position, self.size, self.etag)
+        self.position += len(data)
+        return data
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        wanted = min(len(buffer), self.size - self.position)
+        if wanted <= 0:
+            return 0
+        data = self.storage.read_range(self.path, self.position, self.position + wanted, self.etag)
+        view = memoryview(buffer).cast("B")
+        view[: len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+
+def open_object(storage: Storage, path: str, size: int, etag: str, buffer_bytes: int) -> BinaryIO:
+    """``ObjectRangeIO`` behind a read-ahead buffer of ``buffer_bytes``; reads longer than the buffer go to
+    the object directly, in one request each."""
+    raw = ObjectRangeIO(storage, path, size, etag)
+    return cast(BinaryIO, io.BufferedReader(raw, buffer_size=max(buffer_bytes, io.DEFAULT_BUFFER_SIZE)))

@@ -1,0 +1,162 @@
+"""Objects in an S3-compatible store, through boto3: a paginated listing, ranged GETs with ``If-Match``,
+and every request under botocore's own retries plus one ``RetryPolicy`` with a deadline."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar
+
+from connectors.storage.base import ObjectInfo, Storage
+from connectors.storage.errors import StorageError, StorageNotFoundError
+from connectors.storage.faults import classify
+from connectors.storage.object_file import open_object
+from connectors.storage.retry import RetryPolicy
+from connectors.storage.uri import ObjectUri
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client  # type: ignore[import-not-found]
+
+T = TypeVar("T")
+AddressingStyle = Literal["path", "virtual", "auto"]
+
+
+@dataclass(frozen=True, slots=True)
+class S3Settings:
+    """How to reach the store. Credentials left ``None`` come from the standard AWS chain (environment,
+    shared files, ``profile``, instance roles); given ones are never shown (``repr``) nor logged.
+    ``first_contact_s``: how long an endpoint never reached yet is tried before it is reported unreachable
+    (after the first answer, transient errors are retried for ``retry.deadline_s``)."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    addressing_style: AddressingStyle = "auto"
+    profile: str | None = None
+    access_key_id: str | None = field(default=None, repr=False)
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    first_contact_s: float = 5.0
+
+
+class S3Storage(Storage):
+    """The objects under ``s3://bucket/prefix``."""
+
+    def __init__(self, uri: str | ObjectUri, settings: S3Settings | None = None) -> None:
+        self.uri = uri if isinstance(uri, ObjectUri) else ObjectUri.parse(uri)
+        self.settings = settings or S3Settings()
+        self._client: S3Client | None = None
+        self._lock = threading.Lock()
+        self._reached = False
+
+    @property
+    def client(self) -> S3Client:
+        with self._lock:
+            if self._client is None:
+                self._client = _make_client(self.settings)
+            return self._client
+
+    def list(self) -> list[ObjectInfo]:
+        prefix = f"{self.uri.prefix}/" if self.uri.prefix else ""
+        found: list[ObjectInfo] = []
+        token: str | None = None
+        while True:
+            arguments: dict[str, Any] = {"Bucket": self.uri.bucket, "Prefix": prefix}
+            if token:
+                arguments["ContinuationToken"] = token
+            page = self._request("", lambda arguments=arguments: self.client.list_objects_v2(**arguments))
+            found += [
+                ObjectInfo(self.uri.relative(item["Key"]), int(item["Size"]), item.get("ETag", ""))
+                for item in page.get("Contents", ())
+                if not item["Key"].endswith("/")
+            ]
+            if not page.get("IsTruncated"):
+                return sorted(found, key=lambda info: info.path)
+            token = page["NextContinuationToken"]
+
+    def probe(self) -> None:
+        prefix = f"{self.uri.prefix}/" if self.uri.prefix else ""
+        arguments = {"Bucket": self.uri.bucket, "Prefix": prefix, "MaxKeys": 1}
+        page = self._request("", lambda: self.client.list_objects_v2(**arguments))
+        if not page.get("Contents"):
+            raise StorageNotFoundError(f"{self.describe()}: no object under this prefix")
+
+    def info(self, path: str) -> ObjectInfo:
+        head = self._request(path, lambda: self.client.head_object(Bucket=self.uri.bucket, Key=self.uri.key(path)))
+        return ObjectInfo(path, int(head["ContentLength"]), head.get("ETag", ""))
+
+    def read_range(self, path: str, start: int, stop: int, etag: str = "") -> bytes:
+        if stop <= start:
+            return b""
+        arguments: dict[str, Any] = {
+            "Bucket": self.uri.bucket,
+            "Key": self.uri.key(path),
+            "Range": f"bytes={start}-{stop - 1}",
+        }
+        if etag:
+            arguments["IfMatch"] = etag
+
+        def get() -> bytes:
+            response = self.client.get_object(**arguments)
+            return response["Body"].read()  # a reset while streaming the body is retried with the request
+
+        return self._request(path, get, etag)
+
+    def open(self, path: str, etag: str = "", *, size: int | None = None, buffer_bytes: int = 1 << 20) -> BinaryIO:
+        if size is None or not etag:
+            now = self.info(path)
+            if etag and now.etag != etag:
+                self.read_range(path, 0, 1, etag)  # the store's own answer: 412, the object changed
+            size, etag = now.size, etag or now.etag
+        return open_object(self, path, size, etag, buffer_bytes)
+
+    def describe(self, path: str = "") -> str:
+        return f"s3://{self.uri.bucket}/{self.uri.key(path)}" if path else str(self.uri)
+
+    def _request(self, path: str, call: Callable[[], T], etag: str = "") -> T:
+        """``call()`` under the retry policy, each error classified (``faults.classify``) as transient or as
+        the storage error it is, naming the bucket and key."""
+        where = self.describe(path)
+
+        def attempt() -> T:
+            try:
+                return call()
+            except Exception as exc:
+                known = classify(exc, where, self.settings.endpoint_url, etag)
+                if known is exc:
+                    raise
+                raise known from exc
+
+        deadline = None if self._reached else self.settings.first_contact_s
+        result = self.settings.retry.run(f"reading {where}", attempt, deadline)
+        self._reached = True
+        return result
+
+
+def _make_client(settings: S3Settings) -> S3Client:
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        region_name=settings.region,
+        connect_timeout=settings.connect_timeout_s,
+        read_timeout=settings.read_timeout_s,
+        retries={"max_attempts": 3, "mode": "standard"},
+        s3={"addressing_style": settings.addressing_style},
+        max_pool_connections=32,
+    )
+    try:
+        session = boto3.session.Session(profile_name=settings.profile, region_name=settings.region)
+        return session.client(
+            "s3",
+            endpoint_url=settings.endpoint_url,
+            aws_access_key_id=settings.access_key_id,
+            aws_secret_access_key=settings.secret_access_key,
+            aws_session_token=settings.session_token,
+            config=config,
+        )
+    except Exception as exc:  # botocore's ProfileNotFound, an invalid endpoint URL, ...
+        raise StorageError(f"cannot make an S3 client for {settings.endpoint_url or 'AWS'}: {exc}") from exc

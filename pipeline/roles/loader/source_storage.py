@@ -1,0 +1,65 @@
+"""A source's storage as its spec names it: a local folder, or an ``s3://`` prefix reached with the settings
+of its ``storage`` section (credentials resolved from their references here, held only by the client)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from connectors.storage import RetryPolicy, Storage, storage_for
+from connectors.storage.s3 import S3Settings
+from pipeline.spec import JobSpec, SourceSpec, SpecProblem
+from pipeline.spec.storage import StorageSpec
+from topics.errors import MixflowError
+
+
+def source_storage(spec: SourceSpec) -> Storage:
+    if not spec.in_object_store:
+        return storage_for(spec.path)
+    return storage_for(spec.path, s3_settings(spec.storage or StorageSpec(), f"source {spec.name}"))
+
+
+def s3_settings(storage: StorageSpec, what: str) -> S3Settings:
+    """``storage`` as the client's settings; a missing credential variable or file is a ``MixflowError``
+    naming it (``what`` says whose)."""
+    credentials = storage.credentials
+    keys: dict[str, str | None] = {}
+    if credentials is not None:
+        keys["access_key_id"] = credentials.access_key_id.resolve(f"{what}: storage.credentials.access_key_id")
+        keys["secret_access_key"] = credentials.secret_access_key.resolve(
+            f"{what}: storage.credentials.secret_access_key"
+        )
+        if credentials.session_token is not None:
+            keys["session_token"] = credentials.session_token.resolve(f"{what}: storage.credentials.session_token")
+    return S3Settings(
+        endpoint_url=storage.endpoint_url,
+        region=storage.region,
+        addressing_style=storage.addressing_style,
+        profile=storage.profile,
+        connect_timeout_s=storage.connect_timeout_s,
+        read_timeout_s=storage.read_timeout_s,
+        retry=RetryPolicy(deadline_s=storage.retry_deadline_s),
+        **keys,  # type: ignore[arg-type]
+    )
+
+
+def check_object_sources(spec: JobSpec, file: str | Path = "") -> list[SpecProblem]:
+    """``spec check --files`` for the sources in an object store: each prefix listed, and its glob matched,
+    with the store's reason (access denied, no such bucket, an endpoint that does not answer) otherwise."""
+    from connectors.readers import SourceNotFoundError, make_reader
+
+    problems = []
+    for i, source in enumerate(spec.sources):
+        if not source.in_object_store:
+            continue
+        try:
+            storage = source_storage(source)
+            content = "media" if source.multimodal else "tokens" if source.pretokenized else "text"
+            reader = make_reader(
+                source.reader.value, source.name, source.path, source.glob, content=content, storage=storage
+            )
+            reader.files()
+        except SourceNotFoundError as exc:
+            problems.append(SpecProblem(f"sources[{i}].glob", str(exc), source.glob, str(file)))
+        except MixflowError as exc:
+            problems.append(SpecProblem(f"sources[{i}].path", str(exc), str(source.path), str(file)))
+    return problems
