@@ -108,19 +108,32 @@ def resolve_settings(
                 raise MixflowError(msg)
             out[key] = value
             continue
-        kind, target = ref
-        if kind == "env":
-            if target not in env:
-                msg = f"{where} {key}: {shown(value)}: the environment variable {target} is not set"
-                raise MixflowError(msg)
-            out[key] = env[target]
-        else:
-            try:
-                out[key] = read(Path(target))
-            except OSError as exc:
-                msg = f"{where} {key}: {shown(value)}: cannot read the file: {exc.strerror or type(exc).__name__}"
-                raise MixflowError(msg) from None
+        out[key] = resolve_reference(value, f"{where} {key}", env, read)
     return out
+
+
+def resolve_reference(
+    value: object,
+    where: str,
+    environ: Mapping[str, str] | None = None,
+    read_file: Callable[[Path], str] | None = None,
+) -> str:
+    """The secret a reference (``{env: NAME}`` or ``{file: PATH}``) refers to. Raises ``MixflowError``
+    naming ``where`` and the reference, never a value, when it cannot be resolved."""
+    ref = reference_of(value)
+    if ref is None:
+        raise MixflowError(f"{where}: a secret must be given by reference; {SECRET_HINT}")
+    kind, target = ref
+    if kind == "env":
+        env = os.environ if environ is None else environ
+        if target not in env:
+            raise MixflowError(f"{where}: {shown(value)}: the environment variable {target} is not set")
+        return env[target]
+    try:
+        return (read_file or _read_secret_file)(Path(target))
+    except OSError as exc:
+        msg = f"{where}: {shown(value)}: cannot read the file: {exc.strerror or type(exc).__name__}"
+        raise MixflowError(msg) from None
 
 
 def _read_secret_file(path: Path) -> str:

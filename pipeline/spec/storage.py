@@ -4,7 +4,6 @@ are the standard AWS chain, or references to an environment variable or a file."
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -12,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from pipeline.spec._paths import resolve_path
-from topics.errors import MixflowError
+from topics.kafka_settings import resolve_reference
 
 S3_SCHEME = "s3://"
 _S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?")
@@ -37,7 +36,7 @@ class SecretReference(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     env: str | None = Field(None, min_length=1, description="An environment variable holding the secret.")
-    file: Path | None = Field(None, description="A file holding the secret (surrounding whitespace dropped).")
+    file: Path | None = Field(None, description="A file holding the secret (one final newline dropped).")
 
     @model_validator(mode="before")
     @classmethod
@@ -59,15 +58,8 @@ class SecretReference(BaseModel):
 
     def resolve(self, what: str) -> str:
         """The secret; a ``MixflowError`` naming the variable or file (never the value) when it is missing."""
-        if self.env is not None:
-            value = os.environ.get(self.env)
-            if not value:
-                raise MixflowError(f"{what}: environment variable {self.env} is not set")
-            return value
-        try:
-            return self.file.read_text().strip()  # type: ignore[union-attr]
-        except OSError as exc:
-            raise MixflowError(f"{what}: cannot read {self.file}: {exc.strerror or exc}") from exc
+        reference = {"env": self.env} if self.env is not None else {"file": str(self.file)}
+        return resolve_reference(reference, what)
 
 
 class CredentialsSpec(BaseModel):
