@@ -124,17 +124,23 @@ def _lightning(job: str, bootstrap: str, steps: int, mixflow: bool, folder: Path
     return _median_step(clock.stamps)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def written_job(description: str, name: str) -> tuple[argparse.Namespace, str, str]:
+    """The benchmark's arguments, and a job of random steps it wrote to the broker: ``(args, bootstrap, job)``."""
+    parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--tokens", type=int, default=1024, help="tokens per micro-batch")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
-    job = f"bench{uuid.uuid4().hex[:6]}-integration"
+    job = f"bench{uuid.uuid4().hex[:6]}-{name}"
     rng = np.random.default_rng(0)
     write_steps(bootstrap, job, [[random_batch(rng, k, 0, 1, MICRO_BATCHES, args.tokens)] for k in range(args.steps)])
+    return args, bootstrap, job
+
+
+def main() -> None:
+    args, bootstrap, job = written_job(__doc__, "integration")
     arms: list[tuple[str, Callable]] = [("Hugging Face Trainer", _hf), ("Lightning", _lightning)]
     print(f"| framework | memory: ms/step | mixflow: ms/step | added ms/step | ({args.steps} steps, {args.tokens} tok)")
     print("|---|---|---|---|")

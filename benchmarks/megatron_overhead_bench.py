@@ -17,12 +17,9 @@ printed, never asserted."""
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -31,13 +28,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from benchmarks.integration_overhead_bench import MICRO_BATCHES, SKIPPED, written_job
 from tests.integration_megatron_train import CpuForCuda, build_model, loss_func
-from tests.sink_support import random_batch, write_steps
 from trainer_sink import KafkaBatchDataset
 from trainer_sink.integrations.megatron_batch import megatron_batch
 from trainer_sink.integrations.megatron_data import DataRanks, MixflowDataIterator, get_batch
-
-MICRO_BATCHES, SKIPPED = 2, 5
 
 
 def _forward_step(data_iterator: Iterator, model: torch.nn.Module):
@@ -68,16 +63,7 @@ def _median_step(data: Iterator, steps: int, tokens: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--tokens", type=int, default=1024, help="tokens per micro-batch")
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
-    job = f"bench{uuid.uuid4().hex[:6]}-megatron"
-    rng = np.random.default_rng(0)
-    write_steps(bootstrap, job, [[random_batch(rng, k, 0, 1, MICRO_BATCHES, args.tokens)] for k in range(args.steps)])
+    args, bootstrap, job = written_job(__doc__, "megatron")
     from megatron.core import parallel_state
 
     with tempfile.TemporaryDirectory() as folder:
