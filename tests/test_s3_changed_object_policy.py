@@ -5,11 +5,11 @@ the object and starting the loader again finishes the job with every sample once
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -18,13 +18,14 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from connectors import Document, WorkUnit
+from connectors.readers import make_reader
 from connectors.storage import ObjectChangedError, ObjectMissingError, ObjectRefusedError
 from connectors.storage.s3 import S3Storage
 from pipeline.kafka.work_plan import publish_work_plan
 from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import load_spec
 from pipeline.spec.storage import StorageSpec
-from pipeline.tools.run.job import RoleProcess, _exited
+from pipeline.tools.run.job import _start, _wait
 from tests.loader_support import (
     build_example_data,
     committed_sample_ids,
@@ -35,6 +36,7 @@ from tests.loader_support import (
 )
 from tests.s3_support import S3Server, running_server, upload
 from tests.test_s3_job import object_store_spec
+from tests.test_s3_readers import write_source
 from topics.admin import ensure_job_topics
 from topics.errors import RefusedError
 from topics.names import JobTopics
@@ -85,17 +87,26 @@ def test_a_pinned_read_of_a_changed_or_vanished_object_is_refused_per_the_policy
     assert issubclass(ObjectRefusedError, RefusedError) and not issubclass(ObjectRefusedError, OSError)
 
 
+def test_with_stop_an_object_changed_while_it_is_planned_stops_the_planner(server: S3Server, tmp_path: Path) -> None:
+    folder = tmp_path / "src"
+    write_source(folder, "parquet", [20])
+    root = upload(server, folder, "planning")
+    reader = make_reader("parquet", "web", root, storage=S3Storage(root, server.settings(stop_on_changed=True)))
+    [listed] = reader.files()
+    reader.storage.client.put_object(Bucket="corpus", Key=f"planning/{listed}", Body=b"not the listed version")
+    reader.files = lambda: [listed]  # type: ignore[method-assign]  # changed between the listing and its layout
+    runtime = SourceRuntime(SimpleNamespace(name="web", epochs=1), reader, builder=None)  # type: ignore[arg-type]
+    with pytest.raises(RefusedError, match=rf"source web: planning: s3://corpus/planning/{listed}: changed since"):
+        runtime.plan(seed=0, cost_per_byte=1e-9)
+
+
 def test_mixflow_run_does_not_restart_a_refused_role(tmp_path: Path) -> None:
-    log_file = tmp_path / "loader-topics-0.log"
     line = "mixflow load: error: source topics: unit u: s3://corpus/t/a: changed since planning"
-    with log_file.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-c", f"print({line!r}); raise SystemExit(5)"], stdout=out)
-    role = RoleProcess("loader-topics-0", process, log_file, source="topics", instance=0)
-    running = [role]
+    role = _start("loader-topics-0", tmp_path, [sys.executable, "-c", f"print({line!r}); raise SystemExit(5)"])
     with pytest.raises(RefusedError) as info:
-        _exited(role, process.wait(30), running, None)
+        _wait([role], None)
     assert str(info.value) == f"loader-topics-0 was refused and is not started again: {line.split(': error: ')[1]}"
-    assert running == [] and role.restarts == 0 and role.restart_at is None
+    assert role.restarts == 0 and role.restart_at is None
 
 
 def unit_sample_ids(runtime: SourceRuntime, unit: WorkUnit) -> list[str]:
