@@ -115,11 +115,13 @@ def unit_sample_ids(runtime: SourceRuntime, unit: WorkUnit) -> list[str]:
 
 
 @pytest.mark.kafka
+@pytest.mark.parametrize(("change", "reason"), [("overwrite", "changed since planning"), ("delete", "no such object")])
 def test_with_stop_a_changed_object_stops_the_loader_and_publishes_nothing_of_its_unit(
-    kafka_bootstrap: str, server: S3Server, tmp_path: Path, unique_name: str
+    kafka_bootstrap: str, server: S3Server, tmp_path: Path, unique_name: str, change: str, reason: str
 ) -> None:
     """The plan in one work partition, so that the units before the changed one (the last) come first, each
-    in its own transaction: those committed stay so, once; restoring the object finishes the job."""
+    in its own transaction: those committed stay so, once; restoring the object (its planned bytes, so its
+    planned ETag) and starting the loader again finishes the job with every sample once."""
     data = build_example_data(tmp_path / "data", limit=30)
     upload(server, data / "topics", f"{unique_name}/topics")
     spec = object_store_spec(
@@ -141,13 +143,16 @@ def test_with_stop_a_changed_object_stops_the_loader_and_publishes_nothing_of_it
     key = f"{unique_name}/topics/{changed.path}"
     client = S3Storage("s3://corpus", server.settings()).client
     planned_bytes = client.get_object(Bucket="corpus", Key=key)["Body"].read()
-    client.put_object(Bucket="corpus", Key=key, Body=b'{"text": "a new version"}\n')
+    if change == "overwrite":
+        client.put_object(Bucket="corpus", Key=key, Body=b'{"text": "a new version"}\n')
+    else:
+        client.delete_object(Bucket="corpus", Key=key)
 
     loader = start_loader(spec, "topics", 0, tmp_path, "--unit-seconds", "0.005")
     assert loader.wait(240) == 5, (tmp_path / "loader-topics-0.log").read_text()[-3000:]
     last = (tmp_path / "loader-topics-0.log").read_text().strip().splitlines()[-1]
     assert last.startswith("mixflow load: error: source topics: unit "), last
-    assert f"s3://corpus/{key}: changed since planning" in last and "restore the object" in last, last
+    assert f"s3://corpus/{key}: {reason}" in last and "restore the object" in last, last
     assert dead_letters(kafka_bootstrap, topics) == []
     ids = Counter(committed_sample_ids(kafka_bootstrap, topics, "topics"))
     assert ids and set(ids.values()) == {1}, "no unit before the changed one committed, or one twice"
