@@ -153,6 +153,7 @@ def test_with_stop_a_changed_object_stops_the_loader_and_publishes_nothing_of_it
     last = (tmp_path / "loader-topics-0.log").read_text().strip().splitlines()[-1]
     assert last.startswith("mixflow load: error: source topics: unit "), last
     assert f"s3://corpus/{key}: {reason}" in last and "restore the object" in last, last
+    assert f"mixflow topics delete --job {unique_name}`" in last, last
     assert dead_letters(kafka_bootstrap, topics) == []
     ids = Counter(committed_sample_ids(kafka_bootstrap, topics, "topics"))
     assert ids and set(ids.values()) == {1}, "no unit before the changed one committed, or one twice"

@@ -28,11 +28,11 @@ class ChangedObjectStopError(RefusedError):
     """A unit's object changed or vanished since planning and the source's spec says to stop: the loader
     exits (code 5, which ``mixflow run`` does not restart) with nothing of the unit published."""
 
-    def __init__(self, source: str, unit: WorkUnit, reason: ObjectRefusedError) -> None:
+    def __init__(self, job: str, source: str, unit: WorkUnit, reason: ObjectRefusedError) -> None:
         super().__init__(
             f"source {source}: unit {unit.unit_id}: {reason}; storage.on_changed_object is stop, so nothing of"
             " this unit was published and the loader stops: restore the object as it was planned, or plan the"
-            " source again (`mixflow topics delete --job JOB` and a new run, or a new job name)"
+            f" source again (`mixflow topics delete --job {job}` and a new run, or a new job name)"
         )
 
 
@@ -122,7 +122,7 @@ class UnitTransactions:
         try:
             counts = self._publish_unit(producer, unit, message.partition() + message.offset())
         except ObjectRefusedError as exc:
-            raise ChangedObjectStopError(self.loader.source, unit, exc) from exc
+            raise ChangedObjectStopError(self.planning.topics.job, self.loader.source, unit, exc) from exc
         return PublishedUnit(message, unit, counts)
 
     def _publish_unit(self, producer: Producer, unit: WorkUnit, place: int) -> UnitCounts:
