@@ -10,6 +10,7 @@ from connectors.storage.base import LocalStorage, ObjectInfo, Storage, glob_matc
 from connectors.storage.errors import (
     ObjectChangedError,
     ObjectMissingError,
+    ObjectRefusedError,
     StorageError,
     StorageNotFoundError,
     StorageUnavailableError,
@@ -33,6 +34,7 @@ __all__ = [
     "ObjectChangedError",
     "ObjectInfo",
     "ObjectMissingError",
+    "ObjectRefusedError",
     "ObjectUri",
     "RetryPolicy",
     "S3Settings",

@@ -2,11 +2,13 @@
 
 An object that changed or vanished since planning is an ``OSError`` as well: a reader turns it into a dead
 letter for the unit, as it does a local file it cannot read. The others stop the loader: the data is fine,
-the storage is not (wrong credentials, no such bucket, an endpoint that stays away past the deadline)."""
+the storage is not (wrong credentials, no such bucket, an endpoint that stays away past the deadline). With
+``S3Settings.stop_on_changed`` a changed or vanished object is ``ObjectRefusedError`` instead, which no
+reader catches: the loader stops."""
 
 from __future__ import annotations
 
-from topics.errors import MixflowError, NotFoundError
+from topics.errors import MixflowError, NotFoundError, RefusedError
 
 
 class StorageError(MixflowError):
@@ -28,3 +30,8 @@ class ObjectChangedError(StorageError, OSError):
 
 class ObjectMissingError(StorageError, OSError):
     """The object is gone (404) since planning."""
+
+
+class ObjectRefusedError(RefusedError, StorageError):
+    """An object changed or vanished since planning, where the source's spec says to stop
+    (``storage.on_changed_object: stop``): not an ``OSError``, so that it ends the loader, not the unit."""

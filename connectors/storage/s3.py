@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar
 
 from connectors.storage.base import ObjectInfo, Storage
-from connectors.storage.errors import StorageError, StorageNotFoundError
+from connectors.storage.errors import (
+    ObjectChangedError,
+    ObjectMissingError,
+    ObjectRefusedError,
+    StorageError,
+    StorageNotFoundError,
+)
 from connectors.storage.faults import classify
 from connectors.storage.object_file import open_object
 from connectors.storage.retry import RetryPolicy
@@ -27,7 +33,9 @@ class S3Settings:
     """How to reach the store. Credentials left ``None`` come from the standard AWS chain (environment,
     shared files, ``profile``, instance roles); given ones are never shown (``repr``) nor logged.
     ``first_contact_s``: how long an endpoint never reached yet is tried before it is reported unreachable
-    (after the first answer, transient errors are retried for ``retry.deadline_s``)."""
+    (after the first answer, transient errors are retried for ``retry.deadline_s``). ``stop_on_changed``: a
+    read pinned to an ETag finds the object changed or gone: ``ObjectRefusedError`` rather than the
+    ``OSError`` a reader turns into a dead letter."""
 
     endpoint_url: str | None = None
     region: str | None = None
@@ -40,6 +48,7 @@ class S3Settings:
     read_timeout_s: float = 30.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     first_contact_s: float = 5.0
+    stop_on_changed: bool = False
 
 
 class S3Storage(Storage):
@@ -85,7 +94,13 @@ class S3Storage(Storage):
             raise StorageNotFoundError(f"{self.describe()}: no object under this prefix")
 
     def info(self, path: str) -> ObjectInfo:
-        head = self._request(path, lambda: self.client.head_object(Bucket=self.uri.bucket, Key=self.uri.key(path)))
+        return self._head(path)
+
+    def _head(self, path: str, etag: str = "") -> ObjectInfo:
+        """``info``; ``etag``, the version the caller expects, only says whether a 404 refuses a planned read."""
+        head = self._request(
+            path, lambda: self.client.head_object(Bucket=self.uri.bucket, Key=self.uri.key(path)), etag
+        )
         return ObjectInfo(path, int(head["ContentLength"]), head.get("ETag", ""))
 
     def read_range(self, path: str, start: int, stop: int, etag: str = "") -> bytes:
@@ -107,7 +122,7 @@ class S3Storage(Storage):
 
     def open(self, path: str, etag: str = "", *, size: int | None = None, buffer_bytes: int = 1 << 20) -> BinaryIO:
         if size is None or not etag:
-            now = self.info(path)
+            now = self._head(path, etag)
             if etag and now.etag != etag:
                 self.read_range(path, 0, 1, etag)  # the store's own answer: 412, the object changed
             size, etag = now.size, etag or now.etag
@@ -128,6 +143,12 @@ class S3Storage(Storage):
                 known = classify(exc, where, self.settings.endpoint_url, etag)
                 if known is exc:
                     raise
+                if (
+                    etag
+                    and self.settings.stop_on_changed
+                    and isinstance(known, ObjectChangedError | ObjectMissingError)
+                ):
+                    raise ObjectRefusedError(str(known)) from exc
                 raise known from exc
 
         deadline = None if self._reached else self.settings.first_contact_s

@@ -11,7 +11,9 @@ Exit codes:
 3     a Kafka client got stuck (a role exits so; ``mixflow run`` starts it again)
 4     not found: a file or folder, a job, a topic, a source or a rank named does not exist
 5     refused: it would overwrite or delete what is not the job's own, or the job's state does not allow it;
-      or a secured cluster refused the client's credentials or TLS handshake
+      or a secured cluster refused the client's credentials or TLS handshake; or a source object changed or
+      vanished since planning under ``storage.on_changed_object: stop`` (``mixflow run`` does not restart a
+      role that exits 5: it would be refused again)
 6     no Kafka broker answers at the bootstrap servers
 7     a request nobody answered in time (a mixture change no constructor has read)
 130   interrupted by Ctrl-C (SIGINT); a role stops after its current piece of work first

@@ -93,3 +93,8 @@ class StorageSpec(BaseModel):
     )
     connect_timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False)
     read_timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)
+    on_changed_object: Literal["dead_letter", "stop"] = Field(
+        "dead_letter",
+        description="An object changed or vanished since planning: its unit is a dead letter and the job goes on"
+        " (dead_letter), or the loader publishes nothing of the unit and exits with code 5 (stop).",
+    )

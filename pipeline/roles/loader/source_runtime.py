@@ -9,9 +9,11 @@ from connectors import FileLayout, Reader, SampleBuilder, TextTokenizer, WorkUni
 from connectors.media.config import VisionConfig
 from connectors.planning import plan_units
 from connectors.readers import MediaFields
+from connectors.storage import ObjectRefusedError
 from pipeline.roles.loader.defaults import TARGET_UNIT_SECONDS
 from pipeline.roles.loader.source_storage import source_storage
 from pipeline.spec import JobSpec, SourceSpec
+from topics.errors import RefusedError
 
 # Content bytes the planner times its tokenizer on.
 COST_SAMPLE_BYTES = 1 << 18
@@ -80,9 +82,14 @@ class SourceRuntime:
     ) -> list[WorkUnit]:
         """Every unit of ``epochs`` (by default the spec's, ``range(epochs)``), epoch by epoch, each epoch
         in its own order seeded by ``seed`` and the epoch; sized by ``cost_per_byte`` (a recorded cost),
-        or else by a measurement."""
-        layouts = self.reader.layouts()
-        cost = cost_per_byte if cost_per_byte is not None else self.measure_cost(layouts)
+        or else by a measurement. Under ``storage.on_changed_object: stop``, an object that changes while it
+        is planned is a ``RefusedError``."""
+        try:
+            layouts = self.reader.layouts()
+            cost = cost_per_byte if cost_per_byte is not None else self.measure_cost(layouts)
+        except ObjectRefusedError as exc:
+            msg = f"source {self.spec.name}: planning: {exc}; the object changed while it was planned: plan again"
+            raise RefusedError(msg) from exc
         units: list[WorkUnit] = []
         for epoch in range(self.spec.epochs) if epochs is None else epochs:
             units += plan_units(self.reader, cost, target_unit_seconds, epoch=epoch, seed=seed, layouts=layouts)

@@ -38,6 +38,7 @@ def s3_settings(storage: StorageSpec, what: str) -> S3Settings:
         connect_timeout_s=storage.connect_timeout_s,
         read_timeout_s=storage.read_timeout_s,
         retry=RetryPolicy(deadline_s=storage.retry_deadline_s),
+        stop_on_changed=storage.on_changed_object == "stop",
         **keys,  # type: ignore[arg-type]
     )
 

@@ -2,7 +2,8 @@
 ``unit_seconds``, the units already fetched after it, in one transaction. Each unit is all in or all out,
 and small units (a short text file) do not pay a commit each. A unit estimated over the source's
 ``unit_target_s`` is split instead of loaded (``unit_sizing.py``). On abort every partition is rewound to
-its first unit of the transaction."""
+its first unit of the transaction. An object changed since planning, under ``storage.on_changed_object:
+stop``, aborts the transaction and stops the loader (``ChangedObjectStopError``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import NamedTuple
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from connectors import WorkUnit
+from connectors.storage import ObjectRefusedError
 from pipeline.kafka.role_protocol import TransactionalRole
 from pipeline.roles.loader.metrics import LoaderMetrics
 from pipeline.roles.loader.options import LoaderOptions
@@ -19,6 +21,19 @@ from pipeline.roles.loader.stats import LoaderStats, UnitCounts
 from pipeline.roles.loader.unit_loading import UnitLoader, decode_unit, where
 from pipeline.roles.loader.work_group import WorkGroup
 from pipeline.roles.loader.work_planning import SourcePlanning
+from topics.errors import RefusedError
+
+
+class ChangedObjectStopError(RefusedError):
+    """A unit's object changed or vanished since planning and the source's spec says to stop: the loader
+    exits (code 5, which ``mixflow run`` does not restart) with nothing of the unit published."""
+
+    def __init__(self, job: str, source: str, unit: WorkUnit, reason: ObjectRefusedError) -> None:
+        super().__init__(
+            f"source {source}: unit {unit.unit_id}: {reason}; storage.on_changed_object is stop, so nothing of"
+            " this unit was published and the loader stops: restore the object as it was planned, or plan the"
+            f" source again (`mixflow topics delete --job {job}` and a new run, or a new job name)"
+        )
 
 
 class PublishedUnit(NamedTuple):
@@ -104,7 +119,11 @@ class UnitTransactions:
         unit, letters = decode_unit(message, self.loader.source)
         if unit is None:
             return PublishedUnit(message, None, self.loader.publish_letters(producer, letters))
-        return PublishedUnit(message, unit, self._publish_unit(producer, unit, message.partition() + message.offset()))
+        try:
+            counts = self._publish_unit(producer, unit, message.partition() + message.offset())
+        except ObjectRefusedError as exc:
+            raise ChangedObjectStopError(self.planning.topics.job, self.loader.source, unit, exc) from exc
+        return PublishedUnit(message, unit, counts)
 
     def _publish_unit(self, producer: Producer, unit: WorkUnit, place: int) -> UnitCounts:
         """Load ``unit``, or with a unit target, split it when it would take too long (the finer units are

@@ -26,13 +26,15 @@ from pipeline.metrics import RunMetrics
 from pipeline.roles.autoscale import Autoscaler, JobProbe, PolicySettings
 from pipeline.spec import JobSpec, load_spec
 from pipeline.tools.run.progress import JobProgress
-from topics.errors import MixflowError
+from topics.errors import MixflowError, RefusedError
 
 log = logging.getLogger(__name__)
 
 # A role that dies (a stuck Kafka client exits with 3, a crash with anything else) is started again: the
 # new process fences the old one's transactions and resumes from the committed offsets. Each role gets
-# MAX_RESTARTS, spaced by a backoff that doubles from RESTART_BACKOFF_S.
+# MAX_RESTARTS, spaced by a backoff that doubles from RESTART_BACKOFF_S. One refused (exit 5: credentials or
+# ACLs refused, an object changed since planning under `on_changed_object: stop`) would be refused again: the
+# job stops with its reason.
 MAX_RESTARTS = 3
 RESTART_BACKOFF_S = 1.0
 DECISIONS_FILE = "autoscale.jsonl"
@@ -267,6 +269,9 @@ def _exited(role: RoleProcess, code: int, running: list[RoleProcess], scaling: L
         return
     if code == 0 and scaling is not None:
         scaling.finished(role)
+    if code == RefusedError.exit_code:
+        running.remove(role)
+        raise RefusedError(f"{role.name} was refused and is not started again: {_last_line(role)}")
     if code != 0 and role.restarts < MAX_RESTARTS:
         role.restarts += 1
         delay = RESTART_BACKOFF_S * 2 ** (role.restarts - 1)
@@ -288,6 +293,12 @@ def _exited(role: RoleProcess, code: int, running: list[RoleProcess], scaling: L
         )
         raise MixflowError(msg)
     log.info("%s finished: %s", role.name, role.summary())
+
+
+def _last_line(role: RoleProcess) -> str:
+    """The role's last log line: its error, for a role that stopped on one."""
+    lines = role.tail(1).strip()
+    return lines.removeprefix("mixflow ").split(": error: ", 1)[-1] if lines else f"see {role.log_file}"
 
 
 def _restart(role: RoleProcess) -> None:
