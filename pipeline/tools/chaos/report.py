@@ -39,6 +39,7 @@ class ChaosReport:
     error: str | None = None
     wall_s: float = 0.0
     phases_s: dict[str, float] = field(default_factory=dict)
+    secured: bool = False  # the private broker was secured, each role its own principal
 
     @property
     def survived(self) -> int:
@@ -70,6 +71,8 @@ class ChaosReport:
 
     def lines(self) -> list[str]:
         where = "a private broker" if self.private_broker else "the given broker (no broker restarts)"
+        if self.secured:
+            where = "a private secured broker (SASL_SSL, SCRAM, a principal and ACLs per role)"
         kinds = ", ".join(f"{kind} {i}/{s}" for kind, (i, s) in self.by_kind().items()) or "none"
         out = [
             f"chaos run of job {self.job}: seed {self.seed}, {len(self.planned)} faults planned, "
@@ -103,6 +106,7 @@ class ChaosReport:
             "seed": self.seed,
             "shadows": self.shadows,
             "private_broker": self.private_broker,
+            "secured": self.secured,
             "ok": self.ok,
             "error": self.error,
             "wall_s": round(self.wall_s, 1),
