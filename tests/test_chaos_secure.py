@@ -4,7 +4,11 @@ once. The passwords stay in owner-only files of the run, never in its specs, log
 
 from __future__ import annotations
 
+import os
 import stat
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,7 @@ import pytest
 from pipeline.kafka.acls import all_bindings, job_bindings
 from pipeline.spec import load_spec
 from pipeline.tools.chaos import ChaosOptions, FaultKind, run_chaos
+from pipeline.tools.chaos.roles import RoleKind, Supervisor
 from pipeline.tools.chaos.secured import PRINCIPALS_FOLDER, principal_keys
 from tests.loader_support import build_example_data, write_spec
 from topics.errors import MixflowError
@@ -23,6 +28,47 @@ def test_a_secured_run_refuses_a_broker_it_did_not_start(tmp_path: Path) -> None
     options = ChaosOptions(spec=tmp_path / "spec.yaml", faults=1, seed=1, bootstrap="127.0.0.1:9", secure=True)
     with pytest.raises(MixflowError, match="secured broker of its own"):
         run_chaos(options)
+
+
+def test_a_role_that_found_no_broker_while_the_run_restarted_it_is_started_again_and_reported_apart(
+    tmp_path: Path,
+) -> None:
+    """A role started just before a broker restart gives up after its start-up probe's timeout (exit 6) when the
+    broker is away longer (a secured broker on a busy machine, say): started again, as `mixflow run` does. The
+    same exit with the broker never away is a failure."""
+    flag = tmp_path / "unreachable-once"
+    unreachable_once = (
+        f"import pathlib, sys; f = pathlib.Path({str(flag)!r})\n"
+        "if not f.exists():\n    f.touch(); print('mixflow load: error: no Kafka broker answers'); sys.exit(6)"
+    )
+    supervisor = Supervisor(tmp_path, dict(os.environ))
+    supervisor.broker_away.append((time.monotonic(), None))
+    role = supervisor.start("load-a-0", RoleKind.LOADER, [sys.executable, "-c", unreachable_once], finite=True)
+    unreachable = [
+        sys.executable,
+        "-c",
+        "import sys; print('mixflow load: error: no Kafka broker answers'); sys.exit(6)",
+    ]
+    try:
+        _until(supervisor, lambda: role.done, "the supervisor did not start the role again")
+        assert role.starts == 2 and supervisor.failures == []
+        assert supervisor.unreachable_restarts() == {"load-a-0": 1} and supervisor.logged_errors() == {}
+
+        supervisor.broker_away[-1] = (supervisor.broker_away[-1][0], time.monotonic())  # answered again
+        later = supervisor.start("load-b-0", RoleKind.LOADER, unreachable)
+        _until(supervisor, lambda: bool(supervisor.failures), "the supervisor did not report the failure")
+        assert [(f.role, f.code) for f in supervisor.failures] == [(later.name, 6)]
+        assert supervisor.unreachable_restarts() == {"load-a-0": 1}
+    finally:
+        supervisor.kill_all()
+
+
+def _until(supervisor: Supervisor, done: Callable[[], bool], failing: str) -> None:
+    deadline = time.monotonic() + 30
+    while not done():
+        assert time.monotonic() < deadline, failing
+        supervisor.poll()
+        time.sleep(0.05)  # child processes exiting: nothing to block on
 
 
 @pytest.mark.kafka  # starts a secured broker of its own (not the session's), which it restarts

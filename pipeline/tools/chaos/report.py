@@ -35,6 +35,8 @@ class ChaosReport:
     failures: list[Failure] = field(default_factory=list)
     errors_logged: dict[str, int] = field(default_factory=dict)  # role: errors its log reports
     stuck_restarts: dict[str, int] = field(default_factory=dict)  # role: restarts after a stuck Kafka client
+    # role: restarts after it found no broker at start while the run restarted the broker
+    unreachable_restarts: dict[str, int] = field(default_factory=dict)
     audit: JobAudit | None = None
     error: str | None = None
     wall_s: float = 0.0
@@ -84,6 +86,8 @@ class ChaosReport:
             + (", ".join(f"{role} {n}" for role, n in self.errors_logged.items()) or "none"),
             "roles started again after their Kafka client got stuck (exit 3, as mixflow run does): "
             + (", ".join(f"{role} {n}" for role, n in self.stuck_restarts.items()) or "none"),
+            "roles started again after no broker answered at their start while it restarted (exit 6, as mixflow run "
+            "does): " + (", ".join(f"{role} {n}" for role, n in self.unreachable_restarts.items()) or "none"),
             _gap_line(self.gaps_s),
         ]
         for kind in FaultKind:  # the broker's and the object store's faults record how long they kept it away
@@ -127,6 +131,7 @@ class ChaosReport:
             ],
             "failures": [{"role": f.role, "pid": f.pid, "code": f.code, "log_tail": f.log_tail} for f in self.failures],
             "stuck_restarts": self.stuck_restarts,
+            "unreachable_restarts": self.unreachable_restarts,
             "errors_logged": self.errors_logged,
             "audit": None
             if self.audit is None

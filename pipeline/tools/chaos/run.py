@@ -124,6 +124,7 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
             report.failures = list(live.supervisor.failures)
             report.errors_logged = live.supervisor.logged_errors()
             report.stuck_restarts = live.supervisor.stuck_restarts()
+            report.unreachable_restarts = live.supervisor.unreachable_restarts()
         if report.error is None:
             phase = time.monotonic()
             with store.environ() if store is not None else contextlib.nullcontext():  # s3:// sources: keys
@@ -333,10 +334,13 @@ class LiveJob:
         """Stop the broker, keep it down ``down_s``, start it again; seconds until it answered."""
         assert self.broker is not None, "no broker restarts on a broker the run did not start"
         stopped = time.monotonic()
+        self.supervisor.broker_away.append((stopped, None))
         self.broker.down()
         self._sleep(down_s)
         self.broker.up()
-        return time.monotonic() - stopped
+        answered = time.monotonic()
+        self.supervisor.broker_away[-1] = (stopped, answered)
+        return answered - stopped
 
     # -- waiting --------------------------------------------------------------------------------------
 
