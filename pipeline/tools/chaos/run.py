@@ -73,7 +73,7 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
     sinks' records and ``report.json`` go to ``options.out`` (the private broker's folder too)."""
     began = time.monotonic()
     if options.secure and options.bootstrap is not None:
-        msg = "a secured chaos run starts a secured broker of its own: it cannot be given a broker to use"
+        msg = "a secured chaos run (--secure) starts a secured broker of its own: leave out --bootstrap-servers"
         raise MixflowError(msg)
     job = f"chaos-{options.seed}-{uuid.uuid4().hex[:6]}"
     folder = (options.out or default_state_dir() / "chaos" / job).absolute()
