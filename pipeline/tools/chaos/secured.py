@@ -9,6 +9,7 @@ clients: topic creation, the state and lease watches, the audit)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,8 @@ from pipeline.tools.stack.local_broker import LocalBroker
 from pipeline.tools.stack.scram_users import ensure_users
 from pipeline.tools.stack.secure import SCRAM_MECHANISM, broker_security, ensure_secrets
 from topics.kafka_settings import SOURCE_LOADER_PREFIX
+
+log = logging.getLogger(__name__)
 
 PRINCIPALS_FOLDER = "principals"
 _ROLES = ("constructor", "trainer", "operator")
@@ -106,4 +109,5 @@ def grant_job_acls(broker: LocalBroker, spec: JobSpec) -> int:
     admin = AclAdmin(broker.security.client)
     held = admin.granted({b.principal for b in bindings})
     admin.create([b for b in bindings if b not in held])
+    log.info("job %s: %d ACL bindings for %d principals in force", spec.job, len(bindings), len(spec.kafka.principals))
     return len(bindings)
