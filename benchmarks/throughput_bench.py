@@ -210,19 +210,19 @@ def steps_for(shape: Shape, data: int, composition: bool) -> int:
 
 def child_constructor(spec_path: Path, output_job: str, max_steps: int, bootstrap: str, profile: Path | None) -> None:
     """Run the constructor in this process and print its timings as one JSON line."""
-    import pipeline.roles.constructor.role as role
+    import pipeline.roles.constructor.step_records as step_records
     from pipeline.roles.constructor import ConstructorOptions, DataConstructor
     from pipeline.spec import load_spec
 
     payload = [0]
-    encode = role.encode_batch
+    encode = step_records.encode_batch  # what a step's transaction encodes each rank's batch with
 
     def counting_encode(batch: Any) -> tuple[bytes, bytes, Any]:
         key, value, headers = encode(batch)
         payload[0] += len(value)
         return key, value, headers
 
-    role.encode_batch = counting_encode
+    step_records.encode_batch = counting_encode
     committed: list[tuple[float, int]] = []
 
     class Timed(DataConstructor):

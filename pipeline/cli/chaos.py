@@ -31,6 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run on this broker instead of a private one (then the broker is never restarted)",
     )
     parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="the run's broker is secured as `mixflow stack up --secure` makes it (SASL_SSL, SCRAM-SHA-512, ACLs "
+        "enforced; its restarts keep that); each role runs as a SCRAM user of its own (passwords in principals/ of "
+        "the run's folder, owner only) with the job's ACLs of `mixflow acl plan`, applied before the roles start. "
+        "Not with --bootstrap-servers",
+    )
+    parser.add_argument(
         "--object-store-dir",
         type=Path,
         default=None,
@@ -93,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         max_lead_steps=args.max_lead_steps,
         object_store=args.object_store_dir,
         max_stall_s=args.max_stall_s,
+        secure=args.secure,
     )
     report = run_chaos(options)
     for line in report.lines():

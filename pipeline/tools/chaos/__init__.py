@@ -1,6 +1,7 @@
 """Chaos runs: a whole job under random faults (SIGKILLed roles, broker restarts) from a seeded schedule,
 then an audit that nothing was lost or repeated. ``schedule`` is pure; ``roles``, ``watch`` and ``run``
-are the thin shell of processes and Kafka around it; ``sink`` is the trainer stand-in each rank runs."""
+are the thin shell of processes and Kafka around it; ``sink`` is the trainer stand-in each rank runs;
+``secured`` gives a run on a secured broker (``--secure``) its broker, a principal per role and the job's ACLs."""
 
 import lazy_loader
 

@@ -35,10 +35,13 @@ class ChaosReport:
     failures: list[Failure] = field(default_factory=list)
     errors_logged: dict[str, int] = field(default_factory=dict)  # role: errors its log reports
     stuck_restarts: dict[str, int] = field(default_factory=dict)  # role: restarts after a stuck Kafka client
+    # role: restarts after it found no broker at start while the run restarted the broker
+    unreachable_restarts: dict[str, int] = field(default_factory=dict)
     audit: JobAudit | None = None
     error: str | None = None
     wall_s: float = 0.0
     phases_s: dict[str, float] = field(default_factory=dict)
+    secured: bool = False  # the private broker was secured, each role its own principal
 
     @property
     def survived(self) -> int:
@@ -70,6 +73,8 @@ class ChaosReport:
 
     def lines(self) -> list[str]:
         where = "a private broker" if self.private_broker else "the given broker (no broker restarts)"
+        if self.secured:
+            where = "a private secured broker (SASL_SSL, SCRAM, a principal and ACLs per role)"
         kinds = ", ".join(f"{kind} {i}/{s}" for kind, (i, s) in self.by_kind().items()) or "none"
         out = [
             f"chaos run of job {self.job}: seed {self.seed}, {len(self.planned)} faults planned, "
@@ -81,6 +86,8 @@ class ChaosReport:
             + (", ".join(f"{role} {n}" for role, n in self.errors_logged.items()) or "none"),
             "roles started again after their Kafka client got stuck (exit 3, as mixflow run does): "
             + (", ".join(f"{role} {n}" for role, n in self.stuck_restarts.items()) or "none"),
+            "roles started again after no broker answered at their start while it restarted (exit 6, as mixflow run "
+            "does): " + (", ".join(f"{role} {n}" for role, n in self.unreachable_restarts.items()) or "none"),
             _gap_line(self.gaps_s),
         ]
         for kind in FaultKind:  # the broker's and the object store's faults record how long they kept it away
@@ -103,6 +110,7 @@ class ChaosReport:
             "seed": self.seed,
             "shadows": self.shadows,
             "private_broker": self.private_broker,
+            "secured": self.secured,
             "ok": self.ok,
             "error": self.error,
             "wall_s": round(self.wall_s, 1),
@@ -123,6 +131,7 @@ class ChaosReport:
             ],
             "failures": [{"role": f.role, "pid": f.pid, "code": f.code, "log_tail": f.log_tail} for f in self.failures],
             "stuck_restarts": self.stuck_restarts,
+            "unreachable_restarts": self.unreachable_restarts,
             "errors_logged": self.errors_logged,
             "audit": None
             if self.audit is None

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from topics.errors import STUCK_CLIENT_EXIT
+from topics.errors import STUCK_CLIENT_EXIT, BrokerUnreachableError
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,10 @@ class Role:
     starts: int = 0
     kills: int = 0
     stuck_exits: int = 0  # exits with STUCK_CLIENT_EXIT: started again, as `mixflow run` does
+    # Exits because no broker answered at start (BrokerUnreachableError) while the run had the broker away:
+    # started again, as `mixflow run` does.
+    unreachable_exits: int = 0
+    started_at: float = 0.0  # the current process's
     log_start: int = 0  # where the current process's output begins in the log
     restart_at: float | None = None
     stopping: bool = False  # asked to stop: its exit with 0 is expected
@@ -84,6 +88,8 @@ class Supervisor:
     env: dict[str, str]
     roles: dict[str, Role] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
+    # When the run stopped its broker, and when it answered again (None: still away).
+    broker_away: list[tuple[float, float | None]] = field(default_factory=list)
 
     def start(self, name: str, kind: RoleKind, command: list[str], *, finite: bool = False) -> Role:
         role = Role(name, kind, command, self.folder / f"{name}.log", finite)
@@ -125,6 +131,11 @@ class Supervisor:
                 role.restart_at = time.monotonic() + FAILED_RESTART_DELAY_S
                 log.warning("%s (pid %d): its Kafka client got stuck; starting it again", role.name, role.process.pid)
                 continue
+            if code == BrokerUnreachableError.exit_code and not role.stopping and self._broker_was_away(role):
+                role.unreachable_exits += 1
+                role.restart_at = time.monotonic() + FAILED_RESTART_DELAY_S
+                log.warning("%s (pid %d): no broker answered (it restarted); starting it again", role.name, role.pid)
+                continue
             failure = Failure(role.name, role.process.pid, code, role.tail())
             self.failures.append(failure)
             log.error("%s", failure.describe())
@@ -138,8 +149,9 @@ class Supervisor:
         counts = {}
         for role in self.roles.values():
             with role.log_file.open(errors="replace") as log_file:
-                # Each stuck-client exit says so in one error line: that restart is reported apart.
+                # Each stuck-client or unreachable exit says so in one error line: that restart is reported apart.
                 errors = sum(1 for line in log_file if ERROR_LINE.match(line)) - role.stuck_exits
+                errors -= role.unreachable_exits
                 if errors > 0:
                     counts[role.name] = errors
         return counts
@@ -147,6 +159,14 @@ class Supervisor:
     def stuck_restarts(self) -> dict[str, int]:
         """Per role, how often its Kafka client got stuck and it was started again."""
         return {role.name: role.stuck_exits for role in self.roles.values() if role.stuck_exits}
+
+    def unreachable_restarts(self) -> dict[str, int]:
+        """Per role, how often it found no broker at start while the broker restarted, and was started again."""
+        return {role.name: role.unreachable_exits for role in self.roles.values() if role.unreachable_exits}
+
+    def _broker_was_away(self, role: Role) -> bool:
+        """Whether the run had the broker away at some moment of the role's current process."""
+        return any(answered is None or answered >= role.started_at for _, answered in self.broker_away)
 
     def terminate(self, roles: list[Role]) -> None:
         """Ask ``roles`` to stop (SIGTERM): each ends after its current piece of work."""
@@ -183,4 +203,5 @@ class Supervisor:
                 role.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env
             )
         role.starts += 1
+        role.started_at = time.monotonic()
         log.debug("started %s (pid %d)", role.name, role.process.pid)

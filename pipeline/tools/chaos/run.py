@@ -30,6 +30,7 @@ from pipeline.tools.chaos.object_store import ChaosObjectStore
 from pipeline.tools.chaos.report import ChaosReport, InjectedFault
 from pipeline.tools.chaos.roles import Role, RoleKind, Supervisor
 from pipeline.tools.chaos.schedule import DEFAULT_WEIGHTS, OBJECT_STORE_KINDS, Fault, FaultKind, Targets, plan_faults
+from pipeline.tools.chaos.secured import RunPrincipals, grant_job_acls, secured_broker
 from pipeline.tools.chaos.sink_state import checkpoint_steps
 from pipeline.tools.chaos.watch import Lease, LeaseWatch, StateWatch
 from pipeline.tools.stack.local_broker import LocalBroker, default_state_dir, free_port_pair
@@ -62,12 +63,18 @@ class ChaosOptions:
     object_store: Path | None = None
     max_stall_s: float = 5.0  # an object store is stalled, slow or refusing for 1 s up to this long
     max_lead_steps: int | None = None  # overrides the spec's constructor.max_lead_steps (the sinks pace it)
+    # The private broker is secured (``mixflow stack up --secure``); each role runs as a SCRAM user of its own
+    # with the job's ACLs (``secured.py``).
+    secure: bool = False
 
 
 def run_chaos(options: ChaosOptions) -> ChaosReport:
     """Run the job of ``options.spec`` under the faults of ``options.seed``; report. Logs, the specs, the
     sinks' records and ``report.json`` go to ``options.out`` (the private broker's folder too)."""
     began = time.monotonic()
+    if options.secure and options.bootstrap is not None:
+        msg = "a secured chaos run (--secure) starts a secured broker of its own: leave out --bootstrap-servers"
+        raise MixflowError(msg)
     job = f"chaos-{options.seed}-{uuid.uuid4().hex[:6]}"
     folder = (options.out or default_state_dir() / "chaos" / job).absolute()
     if folder.exists() and any(folder.iterdir()):
@@ -93,12 +100,20 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
     maxima = {"max_pause_s": options.max_pause_s, "max_down_s": options.max_down_s, "max_stall_s": options.max_stall_s}
     faults = plan_faults(options.seed, options.faults, targets, weights, **maxima)
     report = ChaosReport(job, options.seed, options.shadows, targets.broker, folder, planned=faults)
-    broker = None if options.bootstrap else LocalBroker(folder / "broker", port=free_port_pair())
+    report.secured = options.secure
+    broker = None if options.bootstrap else _private_broker(folder / "broker", options.secure)
     try:
         bootstrap = broker.up() if broker is not None else str(options.bootstrap)
         if store is not None:
             store.open()
-        spec, streaming, draining = _write_specs(options.spec, job, bootstrap, folder, options.max_lead_steps, store)
+        principals = None
+        if broker is not None and options.secure:
+            principals = RunPrincipals.create(folder, job, base.source_names, broker)
+        spec, streaming, draining = _write_specs(
+            options.spec, job, bootstrap, folder, options.max_lead_steps, store, principals
+        )
+        if broker is not None and principals is not None:
+            grant_job_acls(broker, spec)  # before the operator creates the topics
         config = spec.kafka.client_config(bootstrap, role="operator")
         ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks, lanes=spec.constructor.lanes)
         live = LiveJob(options, spec, config, folder, broker, store)
@@ -109,6 +124,7 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
             report.failures = list(live.supervisor.failures)
             report.errors_logged = live.supervisor.logged_errors()
             report.stuck_restarts = live.supervisor.stuck_restarts()
+            report.unreachable_restarts = live.supervisor.unreachable_restarts()
         if report.error is None:
             phase = time.monotonic()
             with store.environ() if store is not None else contextlib.nullcontext():  # s3:// sources: keys
@@ -124,6 +140,11 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
     return report
 
 
+def _private_broker(state_dir: Path, secure: bool) -> LocalBroker:
+    port = free_port_pair()
+    return secured_broker(state_dir, port) if secure else LocalBroker(state_dir, port=port)
+
+
 def _write_specs(
     spec_path: Path,
     job: str,
@@ -131,14 +152,17 @@ def _write_specs(
     folder: Path,
     max_lead_steps: int | None,
     store: ChaosObjectStore | None = None,
+    principals: RunPrincipals | None = None,
 ) -> tuple[JobSpec, Path, Path]:
-    """The spec under ``job`` on ``bootstrap`` (and the object store's proxy), streaming (``spec.yaml``), and
-    for the drain."""
+    """The spec under ``job`` on ``bootstrap`` (and the object store's proxy; a secured run's principals),
+    streaming (``spec.yaml``), and for the drain."""
     body = load_spec(spec_path).model_dump(mode="json", exclude_none=True)
     if store is not None:
         body = store.through_proxy(body)
     body["job"] = job
     body["kafka"] = {**body.get("kafka", {}), "bootstrap_servers": bootstrap}
+    if principals is not None:
+        body["kafka"] = principals.kafka_section(body["kafka"])
     if max_lead_steps is not None:
         body["constructor"] = {**body.get("constructor", {}), "max_lead_steps": max_lead_steps}
     paths = []
@@ -310,10 +334,13 @@ class LiveJob:
         """Stop the broker, keep it down ``down_s``, start it again; seconds until it answered."""
         assert self.broker is not None, "no broker restarts on a broker the run did not start"
         stopped = time.monotonic()
+        self.supervisor.broker_away.append((stopped, None))
         self.broker.down()
         self._sleep(down_s)
         self.broker.up()
-        return time.monotonic() - stopped
+        answered = time.monotonic()
+        self.supervisor.broker_away[-1] = (stopped, answered)
+        return answered - stopped
 
     # -- waiting --------------------------------------------------------------------------------------
 
