@@ -349,7 +349,7 @@ def test_an_expired_certificate_is_refused(secure_stack: SecureStack, tmp_path: 
     assert "the broker's certificate has expired" in message
 
 
-def _spec(folder: Path, job: str, kafka: dict[str, str]) -> Path:
+def _spec(folder: Path, job: str, kafka: dict[str, object]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     spec = {
         "job": job,
@@ -369,9 +369,16 @@ def test_a_role_refused_by_the_cluster_says_so_before_it_starts(
     secure_stack: SecureStack, tmp_path: Path, unique_name: str, who: str
 ) -> None:
     admin = {key: value for key, value in secure_stack.admin_config.items() if key != "bootstrap.servers"}
-    kafka = {**admin, "sasl.password": "not-the-password"} if who == "a wrong password" else {}
+    kafka = {**admin, "sasl.password": {"env": "MIXFLOW_TEST_PASSWORD"}} if who == "a wrong password" else {}
     spec = _spec(tmp_path, unique_name, kafka)
-    done = _mixflow("construct", "--spec", str(spec), "--bootstrap-servers", secure_stack.bootstrap)
+    done = _mixflow(
+        "construct",
+        "--spec",
+        str(spec),
+        "--bootstrap-servers",
+        secure_stack.bootstrap,
+        env={"MIXFLOW_TEST_PASSWORD": "not-the-password"},
+    )
     message = _one_line_refusal(done, secure_stack.secrets.password(ADMIN_USER))
     assert message.startswith(f"mixflow construct: error: Kafka at {secure_stack.bootstrap} refused this client")
     expected = "wrong password or unknown user" if who == "a wrong password" else "this client has neither"
