@@ -48,7 +48,7 @@ from connectors.storage.s3 import S3Storage
 from connectors.work_units import WorkUnit
 from tests.kafka_support import TopicGrowth
 from tests.loader_support import build_example_data
-from tests.s3_support import ACCESS_KEY, SECRET_KEY, S3Server, running_server, upload
+from tests.s3_support import S3Server, running_server, upload
 from topics.admin import delete_job_topics
 from topics.names import JobTopics
 
@@ -196,8 +196,9 @@ import json, resource, sys, time
 from connectors.planning import plan_units
 from connectors.readers import make_reader
 from connectors.storage import storage_for
+from pathlib import Path
 from tests.s3_support import S3Server
-server = S3Server("", None, int(sys.argv[2]))
+server = S3Server(Path(sys.argv[3]), int(sys.argv[2]))
 root = sys.argv[1]
 began = time.perf_counter()
 reader = make_reader("jsonl", "many", root, storage=storage_for(root, server.settings()))
@@ -210,7 +211,7 @@ print(json.dumps({"objects": len(layouts), "units": len(units), "list_s": listed
 
 
 def planning(server: S3Server, root: str) -> dict[str, float]:
-    command = [sys.executable, "-c", PLAN_CHILD, root, str(server.port)]
+    command = [sys.executable, "-c", PLAN_CHILD, root, str(server.port), str(server.store.state_dir)]
     out = subprocess.run(command, check=True, capture_output=True, cwd=REPO, timeout=1200).stdout
     return json.loads(out.decode().strip().splitlines()[-1])
 
@@ -224,11 +225,11 @@ def main() -> None:
     parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
     add_markdown_flag(parser)
     args = parser.parse_args()
-    os.environ["BENCH_S3_KEY"], os.environ["BENCH_S3_SECRET"] = ACCESS_KEY, SECRET_KEY
     with (
         tempfile.TemporaryDirectory(prefix="objstore-bench-") as scratch,
         running_server(Path(scratch) / "s3") as server,
     ):
+        os.environ["BENCH_S3_KEY"], os.environ["BENCH_S3_SECRET"] = server.access_key, server.secret_key
         folder = Path(scratch)
         tokenizer = build_example_data(folder / "example", limit=3) / "tokenizer.json"
         loader_rows, reading_rows, first_rows = [], [], []

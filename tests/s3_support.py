@@ -1,13 +1,9 @@
-"""A real S3 server for the storage tests: versitygw over a folder (each bucket a subfolder), on a free port,
-started and stopped by the test; plus the settings that reach it."""
+"""A real S3 server for the storage tests: the project's ``LocalObjectStore`` (versitygw over a folder, each
+bucket a subfolder) in the test's own folder on a free port, started and stopped by the test; plus the
+settings that reach it."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,69 +12,43 @@ import pytest
 
 from connectors.storage import RetryPolicy
 from connectors.storage.s3 import S3Settings
+from pipeline.tools.stack.local_broker import free_port_block
+from pipeline.tools.stack.object_store import REGION, LocalObjectStore
 
-ACCESS_KEY = "mixflowtest"
-SECRET_KEY = "mixflowtestsecret"
 BUCKET = "corpus"
-_BINARIES = (os.environ.get("MIXFLOW_VERSITYGW", ""), str(Path.home() / ".cache/mixflow/bin-probe/versitygw"))
-START_TIMEOUT_S = 30.0
-
-
-def versitygw_binary() -> str | None:
-    """``$MIXFLOW_VERSITYGW``, else the project's build (``mixflow stack`` installs it into its cache), else
-    one on the PATH."""
-    from pipeline.tools.stack.object_store_install import installed_path
-
-    candidates = (*_BINARIES[:1], str(installed_path()), *_BINARIES[1:])
-    return next((b for b in candidates if b and Path(b).is_file()), None) or shutil.which("versitygw")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class S3Server:
-    """versitygw serving ``root`` at ``127.0.0.1:port``; :meth:`stop` and :meth:`start` make an outage."""
+    """A ``LocalObjectStore`` under ``state_dir``; :meth:`stop` and :meth:`start` make an outage."""
 
-    def __init__(self, binary: str, root: Path, port: int) -> None:
-        self.binary = binary
-        self.root = root
+    def __init__(self, state_dir: Path, port: int) -> None:
+        self.store = LocalObjectStore(state_dir, port=port)
         self.port = port
-        self.process: subprocess.Popen[bytes] | None = None
+        credentials = self.store.credentials()
+        self.access_key, self.secret_key = credentials.access_key, credentials.secret_key
+
+    @property
+    def root(self) -> Path:
+        """The folder the server serves: one subfolder per bucket, one file per object."""
+        return self.store.data_dir
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.store.endpoint
 
     def start(self) -> None:
-        command = [self.binary, "--access", ACCESS_KEY, "--secret", SECRET_KEY, "--port", f"127.0.0.1:{self.port}"]
-        self.process = subprocess.Popen(
-            [*command, "posix", str(self.root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"versitygw did not listen on {self.port} within {START_TIMEOUT_S} s")
-            time.sleep(0.05)  # polling a port that has no event to wait on
+        self.store.start()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-        self.process = None
+        self.store.stop()
 
     def settings(self, **changes: object) -> S3Settings:
         values: dict[str, object] = {
             "endpoint_url": self.endpoint,
-            "region": "us-east-1",
+            "region": REGION,
             "addressing_style": "path",
-            "access_key_id": ACCESS_KEY,
-            "secret_access_key": SECRET_KEY,
+            "access_key_id": self.access_key,
+            "secret_access_key": self.secret_key,
             "retry": RetryPolicy(deadline_s=20.0),
         }
         values.update(changes)
@@ -91,13 +61,15 @@ class S3Server:
 
 
 @contextmanager
-def running_server(root: Path) -> Iterator[S3Server]:
-    binary = versitygw_binary()
-    if binary is None:
-        pytest.skip("no versitygw binary (set MIXFLOW_VERSITYGW)")
-    root.mkdir(parents=True, exist_ok=True)
-    server = S3Server(binary, root, free_port())
-    server.start()
+def running_server(state_dir: Path) -> Iterator[S3Server]:
+    """A server of its own in ``state_dir`` (port below the ephemeral range, so a restart finds it free)."""
+    from topics.errors import MixflowError
+
+    server = S3Server(state_dir, free_port_block(1))
+    try:
+        server.start()
+    except MixflowError as exc:  # no versitygw and no Go to build it
+        pytest.skip(f"no object store: {exc}")
     try:
         yield server
     finally:

@@ -25,7 +25,7 @@ from tests.loader_support import (
     start_constructor,
     write_spec,
 )
-from tests.s3_support import ACCESS_KEY, SECRET_KEY, S3Server, running_server, upload
+from tests.s3_support import S3Server, running_server, upload
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
 
@@ -42,7 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 def object_store_spec(local: Path, folder: Path, server: S3Server, prefix: str, job: str) -> Path:
     """``local``'s spec with each source's path in the bucket and the storage section that reaches it, the
     keys named by environment variables (set here for the loader processes)."""
-    os.environ["MIXFLOW_TEST_S3_KEY"], os.environ["MIXFLOW_TEST_S3_SECRET"] = ACCESS_KEY, SECRET_KEY
+    os.environ["MIXFLOW_TEST_S3_KEY"], os.environ["MIXFLOW_TEST_S3_SECRET"] = server.access_key, server.secret_key
     body = yaml.safe_load(local.read_text())
     body["job"] = job
     for source in body["sources"]:
