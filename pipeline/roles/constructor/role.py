@@ -52,7 +52,7 @@ from pipeline.roles.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS, Constru
 from pipeline.roles.constructor.loop import StepLoop
 from pipeline.roles.constructor.metrics import ConstructorMetrics
 from pipeline.roles.constructor.shadow import ShadowEnd, ShadowFollower
-from pipeline.roles.constructor.sources import SourceTopicFeed
+from pipeline.roles.constructor.sources import SOURCE_FETCH_SETTINGS, SourceTopicFeed
 from pipeline.roles.constructor.stats import DEFAULT_RECENT_STEPS, ConstructorStats, StepRecord
 from pipeline.roles.constructor.step_records import StepRecords
 from pipeline.roles.constructor.writer import StepWriter
@@ -208,7 +208,7 @@ class DataConstructor(TransactionalRole):
         pool = SamplePool(state, self.core.vision)
         consumer = RenewingConsumer(
             read_committed_settings(
-                self.config,
+                {**SOURCE_FETCH_SETTINGS, **self.config},
                 self.transactional_id,
                 **{"enable.partition.eof": True},  # tells when a source has been read to its end
             )

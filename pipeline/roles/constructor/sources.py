@@ -26,6 +26,14 @@ log = logging.getLogger(__name__)
 # stays bounded however far ahead the loaders are (and grows by a step per source only).
 BUFFER_STEPS = 4
 
+SOURCE_FETCH_SETTINGS = {
+    # A step reads megabytes of every source: large fetches bring it in a few round trips (librdkafka's
+    # default of 1 MB a partition took several per step at 4M-token steps, with the step's draw waiting).
+    "fetch.max.bytes": 64 << 20,
+    "max.partition.fetch.bytes": 16 << 20,
+}
+"""Defaults of the constructor's source consumer; the spec's ``kafka.config`` wins."""
+
 
 class SourceTopicFeed:
     """Assigns partition ``partition`` (the constructor's lane) of every source topic at the pool's low
