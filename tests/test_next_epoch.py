@@ -78,3 +78,21 @@ def test_a_plan_extended_by_epochs_round_trips() -> None:
     assert WorkPlan.from_json(extended.to_json()) == extended
     assert extended.epochs_planned(1) == 3 and WorkPlan("code", 4, {0: 4}).epochs_planned(2) == 2
     assert b"epochs" not in WorkPlan("code", 4, {0: 4}).to_json()  # plans of the spec's epochs are unchanged
+
+
+def test_work_units_a_broker_never_took_are_a_retriable_error_not_a_failure(unique_name: str) -> None:
+    """Work units whose delivery timed out (the brokers were away) raise ``KafkaUnavailableError``, which the
+    loader's epoch planning answers by planning again later, instead of ending the loader."""
+    from confluent_kafka import Producer
+
+    from connectors.work_units import WorkUnit
+    from pipeline.kafka.work_plan import produce_units
+    from pipeline.tools.stack.local_broker import free_port_pair
+    from topics.retry import KafkaUnavailableError
+
+    nobody = f"127.0.0.1:{free_port_pair()}"
+    producer = Producer({"bootstrap.servers": nobody, "message.timeout.ms": 500, "log_level": 0})
+    units = [WorkUnit("web", "a.jsonl", "file", 0, 1)]
+    base = WorkPlan(source="web", units=0, ends={})
+    with pytest.raises(KafkaUnavailableError, match="publishing the work units of web"):
+        produce_units(producer, JobTopics(unique_name), "web", units, 1, base)

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from pydantic import StrictInt
 
 from connectors.work_units import WorkUnit
@@ -29,7 +29,10 @@ from topics.json_record import decode, encode, json_field, json_record
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
 from topics.offset_lookup import OffsetLookup
-from topics.retry import KAFKA_RETRY
+from topics.retry import KAFKA_RETRY, KafkaUnavailableError
+
+# Delivery errors of a broker that went away for a while: publishing again later may succeed.
+_BROKERS_AWAY = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT})
 
 log = logging.getLogger(__name__)
 # What can say which offsets a loader group has committed: a member of it, or a lookup that never joins.
@@ -156,7 +159,10 @@ def _publish(
     try:
         plan = produce_units(producer, topics, source, units, partitions, base)
     except MixflowError:
-        producer.abort_transaction(60)
+        try:
+            producer.abort_transaction(60)
+        except KafkaException as exc:  # the next planner's producer fences this one and aborts it then
+            log.warning("aborting the work plan transaction of %s failed: %s", source, exc)
         raise
     if cost is not None:
         produce(producer, topics.control, cost.to_json(), key=unit_cost_key(source))
@@ -174,11 +180,11 @@ def produce_units(
     since the plan's ends are their offsets."""
     work_topic = topics.work(source)
     ends: dict[int, int] = dict(base.ends)
-    failures: list[str] = []
+    failures: list[KafkaError] = []
 
     def delivered(err, message) -> None:
         if err is not None:
-            failures.append(str(err))
+            failures.append(err)
             return
         ends[message.partition()] = max(ends.get(message.partition(), 0), message.offset() + 1)
 
@@ -193,6 +199,8 @@ def produce_units(
         )
     if producer.flush(60) or failures:
         msg = f"publishing the work units of {source} to {work_topic} failed: {failures[:3] or 'timed out'}"
+        if all(error.code() in _BROKERS_AWAY for error in failures):
+            raise KafkaUnavailableError(msg)  # the transaction is aborted and the work done again later
         raise MixflowError(msg)
     plan = replace(base, units=base.units + len(units), ends=ends)
     produce(producer, topics.control, plan.to_json(), key=plan_key(source))

@@ -92,9 +92,24 @@ class PaddingFreeBatches(IterableDataset):
         self.micro_batches = micro_batches
         self.pad_token_id = pad_token_id
         self.flash_attn_kwargs = flash_attn_kwargs
+        self._batches: Any = None  # the sink's iterator while one is open: close() ends it
 
     def __iter__(self) -> Iterator[dict]:
-        for micro_batch in self.sink:
+        batches = self._batches = iter(self.sink)
+        try:
+            yield from self._padding_free(batches)
+        finally:
+            batches.close()
+
+    def close(self) -> None:
+        """Stop the sink's reader thread and consumer: the Trainer stops at ``max_steps`` with this iterator
+        still open, and a reader thread alive when the process exits aborts it."""
+        if self._batches is not None:
+            self._batches.close()
+            self._batches = None
+
+    def _padding_free(self, batches: Iterator[MicroBatch]) -> Iterator[dict]:
+        for micro_batch in batches:
             if micro_batch["micro_batches"] != self.micro_batches:
                 msg = (
                     f"step {micro_batch['step']} of {self.sink.topic} has {micro_batch['micro_batches']} "
@@ -149,12 +164,13 @@ class MixflowTrainer(Trainer):
         _configure(args)
         self.sink = sink
         self.current_micro_batch: dict[str, Any] | None = None
+        self._train_batches: PaddingFreeBatches | None = None
         self._pad_token_id = pad_token_id
         self._flash_attn_kwargs = flash_attn_kwargs
         super().__init__(model=model, args=args, train_dataset=sink, **kwargs)
 
     def get_train_dataloader(self) -> DataLoader:
-        batches = PaddingFreeBatches(
+        batches = self._train_batches = PaddingFreeBatches(
             self.sink, self.args.gradient_accumulation_steps, self._pad_token_id, self._flash_attn_kwargs
         )
         # Not through accelerator.prepare: each process reads its own rank topic already.
@@ -182,7 +198,11 @@ class MixflowTrainer(Trainer):
         if resume_from_checkpoint:
             self.sink.load_state_dict(read_sink_state(resume_from_checkpoint, self.sink.rank))
             log.info("resuming %s from %s at %s", self.sink.topic, resume_from_checkpoint, self.sink.state_dict())
-        return super().train(resume_from_checkpoint or None, *args, **kwargs)
+        try:
+            return super().train(resume_from_checkpoint or None, *args, **kwargs)
+        finally:
+            if self._train_batches is not None:
+                self._train_batches.close()
 
 
 def _configure(args: TrainingArguments) -> None:
