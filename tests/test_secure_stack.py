@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -220,7 +221,11 @@ def test_a_secured_cluster_of_three_brokers_writes_transactions_and_takes_a_node
         assert _mixflow("stack", "stop-node", "2", "--kill", "--state-dir", state).returncode == 0
         started = _mixflow("stack", "start-node", "2", "--state-dir", state)
         assert started.returncode == 0, started.stderr
-        status = _mixflow("stack", "status", "--state-dir", state)
+        deadline = time.monotonic() + 120  # a node that answers its port may not serve metadata yet
+        while True:
+            status = _mixflow("stack", "status", "--state-dir", state)
+            if (status.returncode == 0 and "3 live in its metadata" in status.stdout) or time.monotonic() > deadline:
+                break
         assert status.returncode == 0 and "3 live in its metadata" in status.stdout, status.stdout
         _transactional_write(admin, "secured.after")
     finally:
