@@ -307,18 +307,26 @@ class LocalObjectStore:
 
     def pause(self) -> bool:
         """SIGSTOP the server: connections are still accepted by the kernel, but nothing answers until
-        ``resume``, as a stalled storage server. False when none was running."""
-        return self._signal(signal.SIGSTOP)
+        ``resume``, as a stalled storage server. Returns once the kernel shows it stopped; False when none
+        was running."""
+        return self._signal(signal.SIGSTOP, stopped=True)
 
     def resume(self) -> bool:
-        """SIGCONT a paused server. False when none was running."""
-        return self._signal(signal.SIGCONT)
+        """SIGCONT a paused server and return once it runs again. False when none was running."""
+        return self._signal(signal.SIGCONT, stopped=False)
 
-    def _signal(self, signum: int) -> bool:
+    def _signal(self, signum: int, *, stopped: bool, timeout_s: float = 10.0) -> bool:
         pid = self.running_pid()
         if pid is None:
             return False
         os.kill(pid, signum)
+        # A signal is delivered asynchronously: wait until the process is in the state it asks for.
+        deadline = time.monotonic() + timeout_s
+        while self._is_stopped(pid) != stopped and _alive(pid):
+            if time.monotonic() > deadline:
+                state = "stop" if stopped else "run again"
+                raise MixflowError(f"the object store (pid {pid}) did not {state} within {timeout_s:.0f} s")
+            time.sleep(0.01)
         return True
 
     # -- helpers ----------------------------------------------------------------------------------
