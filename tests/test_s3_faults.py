@@ -21,10 +21,11 @@ from connectors.planning import split_file
 from connectors.readers import Document, make_reader
 from connectors.storage import StorageUnavailableError, storage_for
 from connectors.storage.retry import RetryPolicy
-from connectors.storage.s3 import S3Storage
+from connectors.storage.s3 import FIRST_CONTACT_S, S3Storage
 from pipeline.cli import main
 from pipeline.kafka.work_plan import publish_work_plan
 from pipeline.roles.loader.source_runtime import SourceRuntime
+from pipeline.roles.loader.source_storage import source_storage
 from pipeline.roles.loader.topic_partitions import partition_count
 from pipeline.spec import load_spec
 from tests.kafka_support import TopicGrowth
@@ -255,3 +256,63 @@ def test_an_object_changed_after_planning_is_a_dead_letter_and_the_job_goes_on(
     ids = Counter(committed_sample_ids(kafka_bootstrap, topics, "topics"))
     assert set(ids.values()) == {1} and len(ids) > 0
     assert not any(sample_id.startswith(f"topics/{changed.path}/") for sample_id in ids)
+
+
+def test_a_loader_started_during_an_outage_waits_for_the_store_as_long_as_its_deadline(
+    server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command reports an endpoint it never reached after a few seconds; a loader's storage waits for it as
+    long as for one it lost, so a loader started while the store is away rides the outage out."""
+    folder = tmp_path / "src"
+    write_source(folder, "jsonl", [20])
+    root = upload(server, folder, "late")
+    body = {
+        "job": "late",
+        "tokenizer": "tok.json",
+        "sources": [{"name": "web", "reader": "jsonl", "path": root, "pretokenized": False}],
+        "mixture": {"weights": {"web": 1}},
+        "step": {"ranks": 1, "micro_batches": 1, "tokens_per_micro_batch": 1024},
+        "cost": {"alpha": 1.0, "beta": 10.0},
+        "storage": {
+            "endpoint_url": server.endpoint,
+            "region": "us-east-1",
+            "addressing_style": "path",
+            "credentials": {
+                "access_key_id": {"env": "MIXFLOW_TEST_S3_KEY"},
+                "secret_access_key": {"env": "MIXFLOW_TEST_S3_SECRET"},
+            },
+            "retry_deadline_s": 60,
+        },
+    }
+    monkeypatch.setenv("MIXFLOW_TEST_S3_KEY", server.access_key)
+    monkeypatch.setenv("MIXFLOW_TEST_S3_SECRET", server.secret_key)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    source = load_spec(path).sources[0]
+    assert source_storage(source).settings.first_contact_s == FIRST_CONTACT_S  # type: ignore[attr-defined]
+    storage = source_storage(source, patient=True)
+    assert storage.settings.first_contact_s == 60  # type: ignore[attr-defined]
+    seen = RetrySeen()
+    logging.getLogger("connectors.storage.retry").addHandler(seen)
+    server.stop()
+    outcome: list[object] = []
+
+    def probe() -> None:
+        try:
+            outcome.append(storage.probe())
+        except Exception as exc:  # reported by the assertions below
+            outcome.append(exc)
+
+    probing = threading.Thread(target=probe)
+    try:
+        started = time.monotonic()
+        probing.start()
+        assert seen.event.wait(30), "the first request did not fail while the server was down"
+        probing.join(max(0.0, started + FIRST_CONTACT_S + 2 - time.monotonic()))  # an outage past a command's wait
+        assert probing.is_alive(), f"the loader's storage gave up on the store: {outcome}"
+        server.start()
+        probing.join(60)
+    finally:
+        logging.getLogger("connectors.storage.retry").removeHandler(seen)
+    assert not probing.is_alive(), "the probe did not return within 60 s of the store coming back"
+    assert outcome == [None]

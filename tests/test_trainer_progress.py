@@ -113,6 +113,7 @@ def test_without_reports_the_constructor_waits_after_its_lead(
     spec = _job(tmp_path, unique_name, kafka_bootstrap)
     constructor = DataConstructor(spec, spec.kafka.client_config(), ConstructorOptions(transaction_timeout_ms=10_000))
     seen: list[int] = []
+    heard: list[bool] = []
 
     def watch() -> None:
         deadline = time.monotonic() + 120
@@ -120,15 +121,17 @@ def test_without_reports_the_constructor_waits_after_its_lead(
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)  # log records from the constructor's thread: nothing to block on
+        heard.append(time.monotonic() <= deadline)
         seen.append(_steps_written(kafka_bootstrap, unique_name))
         constructor.request_stop()
 
     watcher = threading.Thread(target=watch, daemon=True)
-    with caplog.at_level(logging.INFO, logger="pipeline.roles.constructor.role"):
+    with caplog.at_level(logging.INFO, logger="pipeline.roles.constructor.lead"):
         watcher.start()
         stats = constructor.run()
     watcher.join(timeout=30)
     assert not stats.finished
+    assert heard == [True], "the constructor did not log that it waits for the trainers within 120 s"
     # No rank has reported (-1), so steps 0 .. LEAD - 1 are written, and no more.
     assert seen == [LEAD], f"{seen} steps written when the constructor said it waits (expected {LEAD})"
     assert _steps_written(kafka_bootstrap, unique_name) == LEAD

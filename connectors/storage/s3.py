@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 AddressingStyle = Literal["path", "virtual", "auto"]
+FIRST_CONTACT_S = 5.0  # how long a command tries an endpoint it has never reached
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,7 @@ class S3Settings:
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 30.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    first_contact_s: float = 5.0
+    first_contact_s: float = FIRST_CONTACT_S
     stop_on_changed: bool = False
 
 

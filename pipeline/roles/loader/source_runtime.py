@@ -42,7 +42,7 @@ class SourceRuntime:
             spec.field or "text",
             content="media" if spec.multimodal else "tokens" if spec.pretokenized else "text",
             media_fields=media_fields,
-            storage=source_storage(spec),
+            storage=source_storage(spec, patient=True),
         )
         if reader.storage.remote:
             # One request says what is wrong with the bucket; the planner's listing says what the glob finds.

@@ -6,19 +6,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from connectors.storage import RetryPolicy, Storage, storage_for
-from connectors.storage.s3 import S3Settings
+from connectors.storage.s3 import FIRST_CONTACT_S, S3Settings
 from pipeline.spec import JobSpec, SourceSpec, SpecProblem
 from pipeline.spec.storage import StorageSpec
 from topics.errors import MixflowError
 
 
-def source_storage(spec: SourceSpec) -> Storage:
+def source_storage(spec: SourceSpec, *, patient: bool = False) -> Storage:
+    """``patient``: a role waits for an endpoint it has not reached yet as long as for one it lost
+    (``retry_deadline_s``), so a loader started during a storage outage rides it out; a command reports it
+    after a few seconds."""
     if not spec.in_object_store:
         return storage_for(spec.path)
-    return storage_for(spec.path, s3_settings(spec.storage or StorageSpec(), f"source {spec.name}"))
+    return storage_for(spec.path, s3_settings(spec.storage or StorageSpec(), f"source {spec.name}", patient=patient))
 
 
-def s3_settings(storage: StorageSpec, what: str) -> S3Settings:
+def s3_settings(storage: StorageSpec, what: str, *, patient: bool = False) -> S3Settings:
     """``storage`` as the client's settings; a missing credential variable or file is a ``MixflowError``
     naming it (``what`` says whose)."""
     credentials = storage.credentials
@@ -38,6 +41,7 @@ def s3_settings(storage: StorageSpec, what: str) -> S3Settings:
         connect_timeout_s=storage.connect_timeout_s,
         read_timeout_s=storage.read_timeout_s,
         retry=RetryPolicy(deadline_s=storage.retry_deadline_s),
+        first_contact_s=storage.retry_deadline_s if patient else FIRST_CONTACT_S,
         stop_on_changed=storage.on_changed_object == "stop",
         **keys,  # type: ignore[arg-type]
     )
