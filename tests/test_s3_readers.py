@@ -200,3 +200,20 @@ def test_a_prefix_of_many_small_objects_is_planned_from_its_paginated_listing_al
     assert len(units) == 2_500 and {u.kind for u in units} == {"file"}
     assert sorted(u.path for u in units) == sorted(f"{i % 7}/obj-{i:05d}.jsonl" for i in range(2_500))
     assert all(u.etag.startswith('"') and u.object_size > 0 for u in units)
+
+
+def test_a_sharded_prefix_lists_as_the_same_folder_on_disk(server: S3Server) -> None:
+    """Objects beside sub-folders (a page and more of them), folders nested and named alike: the listing that
+    fans out over sub-folders finds what a walk of the gateway's own folder finds, sorted."""
+    folder = server.bucket() / "sharded"
+    keys = [f"top-{i:04d}.jsonl" for i in range(1_100)]
+    keys += [f"a/b/c/deep-{i}.jsonl" for i in range(3)] + ["a/x.jsonl", "ab/y.jsonl", "a.b/z.jsonl"]
+    keys += [f"shard-{s}/part-{i:04d}.jsonl" for s in range(3) for i in range(1_050 if s == 0 else 5)]
+    for key in keys:
+        path = folder / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(key.encode())
+    (folder / "empty").mkdir()
+    listed = storage_for("s3://corpus/sharded", server.settings()).list()
+    assert [(o.path, o.size) for o in listed] == [(o.path, o.size) for o in storage_for(str(folder)).list()]
+    assert sorted(keys) == [o.path for o in listed]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 AddressingStyle = Literal["path", "virtual", "auto"]
+_LISTING_THREADS = 16  # sub-folders listed at once
 FIRST_CONTACT_S = 5.0  # how long a command tries an endpoint it has never reached
 
 
@@ -70,11 +72,28 @@ class S3Storage(Storage):
             return self._client
 
     def list(self) -> list[ObjectInfo]:
-        prefix = f"{self.uri.prefix}/" if self.uri.prefix else ""
+        """One paginated listing of the root's own objects and its sub-folders, then each sub-folder listed
+        whole on a pool of threads: a sharded prefix (``train/shard-000/...``) lists at the pace of the
+        store's concurrency, a flat one in the same requests as a single listing."""
+        found, folders = self._listing(self._root_prefix(), delimiter="/")
+        if folders:
+            with ThreadPoolExecutor(min(_LISTING_THREADS, len(folders)), thread_name_prefix="s3-list") as pool:
+                for objects, _ in pool.map(self._listing, folders):
+                    found += objects
+        return sorted(found, key=lambda info: info.path)
+
+    def _root_prefix(self) -> str:
+        return f"{self.uri.prefix}/" if self.uri.prefix else ""
+
+    def _listing(self, prefix: str, delimiter: str = "") -> tuple[list[ObjectInfo], list[str]]:
+        """The objects under ``prefix``, every page of them, and with ``delimiter`` the folders below it."""
         found: list[ObjectInfo] = []
+        folders: list[str] = []
         token: str | None = None
         while True:
             arguments: dict[str, Any] = {"Bucket": self.uri.bucket, "Prefix": prefix}
+            if delimiter:
+                arguments["Delimiter"] = delimiter
             if token:
                 arguments["ContinuationToken"] = token
             page = self._request("", lambda arguments=arguments: self.client.list_objects_v2(**arguments))
@@ -83,13 +102,13 @@ class S3Storage(Storage):
                 for item in page.get("Contents", ())
                 if not item["Key"].endswith("/")
             ]
+            folders += [entry["Prefix"] for entry in page.get("CommonPrefixes", ())]
             if not page.get("IsTruncated"):
-                return sorted(found, key=lambda info: info.path)
+                return found, folders
             token = page["NextContinuationToken"]
 
     def probe(self) -> None:
-        prefix = f"{self.uri.prefix}/" if self.uri.prefix else ""
-        arguments = {"Bucket": self.uri.bucket, "Prefix": prefix, "MaxKeys": 1}
+        arguments = {"Bucket": self.uri.bucket, "Prefix": self._root_prefix(), "MaxKeys": 1}
         page = self._request("", lambda: self.client.list_objects_v2(**arguments))
         if not page.get("Contents"):
             raise StorageNotFoundError(f"{self.describe()}: no object under this prefix")
