@@ -1,7 +1,7 @@
 """Sources in an object store (versitygw, started here over a scratch folder) against the same files on disk.
 
-    .venv/bin/python -m benchmarks.object_store_bench [--repeats 3] [--objects 100000] [--markdown]
-        [--bootstrap-servers 127.0.0.1:9092]
+    .venv/bin/python -m benchmarks.object_store_bench [--repeats 3] [--objects 100000] [--planning-only]
+        [--markdown] [--bootstrap-servers 127.0.0.1:9092]
 
 1. Loader tokens/s: for Parquet and JSONL, one ``mixflow load --until-drained`` process over the files on local
    disk and one over the same files in the bucket, alternately, ``--repeats`` times each, in fresh jobs; the
@@ -13,7 +13,7 @@
    over a buffer holding just those ranges). Medians of ``--repeats``; ratio of rates (target >= 0.8).
 3. Planning a prefix of ``--objects`` small JSONL objects: the objects are written into the server's folder
    with the ETag attribute a PUT leaves (that many PUTs would take minutes), then a fresh process lists and
-   plans them as loader instance 0 does; its wall time and peak RSS.
+   plans them as loader instance 0 does; its wall time and peak RSS. ``--planning-only`` runs this part alone.
 4. Time to first sample: from starting a loader process to the first sample in the source topic, for the
    JSONL source from the bucket and from disk.
 
@@ -216,10 +216,34 @@ def planning(server: S3Server, root: str) -> dict[str, float]:
     return json.loads(out.decode().strip().splitlines()[-1])
 
 
+def plan_many(server: S3Server, objects: int, markdown: bool) -> None:
+    """Part 3: write ``objects`` small objects, plan them in a fresh process, print the table."""
+    began = time.perf_counter()
+    root = many_objects(server, objects)
+    made = time.perf_counter() - began
+    plan = planning(server, root)
+    rows = [
+        [
+            plan["objects"],
+            plan["units"],
+            f"{plan['list_s']:.1f}",
+            f"{plan['plan_s']:.1f}",
+            f"{plan['rss_mib']:.0f}",
+        ]
+    ]
+    print_table(
+        ["objects", "units", "list+layouts s", "plan s", "peak RSS MiB"],
+        rows,
+        title=f"planning a prefix of small JSONL objects (written in {made:.0f} s)",
+        markdown=markdown,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--objects", type=int, default=100_000)
+    parser.add_argument("--planning-only", action="store_true", help="only plan the prefix of --objects")
     parser.add_argument("--files", type=int, default=6, help="files per format")
     parser.add_argument("--rows", type=int, default=5_000, help="documents per file")
     parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
@@ -233,7 +257,7 @@ def main() -> None:
         folder = Path(scratch)
         tokenizer = build_example_data(folder / "example", limit=3) / "tokenizer.json"
         loader_rows, reading_rows, first_rows = [], [], []
-        for file_format in ("parquet", "jsonl"):
+        for file_format in () if args.planning_only else ("parquet", "jsonl"):
             local = write_corpus(folder / "data", file_format, args.files, args.rows)
             root = upload(server, local, file_format)
             rates: dict[str, list[float]] = {"disk": [], "bucket": []}
@@ -256,6 +280,9 @@ def main() -> None:
             )
             ours, plain = reading_rates(server, root, file_format, args.repeats)
             reading_rows.append([file_format, f"{ours:.3f}", f"{plain:.3f}", f"{plain / ours:.2f}"])
+        if args.planning_only:
+            plan_many(server, args.objects, args.markdown)
+            return
         title = f"loader tokens/s, median of {args.repeats}, {args.files} files x {args.rows} documents per format"
         print_table(["format", "disk", "bucket", "bucket/disk"], loader_rows, title=title, markdown=args.markdown)
         print_table(
@@ -271,25 +298,7 @@ def main() -> None:
             markdown=args.markdown,
         )
         if args.objects:
-            began = time.perf_counter()
-            root = many_objects(server, args.objects)
-            made = time.perf_counter() - began
-            plan = planning(server, root)
-            rows = [
-                [
-                    plan["objects"],
-                    plan["units"],
-                    f"{plan['list_s']:.1f}",
-                    f"{plan['plan_s']:.1f}",
-                    f"{plan['rss_mib']:.0f}",
-                ]
-            ]
-            print_table(
-                ["objects", "units", "list+layouts s", "plan s", "peak RSS MiB"],
-                rows,
-                title=f"planning a prefix of small JSONL objects (written in {made:.0f} s)",
-                markdown=args.markdown,
-            )
+            plan_many(server, args.objects, args.markdown)
 
 
 if __name__ == "__main__":
