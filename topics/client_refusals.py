@@ -20,10 +20,15 @@ import socket
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from cryptography.exceptions import InvalidSignature
 
 from topics.errors import MixflowError
 from topics.kafka_settings import certificate_principal, client_certificate
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 _LISTENER = re.compile(r"\b((?:sasl_ssl|sasl_plaintext|ssl|plaintext)://[^/\s:]+:\d+)", re.IGNORECASE)
 _ADDRESS = re.compile(r"(?:^|\s)([^\s\[\]]+:\d+)/(?:bootstrap|\d+): ")
@@ -108,21 +113,34 @@ def client_certificate_problem(config: Mapping[str, Any], now: datetime.datetime
     if certificate.not_valid_before_utc > moment:
         return f"{which} is not valid until {certificate.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
     issuer = certificate.issuer.rfc4514_string()
-    ca = _ca_subject(config.get("ssl.ca.location"))
-    if ca is not None and ca != issuer:
+    signed = _signed_by_ca_of(certificate, config.get("ssl.ca.location"))
+    if signed is False:
         return (
-            f"the broker does not trust {which}: it is issued by {issuer!r}, not by the CA of ssl.ca.location "
-            f"({ca!r}) ({_ISSUE_HINT})"
+            f"the broker does not trust {which}: it is issued by {issuer!r} but not signed by the CA in "
+            f"ssl.ca.location ({config['ssl.ca.location']}; a secured local stack's broker trusts its own CA "
+            f"only: {_ISSUE_HINT})"
         )
     return f"the broker does not trust {which}, issued by {issuer!r}"
 
 
-def _ca_subject(ca_location: object) -> str | None:
-    """The subject of the first certificate in the CA file ``ca_location``; None when there is none to read."""
+def _signed_by_ca_of(certificate: x509.Certificate, ca_location: object) -> bool | None:
+    """Whether a certificate of the CA file ``ca_location`` signed ``certificate``; None when there is none to
+    read."""
     from cryptography import x509
 
     if not isinstance(ca_location, str) or not ca_location:
         return None
+    try:
+        authorities = x509.load_pem_x509_certificates(Path(ca_location).read_bytes())
+    except (OSError, ValueError):
+        return None
+    for authority in authorities:
+        try:
+            certificate.verify_directly_issued_by(authority)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        return True
+    return False
     try:
         return x509.load_pem_x509_certificate(Path(ca_location).read_bytes()).subject.rfc4514_string()
     except (OSError, ValueError):
