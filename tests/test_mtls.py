@@ -148,6 +148,12 @@ def _one_line_refusal(done: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+def test_status_names_the_mtls_listener(secure_stack: SecureStack) -> None:
+    status = _mixflow("stack", "status", "--state-dir", str(secure_stack.broker.state_dir))
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"mTLS listener (client certificates, security.protocol SSL): {secure_stack.mtls_bootstrap}" in status.stdout
+
+
 def test_the_admins_certificate_is_a_super_user_and_another_is_refused_by_its_cn(
     secure_stack: SecureStack, tmp_path: Path
 ) -> None:

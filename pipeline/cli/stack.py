@@ -24,6 +24,7 @@ from pipeline.tools.stack.secure import (
     broker_security,
     ensure_secrets,
     is_secured,
+    node_mtls_port,
     require_same_security,
 )
 from topics.errors import MixflowError, NotFoundError
@@ -124,7 +125,11 @@ def _security_lines(stack: LocalBroker | LocalCluster) -> list[str]:
     """What ``up`` and ``status`` say of a secured stack: where its secrets are and its mTLS listener."""
     if stack.security is None:
         return []
-    mtls = stack.mtls_bootstrap if isinstance(stack, LocalCluster) else f"{stack.host}:{stack.mtls_port}"
+    if isinstance(stack, LocalCluster):
+        mtls = stack.mtls_bootstrap
+    else:  # where it was started, which `status` is not told
+        host, _, port = (stack.recorded_bootstrap() or stack.bootstrap).rpartition(":")
+        mtls = f"{host}:{node_mtls_port(int(port))}"
     return [*stack.security.secrets.describe(), f"mTLS listener (client certificates, security.protocol SSL): {mtls}"]
 
 
