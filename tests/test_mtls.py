@@ -35,6 +35,7 @@ from pipeline.tools.stack.secure import (
 from tests.loader_support import REPO, build_example_data, write_spec
 from tests.secure_stack import SecureStack
 from topics.authorization import AuthorizationError
+from topics.client_refusals import refusal
 from topics.cluster_probe import ClusterProbe, cluster_topics
 from topics.errors import RefusedError
 from topics.kafka_settings import certificate_principal, client_certificate, settings_principal
@@ -130,6 +131,27 @@ def test_the_mtls_listener_requires_certificates_and_maps_cn_to_the_user(tmp_pat
     assert overrides[f"listener.name.{name}.ssl.client.auth"] == "required"
     assert overrides[f"listener.name.{name}.ssl.principal.mapping.rules"] == CERTIFICATE_PRINCIPAL_RULES
     assert overrides["inter.broker.listener.name"] == "SASL_SSL"
+
+
+_ALERTS = ("bad certificate: SSL alert number 42", "certificate unknown: SSL alert number 46", "unknown ca")
+
+
+@given(alert=st.sampled_from(_ALERTS), port=st.integers(1024, 65535), days_ago=st.integers(2, 3000))
+@settings(max_examples=12, deadline=None)
+def test_a_refused_client_certificate_is_explained_from_the_certificate(
+    tmp_path_factory: pytest.TempPathFactory, alert: str, port: int, days_ago: int
+) -> None:
+    state = tmp_path_factory.mktemp("state")
+    secrets = ensure_secrets(state, ["127.0.0.1"], "127.0.0.1:1")
+    line = f"ssl://127.0.0.1:{port}/bootstrap: Receive failed: error:0A000412:SSL routines::ssl/tls alert {alert}"
+    base = {"security.protocol": "SSL", "ssl.ca.location": str(secrets.ca)}
+    assert "this client has none" in str(refusal(base, line))
+    began = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=days_ago)
+    old = issue_client_certificate(state, "old", days=1, not_before=began)
+    with_old = {**base, "ssl.certificate.location": str(old.certificate), "ssl.key.location": str(old.key)}
+    expired = str(refusal(with_old, line))
+    assert f"({old.certificate}, User:old) expired on {old.not_after:%Y-%m-%d %H:%M} UTC" in expired
+    assert old.key.read_text() not in expired and str(old.key) not in expired
 
 
 # -- the secured broker: certificates authenticate, and are refused ---------------------------------------------
