@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parent.parent
 def start_stacks(folder: Path) -> dict[str, tuple[LocalBroker, dict[str, Any]]]:
     """A plaintext and a secured broker in ``folder``, on free ports: each with its clients' settings."""
     plain = LocalBroker(folder / "plaintext", port=free_port_block(2))
-    secured_port = free_port_block(2)
+    secured_port = free_port_block(3)  # its mTLS listener: port + 2
     secured = LocalBroker(folder / "secured", port=secured_port)
     secrets = ensure_secrets(secured.state_dir, [secured.host], secured.bootstrap)
     secured.security = broker_security(secrets, secured.bootstrap)

@@ -2,9 +2,9 @@
 the test's own on free ports, never the session's plaintext broker. The ``secure_stack`` fixture of
 ``tests/conftest.py`` starts one per test session on first use and stops it at the end.
 
-Beside its SASL_SSL client listener it has two TLS listeners whose certificates clients must refuse, signed by
-the same CA: ``wrong_host_bootstrap`` presents a certificate for another host, ``expired_bootstrap`` one that
-has expired."""
+Beside its SASL_SSL client listener and its mTLS listener (``mtls_bootstrap``: client certificates) it has two TLS
+listeners whose certificates clients must refuse, signed by the same CA: ``wrong_host_bootstrap`` presents a
+certificate for another host, ``expired_bootstrap`` one that has expired."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import datetime
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.tools.stack.client_certs import issue_client_certificate
 from pipeline.tools.stack.local_broker import DEFAULT_HOST, LocalBroker, free_port_block
-from pipeline.tools.stack.secure import CLIENT_LISTENER, StackSecrets, broker_security, ensure_secrets
+from pipeline.tools.stack.secure import StackSecrets, broker_security, ensure_secrets
 from pipeline.tools.stack.tls import Issued, issue, key_store_pem
 
 WRONG_HOST = "elsewhere.invalid"
@@ -26,6 +27,7 @@ class SecureStack:
     bootstrap: str
     wrong_host_bootstrap: str
     expired_bootstrap: str
+    mtls_bootstrap: str
 
     @property
     def admin_config(self) -> dict[str, str]:
@@ -35,6 +37,18 @@ class SecureStack:
     def client_config(self, username: str, password: str) -> dict[str, str]:
         """librdkafka settings of another SCRAM user on the secured listener."""
         return {**self.admin_config, "sasl.username": username, "sasl.password": password}
+
+    def certificate_config(self, name: str, **issued: object) -> dict[str, str]:
+        """librdkafka settings of a client on the mTLS listener with a certificate issued to ``name`` now
+        (``issued``: ``issue_client_certificate``'s options)."""
+        made = issue_client_certificate(self.broker.state_dir, name, **issued)  # type: ignore[arg-type]
+        return {
+            "bootstrap.servers": self.mtls_bootstrap,
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(self.secrets.ca),
+            "ssl.certificate.location": str(made.certificate),
+            "ssl.key.location": str(made.key),
+        }
 
     def down(self) -> None:
         self.broker.down()
@@ -52,22 +66,23 @@ def _refused_certificates(secrets: StackSecrets) -> tuple[Path, Path]:
 
 
 def start_secure_stack(state_dir: Path, timeout_s: float = 120.0) -> SecureStack:
-    """Start a secured broker in ``state_dir`` on free ports (client, controller and the two test listeners)."""
-    port = free_port_block(4)
+    """Start a secured broker in ``state_dir`` on free ports (client, controller, mTLS and the two test
+    listeners)."""
+    port = free_port_block(5)
     host = DEFAULT_HOST
     bootstrap = f"{host}:{port}"
     secrets = ensure_secrets(state_dir, [host], bootstrap)
     wrong_host, expired = _refused_certificates(secrets)
+    security = broker_security(secrets, bootstrap)
     test_listeners = {
-        "listeners": (
-            f"{CLIENT_LISTENER}://{host}:{port},CONTROLLER://{host}:{port + 1},"
-            f"WRONGHOST://{host}:{port + 2},EXPIRED://{host}:{port + 3}"
-        ),
-        "listener.security.protocol.map": f"CONTROLLER:SSL,{CLIENT_LISTENER}:SASL_SSL,WRONGHOST:SSL,EXPIRED:SSL",
+        "listeners": f"{security.overrides['listeners']},WRONGHOST://{host}:{port + 3},EXPIRED://{host}:{port + 4}",
+        "listener.security.protocol.map": f"{security.overrides['listener.security.protocol.map']},WRONGHOST:SSL,"
+        "EXPIRED:SSL",
         "listener.name.wronghost.ssl.keystore.location": str(wrong_host),
         "listener.name.expired.ssl.keystore.location": str(expired),
     }
     broker = LocalBroker(state_dir, host=host, port=port, overrides=test_listeners)
-    broker.security = broker_security(secrets, bootstrap)
+    broker.security = security
     broker.up(timeout_s=timeout_s)
-    return SecureStack(broker, secrets, bootstrap, f"{host}:{port + 2}", f"{host}:{port + 3}")
+    mtls = f"{host}:{broker.mtls_port}"
+    return SecureStack(broker, secrets, bootstrap, f"{host}:{port + 3}", f"{host}:{port + 4}", mtls)

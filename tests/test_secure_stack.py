@@ -209,7 +209,7 @@ def _transactional_write(config: dict[str, str], topic: str) -> None:
 
 @pytest.mark.kafka  # starts brokers of its own
 def test_a_secured_cluster_of_three_brokers_writes_transactions_and_takes_a_node_back(tmp_path: Path) -> None:
-    state, port = str(tmp_path / "cluster"), str(free_port_block(6))
+    state, port = str(tmp_path / "cluster"), str(free_port_block(9))  # 3 nodes: client, controller and mTLS ports
     up = _mixflow("stack", "up", "--secure", "--brokers", "3", "--state-dir", state, "--port", port)
     try:
         assert up.returncode == 0, up.stderr
@@ -228,6 +228,18 @@ def test_a_secured_cluster_of_three_brokers_writes_transactions_and_takes_a_node
                 break
         assert status.returncode == 0 and "3 live in its metadata" in status.stdout, status.stdout
         _transactional_write(admin, "secured.after")
+        # The mTLS listener of every node, after the restart too: the admin's certificate is a super user there.
+        mtls = ",".join(f"127.0.0.1:{int(port) + 6 + i}" for i in range(3))
+        assert f"mTLS listener (client certificates, security.protocol SSL): {mtls}" in status.stdout
+        issued = _mixflow("users", "add", ADMIN_USER, "--cert", "--state-dir", state)
+        assert issued.returncode == 0, issued.stderr
+        clients = secrets.folder / "clients"
+        by_certificate = {"bootstrap.servers": mtls, "security.protocol": "SSL", "ssl.ca.location": str(secrets.ca)}
+        by_certificate |= {
+            "ssl.certificate.location": str(clients / "admin.pem"),
+            "ssl.key.location": str(clients / "admin.key"),
+        }
+        _transactional_write(by_certificate, "secured.by-certificate")
     finally:
         down = _mixflow("stack", "down", "--wipe", "--state-dir", state)
     assert down.returncode == 0, down.stderr

@@ -13,7 +13,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AclOperation, AdminClient
 
-from topics.errors import RefusedError
+from topics.errors import MixflowError, RefusedError
+from topics.kafka_settings import settings_principal
 
 AUTHORIZATION_FAILED = {
     KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
@@ -33,10 +34,13 @@ def is_authorization_error(error: object) -> bool:
 
 
 def principal_of(config: Mapping[str, Any]) -> str:
-    """The principal a client with ``config`` authenticates as, as Kafka's ACLs name it."""
-    user = config.get("sasl.username")
-    if user:
-        return f"User:{user}"
+    """The principal a client with ``config`` authenticates as, as Kafka's ACLs name it (a client certificate's
+    as the secured stack's mTLS listener maps it)."""
+    try:
+        if principal := settings_principal(config):
+            return principal
+    except MixflowError:
+        pass  # an unreadable certificate: named generically below
     protocol = str(config.get("security.protocol", "plaintext")).lower()
     return "the client's certificate principal" if protocol == "ssl" else "User:ANONYMOUS"
 

@@ -15,7 +15,8 @@ names the setting and the reference, never a value.
 ``loader.<source>`` for one source), ``constructor`` (shadows and replay too), ``trainer`` (the sink),
 ``observer`` (``top``, ``report``, ``autoscale``: read only) and ``operator`` (``run``, ``control``,
 ``topics``, ``chaos``, ``acl``'s checks). Each is a set of settings laid over the job's ``config``
-(``sasl.username`` and a ``sasl.password`` reference, typically). A role without one uses ``config``.
+(``sasl.username`` and a ``sasl.password`` reference, typically; or, on an mTLS listener, ``ssl.certificate.location``
+and ``ssl.key.location``, the certificate's ``CN`` being the user). A role without one uses ``config``.
 
 Shared by the roles (``pipeline.spec``) and the trainer side (``trainer_sink.config``), which reads the
 spec without ``pipeline``: this module is pure and imports no Kafka client.
@@ -24,11 +25,15 @@ spec without ``pipeline``: this module is pure and imports no Kafka client.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from topics.errors import MixflowError
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 SECRET_KEYS = frozenset(
     {
@@ -197,3 +202,48 @@ def redacted(settings: Settings) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+CERTIFICATE_SETTINGS = ("ssl.certificate.location", "ssl.certificate.pem")
+"""The librdkafka settings that give a client certificate (for mTLS: the certificate is the principal)."""
+_CERTIFICATE_SUBJECT = re.compile(r"CN=([^,]+)(?:,.*)?")
+
+
+def client_certificate(settings: Settings) -> x509.Certificate | None:
+    """The client certificate ``settings`` give (``ssl.certificate.location``'s first PEM certificate, or
+    ``ssl.certificate.pem``), or None; ``MixflowError`` naming the setting when it is not one."""
+    from cryptography import x509
+
+    for key in CERTIFICATE_SETTINGS:
+        value = settings.get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        try:
+            data = Path(value).read_bytes() if key == "ssl.certificate.location" else value.encode()
+            return x509.load_pem_x509_certificate(data)
+        except OSError as exc:
+            msg = f"{key} {value}: cannot read the client certificate: {exc.strerror or type(exc).__name__}"
+            raise MixflowError(msg) from None
+        except ValueError:
+            msg = f"{key}: not a PEM certificate" + (f" ({value})" if key == "ssl.certificate.location" else "")
+            raise MixflowError(msg) from None
+    return None
+
+
+def certificate_principal(certificate: x509.Certificate) -> str:
+    """The principal Kafka's mTLS listener makes of ``certificate`` under the secured stack's mapping rules
+    (``pipeline/tools/stack/secure.py``): ``User:NAME`` for a subject that starts ``CN=NAME``, else
+    ``User:`` and the whole subject."""
+    subject = certificate.subject.rfc4514_string()
+    match = _CERTIFICATE_SUBJECT.fullmatch(subject)
+    return f"User:{match.group(1) if match else subject}"
+
+
+def settings_principal(settings: Settings) -> str | None:
+    """The principal a client with ``settings`` authenticates as, as ACLs name it: ``User:<sasl.username>``,
+    else its client certificate's (``certificate_principal``); None when they name neither."""
+    user = settings.get("sasl.username")
+    if isinstance(user, str) and user:
+        return f"User:{user}"
+    certificate = client_certificate(settings)
+    return None if certificate is None else certificate_principal(certificate)

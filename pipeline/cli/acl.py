@@ -41,7 +41,10 @@ def _planned(args: argparse.Namespace) -> tuple[str, dict[str, list[Binding]]]:
     job = args.job or spec.job
     by_key = job_bindings(job, spec.source_names, spec.kafka.principals)
     if not any(by_key.values()):
-        msg = f"{args.spec}: kafka.principals names no user (sasl.username): there is no principal to grant"
+        msg = (
+            f"{args.spec}: kafka.principals names no user (sasl.username) and no client certificate "
+            "(ssl.certificate.location): there is no principal to grant"
+        )
         raise MixflowError(msg)
     return job, by_key
 

@@ -24,6 +24,7 @@ from pipeline.tools.stack.secure import (
     broker_security,
     ensure_secrets,
     is_secured,
+    node_mtls_port,
     require_same_security,
 )
 from topics.errors import MixflowError, NotFoundError
@@ -72,8 +73,9 @@ def _add_up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--secure",
         action="store_true",
-        help="TLS and SASL/SCRAM-SHA-512 for clients, TLS for the controllers, ACLs enforced; a local CA, the "
-        "admin's password and client settings are made under the state folder (secrets/, owner only) and "
+        help="TLS and SASL/SCRAM-SHA-512 for clients, and a second client listener taking client certificates "
+        "(mTLS, port + 2; `mixflow users add NAME --cert`), TLS for the controllers, ACLs enforced; a local CA, "
+        "the admin's password and client settings are made under the state folder (secrets/, owner only) and "
         "their paths printed",
     )
     add_object_store_port(parser)
@@ -119,6 +121,18 @@ def _secured_stack(args: argparse.Namespace, *, make: bool = False) -> LocalBrok
     return stack
 
 
+def _security_lines(stack: LocalBroker | LocalCluster) -> list[str]:
+    """What ``up`` and ``status`` say of a secured stack: where its secrets are and its mTLS listener."""
+    if stack.security is None:
+        return []
+    if isinstance(stack, LocalCluster):
+        mtls = stack.mtls_bootstrap
+    else:  # where it was started, which `status` is not told
+        host, _, port = (stack.recorded_bootstrap() or stack.bootstrap).rpartition(":")
+        mtls = f"{host}:{node_mtls_port(int(port))}"
+    return [*stack.security.secrets.describe(), f"mTLS listener (client certificates, security.protocol SSL): {mtls}"]
+
+
 def _up(args: argparse.Namespace) -> int:
     stack = _secured_stack(args, make=True)
     timeout = {} if args.timeout is None else {"timeout_s": args.timeout}
@@ -126,7 +140,7 @@ def _up(args: argparse.Namespace) -> int:
         store = LocalObjectStore(object_store_dir(stack.state_dir), port=args.object_store_port)
         print(start_line(store, args.timeout))
     bootstrap = stack.up(**timeout)
-    for line in stack.security.secrets.describe() if stack.security else ():
+    for line in _security_lines(stack):
         print(line)
     print(bootstrap)
     return 0
@@ -171,7 +185,7 @@ def _status(args: argparse.Namespace) -> int:
     stack = _secured_stack(args)
     if (store_dir := object_store_dir(stack.state_dir)).exists():
         print(f"object store: {LocalObjectStore(store_dir).status().describe()}")
-    for line in stack.security.secrets.describe() if stack.security else ():
+    for line in _security_lines(stack):
         print(line)
     if isinstance(stack, LocalCluster):
         status = stack.status()

@@ -1,5 +1,7 @@
 """`mixflow users add|remove|list`: the SCRAM-SHA-512 users of a secured cluster, through its admin API, as
-the admin (``--admin-config``: the secured local stack's ``secrets/admin.properties`` by default)."""
+the admin (``--admin-config``: the secured local stack's ``secrets/admin.properties`` by default); and
+``users add NAME --cert``: a client certificate ``CN=NAME`` from the secured local stack's CA, which the stack's
+mTLS listener takes as the same principal ``User:NAME`` (no cluster is asked: issuing needs the CA only)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeline.cli.arguments import positive_int
 from pipeline.cli.command import Command
 from pipeline.tools.stack.local_broker import default_state_dir
 from pipeline.tools.stack.local_cluster import default_cluster_state_dir
-from pipeline.tools.stack.secure import StackSecrets, read_client_properties, secrets_dir
+from pipeline.tools.stack.secure import StackSecrets, is_secured, read_client_properties, secrets_dir
 from topics.errors import MixflowError, NotFoundError
 
 
@@ -54,7 +57,30 @@ def _add_add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--password-file", type=Path, help="read the password from this file (its first line)")
     source.add_argument("--password-env", metavar="VAR", help="read the password from this environment variable")
+    source.add_argument(
+        "--cert",
+        action="store_true",
+        help="instead of a password, issue a client certificate (CN=NAME) from the secured local stack's CA for "
+        "its mTLS listener: written to secrets/clients/NAME.pem and NAME.key (owner only), their paths printed",
+    )
     _add_admin_arguments(parser)
+    certificate = parser.add_argument_group("with --cert")
+    certificate.add_argument(
+        "--days", type=positive_int, default=None, help="how long the certificate is valid (default: 365)"
+    )
+    certificate.add_argument(
+        "--key-password-env",
+        metavar="VAR",
+        help="encrypt the key with the password in this environment variable (the spec then gives ssl.key.password "
+        "as {env: ...} or {file: ...})",
+    )
+    certificate.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help=f"the secured stack's folder, whose CA signs (default: {default_state_dir()} or "
+        f"{default_cluster_state_dir()}, whichever holds a secured stack)",
+    )
 
 
 def _password(args: argparse.Namespace) -> str:
@@ -75,8 +101,39 @@ def _password(args: argparse.Namespace) -> str:
     return password
 
 
+def _issue(args: argparse.Namespace) -> int:
+    from pipeline.tools.stack.client_certs import CLIENT_CERTIFICATE_DAYS, issue_client_certificate
+
+    state_dir = args.state_dir or next(
+        (folder for folder in (default_state_dir(), default_cluster_state_dir()) if is_secured(folder)), None
+    )
+    if state_dir is None:
+        msg = "no secured local stack here (mixflow stack up --secure): give its --state-dir"
+        raise NotFoundError(msg)
+    key_password = None
+    if args.key_password_env is not None:
+        key_password = os.environ.get(args.key_password_env, "")
+        if not key_password:
+            msg = f"the key password in ${args.key_password_env} is empty (or not set)"
+            raise MixflowError(msg)
+    days = args.days or CLIENT_CERTIFICATE_DAYS
+    made = issue_client_certificate(state_dir, args.name, days=days, key_password=key_password)
+    until = f"{made.not_after:%Y-%m-%d %H:%M} UTC"
+    print(f"issued {args.name!r} a client certificate (principal {made.principal}), valid until {until}")
+    print(f"certificate: {made.certificate}")
+    print(f"key: {made.key}" + (" (encrypted)" if key_password else ""))
+    return 0
+
+
 def _add(args: argparse.Namespace) -> int:
     from pipeline.tools.stack.scram_users import ensure_users
+
+    if args.cert:
+        return _issue(args)
+    for option in ("days", "key_password_env", "state_dir"):
+        if getattr(args, option) is not None:
+            msg = f"--{option.replace('_', '-')} goes with --cert only"
+            raise MixflowError(msg)
 
     config = _admin_config(args)
     ensure_users(config, {args.name: _password(args)})
@@ -113,7 +170,8 @@ def _list(args: argparse.Namespace) -> int:
 ACTIONS = (
     Command(
         name="add",
-        help="give a user a SCRAM-SHA-512 credential (a new user, or a new password); never prints the password",
+        help="give a user a SCRAM-SHA-512 credential (a new user, or a new password), or with --cert a client "
+        "certificate for the mTLS listener; never prints a password or a key",
         add_arguments=_add_add_arguments,
         run=_add,
     ),

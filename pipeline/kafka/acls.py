@@ -1,7 +1,8 @@
 """The Kafka ACLs a job's roles need, and no more: computed from the spec, pure (no Kafka client).
 
-Each role runs as the principal of its ``kafka.principals`` entry (``User:<sasl.username>``; see
-``topics.kafka_settings``). Its bindings allow, on the job's resources only:
+Each role runs as the principal of its ``kafka.principals`` entry (``User:<sasl.username>``, or on an mTLS
+listener its client certificate's ``User:<CN>``; see ``topics.kafka_settings``). Its bindings allow, on the
+job's resources only:
 
 - a source's loader: write ``<job>.src.<source>``, read and write ``<job>.work.<source>`` (the planner
   publishes units there), ``<job>.control`` (plans, unit costs, epoch requests) and write ``<job>.dlq``; its
@@ -31,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from topics.kafka_settings import SOURCE_LOADER_PREFIX
+from topics.kafka_settings import SOURCE_LOADER_PREFIX, settings_principal
 from topics.names import JobTopics
 
 EPHEMERAL_GROUP_PREFIX = "mixflow-"
@@ -119,9 +120,9 @@ class JobNames:
 
 
 def principal_name(settings: Mapping[str, object]) -> str | None:
-    """``User:<sasl.username>`` of a principal's settings (None: it names no user)."""
-    user = settings.get("sasl.username")
-    return f"User:{user}" if isinstance(user, str) and user else None
+    """``User:<sasl.username>`` of a principal's settings, else its client certificate's principal (None: it
+    names neither)."""
+    return settings_principal(settings)
 
 
 def job_bindings(

@@ -50,7 +50,8 @@ class KafkaSpec(BaseModel):
     principals: dict[str, dict[str, SettingValue]] = Field(
         default_factory=dict,
         description="Settings per role laid over config, each role its own credentials (sasl.username and a "
-        "sasl.password reference): loader (or loader.<source>), constructor, trainer, observer, operator.",
+        "sasl.password reference; or, on an mTLS listener, ssl.certificate.location and ssl.key.location, the "
+        "certificate's CN the user): loader (or loader.<source>), constructor, trainer, observer, operator.",
     )
 
     @model_validator(mode="after")

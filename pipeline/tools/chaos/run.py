@@ -33,7 +33,7 @@ from pipeline.tools.chaos.schedule import DEFAULT_WEIGHTS, OBJECT_STORE_KINDS, F
 from pipeline.tools.chaos.secured import RunPrincipals, grant_job_acls, secured_broker
 from pipeline.tools.chaos.sink_state import checkpoint_steps
 from pipeline.tools.chaos.watch import Lease, LeaseWatch, StateWatch
-from pipeline.tools.stack.local_broker import LocalBroker, default_state_dir, free_port_pair
+from pipeline.tools.stack.local_broker import LocalBroker, default_state_dir, free_port_block, free_port_pair
 from topics.admin import ensure_job_topics
 from topics.errors import MixflowError, RefusedError
 
@@ -141,7 +141,7 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
 
 
 def _private_broker(state_dir: Path, secure: bool) -> LocalBroker:
-    port = free_port_pair()
+    port = free_port_block(3) if secure else free_port_pair()  # a secured broker's mTLS listener: port + 2
     return secured_broker(state_dir, port) if secure else LocalBroker(state_dir, port=port)
 
 

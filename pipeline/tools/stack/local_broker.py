@@ -29,7 +29,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from pipeline.tools.stack.jars import resolve_broker_jars
-from pipeline.tools.stack.secure import BrokerSecurity, recorded_security
+from pipeline.tools.stack.secure import BrokerSecurity, node_mtls_port, recorded_security
 from topics.errors import MixflowError
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,8 @@ class LocalBroker:
 
     ``overrides`` replace (or add) properties of ``server.properties`` after its fields are filled in;
     ``cluster_id`` is the id its storage is formatted with (a new one when not given). ``security`` makes it a
-    secured broker: what the state folder's secrets say (``secure.py``), or what is set before ``launch``."""
+    secured broker (its mTLS listener on ``mtls_port``, default ``port`` + 2): what the state folder's secrets
+    say (``secure.py``), or what is set before ``launch``."""
 
     def __init__(
         self,
@@ -158,10 +159,12 @@ class LocalBroker:
         overrides: Mapping[str, str] | None = None,
         cluster_id: str | None = None,
         jvm_options: Sequence[str] = JVM_OPTIONS,
+        mtls_port: int | None = None,
     ) -> None:
         self.state_dir = (state_dir or default_state_dir()).absolute()
         self.host = host
         self.port = port
+        self.mtls_port = node_mtls_port(port) if mtls_port is None else mtls_port
         self.cache_dir = cache_dir
         self.overrides = dict(overrides or {})
         self.cluster_id = cluster_id
@@ -238,11 +241,11 @@ class LocalBroker:
         """Write the config, format the storage on first use and start the broker's JVM; do not wait
         for it to answer (a cluster's nodes answer only once a quorum of them runs)."""
         controller_port = self.port + 1
-        for port in (self.port, controller_port):
+        for port in (self.port, controller_port, *([self.mtls_port] if self.security else [])):
             if not port_is_free(self.host, port):
                 msg = (
-                    f"port {self.host}:{port} is taken by another process; stop it or choose "
-                    f"another port with --port (the controller uses --port + 1)"
+                    f"port {self.host}:{port} is taken by another process; stop it or choose another port with "
+                    "--port (the controller uses --port + 1, a secured broker's mTLS listener --port + 2)"
                 )
                 raise MixflowError(msg)
 
@@ -311,6 +314,7 @@ class LocalBroker:
             "host": self.host,
             "port": self.port,
             "controller_port": controller_port,
+            "mtls_port": self.mtls_port,
             "data_dir": self.data_dir,
             "log_file": self.log_file,
         }

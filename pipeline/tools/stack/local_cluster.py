@@ -5,7 +5,8 @@ Everything lives under the state folder (default ``.mixflow-cluster/`` in the wo
     cluster.json      the cluster id, host, base port and node count, written before the first start
     node-<i>/         node i's state folder, laid out like the single broker's (``local_broker.py``)
 
-Node ``i`` (1-based) listens for clients on ``port + 2 * (i - 1)`` and for controllers on the port after.
+Node ``i`` (1-based) listens for clients on ``port + 2 * (i - 1)`` and for controllers on the port after; a
+secured node for clients with certificates on ``port + 2 * N + (i - 1)``, after every node's two.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pipeline.tools.stack.local_broker import (
     new_cluster_id,
     port_is_free,
 )
-from pipeline.tools.stack.secure import BrokerSecurity, recorded_security
+from pipeline.tools.stack.secure import BrokerSecurity, node_mtls_port, recorded_security
 from topics.admin import default_replication_factor, min_insync_replicas
 from topics.errors import MixflowError
 
@@ -76,6 +77,9 @@ class ClusterLayout:
     def controller_port(self, node_id: int) -> int:
         return self.client_port(node_id) + 1
 
+    def mtls_port(self, node_id: int) -> int:
+        return node_mtls_port(self.port, self.brokers, node_id)
+
     @property
     def node_ids(self) -> range:
         return range(1, self.brokers + 1)
@@ -83,6 +87,10 @@ class ClusterLayout:
     @property
     def bootstrap(self) -> str:
         return ",".join(f"{self.host}:{self.client_port(i)}" for i in self.node_ids)
+
+    @property
+    def mtls_bootstrap(self) -> str:
+        return ",".join(f"{self.host}:{self.mtls_port(i)}" for i in self.node_ids)
 
     @property
     def quorum_voters(self) -> str:
@@ -196,6 +204,7 @@ class LocalCluster:
             overrides=self.layout.overrides(node_id),
             cluster_id=self.layout.cluster_id,
             jvm_options=CLUSTER_JVM_OPTIONS,
+            mtls_port=self.layout.mtls_port(node_id),
         )
         node.security = self.security
         return node
@@ -203,6 +212,10 @@ class LocalCluster:
     @property
     def bootstrap(self) -> str:
         return self.layout.bootstrap
+
+    @property
+    def mtls_bootstrap(self) -> str:
+        return self.layout.mtls_bootstrap
 
     @property
     def _client_settings(self) -> Mapping[str, str] | None:
@@ -304,7 +317,8 @@ class LocalCluster:
 
     def _check_ports(self, node_ids: list[int]) -> None:
         for i in node_ids:
-            for port in (self.layout.client_port(i), self.layout.controller_port(i)):
+            mtls = [self.layout.mtls_port(i)] if self.security else []
+            for port in (self.layout.client_port(i), self.layout.controller_port(i), *mtls):
                 if not port_is_free(self.layout.host, port):
                     msg = (
                         f"port {self.layout.host}:{port} (node {i}) is taken by another process; stop it or "

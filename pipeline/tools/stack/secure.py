@@ -1,5 +1,6 @@
-"""The secured local stack: TLS and SASL/SCRAM on the client listener, TLS with client certificates on the
-controller listener, ACLs enforced, and the secrets that takes, kept under the state folder.
+"""The secured local stack: TLS and SASL/SCRAM on the client listener, a second client listener that takes TLS
+client certificates instead (mTLS), TLS with client certificates on the controller listener, ACLs enforced, and
+the secrets that takes, kept under the state folder.
 
 ``<state>/secrets/`` (mode 0700; every file in it 0600)::
 
@@ -8,6 +9,11 @@ controller listener, ACLs enforced, and the secrets that takes, kept under the s
     admin.password     the SCRAM password of the admin user (a super user)
     mixflow-broker.password   the SCRAM password of the brokers' own user
     admin.properties   librdkafka settings of the admin user, ready for ``--admin-config`` and ``-X``-style use
+    clients/           client certificates the CA issued (``client_certs.py``): NAME.pem and NAME.key
+
+The mTLS listener (``MTLS``, protocol SSL, ``ssl.client.auth=required``) maps a client certificate's subject
+``CN=NAME`` to the principal ``User:NAME``: the principal a SCRAM user NAME has, so the same ACLs serve both. A
+node's mTLS port comes after every node's client and controller ports (``node_mtls_port``).
 
 The brokers authenticate to each other over the client listener as the SCRAM user ``mixflow-broker`` and
 to the controllers with their certificate (principal ``User:CN=mixflow-broker``); both principals and the
@@ -31,8 +37,17 @@ BROKER_CERTIFICATE_NAME = "mixflow-broker"
 SCRAM_MECHANISM = "SCRAM-SHA-512"
 SECRETS = "secrets"
 CLIENT_LISTENER = "SASL_SSL"
+MTLS_LISTENER = "MTLS"
+CERTIFICATE_PRINCIPAL_RULES = "RULE:^CN=([^,]+)$/$1/,RULE:^CN=([^,]+),.*$/$1/,DEFAULT"
+"""Kafka's ``ssl.principal.mapping.rules`` of the mTLS listener: ``CN=NAME`` (first in the subject) is ``User:NAME``."""
 _PASSWORD_BYTES = 24
 _SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule"
+
+
+def node_mtls_port(base_port: int, brokers: int = 1, node_id: int = 1) -> int:
+    """The mTLS port of node ``node_id`` of ``brokers`` whose first client port is ``base_port``: after every
+    node's client and controller ports (a single broker: its client port + 2)."""
+    return base_port + 2 * brokers + node_id - 1
 
 
 def secrets_dir(state_dir: Path) -> Path:
@@ -105,6 +120,11 @@ class StackSecrets:
             f"CA certificate: {self.ca}",
         ]
 
+    @property
+    def clients(self) -> Path:
+        """The client certificates the CA issued (``client_certs.py``)."""
+        return self.folder / "clients"
+
 
 @dataclass(frozen=True)
 class BrokerSecurity:
@@ -124,7 +144,7 @@ class BrokerSecurity:
         return text
 
 
-def _write_private(path: Path, data: bytes | str) -> None:
+def write_private(path: Path, data: bytes | str) -> None:
     """Write ``path`` readable and writable by its owner only, from its creation on."""
     payload = data.encode() if isinstance(data, str) else data
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -160,15 +180,15 @@ def ensure_secrets(state_dir: Path, hosts: Sequence[str], bootstrap: str) -> Sta
         ca = Issued.from_pem(stack.ca_key.read_bytes(), stack.ca.read_bytes())
     else:
         ca = new_ca()
-        _write_private(stack.ca_key, ca.key_pem())
-        _write_private(stack.ca, ca.certificate_pem())
+        write_private(stack.ca_key, ca.key_pem())
+        write_private(stack.ca, ca.certificate_pem())
     names = _broker_hosts(hosts)
     if not _certificate_covers(stack.key_store, names):
-        _write_private(stack.key_store, key_store_pem(issue(ca, BROKER_CERTIFICATE_NAME, names), ca))
+        write_private(stack.key_store, key_store_pem(issue(ca, BROKER_CERTIFICATE_NAME, names), ca))
     for user in (ADMIN_USER, BROKER_USER):
         if not stack.password_file(user).exists():
-            _write_private(stack.password_file(user), secrets.token_hex(_PASSWORD_BYTES) + "\n")
-    _write_private(stack.admin_properties, client_properties_text(stack.admin_client_config(bootstrap)))
+            write_private(stack.password_file(user), secrets.token_hex(_PASSWORD_BYTES) + "\n")
+    write_private(stack.admin_properties, client_properties_text(stack.admin_client_config(bootstrap)))
     return stack
 
 
@@ -207,9 +227,12 @@ def broker_security(stack: StackSecrets, bootstrap: str) -> BrokerSecurity:
     with, and the admin's client settings."""
     broker_password = stack.password(BROKER_USER)
     overrides = {
-        "listeners": f"{CLIENT_LISTENER}://{{host}}:{{port}},CONTROLLER://{{host}}:{{controller_port}}",
-        "advertised.listeners": f"{CLIENT_LISTENER}://{{host}}:{{port}}",
-        "listener.security.protocol.map": f"CONTROLLER:SSL,{CLIENT_LISTENER}:SASL_SSL",
+        "listeners": (
+            f"{CLIENT_LISTENER}://{{host}}:{{port}},CONTROLLER://{{host}}:{{controller_port}},"
+            f"{MTLS_LISTENER}://{{host}}:{{mtls_port}}"
+        ),
+        "advertised.listeners": f"{CLIENT_LISTENER}://{{host}}:{{port}},{MTLS_LISTENER}://{{host}}:{{mtls_port}}",
+        "listener.security.protocol.map": f"CONTROLLER:SSL,{CLIENT_LISTENER}:SASL_SSL,{MTLS_LISTENER}:SSL",
         "inter.broker.listener.name": CLIENT_LISTENER,
         "sasl.enabled.mechanisms": SCRAM_MECHANISM,
         "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
@@ -222,6 +245,8 @@ def broker_security(stack: StackSecrets, bootstrap: str) -> BrokerSecurity:
         "ssl.truststore.location": str(stack.ca),
         # Only the nodes themselves reach the controllers: each shows its certificate.
         "listener.name.controller.ssl.client.auth": "required",
+        f"listener.name.{MTLS_LISTENER.lower()}.ssl.client.auth": "required",
+        f"listener.name.{MTLS_LISTENER.lower()}.ssl.principal.mapping.rules": CERTIFICATE_PRINCIPAL_RULES,
         "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         "allow.everyone.if.no.acl.found": "false",
         "super.users": f"User:{ADMIN_USER};User:{BROKER_USER};User:CN={BROKER_CERTIFICATE_NAME}",

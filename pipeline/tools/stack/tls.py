@@ -31,10 +31,10 @@ class Issued:
     key: rsa.RSAPrivateKey
     certificate: x509.Certificate
 
-    def key_pem(self) -> bytes:
-        return self.key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+    def key_pem(self, password: bytes | None = None) -> bytes:
+        """The key as PKCS#8 PEM, encrypted with ``password`` when given."""
+        encryption = serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
+        return self.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
 
     def certificate_pem(self) -> bytes:
         return self.certificate.public_bytes(serialization.Encoding.PEM)
@@ -111,10 +111,16 @@ def issue(
 ) -> Issued:
     """A certificate signed by ``ca`` for ``hosts`` (its subject alternative names), good for a TLS server
     and a TLS client (a broker is both: to its clients, and to the other nodes and the controllers), valid
-    from ``not_before`` (a few minutes ago by default) for ``days``."""
+    from ``not_before`` (a few minutes ago by default) for ``days``. Without ``hosts``, a client's only: the
+    subject ``CN=common_name`` is what it authenticates as."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=KEY_BITS)
     start = not_before or _now() - datetime.timedelta(minutes=5)
-    certificate = (
+    usages = (
+        [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+        if hosts
+        else [ExtendedKeyUsageOID.CLIENT_AUTH]
+    )
+    builder = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name))
         .issuer_name(ca.certificate.subject)
@@ -123,17 +129,15 @@ def issue(
         .not_valid_before(start)
         .not_valid_after(start + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName(subject_alternative_names(hosts)), critical=False)
-        .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
-        )
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
             critical=False,
         )
-        .sign(ca.key, hashes.SHA256())
     )
-    return Issued(key, certificate)
+    if hosts:
+        builder = builder.add_extension(x509.SubjectAlternativeName(subject_alternative_names(hosts)), critical=False)
+    return Issued(key, builder.sign(ca.key, hashes.SHA256()))
 
 
 def key_store_pem(issued: Issued, ca: Issued) -> bytes:
