@@ -53,7 +53,8 @@ def test_the_compose_broker_has_the_secured_stacks_settings(tmp_path: Path) -> N
                 f"{SECURE_PROPERTIES.name}: {key} is {ours.get(key)!r}, the stack's {value!r}"
             )
     protocols = dict(item.split(":") for item in ours["listener.security.protocol.map"].split(","))
-    assert protocols.pop("CONTROLLER") == "SSL" and set(protocols.values()) == {"SASL_SSL"}, protocols
+    assert protocols.pop("CONTROLLER") == "SSL" and protocols.pop("MTLS") == "SSL", protocols
+    assert set(protocols.values()) == {"SASL_SSL"}, protocols
     assert protocols[ours["inter.broker.listener.name"]] == "SASL_SSL"
     plain = stack_settings()
     for key, value in plain.items():  # the stack's tuning (replication, sizes, timeouts) is kept
