@@ -364,7 +364,7 @@ def test_constructor_counts_tokens_read_and_holds_a_backlog(reads: list[tuple[st
         assert holding.next_offset == fifo.next_offset
 
 
-@settings(deadline=None)  # the first example compiles the scheduler's kernels
+@settings(deadline=None, max_examples=30)  # each example assembles up to 6 steps; the first compiles the kernels
 @given(st.lists(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 64)), max_size=8), max_size=6))
 def test_constructor_counts_each_committed_step(steps: list[list[tuple[str, int]]]) -> None:
     registry = CollectorRegistry()
