@@ -93,3 +93,18 @@ def upload(server: S3Server, folder: Path, prefix: str, bucket: str = BUCKET) ->
     for file in sorted(p for p in folder.rglob("*") if p.is_file()):
         client.put_object(Bucket=bucket, Key=f"{prefix}/{file.relative_to(folder).as_posix()}", Body=file.read_bytes())
     return f"s3://{bucket}/{prefix}"
+
+
+def storage_section(server: S3Server, retry_deadline_s: float) -> dict:
+    """A spec's ``storage`` section reaching ``server``, its keys named by the environment variables
+    ``MIXFLOW_TEST_S3_KEY`` and ``MIXFLOW_TEST_S3_SECRET`` (the caller sets them)."""
+    return {
+        "endpoint_url": server.endpoint,
+        "region": REGION,
+        "addressing_style": "path",
+        "credentials": {
+            "access_key_id": {"env": "MIXFLOW_TEST_S3_KEY"},
+            "secret_access_key": {"env": "MIXFLOW_TEST_S3_SECRET"},
+        },
+        "retry_deadline_s": retry_deadline_s,
+    }

@@ -38,7 +38,7 @@ from tests.loader_support import (
     wait_all,
     write_spec,
 )
-from tests.s3_support import S3Server, running_server, upload
+from tests.s3_support import S3Server, running_server, storage_section, upload
 from tests.test_s3_job import object_store_spec
 from tests.test_s3_readers import write_source
 from topics.admin import ensure_job_topics
@@ -273,16 +273,7 @@ def test_a_loader_started_during_an_outage_waits_for_the_store_as_long_as_its_de
         "mixture": {"weights": {"web": 1}},
         "step": {"ranks": 1, "micro_batches": 1, "tokens_per_micro_batch": 1024},
         "cost": {"alpha": 1.0, "beta": 10.0},
-        "storage": {
-            "endpoint_url": server.endpoint,
-            "region": "us-east-1",
-            "addressing_style": "path",
-            "credentials": {
-                "access_key_id": {"env": "MIXFLOW_TEST_S3_KEY"},
-                "secret_access_key": {"env": "MIXFLOW_TEST_S3_SECRET"},
-            },
-            "retry_deadline_s": 60,
-        },
+        "storage": storage_section(server, retry_deadline_s=60),
     }
     monkeypatch.setenv("MIXFLOW_TEST_S3_KEY", server.access_key)
     monkeypatch.setenv("MIXFLOW_TEST_S3_SECRET", server.secret_key)

@@ -25,7 +25,7 @@ from tests.loader_support import (
     start_constructor,
     write_spec,
 )
-from tests.s3_support import S3Server, running_server, upload
+from tests.s3_support import S3Server, running_server, storage_section, upload
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
 
@@ -47,16 +47,7 @@ def object_store_spec(local: Path, folder: Path, server: S3Server, prefix: str, 
     body["job"] = job
     for source in body["sources"]:
         source["path"] = f"s3://corpus/{prefix}/{source['name']}"
-    body["storage"] = {
-        "endpoint_url": server.endpoint,
-        "region": "us-east-1",
-        "addressing_style": "path",
-        "credentials": {
-            "access_key_id": {"env": "MIXFLOW_TEST_S3_KEY"},
-            "secret_access_key": {"env": "MIXFLOW_TEST_S3_SECRET"},
-        },
-        "retry_deadline_s": 30,
-    }
+    body["storage"] = storage_section(server, retry_deadline_s=30)
     path = folder / "s3-spec.yaml"
     path.write_text(yaml.safe_dump(body, sort_keys=False))
     return path

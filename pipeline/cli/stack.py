@@ -59,7 +59,8 @@ def _add_up_arguments(parser: argparse.ArgumentParser) -> None:
         type=port,
         default=None,
         help=f"client port; the KRaft controller uses port + 1 (default: {DEFAULT_PORT}). A cluster's node i "
-        f"uses port + 2(i-1) and the port after (default: {DEFAULT_CLUSTER_PORT}, or what the cluster recorded)",
+        f"uses port + 2(i-1) and the port after (default: {DEFAULT_CLUSTER_PORT}, or what the cluster recorded); "
+        "with --secure the mTLS client listener is on port + 2 (a cluster's node i: port + 2N + i - 1)",
     )
     parser.add_argument(
         "--timeout", type=positive_float, default=None, help="seconds to wait for the brokers to answer"
