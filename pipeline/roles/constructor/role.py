@@ -47,6 +47,7 @@ from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.spec_change import StepShape, carry_over, check_step_shape
 from pipeline.planning.step.state import ConstructorState
 from pipeline.roles.constructor.control_intake import ControlIntake
+from pipeline.roles.constructor.gc_policy import freeze_start_up
 from pipeline.roles.constructor.lead import ProgressReader, TrainerPacing
 from pipeline.roles.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS, ConstructorLease
 from pipeline.roles.constructor.loop import StepLoop
@@ -155,10 +156,12 @@ class DataConstructor(TransactionalRole):
         return self.stats
 
     def _warm_up(self) -> None:
-        """Load the scheduler's compiled kernels now, not in the first step after a takeover."""
+        """Load the scheduler's compiled kernels now, not in the first step after a takeover; then put what
+        start-up left alive out of the garbage collector's way (``gc_policy``)."""
         shape = self.shape
         lengths = np.ones(2, dtype=np.int64)
         plan_step(lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, self.cost_model)
+        freeze_start_up()
 
     def _wait_as_shadow(self) -> bool:
         """Follow the job as a shadow until this instance holds the lease (True), or until the job is
