@@ -47,7 +47,7 @@ from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.spec_change import StepShape, carry_over, check_step_shape
 from pipeline.planning.step.state import ConstructorState
 from pipeline.roles.constructor.control_intake import ControlIntake
-from pipeline.roles.constructor.interpreter import freeze_start_up, hand_over_sooner
+from pipeline.roles.constructor.gc_policy import freeze_start_up
 from pipeline.roles.constructor.lead import ProgressReader, TrainerPacing
 from pipeline.roles.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS, ConstructorLease
 from pipeline.roles.constructor.loop import StepLoop
@@ -130,7 +130,6 @@ class DataConstructor(TransactionalRole):
         """Construct until the job is finished, ``max_steps`` are written or a signal stops it: as the
         active instance while this one holds the lease, as a shadow while another does."""
         self.stop_on_signals()
-        hand_over_sooner()
         check_step_shape(written_shape(self.config, self.out, self.lane), self.shape, self.out.job)
         names, ranks = self.spec.source_names, self.spec.step.ranks
         ensure_job_topics(self.config, self.sources_topics.job, names, ranks, lanes=self.lanes)
@@ -161,7 +160,7 @@ class DataConstructor(TransactionalRole):
     def _warm_up(self) -> None:
         """Load the scheduler's compiled kernels and what building and encoding a batch imports (pyarrow loads
         pandas on its first string array) now, not in the first step after a takeover; then put what start-up
-        left alive out of the garbage collector's way (``interpreter``)."""
+        left alive out of the garbage collector's way (``gc_policy``)."""
         shape = self.shape
         lengths = np.ones(2, dtype=np.int64)
         plan_step(lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, self.cost_model)
