@@ -3,12 +3,14 @@
 A full collection walks every tracked object alive: after start-up, hundreds of thousands of them belong to
 the imported libraries (numba's type system and compiled kernels above all), and each step allocates
 thousands of samples that outlive the young generations, so full collections came every step or two and
-cost the main thread up to a tenth of a second each time. Once start-up has loaded the scheduler's kernels,
-everything alive is moved to the collector's permanent generation (``gc.freeze``): full collections then walk only what
-the constructor created since. Frozen objects are still freed by reference counting; only cyclic garbage
-among them would stay, and the collection just before the freeze leaves none. The youngest generation is
-collected every ``YOUNG_THRESHOLD`` allocations instead of 700: a step allocates a few objects per sample,
-and most of them live until the step is written, so frequent young collections only moved them along."""
+cost the main thread up to a tenth of a second each time. Once start-up has loaded the scheduler's
+kernels, everything alive is moved to the collector's permanent generation (``gc.freeze``): full
+collections then walk only what the constructor created since. Frozen objects are still freed by reference
+counting; only cyclic garbage among them would stay, and the collection just before the freeze leaves none.
+
+The youngest generation is collected every ``YOUNG_THRESHOLD`` allocations instead of 700: a step
+allocates a few objects per sample, and most of them live until the step is written, so frequent young
+collections only moved them along."""
 
 from __future__ import annotations
 
