@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -49,21 +48,6 @@ class AssembledStep:
     @property
     def tokens(self) -> int:
         return int(self.lengths[self.plan.placed_mask].sum())
-
-    @cached_property
-    def delivered_by_source(self) -> dict[str, tuple[int, int]]:
-        """Per source, in the order of its first delivered sample: the samples and the tokens delivered."""
-        samples: dict[str, int] = {}
-        tokens: dict[str, int] = {}
-        for c in self.delivered:
-            source = c.ref.source
-            samples[source] = samples.get(source, 0) + 1
-            tokens[source] = tokens.get(source, 0) + c.sample.length
-        return {source: (n, tokens[source]) for source, n in samples.items()}
-
-    def count_delivered(self) -> dict[str, tuple[int, int]]:
-        """``delivered_by_source``, counted now (once) on the calling thread."""
-        return self.delivered_by_source
 
     def rank_costs(self, cost_model: CostModel) -> np.ndarray:
         """Each rank's cost, as the step was balanced: its samples' LLM cost plus their vision encoder's."""

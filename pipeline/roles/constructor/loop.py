@@ -198,8 +198,6 @@ class StepLoop:
         )
         letters = list(self.feed.dead_letters)
         self.feed.dead_letters.clear()  # an aborted step makes the next attempt read them again
-        if assembled is not None:
-            assembled.count_delivered()  # here: on the writer thread the next transaction would wait for it
 
         def done(state_bytes: int) -> None:
             if assembled is not None:

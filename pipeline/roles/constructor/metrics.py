@@ -198,17 +198,21 @@ class ConstructorMetrics:
             return
         self.steps.inc()
         self.last_step.set(assembled.step)
-        delivered = assembled.delivered_by_source
-        for source, (n, tokens) in delivered.items():
+        samples: dict[str, int] = {}
+        tokens: dict[str, int] = {}
+        for c in assembled.delivered:
+            samples[c.ref.source] = samples.get(c.ref.source, 0) + 1
+            tokens[c.ref.source] = tokens.get(c.ref.source, 0) + c.sample.length
+        for source, n in samples.items():
             self.samples.labels(self.job, source).inc(n)
-            self.tokens.labels(self.job, source).inc(tokens)
+            self.tokens.labels(self.job, source).inc(tokens[source])
         self.deferred.inc(len(assembled.deferred))
         self.packed.inc(int(assembled.started))
         self.waiting_deferred.set(len(assembled.deferred))
         costs = assembled.rank_costs(self.cost_model)
         max_cost, mean_cost = float(costs.max()), float(costs.mean())
         imbalance = max_cost / mean_cost if mean_cost > 0 else 1.0
-        fill = sum(tokens for _, tokens in delivered.values()) / self.capacity
+        fill = sum(tokens.values()) / self.capacity
         self.last_max_cost.set(max_cost)
         self.last_mean_cost.set(mean_cost)
         self.last_imbalance.set(imbalance)

@@ -279,7 +279,9 @@ class DataConstructor(TransactionalRole):
 
     def _record(self, assembled: AssembledStep, state_bytes: int) -> None:
         costs = assembled.rank_costs(self.cost_model)
-        by_source = {source: tokens for source, (_, tokens) in assembled.delivered_by_source.items()}
+        by_source: dict[str, int] = {}
+        for c in assembled.delivered:
+            by_source[c.ref.source] = by_source.get(c.ref.source, 0) + c.sample.length
         record = StepRecord(
             step=assembled.step,
             tokens=assembled.tokens,
