@@ -33,7 +33,7 @@ SCHEMA_HEADER = "mixflow.schema"
 
 _INT32_MIN, _INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
 _WIRE_TOKENS = np.dtype("<i4")
-_WIRE_IS_NATIVE = _WIRE_TOKENS == np.dtype(np.int32)  # little-endian machines: tokens are a view, no conversion
+_WIRE_IS_NATIVE = np.little_endian  # "<i4" is the native int32: tokens are a view, no conversion
 
 
 def _load_schema(name: str) -> tuple[dict[str, Any], bytes]:
