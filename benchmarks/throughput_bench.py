@@ -21,7 +21,8 @@ Per shape (ranks x micro-batches x tokens per micro-batch) and repeat, back to b
   from the first commit to the last, per step (in brackets its main thread's): the measure that load on a
   shared machine moves least.
 - **baseline tree** (``--baseline-tree DIR``, e.g. ``git archive <rev> | tar -x -C DIR``): the same
-  constructor run with that copy of the code, in the same repeat.
+  constructor run with that copy of the code, in the same repeat (before this tree's run in even repeats,
+  after it in odd ones).
 - **raw**: a tuned confluent-kafka pipeline that moves the same bytes: it consumes the same source records
   (read_committed, large fetches) and, per step, produces the constructor's step payload as one message
   per rank topic (the consumed values' bytes, cut to the rank batches' mean size), in one transaction with
@@ -418,11 +419,14 @@ def run_shape(
         ensure_job_topics(config, out, list(SOURCES), shape.ranks, timeout_s=600)
         try:
             base = None
+            if args.baseline_tree is not None and repeat % 2:  # the two trees take turns at going first
+                built = constructor_run(spec, out, steps, args.bootstrap_servers)
             if args.baseline_tree is not None:
                 ensure_job_topics(config, f"{out}-base", list(SOURCES), shape.ranks, timeout_s=600)
                 base = constructor_run(spec, f"{out}-base", steps, args.bootstrap_servers, tree=args.baseline_tree)
                 delete_job_topics(config, f"{out}-base")
-            built = constructor_run(spec, out, steps, args.bootstrap_servers)
+            if args.baseline_tree is None or not repeat % 2:
+                built = constructor_run(spec, out, steps, args.bootstrap_servers)
             step_payload = built["payload"] // built["steps"]
             raw = run_raw({**config, **args.kafka_config}, args.data_job, out, shape, steps, step_payload)
             size = step_payload // shape.ranks
