@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.throughput_bench [--repeats 3] [--shapes 8x64x8192,...] [--tokens 40000000]
         [--steps 8] [--baseline-tree DIR] [--kafka-config KEY=VALUE ...] [--composition]
-        [--steps-per-transaction N] [--data-job NAME] [--keep-data] [--profile SHAPE]
+        [--steps-per-transaction N] [--data-job NAME] [--keep-data] [--profile SHAPE] [--no-kafka-tools]
         [--bootstrap-servers HOST:PORT] [--markdown]
 
 Data: synthetic pre-tokenized samples (log-normal lengths around 1,000 tokens, at most the smallest
@@ -17,9 +17,12 @@ Per shape (ranks x micro-batches x tokens per micro-batch) and repeat, back to b
   beforehand, outside the timing), in a child process, for as many steps as the data fills (at most
   ``--steps``), the in-order draw (``composition: null``) unless ``--composition``. Timed from its first
   step's commit to its last (steady state: start-up, the lease and the first fetch are left out);
-  ``cores`` = the child's CPU seconds (every thread) / its seconds in ``run()``.
+  ``cores`` = the child's CPU seconds (every thread) / its seconds in ``run()``; ``CPU-s/step`` = its CPU seconds
+  from the first commit to the last, per step (in brackets its main thread's): the measure that load on a
+  shared machine moves least.
 - **baseline tree** (``--baseline-tree DIR``, e.g. ``git archive <rev> | tar -x -C DIR``): the same
-  constructor run with that copy of the code, in the same repeat.
+  constructor run with that copy of the code, in the same repeat (before this tree's run in even repeats,
+  after it in odd ones).
 - **raw**: a tuned confluent-kafka pipeline that moves the same bytes: it consumes the same source records
   (read_committed, large fetches) and, per step, produces the constructor's step payload as one message
   per rank topic (the consumed values' bytes, cut to the rank batches' mean size), in one transaction with
@@ -224,11 +227,13 @@ def child_constructor(spec_path: Path, output_job: str, max_steps: int, bootstra
 
     step_records.encode_batch = counting_encode
     committed: list[tuple[float, int]] = []
+    cpu_at: list[tuple[float, float]] = []  # (the process's CPU seconds, the main thread's) at each commit
 
     class Timed(DataConstructor):
         def _record(self, assembled: Any, state_bytes: int) -> None:
             super()._record(assembled, state_bytes)
             committed.append((time.monotonic(), assembled.tokens))
+            cpu_at.append((time.process_time(), time.thread_time()))  # _record runs on the main thread
 
     spec = load_spec(spec_path)
     constructor = Timed(spec, spec.kafka.client_config(bootstrap), ConstructorOptions(output_job, max_steps))
@@ -257,6 +262,9 @@ def child_constructor(spec_path: Path, output_job: str, max_steps: int, bootstra
         # Steps committed after the first commit (with several steps a transaction, the first one's group
         # commits at the same moment, within the microseconds its bookkeeping takes).
         "steady_tokens": sum(n for t, n in committed if t > times[0] + 0.001),
+        # CPU seconds between the first commit and the last: the whole process's and its main thread's.
+        "steady_cpu": cpu_at[-1][0] - cpu_at[0][0] if len(cpu_at) > 1 else None,
+        "steady_main_cpu": cpu_at[-1][1] - cpu_at[0][1] if len(cpu_at) > 1 else None,
     }
     print(json.dumps(result), flush=True)
 
@@ -400,7 +408,9 @@ def constructor_run(
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def run_shape(args: argparse.Namespace, config: dict, data: int, shape: Shape, classpath: str, folder: Path) -> list:
+def run_shape(
+    args: argparse.Namespace, config: dict, data: int, shape: Shape, classpath: str | None, folder: Path
+) -> list:
     spec = write_spec(folder, args.data_job, shape, args.composition, args.kafka_config, args.steps_per_transaction)
     steps = min(args.steps, steps_for(shape, data, args.composition))
     rows = []
@@ -409,22 +419,22 @@ def run_shape(args: argparse.Namespace, config: dict, data: int, shape: Shape, c
         ensure_job_topics(config, out, list(SOURCES), shape.ranks, timeout_s=600)
         try:
             base = None
+            if args.baseline_tree is not None and repeat % 2:  # the two trees take turns at going first
+                built = constructor_run(spec, out, steps, args.bootstrap_servers)
             if args.baseline_tree is not None:
                 ensure_job_topics(config, f"{out}-base", list(SOURCES), shape.ranks, timeout_s=600)
                 base = constructor_run(spec, f"{out}-base", steps, args.bootstrap_servers, tree=args.baseline_tree)
                 delete_job_topics(config, f"{out}-base")
-            built = constructor_run(spec, out, steps, args.bootstrap_servers)
+            if args.baseline_tree is None or not repeat % 2:
+                built = constructor_run(spec, out, steps, args.bootstrap_servers)
             step_payload = built["payload"] // built["steps"]
             raw = run_raw({**config, **args.kafka_config}, args.data_job, out, shape, steps, step_payload)
             size = step_payload // shape.ranks
-            records = max(built["payload"], 128_000_000) // size
-            topic = f"{out}.pp"
-            ensure_topics(config, [TopicSpec(topic, 1, {"max.message.bytes": str(64 << 20)})], timeout_s=600)
-            pp = producer_performance(classpath, args.bootstrap_servers, topic, records, size)
-            cp = consumer_performance(classpath, args.bootstrap_servers, topic, records)
+            pp = cp = None
+            if classpath is not None:
+                pp, cp = kafka_tools(args.bootstrap_servers, config, classpath, f"{out}.pp", built["payload"], size)
         finally:
             delete_job_topics(config, out)
-            AdminClient(config).delete_topics([f"{out}.pp"], operation_timeout=30)  # not a job topic kind
         steady_payload = built["payload"] * built["steady_tokens"] / built["tokens"]
         row = {
             "shape": shape,
@@ -439,68 +449,95 @@ def run_shape(args: argparse.Namespace, config: dict, data: int, shape: Shape, c
             "pp": pp,
             "cp": cp,
             "base": base["payload"] * base["steady_tokens"] / base["tokens"] / base["steady_s"] if base else None,
+            "cpu_step": cpu_per_step(built),
+            "base_cpu_step": cpu_per_step(base) if base else None,
         }
         rows.append(row)
-        print(
-            f"{shape} repeat {repeat}: constructor {row['mbs'] / 1e6:.1f} MB/s ({row['tokens_s'] / 1e6:.2f}M tokens/s, "
-            f"{row['cores']:.2f} cores), baseline tree {(row['base'] or 0) / 1e6:.1f} MB/s, "
-            f"raw {row['raw'] / 1e6:.1f} MB/s, ProducerPerformance {pp / 1e6:.1f} MB/s, "
-            f"ConsumerPerformance {cp / 1e6:.1f} MB/s",
-            flush=True,
-        )
+        print(f"{shape} repeat {repeat}: {describe_row(row)}", flush=True)
     return rows
 
 
-def summarize(shape_rows: list[list[dict]], markdown: bool) -> None:
-    def med(rows: list[dict], key: str) -> float:
-        return statistics.median(r[key] for r in rows)
-
-    def spread(rows: list[dict], key: str, scale: float, fmt: str) -> str:
-        values = sorted(r[key] / scale for r in rows)
-        return f"{statistics.median(values):{fmt}} [{values[0]:{fmt}}-{values[-1]:{fmt}}]"
-
-    table = []
-    for rows in shape_rows:
-        ratios = [r["mbs"] / r["pp"] for r in rows]
-        raw_ratios = [r["raw"] / r["pp"] for r in rows]
-        table.append(
-            [
-                str(rows[0]["shape"]),
-                f"{med(rows, 'step_tokens') / 1e6:.2f}M",
-                f"{med(rows, 'size') / 1e3:,.0f}",
-                str(rows[0]["steps"]),
-                spread(rows, "mbs", 1e6, ".1f"),
-                f"{med(rows, 'tokens_s') / 1e6:.2f}",
-                f"{med(rows, 'cores'):.2f}",
-                f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]",
-                spread(rows, "raw", 1e6, ".1f"),
-                f"{med(rows, 'raw_cores'):.2f}",
-                f"{statistics.median(raw_ratios):.2f}",
-                spread(rows, "pp", 1e6, ".1f"),
-                spread(rows, "cp", 1e6, ".1f"),
-            ]
+def kafka_tools(bootstrap: str, config: dict, classpath: str, topic: str, payload: int, size: int) -> tuple:
+    """ProducerPerformance's and ConsumerPerformance's bytes/s for records of ``size`` bytes, at least
+    ``payload`` and 128 MB of them, into and out of a fresh one-partition ``topic``."""
+    records = max(payload, 128_000_000) // size
+    ensure_topics(config, [TopicSpec(topic, 1, {"max.message.bytes": str(64 << 20)})], timeout_s=600)
+    try:
+        return producer_performance(classpath, bootstrap, topic, records, size), consumer_performance(
+            classpath, bootstrap, topic, records
         )
-        if rows[0]["base"] is not None:
-            table[-1].insert(5, spread(rows, "base", 1e6, ".1f"))
-    headers = [
-        "R x M x C",
-        "tokens/step",
-        "rank batch KB",
-        "steps",
-        "constructor MB/s",
-        "Mtokens/s",
-        "cores",
-        "/ PP",
-        "raw MB/s",
-        "raw cores",
-        "raw / PP",
-        "ProducerPerf MB/s",
-        "ConsumerPerf MB/s",
-    ]
-    if shape_rows[0][0]["base"] is not None:
-        headers.insert(5, "baseline tree MB/s")
+    finally:
+        AdminClient(config).delete_topics([topic], operation_timeout=30)  # not a job topic kind
+
+
+def cpu_per_step(run: dict) -> tuple[float, float] | None:
+    """The constructor's CPU seconds per step between its first commit and its last: (process, main thread)."""
+    if run.get("steady_cpu") is None:
+        return None
+    steps = run["steps"] - 1
+    return run["steady_cpu"] / steps, run["steady_main_cpu"] / steps
+
+
+def describe_row(row: dict) -> str:
+    def cpu(value: tuple[float, float] | None) -> str:
+        return f"{value[0]:.3f} CPU-s/step ({value[1]:.3f} main thread)" if value else "CPU-s/step not measured"
+
+    text = (
+        f"constructor {row['mbs'] / 1e6:.1f} MB/s ({row['tokens_s'] / 1e6:.2f}M tokens/s, {row['cores']:.2f} cores, "
+        f"{cpu(row['cpu_step'])})"
+    )
+    if row["base"] is not None:
+        text += f", baseline tree {row['base'] / 1e6:.1f} MB/s ({cpu(row['base_cpu_step'])})"
+    text += f", raw {row['raw'] / 1e6:.1f} MB/s (constructor / raw {row['mbs'] / row['raw']:.2f})"
+    if row["pp"] is not None:
+        text += f", ProducerPerformance {row['pp'] / 1e6:.1f} MB/s, ConsumerPerformance {row['cp'] / 1e6:.1f} MB/s"
+    return text
+
+
+def summarize(shape_rows: list[list[dict]], markdown: bool) -> None:
+    with_base = shape_rows[0][0]["base"] is not None
+    with_tools = shape_rows[0][0]["pp"] is not None
+    table = [summary_row(rows, with_base, with_tools) for rows in shape_rows]
+    headers = ["R x M x C", "tokens/step", "rank batch KB", "steps", "constructor MB/s"]
+    headers += ["baseline tree MB/s"] if with_base else []
+    headers += ["Mtokens/s", "cores", "CPU-s/step (main)"]
+    headers += ["baseline CPU-s/step (main)"] if with_base else []
+    headers += ["raw MB/s", "raw cores", "/ raw"]
+    headers += ["/ PP", "raw / PP", "ProducerPerf MB/s", "ConsumerPerf MB/s"] if with_tools else []
     repeats = len(shape_rows[0])
     print_table(headers, table, title=f"medians [min-max] of {repeats} repeats; MB = 10^6 bytes", markdown=markdown)
+
+
+def summary_row(rows: list[dict], with_base: bool, with_tools: bool) -> list[str]:
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    def spread(values: list[float], fmt: str) -> str:
+        values = sorted(values)
+        return f"{statistics.median(values):{fmt}} [{values[0]:{fmt}}-{values[-1]:{fmt}}]"
+
+    def cpu(key: str) -> str:
+        return f"{statistics.median(r[key][0] for r in rows):.3f} ({statistics.median(r[key][1] for r in rows):.3f})"
+
+    row = [
+        str(rows[0]["shape"]),
+        f"{med('step_tokens') / 1e6:.2f}M",
+        f"{med('size') / 1e3:,.0f}",
+        str(rows[0]["steps"]),
+    ]
+    row += [spread([r["mbs"] / 1e6 for r in rows], ".1f")]
+    row += [spread([r["base"] / 1e6 for r in rows], ".1f")] if with_base else []
+    row += [f"{med('tokens_s') / 1e6:.2f}", f"{med('cores'):.2f}", cpu("cpu_step")]
+    row += [cpu("base_cpu_step")] if with_base else []
+    row += [spread([r["raw"] / 1e6 for r in rows], ".1f"), f"{med('raw_cores'):.2f}"]
+    row += [spread([r["mbs"] / r["raw"] for r in rows], ".2f")]
+    if with_tools:
+        row += [
+            spread([r["mbs"] / r["pp"] for r in rows], ".2f"),
+            f"{statistics.median(r['raw'] / r['pp'] for r in rows):.2f}",
+        ]
+        row += [spread([r["pp"] / 1e6 for r in rows], ".1f"), spread([r["cp"] / 1e6 for r in rows], ".1f")]
+    return row
 
 
 def main() -> int:
@@ -532,6 +569,9 @@ def main() -> int:
         metavar="KEY=VALUE",
         help="a librdkafka setting for the constructor's and the raw arm's clients, e.g. compression.type=none",
     )
+    parser.add_argument(
+        "--no-kafka-tools", action="store_true", help="leave out ProducerPerformance and ConsumerPerformance"
+    )
     parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
     add_markdown_flag(parser)
     args = parser.parse_args()
@@ -561,7 +601,7 @@ def main() -> int:
                 delete_job_topics(config, out)
             print(f"cProfile output: {folder / 'constructor.prof'}")
             return 0
-        classpath = tools_classpath()
+        classpath = None if args.no_kafka_tools else tools_classpath()
         shape_rows = [run_shape(args, config, data, shape, classpath, folder) for shape in shapes]
         summarize(shape_rows, args.markdown)
     finally:

@@ -32,6 +32,8 @@ SCHEMA_HEADER = "mixflow.schema"
 """Kafka header holding the writer schema's 8-byte CRC-64-AVRO fingerprint."""
 
 _INT32_MIN, _INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+_WIRE_TOKENS = np.dtype("<i4")
+_WIRE_IS_NATIVE = np.little_endian  # "<i4" is the native int32: tokens are a view, no conversion
 
 
 def _load_schema(name: str) -> tuple[dict[str, Any], bytes]:
@@ -166,6 +168,8 @@ def _varint(value: bytes, pos: int) -> tuple[int, int]:
     ValueError for more than 10 bytes."""
     byte = value[pos]
     pos += 1
+    if byte < 0x80:  # one byte: ids and sources shorter than 64 bytes
+        return (byte >> 1) ^ -(byte & 1), pos
     raw, shift = byte & 0x7F, 7
     while byte & 0x80:
         if shift > 63:
@@ -199,8 +203,8 @@ def _decode_current(value: bytes) -> Sample | None:
             return None
     except (IndexError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
-    tokens = np.frombuffer(value, dtype="<i4", count=count, offset=tokens_at).astype(np.int32, copy=False)
-    return Sample(sample_id, source, tokens, {})
+    tokens = np.frombuffer(value, dtype=_WIRE_TOKENS, count=count, offset=tokens_at)
+    return Sample(sample_id, source, tokens if _WIRE_IS_NATIVE else tokens.astype(np.int32), {})
 
 
 def _to_sample(record: dict[str, Any], error: Callable[[str], DecodeError]) -> Sample:

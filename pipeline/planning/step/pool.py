@@ -53,12 +53,13 @@ class SourceFifo:
         return self._tokens
 
     def append(self, offset: int, sample: Sample, encoder_cost: float = 0.0) -> None:
+        length = sample.length
         self.offsets.append(offset)
         self.samples.append(sample)
-        self.lengths.append(sample.length)
+        self.lengths.append(length)
         self.patches.append(sample.patches if sample.media else 0)
         self.encoder_costs.append(encoder_cost)
-        self._tokens += sample.length
+        self._tokens += length
 
     def take(self, positions: np.ndarray) -> list[Candidate]:
         """Remove and return the samples at ``positions`` (indices into the FIFO), in that order."""
@@ -111,13 +112,13 @@ class SamplePool:
             return
         fifo.read_tokens += sample.length
         fifo.read_samples += 1
-        self.multimodal = self.multimodal or bool(sample.media)
-        ref = SampleRef(source, offset)
-        if ref in self._pending:
+        if sample.media:
+            self.multimodal = True
+        if self._pending and (ref := SampleRef(source, offset)) in self._pending:
             self._found[ref] = sample
             self._resolve_pending()
             return
-        fifo.append(offset, sample, encoder_cost(sample, self.vision))
+        fifo.append(offset, sample, encoder_cost(sample, self.vision) if sample.media else 0.0)
 
     def waiting_for_deferred(self) -> dict[str, int]:
         """Sources whose checkpointed deferred samples are not read again yet: the offset to reach."""

@@ -41,12 +41,13 @@ from pipeline.kafka.spec_record import record_spec
 from pipeline.kafka.state_topic import read_last_state, written_shape
 from pipeline.planning.mixing import Mixer, MixtureChange
 from pipeline.planning.scheduler import plan_step
-from pipeline.planning.step.assemble import AssembledStep
+from pipeline.planning.step.assemble import AssembledStep, build_batches
 from pipeline.planning.step.core import StepCore
 from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.spec_change import StepShape, carry_over, check_step_shape
 from pipeline.planning.step.state import ConstructorState
 from pipeline.roles.constructor.control_intake import ControlIntake
+from pipeline.roles.constructor.gc_policy import freeze_start_up
 from pipeline.roles.constructor.lead import ProgressReader, TrainerPacing
 from pipeline.roles.constructor.lease import DEFAULT_SESSION_TIMEOUT_MS, ConstructorLease
 from pipeline.roles.constructor.loop import StepLoop
@@ -58,9 +59,11 @@ from pipeline.roles.constructor.step_records import StepRecords
 from pipeline.roles.constructor.writer import StepWriter
 from pipeline.spec import JobSpec
 from topics.admin import ensure_job_topics
+from topics.batch_codec import encode_batch
 from topics.errors import MixflowError
 from topics.names import JobTopics
 from topics.renewing_consumer import RenewingConsumer
+from topics.sample import Sample
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +158,17 @@ class DataConstructor(TransactionalRole):
         return self.stats
 
     def _warm_up(self) -> None:
-        """Load the scheduler's compiled kernels now, not in the first step after a takeover."""
+        """Load the scheduler's compiled kernels and what building and encoding a batch imports (pyarrow loads
+        pandas on its first string array) now, not in the first step after a takeover; then put what start-up
+        left alive out of the garbage collector's way (``gc_policy``)."""
         shape = self.shape
         lengths = np.ones(2, dtype=np.int64)
         plan_step(lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, self.cost_model)
+        plan = plan_step(lengths, 1, 1, shape.tokens_per_micro_batch, self.cost_model)
+        samples = [Sample(f"warm-up/{i}", "warm-up", np.zeros(1, np.int32)) for i in range(2)]
+        for batch in build_batches(0, plan, samples, lengths):
+            encode_batch(batch)
+        freeze_start_up()
 
     def _wait_as_shadow(self) -> bool:
         """Follow the job as a shadow until this instance holds the lease (True), or until the job is

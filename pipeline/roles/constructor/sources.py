@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 # stays bounded however far ahead the loaders are (and grows by a step per source only).
 BUFFER_STEPS = 4
 
+BATCH = 5000  # records a consume call returns at most
+DRAIN_BATCHES = 4  # batches a fill reads beyond what its draw waits for, of what is fetched already
+
 SOURCE_FETCH_SETTINGS = {
     # A step reads megabytes of every source: large fetches bring it in a few round trips (librdkafka's
     # default of 1 MB a partition took several per step at 4M-token steps, with the step's draw waiting).
@@ -68,20 +71,39 @@ class SourceTopicFeed:
 
     def fill(self, wanted: Collection[str], timeout_s: float = 1.0) -> int:
         """Read what is there, for at most ``timeout_s`` and until every source in ``wanted`` has new
-        records. A source read to its end is waited for too (its loaders may add more): the caller finds
-        out whether it ran out for good (``is_exhausted``) before it asks for more. Returns the records
-        read."""
+        records, then what the client has fetched meanwhile (without waiting), so that the next draw sees
+        all of it instead of finding too little and waiting again. A source read to its end is waited for
+        too (its loaders may add more): the caller finds out whether it ran out for good
+        (``is_exhausted``) before it asks for more. Returns the records read."""
         self._pause_full(exempt=set(wanted))
         before = {s: self.pool.fifos[s].next_offset for s in wanted}
         deadline = time.monotonic() + timeout_s
         read = 0
         while True:
-            messages = self.consumer.consume(num_messages=5000, timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+            messages = self.consumer.consume(
+                num_messages=BATCH, timeout=max(0.0, min(0.2, deadline - time.monotonic()))
+            )
             for message in messages:
                 read += self._route(message)
             pending = [s for s in wanted if self.pool.fifos[s].next_offset == before[s]]
-            if not pending or time.monotonic() >= deadline:
+            if not pending:
+                return read + self._drain(len(messages), deadline)
+            if time.monotonic() >= deadline:
                 return read
+
+    def _drain(self, last: int, deadline: float) -> int:
+        """Read what the client holds already, without waiting, while its batches come back full: at most
+        ``DRAIN_BATCHES`` more and until ``deadline`` (the read-ahead bound, checked at each ``fill``, is
+        overshot by that much at most)."""
+        read = 0
+        for _ in range(DRAIN_BATCHES):
+            if last < BATCH or time.monotonic() >= deadline:
+                break
+            messages = self.consumer.consume(num_messages=BATCH, timeout=0)
+            for message in messages:
+                read += self._route(message)
+            last = len(messages)
+        return read
 
     def _route(self, message: Message) -> int:
         topic = message.topic()

@@ -81,11 +81,15 @@ class StepWriter:
         return self._submit()
 
     def _submit(self) -> bool:
-        if not self._settle():
+        settled = self._wait_in_flight()
+        if settled is None:
             self._pending.clear()
             return False
         steps, self._pending = self._pending, []
         self._in_flight = (steps, self._thread.submit(self._transaction, steps))
+        # The settled steps' bookkeeping runs while the next transaction is already under way, not before it.
+        for step in settled:
+            step.done()
         return True
 
     def _transaction(self, steps: list[PreparedStep]) -> bool:
@@ -130,8 +134,18 @@ class StepWriter:
 
     def _settle(self) -> bool:
         """Wait for the transaction in flight, if any; True when it committed (or none was in flight)."""
+        settled = self._wait_in_flight()
+        if settled is None:
+            return False
+        for step in settled:
+            step.done()
+        return True
+
+    def _wait_in_flight(self) -> list[PreparedStep] | None:
+        """Wait for the transaction in flight, if any: its steps when it committed (none when none was in
+        flight), None when it was aborted. Their ``done`` is the caller's to call."""
         if self._in_flight is None:
-            return True
+            return []
         steps, transaction = self._in_flight
         self._in_flight = None
         try:
@@ -141,11 +155,7 @@ class StepWriter:
             # (the caller's cleanup) must not start a transaction on that producer.
             self._pending.clear()
             raise
-        if not committed:
-            return False
-        for step in steps:
-            step.done()
-        return True
+        return steps if committed else None
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
