@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -480,3 +482,31 @@ def test_the_example_counts_labels_without_reading_them_padding_or_not(seed: int
         counted = int((micro_batch["labels"] != IGNORE_INDEX).sum())
         assert gpt.label_count(micro_batch) == counted
         assert gpt.label_count({**micro_batch, "labels": micro_batch["labels"].as_subclass(OnDevice)}) == counted
+
+
+_LEFT_OPEN = """
+import atexit, sys, threading
+
+def readers_alive_at_the_end():  # registered first, so it runs after the sink's own exit handler
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("mixflow-sink-")]
+    print("alive:", alive, flush=True)
+
+atexit.register(readers_alive_at_the_end)
+from trainer_sink import KafkaBatchDataset
+iterator = iter(KafkaBatchDataset(job=sys.argv[1], bootstrap_servers=sys.argv[2], rank=0, wait_timeout_s=30))
+next(iterator)
+keep = iterator  # left open, as a trainer stopping at max_steps leaves it
+"""
+
+
+@pytest.mark.kafka
+def test_a_sink_left_open_stops_its_reading_thread_before_the_process_exits(
+    kafka_bootstrap: str, written_job: tuple[str, list[list[Batch]]]
+) -> None:
+    """A reading thread still inside torch when the interpreter finalizes aborts the process; the sink's exit
+    handler closes every reader a framework left open first."""
+    job, _ = written_job
+    command = [sys.executable, "-c", _LEFT_OPEN, job, kafka_bootstrap]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "alive: []" in done.stdout, done.stdout + done.stderr[-3000:]

@@ -12,11 +12,13 @@ resumes by step number in each of them (``topics/step_index.py``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -58,6 +60,18 @@ CONSUMER_SETTINGS = {
 
 class SinkTimeoutError(MixflowError):
     """No new step arrived within the sink's wait timeout."""
+
+
+# Readers a trainer left open (a framework that stops iterating at max_steps without closing the iterator):
+# closed before the interpreter finalizes, for a reading thread still inside torch then would abort the process
+# ("terminate called without an active exception") as it is stopped.
+_open_readers: weakref.WeakSet[RankTopicReader] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_readers() -> None:
+    for reader in list(_open_readers):
+        reader.close()
 
 
 @dataclass(frozen=True)
@@ -112,6 +126,7 @@ class RankTopicReader:
 
     def start(self) -> RankTopicReader:
         self._thread.start()
+        _open_readers.add(self)
         return self
 
     def get(self) -> Delivery | EndOfData:
@@ -130,6 +145,7 @@ class RankTopicReader:
         self._stop.set()
         self.queue.close()
         self._thread.join(timeout=30)
+        _open_readers.discard(self)
 
     # -- the thread ---------------------------------------------------------------------------------
 
