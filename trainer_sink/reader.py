@@ -12,13 +12,11 @@ resumes by step number in each of them (``topics/step_index.py``).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import threading
 import time
 import uuid
-import weakref
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -35,6 +33,7 @@ from topics.media_packing import PixelOptions
 from topics.renewing_consumer import RenewingConsumer
 from topics.step_index import locate_step
 from trainer_sink.buffer import ByteBoundedQueue, Closed
+from trainer_sink.open_readers import open_readers
 from trainer_sink.position import SinkPosition
 from trainer_sink.tensors import Layout, MicroBatch, micro_batch_tensors, nbytes
 
@@ -60,18 +59,6 @@ CONSUMER_SETTINGS = {
 
 class SinkTimeoutError(MixflowError):
     """No new step arrived within the sink's wait timeout."""
-
-
-# Readers a trainer left open (a framework that stops iterating at max_steps without closing the iterator):
-# closed before the interpreter finalizes, for a reading thread still inside torch then would abort the process
-# ("terminate called without an active exception") as it is stopped.
-_open_readers: weakref.WeakSet[RankTopicReader] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_readers() -> None:
-    for reader in list(_open_readers):
-        reader.close()
 
 
 @dataclass(frozen=True)
@@ -126,7 +113,7 @@ class RankTopicReader:
 
     def start(self) -> RankTopicReader:
         self._thread.start()
-        _open_readers.add(self)
+        open_readers.add(self)
         return self
 
     def get(self) -> Delivery | EndOfData:
@@ -145,7 +132,7 @@ class RankTopicReader:
         self._stop.set()
         self.queue.close()
         self._thread.join(timeout=30)
-        _open_readers.discard(self)
+        open_readers.discard(self)
 
     # -- the thread ---------------------------------------------------------------------------------
 
