@@ -50,15 +50,18 @@ def _creates_topics(job: str, sources: list[str], ranks: int, lanes: int) -> lis
     return [(TOPIC, t, op) for t in topics for op in (D, Operation.CREATE, Operation.DESCRIBE_CONFIGS)]
 
 
-def _touched_by_loader(job: str, source: str, sources: list[str], ranks: int, lanes: int) -> list[Access]:
+def _touched_by_loader(job: str, source: str) -> list[Access]:
     t = JobTopics(job)
+    own = [t.src(source), t.work(source), t.plan(source)]
     return [
-        *_creates_topics(job, sources, ranks, lanes),
+        *[(TOPIC, name, op) for name in own for op in (D, Operation.CREATE, Operation.DESCRIBE_CONFIGS)],
+        *[(TOPIC, name, op) for name in (t.control, t.dlq) for op in (D, Operation.DESCRIBE_CONFIGS)],
         (TOPIC, t.src(source), W),
         (TOPIC, t.work(source), R),
         (TOPIC, t.work(source), W),
+        (TOPIC, t.plan(source), R),
+        (TOPIC, t.plan(source), W),
         (TOPIC, t.control, R),
-        (TOPIC, t.control, W),
         (TOPIC, t.dlq, W),
         (GROUP, f"{job}.loaders.{source}", R),
         (GROUP, f"{EPHEMERAL_GROUP_PREFIX}reader-0a1b2c", D),
@@ -73,6 +76,7 @@ def _touched_by_constructor(job: str, sources: list[str], ranks: int, lanes: int
     return [
         *_creates_topics(job, sources, ranks, lanes),
         *[(TOPIC, t.src(s), R) for s in sources],
+        *[(TOPIC, t.plan(s), R) for s in sources],
         *[(GROUP, f"{job}.loaders.{s}", D) for s in sources],
         *[(TOPIC, t.rank(r), op) for r in range(ranks) for op in (R, W)],
         (TOPIC, t.state, R),
@@ -132,7 +136,7 @@ def test_every_resource_a_role_touches_is_covered(case: dict) -> None:
     bindings = all_bindings(by_key)
     for source in sources:
         principal = f"User:u-loader-{source}" if source in own else "User:u-loader"
-        assert _uncovered(bindings, principal, _touched_by_loader(job, source, sources, ranks, lanes)) == []
+        assert _uncovered(bindings, principal, _touched_by_loader(job, source)) == []
     assert _uncovered(bindings, "User:u-constructor", _touched_by_constructor(job, sources, ranks, lanes)) == []
     for rank in {0, ranks - 1}:
         assert _uncovered(bindings, "User:u-trainer", _touched_by_trainer(job, rank)) == []
@@ -158,13 +162,18 @@ def test_nothing_is_granted_outside_the_job_and_no_role_writes_what_is_not_its_o
         for principal in {b.principal for b in bindings}:
             assert _uncovered(bindings, principal, theirs) == theirs
     t = JobTopics(job)
+    # A loader writes nothing that steers the job and creates no topic but its source's three.
     not_loaders = [(TOPIC, t.rank(r), W) for r in range(ranks)] + [(TOPIC, t.state, W), (TXN, f"{job}.constructor", W)]
+    not_loaders += [(TOPIC, t.control, W), (TOPIC, f"{job}.anything", Operation.CREATE)]
+    not_loaders += [(TOPIC, name, Operation.CREATE) for name in (t.state, t.control, t.dlq, t.progress, t.rank(0))]
     for source in sources:
         principal = f"User:u-loader-{source}" if source in own else "User:u-loader"
         others = [s for s in sources if s != source and (s in own or source in own)]
-        refused = (
-            not_loaders + [(TOPIC, t.src(s), W) for s in others] + [(TXN, f"{job}.loader.{s}.0", W) for s in others]
-        )
+        refused = [
+            *not_loaders,
+            *[(TOPIC, name, op) for s in others for name in (t.src(s), t.plan(s)) for op in (W, Operation.CREATE)],
+            *[(TXN, f"{job}.loader.{s}.0", W) for s in others],
+        ]
         assert _uncovered(bindings, principal, refused) == refused
     trainer_refused = [
         (TOPIC, t.rank(0), W),
@@ -181,7 +190,7 @@ def test_nothing_is_granted_outside_the_job_and_no_role_writes_what_is_not_its_o
 def test_the_count_follows_the_sources_not_the_ranks(sources: list[str], ranks: int) -> None:
     del ranks  # the bindings do not depend on it
     count = len(all_bindings(job_bindings("j", sources, _principals(sources, []))))
-    assert count == 41 + 6 * len(sources)
+    assert count == 41 + 14 * len(sources)
 
 
 def test_a_role_without_a_user_gets_nothing() -> None:
@@ -216,11 +225,11 @@ def _spec(tmp_path: Path, sources: int, ranks: int) -> Path:
 def test_plan_of_a_3_source_1024_rank_job(tmp_path: Path, capsys) -> None:
     assert main(["acl", "plan", "--spec", str(_spec(tmp_path, 3, 1024))]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[-1] == "job big: 59 bindings for 5 principals"
+    assert out.splitlines()[-1] == "job big: 83 bindings for 5 principals"
     assert "allow write            topic            prefixed big.rank." in out
     assert "trainer (User:big-trainer): 4 bindings" in out
     assert main(["acl", "plan", "--spec", str(_spec(tmp_path, 3, 1024)), "--json"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 59
+    assert len(capsys.readouterr().out.splitlines()) == 83
 
 
 def test_an_authorization_refusal_no_caller_named_exits_as_refused(capsys) -> None:

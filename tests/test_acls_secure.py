@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.cli import main
 from pipeline.kafka.acl_admin import AclAdmin
@@ -32,8 +33,9 @@ from pipeline.spec import load_spec
 from pipeline.tools.stack.scram_users import ensure_users
 from tests.loader_support import REPO, build_example_data, write_spec
 from tests.secure_stack import SecureStack
-from topics.admin import ensure_job_topics, list_jobs
+from topics.admin import ensure_job_topics, ensure_loader_topics, list_jobs
 from topics.authorization import AuthorizationError
+from topics.errors import MixflowError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
 from trainer_sink.dataset import KafkaBatchDataset
@@ -124,9 +126,18 @@ def test_apply_creates_what_plan_prints_and_revoke_removes_it(secured_job: Secur
     assert _held(secured_job, other) == planned
     capsys.readouterr()
     secured_job.admin(other)
-    assert (
-        f"job {other}: created 0 bindings, {len(planned) + len(shared)} were there already" in capsys.readouterr().out
+    there = len(planned) + len(shared)
+    assert f"job {other}: created 0 bindings, {there} were there already, removed 0 not planned" in (
+        capsys.readouterr().out
     )
+    # A grant an older version made (loaders used to write the control topic) goes at the next apply.
+    stale = Binding(
+        f"User:{secured_job.job}-loader", Resource.TOPIC, Pattern.LITERAL, f"{other}.control", Operation.WRITE
+    )
+    AclAdmin(secured_job.stack.admin_config).create([stale])
+    secured_job.admin(other)
+    assert "removed 1 not planned" in capsys.readouterr().out
+    assert _held(secured_job, other) == planned
     secured_job.admin(other, apply=False)
     assert _held(secured_job, other) == set()
     assert _held(secured_job, secured_job.job) != set()  # another job's bindings are left alone
@@ -277,3 +288,42 @@ def test_a_loader_refused_its_work_group_stops_with_the_reason(secured_job: Secu
     assert f"refused {principal} READ on group {group} (loader {secured_job.job}.loader.docstrings.0 joining it)" in (
         done.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (b"mixture-change", b'{"kind":"mixture-change","id":"x","from_step":29,"shares":{"code":1.0}}'),
+        (b"spec", b"not a spec record"),
+    ],
+)
+def test_a_loader_cannot_steer_the_job_through_its_control_topic(
+    secured_job: SecuredJob, key: bytes, value: bytes
+) -> None:
+    control = JobTopics(secured_job.job).control
+    before = len(read_to_end(secured_job.stack.admin_config, control, isolation="read_uncommitted"))
+    producer = Producer({**secured_job.config("loader", "code"), "enable.idempotence": True})
+    failures: list = []
+    producer.produce(control, value, key=key, on_delivery=lambda error, _: failures.append(error))
+    producer.flush(30)
+    assert failures and failures[0] is not None and failures[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert len(read_to_end(secured_job.stack.admin_config, control, isolation="read_uncommitted")) == before
+
+
+def test_a_loader_creates_its_sources_topics_and_no_other(secured_job: SecuredJob) -> None:
+    job = f"{secured_job.job}-e"
+    secured_job.admin(job)
+    loader = secured_job.config("loader", "code")
+    topics = JobTopics(job)
+    admin = AdminClient(loader)
+    refused = admin.create_topics([NewTopic(topics.state, 1, 1), NewTopic(f"{job}.anything", 1, 1)])
+    for name, future in refused.items():
+        with pytest.raises(KafkaException) as info:
+            future.result(timeout=30)
+        assert info.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, name
+    with pytest.raises(MixflowError, match=rf"topics {job}.control, {job}.dlq do not exist after 1 s"):
+        ensure_loader_topics(loader, job, "code", wait_for_others_s=1)
+    own = {topics.src("code"), topics.work("code"), topics.plan("code")}
+    assert set(list_jobs(secured_job.stack.admin_config)[job]) == own
+    ensure_job_topics(secured_job.config("operator"), job, ["code", "docstrings", "topics"], 2)
+    assert ensure_loader_topics(loader, job, "code", wait_for_others_s=1) == []

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from confluent_kafka import Producer
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -269,3 +270,39 @@ def test_set_mixture_refuses_unknown_sources_and_a_finished_job(
     assert finished.returncode == 5 and "finished at step" in finished.stderr, finished.stderr
     missing = _set_mixture(spec, f"{unique_name}-none", 3, "code=1")
     assert missing.returncode == 4 and "does not exist" in missing.stderr, missing.stderr
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (b"spec", b"not json"),
+        (b"spec", b'{"kind": "spec", "from_step": -1}'),
+        (b"mixture-change", b'{"kind": "mixture-change", "from_step": "soon"}'),
+    ],
+)
+def test_a_broken_control_record_is_skipped_on_resume_and_named_by_replay(
+    kafka_bootstrap: str, loaded: tuple[str, Path], unique_name: str, key: bytes, value: bytes
+) -> None:
+    _, spec = loaded
+    out = unique_name
+    config = {"bootstrap.servers": kafka_bootstrap}
+    _construct(spec, out, "--max-steps", "3")
+    producer = Producer(config)
+    producer.produce(JobTopics(out).control, value, key=key)
+    assert producer.flush(30) == 0
+    offset = read_to_end(config, JobTopics(out).control)[-1].offset()
+    process = start_constructor(spec, out)  # resumes past the record, and the job ends
+    _, stderr = process.communicate(timeout=240)
+    assert process.returncode == 0, stderr.decode()[-3000:]
+    warnings = [line for line in stderr.decode().splitlines() if " WARNING " in line]
+    assert any(f"{out}.control" in line and f"offset={offset}" in line for line in warnings), warnings
+    state = read_last_state(config, JobTopics(out))
+    assert state is not None and state.finished and state.changes == ()
+
+    command = [sys.executable, "-m", "pipeline.cli", "replay", "--spec", str(spec), "--job", out, "--from-step", "0"]
+    command += ["--to-job", f"{out}-replay", "--verify"]
+    replayed = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=240)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr[-3000:]
+    said = f"{out}.control[0]@{offset} (key {key.decode()}) does not decode, and the job skipped it at step 3"
+    assert said in replayed.stderr, replayed.stderr[-3000:]

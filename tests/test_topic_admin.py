@@ -36,6 +36,7 @@ def test_layout_without_a_broker() -> None:
     assert {name: spec.partitions for name, spec in layout.items()} == {
         "j.src.web": 1,
         "j.work.web": 3,
+        "j.plan.web": 1,
         "j.rank.0": 1,
         "j.rank.1": 1,
         "j.state": 1,

@@ -31,6 +31,7 @@ def test_names_of_a_job() -> None:
     topics = JobTopics("pretrain-7b")
     assert topics.src("web") == "pretrain-7b.src.web"
     assert topics.work("web") == "pretrain-7b.work.web"
+    assert topics.plan("web") == "pretrain-7b.plan.web"
     assert topics.rank(3) == "pretrain-7b.rank.3"
     assert (topics.state, topics.control, topics.dlq, topics.progress) == (
         "pretrain-7b.state",
@@ -43,6 +44,8 @@ def test_names_of_a_job() -> None:
         "pretrain-7b.src.b",
         "pretrain-7b.work.a",
         "pretrain-7b.work.b",
+        "pretrain-7b.plan.a",
+        "pretrain-7b.plan.b",
         "pretrain-7b.rank.0",
         "pretrain-7b.rank.1",
         "pretrain-7b.state",
@@ -59,6 +62,7 @@ def test_every_valid_name_fits_kafka_and_parses_back(job: str, source: str, rank
     expected = {
         topics.src(source): TopicName(job, TopicKind.SRC, source),
         topics.work(source): TopicName(job, TopicKind.WORK, source),
+        topics.plan(source): TopicName(job, TopicKind.PLAN, source),
         topics.rank(rank): TopicName(job, TopicKind.RANK, rank),
         topics.state: TopicName(job, TopicKind.STATE),
         topics.control: TopicName(job, TopicKind.CONTROL),

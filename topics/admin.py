@@ -12,11 +12,12 @@ the job's consumer groups ``topics/group_admin.py``. Their public names are impo
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import NewTopic
 
 from topics.admin_client import (
@@ -26,7 +27,9 @@ from topics.admin_client import (
     batched,
     bootstrap_servers,
     client_config,
+    error_code,
 )
+from topics.authorization import refused as refusal
 from topics.errors import MixflowError, TopicLayoutError
 from topics.group_admin import delete_groups, job_groups
 from topics.names import JobTopics, parse_topic
@@ -40,6 +43,8 @@ from topics.topic_layout import (
     min_insync_replicas,
     replicated_config,
 )
+
+log = logging.getLogger("mixflow.kafka")
 
 __all__ = [
     "DEFAULT_BATCH_TOPICS",
@@ -56,6 +61,7 @@ __all__ = [
     "delete_job_topics",
     "describe_job_topics",
     "ensure_job_topics",
+    "ensure_loader_topics",
     "ensure_topics",
     "job_groups",
     "job_layout",
@@ -94,6 +100,19 @@ def ensure_job_topics(
     )
 
 
+def ensure_loader_topics(
+    bootstrap_or_config: str | Mapping[str, Any], job: str, source: str, *, lanes: int = 1, **options: Any
+) -> list[str]:
+    """The topics a loader of ``source`` uses: its source's own (samples, work units, plan), which it creates,
+    and the job's control and dead-letter topics, which it creates where its ACLs let it and otherwise waits
+    for (``ensure_topics``' ``others_create``). It creates no other topic of the job."""
+    topics = JobTopics(job)
+    shared = (topics.control, topics.dlq)
+    used = {topics.src(source), topics.work(source), topics.plan(source), *shared}
+    layout = [spec for spec in job_layout(job, [source], 1, lanes=lanes) if spec.name in used]
+    return ensure_topics(bootstrap_or_config, layout, others_create=shared, **options)
+
+
 def ensure_topics(
     bootstrap_or_config: str | Mapping[str, Any],
     layout: list[TopicSpec],
@@ -101,22 +120,68 @@ def ensure_topics(
     replication_factor: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     batch_topics: int = DEFAULT_BATCH_TOPICS,
+    others_create: Collection[str] = (),
+    wait_for_others_s: float = 600.0,
 ) -> list[str]:
     """``ensure_job_topics`` for any list of topic specs. On return every topic shows in the cluster
     metadata with the layout's partition count and config values. Only the topics missing from the
     cluster's metadata are created, ``batch_topics`` a request, with ``replication_factor`` replicas
     (``default_replication_factor`` of the live brokers when None) and, at 3 replicas or more,
-    ``min.insync.replicas=2`` unless the layout's config sets it."""
+    ``min.insync.replicas=2`` unless the layout's config sets it.
+
+    The topics named in ``others_create`` are created too where the cluster lets this client; where its ACLs
+    do not (a loader's principal may create only its source's topics), the call waits up to
+    ``wait_for_others_s`` for the role that may (the operator's ``mixflow run``, or the constructor) to create
+    them, saying so every ``WAIT_LOG_INTERVAL_S``."""
     admin = DeadlineAdmin(bootstrap_or_config, timeout_s, batch_topics)
     existing = admin.topics()
     missing = [spec for spec in layout if spec.name not in existing]
     factor = default_replication_factor(admin.brokers) if replication_factor is None else replication_factor
-    created = _create(admin, missing, factor)
+    refused: list[str] = []
+    created = _create(admin, missing, factor, refused if others_create else None)
+    if not_ours := [name for name in refused if name not in others_create]:
+        raise refusal(client_config(bootstrap_or_config), "CREATE", "topic", not_ours[0], "creating the job's topics")
+    if refused:
+        existing = _wait_for(bootstrap_or_config, refused, wait_for_others_s, timeout_s)
     _check_layout(admin, layout, existing)
     return created
 
 
-def _create(admin: DeadlineAdmin, specs: list[TopicSpec], replication_factor: int) -> list[str]:
+WAIT_LOG_INTERVAL_S = 30.0
+
+
+def _wait_for(bootstrap_or_config: str | Mapping[str, Any], names: list[str], wait_s: float, timeout_s: float) -> dict:
+    """The cluster's topics once every one of ``names`` is among them; ``MixflowError`` after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    said = 0.0
+    delay = 0.2
+    while True:
+        topics = DeadlineAdmin(bootstrap_or_config, timeout_s).topics()
+        if not (absent := [name for name in names if name not in topics]):
+            return topics
+        now = time.monotonic()
+        if now > deadline:
+            msg = (
+                f"topics {', '.join(absent)} do not exist after {wait_s:g} s, and this client's principal may not "
+                "create them: start the job with `mixflow run` (the operator) or start its constructor first"
+            )
+            raise MixflowError(msg)
+        if now - said >= WAIT_LOG_INTERVAL_S:
+            said = now
+            log.warning(
+                "waiting for topics %s: this client's principal may not create them; the operator (`mixflow run`) "
+                "or the constructor creates them",
+                ", ".join(absent),
+            )
+        time.sleep(delay)  # polling the metadata: nothing to wait on for a topic another client creates
+        delay = min(2 * delay, 2.0)
+
+
+def _create(
+    admin: DeadlineAdmin, specs: list[TopicSpec], replication_factor: int, refused: list[str] | None = None
+) -> list[str]:
+    """The names created; with ``refused``, those whose creation the cluster's ACLs refuse go there instead of
+    failing the call."""
     created = []
     for batch in batched(specs, admin.batch_topics):
         admin.restart_clock()
@@ -130,9 +195,28 @@ def _create(admin: DeadlineAdmin, specs: list[TopicSpec], replication_factor: in
             for spec in batch
         ]
         futures = admin.client.create_topics(new, operation_timeout=admin.left(), request_timeout=admin.left())
+        if refused is not None:
+            for name, future in list(futures.items()):
+                if _refused(future, admin.left()):
+                    refused.append(name)
+                    del futures[name]
         # Another process created a topic after we listed them: its layout is checked like any other's.
         created += admin.outcomes(futures, "create topic", benign=KafkaError.TOPIC_ALREADY_EXISTS)
     return created
+
+
+_CREATE_REFUSED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED})
+
+
+def _refused(future: Any, timeout_s: float) -> bool:
+    """Whether a create request's answer is an authorization refusal (other outcomes are left to the caller)."""
+    try:
+        future.result(timeout=timeout_s)
+    except KafkaException as exc:
+        return error_code(exc) in _CREATE_REFUSED
+    except TimeoutError:
+        return False
+    return False
 
 
 def _check_layout(admin: DeadlineAdmin, specs: list[TopicSpec], partitions: dict[str, int]) -> None:

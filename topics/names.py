@@ -1,5 +1,5 @@
-"""Topic names of a job: ``<job>.src.<source>``, ``<job>.work.<source>``, ``<job>.rank.<r>``,
-``<job>.state``, ``<job>.control``, ``<job>.dlq`` and ``<job>.progress``.
+"""Topic names of a job: ``<job>.src.<source>``, ``<job>.work.<source>``, ``<job>.plan.<source>``,
+``<job>.rank.<r>``, ``<job>.state``, ``<job>.control``, ``<job>.dlq`` and ``<job>.progress``.
 
 Job and source names may hold only ``[a-zA-Z0-9_-]``: Kafka's legal topic characters less ``.``, which
 is reserved as the separator so that every topic name splits back into its parts without ambiguity
@@ -35,6 +35,7 @@ class TopicKind(StrEnum):
 
     SRC = "src"
     WORK = "work"
+    PLAN = "plan"
     RANK = "rank"
     STATE = "state"
     CONTROL = "control"
@@ -42,7 +43,7 @@ class TopicKind(StrEnum):
     PROGRESS = "progress"
 
 
-_PER_SOURCE = (TopicKind.SRC, TopicKind.WORK)
+_PER_SOURCE = (TopicKind.SRC, TopicKind.WORK, TopicKind.PLAN)
 _SINGLE = (TopicKind.STATE, TopicKind.CONTROL, TopicKind.DLQ, TopicKind.PROGRESS)
 
 
@@ -102,6 +103,10 @@ class JobTopics:
         """Work units of one source, shared by its loaders through a consumer group."""
         return f"{self.job}.work.{validate_source_name(source)}"
 
+    def plan(self, source: str) -> str:
+        """The work plan of one source and the measured cost of its units, written by its loaders alone."""
+        return f"{self.job}.plan.{validate_source_name(source)}"
+
     def rank(self, rank: int) -> str:
         """Packed batches for one data-parallel rank (Arrow IPC)."""
         name = f"{self.job}.rank.{_validate_rank(rank)}"
@@ -117,7 +122,8 @@ class JobTopics:
 
     @property
     def control(self) -> str:
-        """Control messages between roles."""
+        """Changes to a running job, written by the operator and the constructor only: mixture changes, the
+        spec in force, epoch requests to the loaders; and the constructors' lease group."""
         return f"{self.job}.control"
 
     @property
@@ -140,7 +146,7 @@ class JobTopics:
         if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
             msg = f"ranks must be a positive int, not {ranks!r}"
             raise ValueError(msg)
-        names = [self.src(s) for s in sources] + [self.work(s) for s in sources]
+        names = [self.src(s) for s in sources] + [self.work(s) for s in sources] + [self.plan(s) for s in sources]
         names += [self.rank(r) for r in range(ranks)]
         return [*names, self.state, self.control, self.dlq, self.progress]
 
@@ -169,6 +175,6 @@ def parse_topic(topic: str) -> TopicName:
         raise InvalidNameError(msg) from exc
     msg = (
         f"{topic!r} is not a mixflow topic name; expected <job>.src.<source>, <job>.work.<source>, "
-        f"<job>.rank.<r>, <job>.state, <job>.control, <job>.dlq or <job>.progress"
+        f"<job>.plan.<source>, <job>.rank.<r>, <job>.state, <job>.control, <job>.dlq or <job>.progress"
     )
     raise InvalidNameError(msg)

@@ -96,7 +96,11 @@ def _apply(args: argparse.Namespace) -> int:
     held = admin.granted({b.principal for b in bindings})
     missing = [b for b in bindings if b not in held]
     admin.create(missing)
-    print(f"job {job}: created {len(missing)} bindings, {len(bindings) - len(missing)} were there already")
+    # What the job's principals hold on its resources beyond the plan (an older version's or spec's grants).
+    stale = sorted(b for b in set(held) - set(bindings) if b.name.startswith(f"{job}."))
+    removed = admin.delete(stale) if stale else 0
+    there = len(bindings) - len(missing)
+    print(f"job {job}: created {len(missing)} bindings, {there} were there already, removed {removed} not planned")
     return 0
 
 
@@ -125,7 +129,8 @@ ACTIONS = (
     ),
     Command(
         name="apply",
-        help="create the job's ACL bindings that the cluster does not hold yet",
+        help="create the job's ACL bindings that the cluster does not hold yet, and remove those its principals hold "
+        "on the job's resources beyond them",
         add_arguments=_add_admin_arguments,
         run=_apply,
     ),

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.roles.loader.role import LoaderOptions, SourceLoader
     from pipeline.roles.loader.source_runtime import SourceRuntime
     from pipeline.spec import OnExhausted, load_spec
-    from topics.admin import ensure_job_topics
+    from topics.admin import ensure_loader_topics
     from topics.cluster_probe import require_reachable
     from topics.errors import NotFoundError
     from topics.names import JobTopics
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     lag = WorkUnitLag(config, topics, args.source)
     registry.register(lag)
     server = serve_metrics(registry, args.metrics_port, f"loader {args.source} {args.instance}")
-    ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks, lanes=spec.constructor.lanes)
+    ensure_loader_topics(config, spec.job, args.source, lanes=spec.constructor.lanes)
     options = LoaderOptions(
         instance=args.instance,
         until_drained=args.until_drained,

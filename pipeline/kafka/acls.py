@@ -5,10 +5,12 @@ listener its client certificate's ``User:<CN>``; see ``topics.kafka_settings``).
 job's resources only:
 
 - a source's loader: write ``<job>.src.<source>``, read and write ``<job>.work.<source>`` (the planner
-  publishes units there), ``<job>.control`` (plans, unit costs, epoch requests) and write ``<job>.dlq``; its
-  group ``<job>.loaders.<source>``; its transactional ids ``<job>.loader.<source>.<instance>`` (prefixed) and
-  ``<job>.planner.<source>``;
-- the constructor (shadows and replay too): read the source topics, write the rank topics (prefixed
+  publishes units there) and ``<job>.plan.<source>`` (its work plan and unit costs), read ``<job>.control``
+  (epoch requests) and write ``<job>.dlq``; create only its source's three topics, and describe the configs of
+  those and of the control and dead-letter topics it checks; its group ``<job>.loaders.<source>``; its
+  transactional ids ``<job>.loader.<source>.<instance>`` (prefixed) and ``<job>.planner.<source>``. A loader
+  writes nothing that steers the job: no mixture change, no spec record, no other source's plan;
+- the constructor (shadows and replay too): read the source and plan topics, write the rank topics (prefixed
   ``<job>.rank.``; and read them: a constructor that resumes checks the step shape last written), read and
   write ``<job>.state`` and ``<job>.control``, write ``<job>.dlq``, read ``<job>.progress``; the groups and
   transactional ids starting ``<job>.constructor`` (its source offsets, its lease, one per lane) and
@@ -18,8 +20,8 @@ job's resources only:
 - the operator (``run``, ``control``, ``topics``, ``chaos``): what an observer may, and write
   ``<job>.control`` (mixture changes), delete the job's topics and groups.
 
-Every role that creates the job's topics at start (loaders, constructor, operator) may create and describe
-the configs of topics named ``<job>.``. Every role may describe them (metadata) and describe the groups named
+The constructor and the operator, which create the job's topics at start, may create and describe the configs
+of topics named ``<job>.``. Every role may describe them (metadata) and describe the groups named
 ``mixflow-``: its readers that never join a group or commit still give a group id (``mixflow-<what>-<random>``),
 and librdkafka looks up its coordinator, which takes DESCRIBE (and allows no commit). Names are prefixed with
 ``<job>.``, and no job or source name holds a ``.``, so one job's prefixed binding never covers another job's
@@ -173,12 +175,14 @@ def _loader(sources: Sequence[str], names: JobNames) -> list[Grant]:
     if not sources:
         return []
     t = names.topics
-    grants = [*_every_role(names), *_creates_topics(names)]
-    grants += _literal_topics([t.control], Operation.READ, Operation.WRITE)
-    grants += _literal_topics([t.dlq], Operation.WRITE)
+    grants = [*_every_role(names)]
+    grants += _literal_topics([t.control], Operation.READ, Operation.DESCRIBE_CONFIGS)
+    grants += _literal_topics([t.dlq], Operation.WRITE, Operation.DESCRIBE_CONFIGS)
     for source in sources:
+        own = [t.src(source), t.work(source), t.plan(source)]
+        grants += _literal_topics(own, Operation.CREATE, Operation.DESCRIBE_CONFIGS)
         grants += _literal_topics([t.src(source)], Operation.WRITE)
-        grants += _literal_topics([t.work(source)], Operation.READ, Operation.WRITE)
+        grants += _literal_topics([t.work(source), t.plan(source)], Operation.READ, Operation.WRITE)
         grants.append((Resource.GROUP, Pattern.LITERAL, names.loader_group(source), Operation.READ))
         txn = Resource.TRANSACTIONAL_ID
         grants.append((txn, Pattern.PREFIXED, names.loader_transactional_prefix(source), Operation.WRITE))
@@ -191,6 +195,7 @@ def _constructor(names: JobNames) -> list[Grant]:
     grants = [*_every_role(names), *_creates_topics(names)]
     grants += [
         (Resource.TOPIC, Pattern.PREFIXED, f"{names.job}.src.", Operation.READ),
+        (Resource.TOPIC, Pattern.PREFIXED, f"{names.job}.plan.", Operation.READ),  # when a source is done
         (Resource.TOPIC, Pattern.PREFIXED, f"{names.job}.rank.", Operation.WRITE),
         (Resource.TOPIC, Pattern.PREFIXED, f"{names.job}.rank.", Operation.READ),  # the shape it wrote, at start
         (Resource.GROUP, Pattern.PREFIXED, names.prefix, Operation.DESCRIBE),  # the loaders' progress

@@ -1,5 +1,6 @@
 """Mixture changes on a job's control topic (``<job>.control``): publishing one, and the constructor's
-reader of them; and the measured cost of loading a source's work units (``unit-cost`` records).
+reader of them; and the measured cost of loading a source's work units (``unit-cost`` records on the
+source's plan topic).
 
 A change is the JSON record ``{"kind": "mixture-change", "id": ..., "from_step": K, "shares": {...}}``
 with key ``mixture-change``. The constructor reads the control topic from the offset in its last state
@@ -18,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from pipeline.kafka.clients import KafkaConfig, produce, read_committed_settings
 from pipeline.planning.mixing import MixtureChange
@@ -144,10 +145,38 @@ class ControlReader:
         try:
             return ControlRecord(offset, decode_mixture_change(value or b""))
         except DecodeError as exc:
-            return ControlRecord(offset, None, f"{self.topic}[0]@{offset}: {exc}")
+            return ControlRecord(offset, None, str(exc.at(self.topic, 0, offset)))
 
     def close(self) -> None:
         self.consumer.close()
+
+
+@dataclass(frozen=True)
+class BrokenControlRecord:
+    """A committed record of ``<job>.control`` of a kind that steers the job (a mixture change, a spec record)
+    that does not decode: every reader skips it as if it were not there."""
+
+    offset: int
+    key: str
+    problem: str
+    timestamp_ms: int
+
+
+def broken_control_records(config: KafkaConfig, topics: JobTopics) -> list[BrokenControlRecord]:
+    """The records of ``topics.control`` that steer the job and do not decode, in offset order."""
+    from pipeline.planning.step.spec_in_force import SpecRecord
+
+    decoders = {MIXTURE_CHANGE_KEY: decode_mixture_change, SPEC_KEY: lambda value: decode(SpecRecord, value)}
+    out = []
+    for message in read_to_end(config, topics.control):
+        if (decoder := decoders.get(message.key() or b"")) is None:
+            continue
+        try:
+            decoder(message.value() or b"")
+        except DecodeError as exc:
+            key = (message.key() or b"").decode()
+            out.append(BrokenControlRecord(message.offset(), key, exc.reason, message.timestamp()[1]))
+    return out
 
 
 UNIT_COST_KIND = "unit-cost"
@@ -198,14 +227,18 @@ def unit_cost_key(source: str) -> bytes:
     return f"{UNIT_COST_KIND}/{source}".encode()
 
 
+def plan_records(config: KafkaConfig, topics: JobTopics, source: str, key: bytes) -> list[Message]:
+    """The committed records keyed ``key`` on ``source``'s plan topic, in order; for a job whose loaders wrote
+    them to the control topic (before plan topics existed) and nothing to the plan topic yet, those there."""
+    own = [m for m in read_to_end(config, topics.plan(source)) if m.key() == key]
+    return own or [m for m in read_to_end(config, topics.control) if m.key() == key]
+
+
 def read_unit_cost(config: KafkaConfig, topics: JobTopics, source: str) -> UnitCost | None:
     """The sum of the committed ``unit-cost`` records of ``source``, or None when there is none. A broken
     record is skipped with a warning: the cost is an estimate, and the next measurement replaces it."""
-    key = unit_cost_key(source)
     total: UnitCost | None = None
-    for message in read_to_end(config, topics.control):
-        if message.key() != key:
-            continue
+    for message in plan_records(config, topics, source, unit_cost_key(source)):
         try:
             cost = UnitCost.from_json(message.value() or b"")
         except DecodeError as exc:

@@ -37,7 +37,8 @@ def encode_spec_record(record: SpecRecord) -> bytes:
 
 def read_spec_records(config: KafkaConfig, topics: JobTopics) -> list[SpecRecord]:
     """The job's committed spec records, in the order written (none for a job that wrote its steps before
-    they existed)."""
+    they existed). A record that does not decode is skipped as if it were not there, with a warning naming its
+    offset: it never stops a constructor from resuming (docs/guarantees.md, "Control records")."""
     if not topic_exists(config, topics.control):
         return []
     out = []
@@ -47,7 +48,9 @@ def read_spec_records(config: KafkaConfig, topics: JobTopics) -> list[SpecRecord
         try:
             out.append(decode(SpecRecord, message.value()))
         except DecodeError as exc:
-            raise exc.at(message.topic(), message.partition(), message.offset()) from exc
+            log.warning(
+                "skipping a broken spec record: %s", exc.at(message.topic(), message.partition(), message.offset())
+            )
     return out
 
 

@@ -1,7 +1,8 @@
 """Publish a source's work units to its work topic exactly once, and find out when all are done.
 
-The units and a ``work-plan`` record on the job's control topic are written in one transaction by a
-producer whose ``transactional.id`` belongs to the source. Initialising it fences any other planner of
+The units and a ``work-plan`` record on the source's plan topic (``<job>.plan.<source>``, which only the
+source's loaders write) are written in one transaction by a producer whose ``transactional.id`` belongs to
+the source. Initialising it fences any other planner of
 the same source, so of two loaders that start together either the later one sees the earlier one's plan
 or the earlier one's transaction is aborted: planning twice never duplicates units.
 
@@ -23,7 +24,7 @@ from pydantic import StrictInt
 
 from connectors.work_units import WorkUnit
 from pipeline.kafka.clients import KafkaConfig, commit_or_abort, produce, transactional_producer
-from pipeline.kafka.control import UnitCost, unit_cost_key
+from pipeline.kafka.control import UnitCost, plan_records, unit_cost_key
 from topics.errors import DecodeError, MixflowError
 from topics.json_record import decode, encode, json_field, json_record
 from topics.log_reader import read_to_end
@@ -88,15 +89,13 @@ def plan_key(source: str) -> bytes:
 
 def read_work_plan(config: KafkaConfig, topics: JobTopics, source: str) -> WorkPlan | None:
     """The committed work plan of ``source`` (the merge of its plan records), or None when it is not planned yet."""
-    key = plan_key(source)
     plan = None
-    for message in read_to_end(config, topics.control):
-        if message.key() == key:
-            try:
-                record = WorkPlan.from_json(message.value())
-            except DecodeError as exc:
-                raise exc.at(message.topic(), message.partition(), message.offset()) from exc
-            plan = record if plan is None else plan.merged(record)
+    for message in plan_records(config, topics, source, plan_key(source)):
+        try:
+            record = WorkPlan.from_json(message.value())
+        except DecodeError as exc:
+            raise exc.at(message.topic(), message.partition(), message.offset()) from exc
+        plan = record if plan is None else plan.merged(record)
     return plan
 
 
@@ -134,7 +133,7 @@ def extend_work_plan(
     producer = transactional_producer(config, f"{topics.job}.planner.{source}")
     plan = read_work_plan(config, topics, source)
     if plan is None:
-        msg = f"source {source} has no work plan to extend on {topics.control}"
+        msg = f"source {source} has no work plan to extend on {topics.plan(source)}"
         raise MixflowError(msg)
     planned = plan.epochs_planned(spec_epochs)
     if through_epoch < planned:
@@ -165,7 +164,7 @@ def _publish(
             log.warning("aborting the work plan transaction of %s failed: %s", source, exc)
         raise
     if cost is not None:
-        produce(producer, topics.control, cost.to_json(), key=unit_cost_key(source))
+        produce(producer, topics.plan(source), cost.to_json(), key=unit_cost_key(source))
     if not commit_or_abort(producer):
         msg = f"the work plan of {source} was aborted (another planner took over); start again"
         raise MixflowError(msg)
@@ -203,7 +202,7 @@ def produce_units(
             raise KafkaUnavailableError(msg)  # the transaction is aborted and the work done again later
         raise MixflowError(msg)
     plan = replace(base, units=base.units + len(units), ends=ends)
-    produce(producer, topics.control, plan.to_json(), key=plan_key(source))
+    produce(producer, topics.plan(source), plan.to_json(), key=plan_key(source))
     return plan
 
 
@@ -242,7 +241,9 @@ def requested_epoch(config: KafkaConfig, topics: JobTopics, source: str) -> int 
             try:
                 epoch = decode(EpochRequest, message.value()).epoch
             except DecodeError as exc:
-                raise exc.at(message.topic(), message.partition(), message.offset()) from exc
+                where = exc.at(message.topic(), message.partition(), message.offset())
+                log.warning("skipping a broken epoch request: %s", where)
+                continue
             wanted = epoch if wanted is None else max(wanted, epoch)
     return wanted
 

@@ -96,7 +96,7 @@ class UnitSizer:
                 error = KafkaError(KafkaError._STATE, str(exc), txn_requires_abort=True)
                 raise KafkaException(error) from exc
         if self._measured is not None:
-            produce(producer, topics.control, self._measured.to_json(), key=unit_cost_key(self.source))
+            produce(producer, topics.plan(self.source), self._measured.to_json(), key=unit_cost_key(self.source))
 
     def committed(self, plan: WorkPlan) -> WorkPlan:
         """Take in the committed transaction's measurement; the plan with its finer units."""

@@ -67,7 +67,7 @@ class SourcePlanning:
                 return None
             if time.monotonic() > deadline:
                 msg = (
-                    f"loader {self.name}: no work plan for {self.source} on {self.topics.control} "
+                    f"loader {self.name}: no work plan for {self.source} on {self.topics.plan(self.source)} "
                     f"after {self.options.plan_wait_s:.0f} s; loader instance 0 of the source publishes it"
                 )
                 raise MixflowError(msg)

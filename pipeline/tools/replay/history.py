@@ -17,11 +17,13 @@ from topics.names import JobTopics
 
 @dataclass(frozen=True)
 class StateRecord:
-    """One committed record of ``<job>.state``: the state decoded, and its key and value as written."""
+    """One committed record of ``<job>.state``: the state decoded, its key and value as written, and its Kafka
+    timestamp."""
 
     state: ConstructorState
     key: bytes | None
     value: bytes
+    timestamp_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,13 @@ class JobHistory:
     def _last_by_step(self) -> dict[int, StateRecord]:
         return {r.state.step: r for r in self.records if not r.state.finished}
 
+    def first_step_after(self, timestamp_ms: int) -> int | None:
+        """The step of the first state record written at or after ``timestamp_ms`` (None: none was)."""
+        for record in self.records:
+            if record.timestamp_ms >= timestamp_ms:
+                return record.state.step - 1
+        return None
+
     def final(self) -> StateRecord | None:
         """The state record written with the end-of-data records, if the job ended."""
         return self.records[-1] if self.finished else None
@@ -72,7 +81,7 @@ def read_history(config: KafkaConfig, job: str) -> JobHistory | None:
             state = ConstructorState.from_bytes(message.value())
         except DecodeError as exc:
             raise exc.at(message.topic(), message.partition(), message.offset()) from exc
-        records.append(StateRecord(state, message.key(), message.value()))
+        records.append(StateRecord(state, message.key(), message.value(), message.timestamp()[1]))
     # A state record commits with the step's batches: with none, there are no batches to look at either.
     return JobHistory(job, tuple(records), written_shape(config, topics) if records else None)
 

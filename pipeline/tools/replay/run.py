@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from pipeline.kafka.clients import KafkaConfig
+from pipeline.kafka.control import broken_control_records
 from pipeline.kafka.spec_record import read_spec_records
 from pipeline.planning.step.spec_change import StepShape
 from pipeline.roles.constructor import ConstructorOptions, DataConstructor
@@ -68,6 +69,7 @@ def replay(
         )
         raise MixflowError(msg)
     original = require_history(config, job)
+    _say_broken_control_records(config, original)
     target = read_history(config, request.target)
     shape = spec.step
     plan = plan_replay(
@@ -96,6 +98,22 @@ def replay(
         finished=finished,
         seconds=time.monotonic() - began,
     )
+
+
+def _say_broken_control_records(config: KafkaConfig, original: JobHistory) -> None:
+    """Warn of each record on the original's control topic that steers the job and does not decode: its
+    constructor skipped it, and so does the replay, from the first step written after it."""
+    for broken in broken_control_records(config, JobTopics(original.job)):
+        step = original.first_step_after(broken.timestamp_ms)
+        when = f"at step {step}, the first written after it" if step is not None else "after the last step written"
+        log.warning(
+            "%s[0]@%d (key %s) does not decode, and the job skipped it %s: %s",
+            JobTopics(original.job).control,
+            broken.offset,
+            broken.key,
+            when,
+            broken.problem,
+        )
 
 
 def verify(config: KafkaConfig, job: str, target: str, from_step: int) -> Audit:
