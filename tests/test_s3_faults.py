@@ -16,12 +16,22 @@ from pathlib import Path
 
 import pytest
 import yaml
+from botocore.stub import Stubber
 
 from connectors.planning import split_file
 from connectors.readers import Document, make_reader
-from connectors.storage import StorageUnavailableError, storage_for
-from connectors.storage.retry import RetryPolicy
-from connectors.storage.s3 import FIRST_CONTACT_S, S3Storage
+from connectors.storage import (
+    ObjectChangedError,
+    ObjectMissingError,
+    StorageAccessError,
+    StorageError,
+    StorageNotFoundError,
+    StorageUnavailableError,
+    storage_for,
+)
+from connectors.storage.faults import classify
+from connectors.storage.retry import RetryPolicy, TransientError
+from connectors.storage.s3 import FIRST_CONTACT_S, S3Settings, S3Storage
 from pipeline.cli import main
 from pipeline.kafka.work_plan import publish_work_plan
 from pipeline.roles.loader.source_runtime import SourceRuntime
@@ -110,7 +120,7 @@ def spec_check(spec: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str
     [
         (
             {"credentials": {"access_key_id": {"env": "MIXFLOW_TEST_S3_KEY"}, "secret_access_key": {"file": "wrong"}}},
-            "access denied (SignatureDoesNotMatch",
+            "access denied (403 SignatureDoesNotMatch",
         ),
         ({"endpoint_url": "http://127.0.0.1:9"}, "endpoint http://127.0.0.1:9 did not answer"),
     ],
@@ -167,7 +177,7 @@ def test_a_loader_with_wrong_credentials_stops_with_one_line(
     body["storage"]["credentials"]["secret_access_key"] = {"file": str(tmp_path / "wrong")}
     spec.write_text(yaml.safe_dump(body))
     process = start_loader(spec, "code", 0, tmp_path)
-    assert process.wait(120) == 2
+    assert process.wait(120) == 5
     lines = (tmp_path / "loader-code-0.log").read_text().strip().splitlines()
     assert lines[-1].startswith(f"mixflow load: error: s3://corpus/{unique_name}/code: access denied"), lines[-5:]
     assert "not-the-secret" not in "\n".join(lines)
@@ -307,3 +317,128 @@ def test_a_loader_started_during_an_outage_waits_for_the_store_as_long_as_its_de
         logging.getLogger("connectors.storage.retry").removeHandler(seen)
     assert not probing.is_alive(), "the probe did not return within 60 s of the store coming back"
     assert outcome == [None]
+
+
+def _client_error(status: int, code: str, message: str = "", operation: str = "GetObject") -> Exception:
+    from botocore.exceptions import ClientError
+
+    error = {"Code": code, "Message": message} if code else {}
+    return ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": status}}, operation)
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "kind"),
+    [
+        (404, "NoSuchKey", ObjectMissingError),
+        (404, "", ObjectMissingError),  # a HEAD's 404 has no body
+        (404, "404", ObjectMissingError),
+        (404, "NoSuchBucket", StorageNotFoundError),
+        (404, "XAdminUserNotFound", StorageAccessError),  # versitygw's answer to an unknown access key
+        (404, "NoSuchUser", StorageAccessError),
+        (403, "AccessDenied", StorageAccessError),
+        (403, "InvalidAccessKeyId", StorageAccessError),
+        (403, "SignatureDoesNotMatch", StorageAccessError),
+        (400, "ExpiredToken", StorageAccessError),
+        (403, "403", StorageAccessError),
+        (403, "", StorageAccessError),
+        (412, "PreconditionFailed", ObjectChangedError),
+        (503, "SlowDown", TransientError),
+        (500, "InternalError", TransientError),
+        (429, "", TransientError),
+        (400, "InvalidBucketName", StorageError),
+    ],
+)
+def test_every_storage_answer_is_classified_by_what_it_means(status: int, code: str, kind: type) -> None:
+    known = classify(_client_error(status, code, "the server's words"), "s3://b/k", "http://store")
+    assert type(known) is kind, known
+    if kind is StorageAccessError:
+        assert known.exit_code == 5 and "s3://b/k" in str(known) and (code or str(status)) in str(known)
+        assert not isinstance(known, OSError)  # a reader turns OSErrors into dead letters; never this one
+
+
+def _stubbed(storage: S3Storage, *answers: tuple[str, object]) -> Stubber:
+    stubber = Stubber(storage.client)
+    for operation, answer in answers:
+        if isinstance(answer, tuple):
+            status, code = answer
+            stubber.add_client_error(operation, service_error_code=code, http_status_code=status)
+        else:
+            stubber.add_response(operation, answer)
+    stubber.activate()
+    return stubber
+
+
+@pytest.mark.parametrize(
+    ("listing", "kind"),
+    [
+        ({"Contents": [], "KeyCount": 0}, ObjectMissingError),  # the listing confirms: gone
+        ((404, "XAdminUserNotFound"), StorageAccessError),  # the credentials, not the object
+        ((403, "InvalidAccessKeyId"), StorageAccessError),
+        ((404, "NoSuchKey"), StorageAccessError),
+    ],
+)
+def test_a_404_for_an_object_is_a_missing_object_only_once_a_listing_confirms_it(listing: object, kind: type) -> None:
+    storage = S3Storage(
+        "s3://bkt/prefix",
+        S3Settings(endpoint_url="http://store.invalid", region="us-east-1", access_key_id="k", secret_access_key="s"),
+    )
+    _stubbed(storage, ("head_object", (404, "")), ("list_objects_v2", listing))
+    with pytest.raises(kind) as info:
+        storage.info("part-0.jsonl")
+    assert "s3://bkt/prefix/part-0.jsonl" in str(info.value)
+
+
+def test_a_404_for_a_key_the_listing_shows_is_asked_again() -> None:
+    storage = S3Storage(
+        "s3://bkt",
+        S3Settings(
+            endpoint_url="http://store.invalid",
+            region="us-east-1",
+            access_key_id="k",
+            secret_access_key="s",
+            retry=RetryPolicy(deadline_s=30, first_backoff_s=0.01),
+        ),
+    )
+    shown = {"Contents": [{"Key": "x", "Size": 3, "ETag": '"e"'}], "KeyCount": 1}
+    head = {"ContentLength": 3, "ETag": '"e"'}
+    _stubbed(storage, ("head_object", (404, "")), ("list_objects_v2", shown), ("head_object", head))
+    assert storage.info("x").size == 3
+
+
+@pytest.mark.kafka
+def test_a_storage_key_revoked_mid_run_stops_the_loader_with_the_reason_and_loses_nothing(
+    kafka_bootstrap: str, server: S3Server, tmp_path: Path, unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job reads the bucket with a user's key; the store removes the user mid-run: the loader stops within
+    seconds with the store's refusal (exit 5), no unit becomes a dead letter, and once the key is back a new
+    loader finishes the source with every sample exactly once."""
+    data = build_example_data(tmp_path / "data", limit=3)
+    upload(server, big_jsonl_source(data), f"{unique_name}/docstrings")
+    spec = object_store_spec(
+        write_spec(tmp_path, unique_name, kafka_bootstrap, data), tmp_path, server, unique_name, unique_name
+    )
+    body = yaml.safe_load(spec.read_text())
+    body["sources"] = [s for s in body["sources"] if s["name"] == "docstrings"]
+    body["mixture"] = {"weights": {"docstrings": 1}}
+    spec.write_text(yaml.safe_dump(body, sort_keys=False))
+    user, secret = f"job-{unique_name[:8]}", "a-user-secret-of-the-job"
+    server.store.add_user(user, secret)
+    monkeypatch.setenv("MIXFLOW_TEST_S3_KEY", user)
+    monkeypatch.setenv("MIXFLOW_TEST_S3_SECRET", secret)
+    loader = start_loader(spec, "docstrings", 0, tmp_path, "--unit-seconds", "0.005")
+    growth = TopicGrowth(kafka_bootstrap, [JobTopics(unique_name).src("docstrings")])
+    growth.wait_for(300, lambda: loader.poll() is None, 120)
+    server.store.remove_user(user)
+    revoked = time.monotonic()
+    with pytest.raises(StorageAccessError):  # the store refuses the key from now on
+        S3Storage("s3://corpus", server.settings(access_key_id=user, secret_access_key=secret)).probe()
+    assert loader.wait(60) == 5
+    assert time.monotonic() - revoked < 30
+    last = (tmp_path / "loader-docstrings-0.log").read_text().strip().splitlines()[-1]
+    assert last.startswith("mixflow load: error: s3://corpus/") and "access denied (403 InvalidAccessKeyId" in last, last
+    assert dead_letters(kafka_bootstrap, JobTopics(unique_name)) == []
+    server.store.add_user(user, secret)
+    wait_all([start_loader(spec, "docstrings", 0, tmp_path)], 240, tmp_path)
+    ids = Counter(committed_sample_ids(kafka_bootstrap, JobTopics(unique_name), "docstrings"))
+    assert ids == expected_sample_ids(load_spec(spec), kafka_bootstrap, "docstrings")
+    assert set(ids.values()) == {1}

@@ -2,7 +2,9 @@
 
 An object that changed or vanished since planning is an ``OSError`` as well: a reader turns it into a dead
 letter for the unit, as it does a local file it cannot read. The others stop the loader: the data is fine,
-the storage is not (wrong credentials, no such bucket, an endpoint that stays away past the deadline). With
+the storage is not (credentials refused, no such bucket, an endpoint that stays away past the deadline).
+Who asked never makes a dead letter: a 404 that is about the credentials (an unknown key on some stores) is
+``StorageAccessError``, and an object is missing only once a listing under the same credentials says so. With
 ``S3Settings.stop_on_changed`` a changed or vanished object is ``ObjectRefusedError`` instead, which no
 reader catches: the loader stops."""
 
@@ -14,6 +16,12 @@ from topics.errors import MixflowError, NotFoundError, RefusedError
 class StorageError(MixflowError):
     """A permanent problem with the storage itself: access denied, a bad or missing bucket, an endpoint
     that does not answer, an invalid setting."""
+
+
+class StorageAccessError(StorageError, RefusedError):
+    """The store refused these credentials: access denied, an unknown or revoked key, a bad signature or an
+    expired token. Never retried, never a dead letter: the loader stops (exit 5) and ``mixflow run`` does not
+    start it again, since the same request would be refused again."""
 
 
 class StorageNotFoundError(StorageError, NotFoundError):
@@ -29,7 +37,8 @@ class ObjectChangedError(StorageError, OSError):
 
 
 class ObjectMissingError(StorageError, OSError):
-    """The object is gone (404) since planning."""
+    """The object is gone (404) since planning, as the store says of the key itself (``NoSuchKey``, or a bare
+    404 to a HEAD) and a listing of the bucket under the same credentials confirms."""
 
 
 class ObjectRefusedError(RefusedError, StorageError):

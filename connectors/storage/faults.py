@@ -1,10 +1,15 @@
-"""Which storage errors are worth trying again, and the message of each that is not."""
+"""Which storage errors are worth trying again, and the message of each that is not: each names the server's
+code and message. A 404 means a missing object only where its code is about the key (``NoSuchKey``, or none
+at all, as a HEAD answers); any other 404 (an unknown access key answers ``XAdminUserNotFound`` on some
+gateways) is a refusal of the credentials. ``S3Storage`` confirms a missing key with a listing before a unit
+is dead-lettered for it."""
 
 from __future__ import annotations
 
 from connectors.storage.errors import (
     ObjectChangedError,
     ObjectMissingError,
+    StorageAccessError,
     StorageError,
     StorageNotFoundError,
 )
@@ -14,7 +19,18 @@ _TRANSIENT_CODES = frozenset(
     {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling", "ThrottlingException"}
 )
 _DENIED_CODES = frozenset(
-    {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"}
+    {
+        "403",
+        "AccessDenied",
+        "AccountProblem",
+        "AllAccessDisabled",
+        "ExpiredToken",
+        "InvalidAccessKeyId",
+        "InvalidSecurity",
+        "InvalidToken",
+        "SignatureDoesNotMatch",
+        "TokenRefreshRequired",
+    }
 )
 _MISSING_KEY_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 _CHANGED_CODES = frozenset({"412", "PreconditionFailed"})
@@ -31,7 +47,7 @@ def classify(exc: Exception, where: str, endpoint: str | None, etag: str = "") -
         return _client_error(exc, where, etag)
     if isinstance(exc, botocore_errors.NoCredentialsError | botocore_errors.PartialCredentialsError):
         hint = "set them in the environment or name them in the spec"
-        return StorageError(f"{where}: no AWS credentials: {exc} ({hint})")
+        return StorageAccessError(f"{where}: no AWS credentials: {exc} ({hint})")
     if isinstance(exc, botocore_errors.ParamValidationError):
         return StorageError(f"{where}: invalid request: {exc}")
     reachable = (
@@ -53,7 +69,8 @@ def _client_error(exc: Exception, where: str, etag: str) -> Exception:
     error = getattr(exc, "response", {}).get("Error", {})
     code = str(error.get("Code", ""))
     status = int(getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-    message = error.get("Message") or code
+    message = error.get("Message") or code or "no message"
+    said = f"{status} {code}" if code and code != str(status) else str(status or code)
     if code in _TRANSIENT_CODES or status >= 500 or status == 429:
         return TransientError(f"{where}: {code or status} {message}")
     if code in _CHANGED_CODES or status == 412:
@@ -61,9 +78,16 @@ def _client_error(exc: Exception, where: str, etag: str) -> Exception:
     if code == "NoSuchBucket":
         return StorageNotFoundError(f"{where}: no such bucket ({message})")
     if code in _DENIED_CODES or status == 403:
-        return StorageError(f"{where}: access denied ({code}: {message}); check the credentials and the bucket policy")
-    if code in _MISSING_KEY_CODES or status == 404:
-        return ObjectMissingError(f"{where}: no such object (404); it vanished since planning")
+        return StorageAccessError(
+            f"{where}: access denied ({said}: {message}); check the credentials and the bucket policy"
+        )
+    if code in _MISSING_KEY_CODES or (status == 404 and not code):
+        return ObjectMissingError(f"{where}: no such object ({said}); it vanished since planning")
+    if status == 404:
+        return StorageAccessError(
+            f"{where}: the store answered {said}: {message}. That is not a missing object: the store refuses "
+            "these credentials (an unknown or revoked access key); check them"
+        )
     if code == "InvalidBucketName":
         return StorageError(f"{where}: invalid bucket name ({message})")
     return StorageError(f"{where}: {code or status}: {message}")

@@ -14,12 +14,13 @@ from connectors.storage.errors import (
     ObjectChangedError,
     ObjectMissingError,
     ObjectRefusedError,
+    StorageAccessError,
     StorageError,
     StorageNotFoundError,
 )
 from connectors.storage.faults import classify
 from connectors.storage.object_file import open_object
-from connectors.storage.retry import RetryPolicy
+from connectors.storage.retry import RetryPolicy, TransientError
 from connectors.storage.uri import ObjectUri
 
 if TYPE_CHECKING:
@@ -163,6 +164,8 @@ class S3Storage(Storage):
                 known = classify(exc, where, self.settings.endpoint_url, etag)
                 if known is exc:
                     raise
+                if isinstance(known, ObjectMissingError) and path:
+                    known = self._confirm_missing(path, known)
                 if (
                     etag
                     and self.settings.stop_on_changed
@@ -175,6 +178,21 @@ class S3Storage(Storage):
         result = self.settings.retry.run(f"reading {where}", attempt, deadline)
         self._reached = True
         return result
+
+    def _confirm_missing(self, path: str, missing: ObjectMissingError) -> Exception:
+        """``missing`` once a listing under the same credentials says that the key is not there; otherwise what
+        the listing says instead (the credentials refused, the store away, or the key there after all)."""
+        key = self.uri.key(path)
+        try:
+            page = self.client.list_objects_v2(Bucket=self.uri.bucket, Prefix=key, MaxKeys=1)
+        except Exception as exc:
+            known = classify(exc, self.describe(path), self.settings.endpoint_url)
+            if isinstance(known, ObjectMissingError):  # a listing answered 404 about no key: not the object's
+                return StorageAccessError(f"{known}; and listing the bucket answered 404 too: check the credentials")
+            return known
+        if any(item.get("Key") == key for item in page.get("Contents", ())):
+            return TransientError(f"{self.describe(path)}: the store answered 404 for a key its listing shows")
+        return missing
 
 
 def _make_client(settings: S3Settings) -> S3Client:

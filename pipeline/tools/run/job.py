@@ -26,15 +26,16 @@ from pipeline.metrics import RunMetrics
 from pipeline.roles.autoscale import Autoscaler, JobProbe, PolicySettings
 from pipeline.spec import JobSpec, load_spec
 from pipeline.tools.run.progress import JobProgress
-from topics.errors import MixflowError, RefusedError
+from topics.errors import MixflowError, NotFoundError, RefusedError
 
 log = logging.getLogger(__name__)
 
 # A role that dies (a stuck Kafka client exits with 3, a crash with anything else) is started again: the
 # new process fences the old one's transactions and resumes from the committed offsets. Each role gets
 # MAX_RESTARTS, spaced by a backoff that doubles from RESTART_BACKOFF_S. One refused (exit 5: credentials or
-# ACLs refused, an object changed since planning under `on_changed_object: stop`) would be refused again: the
-# job stops with its reason.
+# ACLs refused, an object changed since planning under `on_changed_object: stop`) or one that found what it
+# needs missing (exit 4: no such bucket, topic or job) would fail the same way again: the job stops with its
+# reason, said once.
 MAX_RESTARTS = 3
 RESTART_BACKOFF_S = 1.0
 DECISIONS_FILE = "autoscale.jsonl"
@@ -272,6 +273,9 @@ def _exited(role: RoleProcess, code: int, running: list[RoleProcess], scaling: L
     if code == RefusedError.exit_code:
         running.remove(role)
         raise RefusedError(f"{role.name} was refused and is not started again: {_last_line(role)}")
+    if code == NotFoundError.exit_code:
+        running.remove(role)
+        raise NotFoundError(f"{role.name} did not find what it needs and is not started again: {_last_line(role)}")
     if code != 0 and role.restarts < MAX_RESTARTS:
         role.restarts += 1
         delay = RESTART_BACKOFF_S * 2 ** (role.restarts - 1)

@@ -2,12 +2,14 @@
 
 Everything lives under the state folder (default ``.mixflow/object-store/`` in the working directory)::
 
-    server.pid  server.json  credentials  env  data/<bucket>/<key>  logs/server.log
+    server.pid  server.json  credentials  env  data/<bucket>/<key>  iam/  logs/server.log
 
 ``credentials`` (an AWS shared-credentials file, profile ``default``) and ``env`` (``AWS_*`` variables for
 ``set -a; . env``) hold the root user's keys, generated once and readable by their owner only; the server
 gets them through its environment, never its command line, and nothing prints them. Buckets are the
-folders under ``data/``, objects the files in them (MD5 ETags in extended attributes).
+folders under ``data/``, objects the files in them (MD5 ETags in extended attributes). Other users (keys a
+job uses instead of the root's, which can be revoked) live in the gateway's own IAM under ``iam/``
+(``add_user``, ``remove_user``), checked on every request.
 """
 
 from __future__ import annotations
@@ -129,11 +131,15 @@ def supports_xattrs(folder: Path) -> bool:
     return True
 
 
-def server_command(binary: Path, address: str, data_dir: Path, sidecar: Path | None) -> list[str]:
+def server_command(
+    binary: Path, address: str, data_dir: Path, sidecar: Path | None, iam_dir: Path | None = None
+) -> list[str]:
     """versitygw serving ``data_dir`` at ``address``; object metadata in a ``sidecar`` folder where the
-    filesystem has no extended attributes (tmpfs on old kernels, some network filesystems)."""
+    filesystem has no extended attributes (tmpfs on old kernels, some network filesystems); users besides the
+    root in ``iam_dir``, looked up on every request (no cache), so that a removed user is refused at once."""
     backend = ["posix", *(["--sidecar", str(sidecar)] if sidecar else []), str(data_dir)]
-    return [str(binary), "--port", address, "--quiet", *backend]
+    iam = ["--iam-dir", str(iam_dir), "--iam-cache-disable"] if iam_dir else []
+    return [str(binary), "--port", address, "--quiet", *iam, *backend]
 
 
 class LocalObjectStore:
@@ -155,6 +161,7 @@ class LocalObjectStore:
         self.credentials_file = self.state_dir / "credentials"
         self.env_file = self.state_dir / "env"
         self.data_dir = self.state_dir / "data"
+        self.iam_dir = self.state_dir / "iam"
         self.log_file = self.state_dir / "logs" / "server.log"
         self.port = port if port is not None else self._recorded_port() or DEFAULT_PORT
 
@@ -250,7 +257,8 @@ class LocalObjectStore:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         sidecar = None if supports_xattrs(self.data_dir) else self.state_dir / "metadata"
-        command = server_command(binary, f"{self.host}:{self.port}", self.data_dir, sidecar)
+        self.iam_dir.mkdir(mode=0o700, exist_ok=True)
+        command = server_command(binary, f"{self.host}:{self.port}", self.data_dir, sidecar, self.iam_dir)
         env = {
             **os.environ,
             "ROOT_ACCESS_KEY_ID": credentials.access_key,
@@ -328,6 +336,28 @@ class LocalObjectStore:
                 raise MixflowError(f"the object store (pid {pid}) did not {state} within {timeout_s:.0f} s")
             time.sleep(0.01)
         return True
+
+    # -- users ------------------------------------------------------------------------------------
+
+    def add_user(self, access_key: str, secret_key: str, role: str = "admin") -> None:
+        """Give the running store a user with these keys (``admin``: it reaches every bucket)."""
+        self._admin("create-user", "--access", access_key, "--secret", secret_key, "--role", role)
+
+    def remove_user(self, access_key: str) -> None:
+        """Take the user of ``access_key`` away: every request it signs is refused from now on."""
+        self._admin("delete-user", "--access", access_key)
+
+    def _admin(self, *arguments: str) -> None:
+        if self.running_pid() is None:
+            raise ObjectStoreStopped(self.state_dir)
+        root = self.credentials()
+        # The root's keys go through the environment, never the command line.
+        env = {**os.environ, "ADMIN_ACCESS_KEY_ID": root.access_key, "ADMIN_SECRET_ACCESS_KEY": root.secret_key}
+        command = [str(ensure_installed(self.cache_dir)), "admin", "--er", self.endpoint, "--region", REGION]
+        done = subprocess.run([*command, *arguments], env=env, capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            msg = f"the object store refused `admin {arguments[0]}`: {(done.stderr or done.stdout).strip()[-500:]}"
+            raise MixflowError(msg)
 
     # -- helpers ----------------------------------------------------------------------------------
 
