@@ -435,7 +435,8 @@ def test_a_storage_key_revoked_mid_run_stops_the_loader_with_the_reason_and_lose
     assert loader.wait(60) == 5
     assert time.monotonic() - revoked < 30
     last = (tmp_path / "loader-docstrings-0.log").read_text().strip().splitlines()[-1]
-    assert last.startswith("mixflow load: error: s3://corpus/") and "access denied (403 InvalidAccessKeyId" in last, last
+    assert last.startswith("mixflow load: error: s3://corpus/"), last
+    assert "access denied (403 InvalidAccessKeyId" in last, last
     assert dead_letters(kafka_bootstrap, JobTopics(unique_name)) == []
     server.store.add_user(user, secret)
     wait_all([start_loader(spec, "docstrings", 0, tmp_path)], 240, tmp_path)
