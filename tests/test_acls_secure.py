@@ -6,6 +6,7 @@ nothing, and fences nobody."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -327,3 +329,90 @@ def test_a_loader_creates_its_sources_topics_and_no_other(secured_job: SecuredJo
     assert set(list_jobs(secured_job.stack.admin_config)[job]) == own
     ensure_job_topics(secured_job.config("operator"), job, ["code", "docstrings", "topics"], 2)
     assert ensure_loader_topics(loader, job, "code", wait_for_others_s=1) == []
+
+
+def _role_bindings(secured: SecuredJob, job: str, key: str) -> list[Binding]:
+    spec = load_spec(secured.spec)
+    return job_bindings(job, spec.source_names, spec.kafka.principals)[key]
+
+
+def _spec_of(secured: SecuredJob, job: str, **constructor: object) -> Path:
+    body = yaml.safe_load(secured.spec.read_text())
+    body["job"] = job
+    body.setdefault("constructor", {}).update(constructor)
+    path = secured.folder / f"{job}.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def _started(secured: SecuredJob, *args: str, log: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "pipeline.cli", *args]
+    with log.open("ab") as out:
+        return subprocess.Popen(command, cwd=REPO, env=secured.env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _wait_for_line(log: Path, text: str, process: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in log.read_text():
+        assert process.poll() is None, (
+            f"the role exited ({process.returncode}) before it said {text!r}:\n{log.read_text()[-3000:]}"
+        )
+        assert time.monotonic() < deadline, (
+            f"the role did not say {text!r} within {timeout_s} s:\n{log.read_text()[-3000:]}"
+        )
+        time.sleep(0.1)  # polling a log file, which has no event to wait on
+
+
+CASES = {"constructor waiting for samples": "c", "constructor held by its lead": "l", "loader": "o"}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_role_whose_rights_are_revoked_stops_within_30_s_naming_them(secured_job: SecuredJob, case: str) -> None:
+    job = f"{secured_job.job}-r{CASES[case]}"
+    secured_job.admin(job)
+    ensure_job_topics(secured_job.config("operator"), job, ["code", "docstrings", "topics"], 2)
+    log = secured_job.folder / f"{job}.log"
+    spec = str(_spec_of(secured_job, job, max_lead_steps=2) if "lead" in case else _spec_of(secured_job, job))
+    if case == "loader":
+        key, principal = "loader", f"User:{secured_job.job}-loader"
+        process = _started(secured_job, "load", "--spec", spec, "--source", "code", log=log)
+        _wait_for_line(log, "published", process, 120)
+    else:
+        key, principal = "constructor", f"User:{secured_job.job}-constructor"
+        if "lead" in case:
+            for source in ("code", "docstrings", "topics"):
+                loaded = _started(secured_job, "load", "--spec", spec, "--source", source, "--until-drained", log=log)
+                assert loaded.wait(120) == 0, log.read_text()[-3000:]
+        process = _started(secured_job, "construct", "--spec", spec, log=log)
+        _wait_for_line(log, "waits for the trainers" if "lead" in case else "holds the constructor lease", process, 120)
+    AclAdmin(secured_job.stack.admin_config).delete(_role_bindings(secured_job, job, key))
+    revoked = time.monotonic()
+    try:
+        code = process.wait(45)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"the {key} did not stop within 45 s of losing its rights:\n{log.read_text()[-4000:]}")
+    took = time.monotonic() - revoked
+    text = log.read_text()
+    last = text.strip().splitlines()[-1]
+    assert code == REFUSED_EXIT and took < 30, (code, took, text[-3000:])
+    assert last.startswith(f"mixflow {'load' if case == 'loader' else 'construct'}: error: "), last
+    assert f"refused {principal} " in last and f" {job}." in last, last
+
+
+def test_a_role_stopped_with_sigterm_after_its_rights_are_revoked_exits_within_seconds(secured_job: SecuredJob) -> None:
+    job = f"{secured_job.job}-s"
+    secured_job.admin(job)
+    ensure_job_topics(secured_job.config("operator"), job, ["code", "docstrings", "topics"], 2)
+    log = secured_job.folder / f"{job}.log"
+    process = _started(secured_job, "construct", "--spec", str(_spec_of(secured_job, job)), log=log)
+    _wait_for_line(log, "holds the constructor lease", process, 120)
+    secured_job.admin(job, apply=False)
+    process.send_signal(signal.SIGTERM)
+    asked = time.monotonic()
+    try:
+        process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert time.monotonic() - asked < 5, log.read_text()[-3000:]
