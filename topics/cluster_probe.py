@@ -24,6 +24,7 @@ from topics.admin_client import bootstrap_servers, client_config
 from topics.authorization import is_authorization_error, refused
 from topics.client_refusals import certificate_problem, is_certificate_refusal, listener_of, refusal
 from topics.errors import BrokerUnreachableError, MixflowError, NotFoundError, SecurityRefusedError
+from topics.librdkafka_log import is_benign
 from topics.names import JobTopics, TopicKind, parse_topic
 
 DEFAULT_TIMEOUT_S = 15.0
@@ -137,7 +138,7 @@ class ClusterProbe:
             self._unreachable_since = time.monotonic()
 
     def _note(self, line: str) -> None:
-        if refusal(self._config, line) is not None:
+        if not is_benign(line) and refusal(self._config, line) is not None:
             self._refused = line
             self._refused_since = self._refused_since or time.monotonic()
 
