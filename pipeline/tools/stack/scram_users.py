@@ -21,6 +21,7 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
+from pipeline.tools.stack.secure import check_user_name
 from topics.admin_client import bootstrap_servers
 from topics.authorization import cluster_operations, may_on_cluster, refused_on_cluster
 from topics.cluster_probe import cluster_topics
@@ -61,13 +62,15 @@ def _settle(
 def ensure_users(
     admin_config: Mapping[str, Any], passwords: Mapping[str, str], *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> None:
-    """Give each user of ``passwords`` a SCRAM-SHA-512 credential with that password (made, or replaced)."""
+    """Give each user of ``passwords`` a SCRAM-SHA-512 credential with that password (made, or replaced); a name
+    the stack relies on is refused (``secure.check_user_name``)."""
     if not passwords:
         return
     for user, password in passwords.items():
         if not user or not password:
             msg = f"a SCRAM user needs a name and a password (user {user!r})"
             raise MixflowError(msg)
+        check_user_name(user, "add")
     info = ScramCredentialInfo(MECHANISM, ITERATIONS)
     upserts = [UserScramCredentialUpsertion(user, info, password.encode()) for user, password in passwords.items()]
     servers = bootstrap_servers(admin_config)
@@ -83,8 +86,9 @@ def ensure_users(
 def remove_users(
     admin_config: Mapping[str, Any], users: Iterable[str], *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> None:
-    """Remove the SCRAM-SHA-512 credential of each user; ``NotFoundError`` naming those that had none."""
-    users = list(dict.fromkeys(users))
+    """Remove the SCRAM-SHA-512 credential of each user; ``NotFoundError`` naming those that had none. A name the
+    stack relies on is refused (``secure.check_user_name``)."""
+    users = [check_user_name(user, "remove") for user in dict.fromkeys(users)]
     if not users:
         return
     servers = bootstrap_servers(admin_config)
