@@ -4,7 +4,9 @@ the test's own on free ports, never the session's plaintext broker. The ``secure
 
 Beside its SASL_SSL client listener and its mTLS listener (``mtls_bootstrap``: client certificates) it has two TLS
 listeners whose certificates clients must refuse, signed by the same CA: ``wrong_host_bootstrap`` presents a
-certificate for another host, ``expired_bootstrap`` one that has expired."""
+certificate for another host, ``expired_bootstrap`` one that has expired; and a second SASL_SSL listener,
+``reauth_bootstrap``, whose logins last ``REAUTH_LISTENER_S`` instead of the stack's ``SESSION_LIFETIME_S``, for
+tests of what happens when a session ends without waiting a minute for it."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ from pathlib import Path
 
 from pipeline.tools.stack.client_certs import issue_client_certificate
 from pipeline.tools.stack.local_broker import DEFAULT_HOST, LocalBroker, free_port_block
-from pipeline.tools.stack.secure import StackSecrets, broker_security, ensure_secrets
+from pipeline.tools.stack.secure import SCRAM_MECHANISM, SUPER_USERS, StackSecrets, broker_security, ensure_secrets
 from pipeline.tools.stack.tls import Issued, issue, key_store_pem
 
 WRONG_HOST = "elsewhere.invalid"
+REAUTH_LISTENER_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class SecureStack:
     wrong_host_bootstrap: str
     expired_bootstrap: str
     mtls_bootstrap: str
+    reauth_bootstrap: str
 
     @property
     def admin_config(self) -> dict[str, str]:
@@ -41,7 +45,8 @@ class SecureStack:
     def certificate_config(self, name: str, **issued: object) -> dict[str, str]:
         """librdkafka settings of a client on the mTLS listener with a certificate issued to ``name`` now
         (``issued``: ``issue_client_certificate``'s options)."""
-        made = issue_client_certificate(self.broker.state_dir, name, **issued)  # type: ignore[arg-type]
+        super_user = name in SUPER_USERS
+        made = issue_client_certificate(self.broker.state_dir, name, super_user=super_user, **issued)  # type: ignore[arg-type]
         return {
             "bootstrap.servers": self.mtls_bootstrap,
             "security.protocol": "SSL",
@@ -66,23 +71,31 @@ def _refused_certificates(secrets: StackSecrets) -> tuple[Path, Path]:
 
 
 def start_secure_stack(state_dir: Path, timeout_s: float = 120.0) -> SecureStack:
-    """Start a secured broker in ``state_dir`` on free ports (client, controller, mTLS and the two test
+    """Start a secured broker in ``state_dir`` on free ports (client, controller, mTLS and the three test
     listeners)."""
-    port = free_port_block(5)
+    port = free_port_block(6)
     host = DEFAULT_HOST
     bootstrap = f"{host}:{port}"
     secrets = ensure_secrets(state_dir, [host], bootstrap)
     wrong_host, expired = _refused_certificates(secrets)
     security = broker_security(secrets, bootstrap)
+    overrides = security.overrides
+    reauth = f"REAUTH://{host}:{port + 5}"
+    login = f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config"
     test_listeners = {
-        "listeners": f"{security.overrides['listeners']},WRONGHOST://{host}:{port + 3},EXPIRED://{host}:{port + 4}",
-        "listener.security.protocol.map": f"{security.overrides['listener.security.protocol.map']},WRONGHOST:SSL,"
-        "EXPIRED:SSL",
+        "listeners": f"{overrides['listeners']},WRONGHOST://{host}:{port + 3},EXPIRED://{host}:{port + 4},{reauth}",
+        "advertised.listeners": f"{overrides['advertised.listeners']},{reauth}",
+        "listener.security.protocol.map": f"{overrides['listener.security.protocol.map']},WRONGHOST:SSL,"
+        "EXPIRED:SSL,REAUTH:SASL_SSL",
         "listener.name.wronghost.ssl.keystore.location": str(wrong_host),
         "listener.name.expired.ssl.keystore.location": str(expired),
+        f"listener.name.reauth.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": overrides[login],
+        f"listener.name.reauth.{SCRAM_MECHANISM.lower()}.connections.max.reauth.ms": str(int(REAUTH_LISTENER_S * 1000)),
     }
     broker = LocalBroker(state_dir, host=host, port=port, overrides=test_listeners)
     broker.security = security
     broker.up(timeout_s=timeout_s)
     mtls = f"{host}:{broker.mtls_port}"
-    return SecureStack(broker, secrets, bootstrap, f"{host}:{port + 3}", f"{host}:{port + 4}", mtls)
+    return SecureStack(
+        broker, secrets, bootstrap, f"{host}:{port + 3}", f"{host}:{port + 4}", mtls, f"{host}:{port + 5}"
+    )

@@ -313,7 +313,7 @@ def test_a_loader_cannot_steer_the_job_through_its_control_topic(
 
 
 def test_a_loader_creates_its_sources_topics_and_no_other(secured_job: SecuredJob) -> None:
-    job = f"{secured_job.job}-e"
+    job = f"{secured_job.job}-f"
     secured_job.admin(job)
     loader = secured_job.config("loader", "code")
     topics = JobTopics(job)
@@ -416,3 +416,41 @@ def test_a_role_stopped_with_sigterm_after_its_rights_are_revoked_exits_within_s
         if process.poll() is None:
             process.kill()
     assert time.monotonic() - asked < 5, log.read_text()[-3000:]
+
+
+def test_another_jobs_topics_are_refused_not_reported_missing(secured_job: SecuredJob) -> None:
+    """A job the principal may not see lists as empty, as a missing one does; asked for by name, Kafka refuses
+    to describe its topics whether they exist or not, and that refusal is what is said (exit 5)."""
+    other = f"{secured_job.job}-e"
+    ensure_job_topics(secured_job.stack.admin_config, other, ["code"], 2)
+    spec = str(secured_job.spec)
+    for args, role in (
+        (["topics", "delete", "--spec", spec, "--job", other, "--yes"], "operator"),
+        (["report", "--spec", spec, "--job", other, "--out", str(secured_job.folder / "report-e")], "observer"),
+        (["top", "--spec", spec, "--job", other, "--once"], "observer"),
+        (["top", "--spec", spec, "--job", f"{secured_job.job}-never", "--once"], "observer"),
+    ):
+        done = secured_job.run(*args, timeout_s=120)
+        assert done.returncode == REFUSED_EXIT, (args, done.stdout[-1000:], done.stderr[-1000:])
+        job = args[args.index("--job") + 1]
+        refused = f"refused User:{secured_job.job}-{role} DESCRIBE on topic {job}.control (asking whether job {job}"
+        assert refused in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"{other}.control" in list_jobs(secured_job.stack.admin_config)[other], "a refused delete deleted"
+
+
+def test_a_loader_refused_the_topics_configs_stops_with_the_reason(secured_job: SecuredJob) -> None:
+    spec = load_spec(secured_job.spec)
+    principal = f"User:{secured_job.job}-loader"
+    planned = all_bindings(job_bindings(secured_job.job, spec.source_names, spec.kafka.principals))
+    describes_configs = [b for b in planned if b.principal == principal and b.operation is Operation.DESCRIBE_CONFIGS]
+    assert describes_configs, "the loader is granted no DESCRIBE_CONFIGS to take away"
+    admin = AclAdmin(secured_job.stack.admin_config)
+    assert admin.delete(describes_configs) == len(describes_configs)
+    try:
+        done = secured_job.run("load", "--spec", str(secured_job.spec), "--source", "docstrings", timeout_s=120)
+    finally:
+        admin.create(describes_configs)
+    assert done.returncode == REFUSED_EXIT, done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if "refused" in line]
+    assert len(said) == 1 and f"refused {principal} DESCRIBE_CONFIGS on topic {secured_job.job}." in said[0], said
+    assert "(reading its config)" in said[0]

@@ -27,6 +27,7 @@ from pipeline.tools.stack.local_cluster import ClusterLayout
 from pipeline.tools.stack.secure import (
     CERTIFICATE_PRINCIPAL_RULES,
     MTLS_LISTENER,
+    RESERVED_USERS,
     broker_security,
     client_properties_text,
     ensure_secrets,
@@ -56,7 +57,7 @@ def _mixflow(*args: str, env: dict[str, str] | None = None, timeout_s: float = 1
 
 # -- pure: issuing, principals, ports ---------------------------------------------------------------------------
 
-_names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,30}", fullmatch=True)
+_names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,30}", fullmatch=True).filter(lambda n: n not in RESERVED_USERS)
 
 
 @settings(max_examples=5, deadline=None)  # each example makes an RSA key
@@ -201,7 +202,7 @@ def test_a_client_without_a_certificate_is_refused(secure_stack: SecureStack, tm
 def test_a_certificate_from_another_ca_is_refused(secure_stack: SecureStack, tmp_path: Path) -> None:
     other = tmp_path / "other"
     ensure_secrets(other, ["127.0.0.1"], "127.0.0.1:1")
-    foreign = issue_client_certificate(other, "admin")
+    foreign = issue_client_certificate(other, "admin", super_user=True)
     config = secure_stack.certificate_config("admin")
     config |= {"ssl.certificate.location": str(foreign.certificate), "ssl.key.location": str(foreign.key)}
     message = _one_line_refusal(_mixflow("users", "list", "--admin-config", str(_properties(tmp_path / "p", config))))

@@ -7,8 +7,10 @@ the refusal reasons, the client settings files, the state folder's rules) need n
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -24,12 +26,19 @@ from cryptography import x509
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.cli import main
+from pipeline.tools.stack.client_certs import certificate_days
 from pipeline.tools.stack.local_broker import free_port_block, override_properties
 from pipeline.tools.stack.scram_users import ensure_users, list_users, remove_users
 from pipeline.tools.stack.secure import (
     ADMIN_USER,
+    BROKER_USER,
+    CLIENT_CERTIFICATE_DAYS,
+    RESERVED_USERS,
+    SUPER_USER_CERTIFICATE_DAYS,
     StackSecrets,
     broker_security,
+    check_user_name,
     client_properties_text,
     ensure_secrets,
     read_client_properties,
@@ -185,6 +194,67 @@ def test_a_stack_is_not_started_the_other_way(tmp_path: Path) -> None:
     assert wiped.returncode == 0 and not secured.exists(), wiped.stderr
 
 
+_ordinary_names = st.from_regex(r"[a-z][a-z0-9._-]{0,20}", fullmatch=True).filter(lambda n: n not in RESERVED_USERS)
+_dn_like_names = st.from_regex(r"[A-Za-z]{1,8}[=,][A-Za-z0-9=,.-]{0,12}", fullmatch=True)
+
+
+@given(name=st.sampled_from(sorted(RESERVED_USERS)) | _dn_like_names, action=st.sampled_from(["add", "remove"]))
+def test_the_stacks_own_names_and_distinguished_names_are_refused(name: str, action: str) -> None:
+    with pytest.raises(RefusedError, match=f"cannot {action} user {re.escape(repr(name))}"):
+        check_user_name(name, action)
+
+
+@given(name=_ordinary_names, action=st.sampled_from(["add", "remove"]))
+def test_other_names_are_anyones(name: str, action: str) -> None:
+    assert check_user_name(name, action) == name
+
+
+@given(
+    name=st.sampled_from(sorted(RESERVED_USERS)) | _ordinary_names,
+    super_user=st.booleans(),
+    days=st.none() | st.integers(1, 400),
+)
+def test_a_super_users_certificate_is_asked_for_and_short_lived(name: str, super_user: bool, days: int | None) -> None:
+    allowed = (name == ADMIN_USER) == super_user and name not in RESERVED_USERS - {ADMIN_USER}
+    allowed = allowed and not (super_user and days is not None and days > SUPER_USER_CERTIFICATE_DAYS)
+    if not allowed:
+        with pytest.raises(RefusedError):
+            certificate_days(name, days, super_user=super_user)
+        return
+    default = SUPER_USER_CERTIFICATE_DAYS if super_user else CLIENT_CERTIFICATE_DAYS
+    assert certificate_days(name, days, super_user=super_user) == (default if days is None else days)
+
+
+def test_users_refuses_the_stacks_own_names_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = str(tmp_path / "state")
+    ensure_secrets(tmp_path / "state", ["127.0.0.1"], "127.0.0.1:1")
+    os.environ.setdefault("MIXFLOW_TEST_PW", "a-password")
+    for args, said in (
+        (["remove", ADMIN_USER], "cannot remove user 'admin': the secured stack relies on it ('admin' is its admin"),
+        (["remove", "someone", BROKER_USER], "cannot remove user 'mixflow-broker': the secured stack relies on it"),
+        (["add", ADMIN_USER, "--password-env", "MIXFLOW_TEST_PW"], "cannot add user 'admin'"),
+        (["add", "ANONYMOUS", "--password-env", "MIXFLOW_TEST_PW"], "the principal Kafka gives every client that did"),
+        (["add", "CN=admin", "--password-env", "MIXFLOW_TEST_PW"], "read as a certificate's distinguished name"),
+        (["add", ADMIN_USER, "--cert", "--state-dir", state], "issue one only with --super-user (valid 1 day at most)"),
+        (["add", ADMIN_USER, "--cert", "--super-user", "--days", "2", "--state-dir", state], "at most 1 day, not 2"),
+        (
+            ["add", BROKER_USER, "--cert", "--super-user", "--state-dir", state],
+            "for 'admin' only, not 'mixflow-broker'",
+        ),
+        (["add", BROKER_USER, "--cert", "--state-dir", state], "cannot issue a certificate for user 'mixflow-broker'"),
+    ):
+        # No cluster is asked: `remove`'s admin settings file does not even exist.
+        admin = ["--admin-config", str(tmp_path / "none.properties")] if args[0] == "remove" else []
+        assert main(["users", *args, *admin]) == REFUSED_EXIT, args
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and said in err, (args, err)
+    assert not (tmp_path / "state" / "secrets" / "clients").exists(), "a refused certificate was written"
+    assert main(["users", "add", ADMIN_USER, "--cert", "--super-user", "--state-dir", state]) == 0
+    assert "a super user's client certificate (principal User:admin)" in capsys.readouterr().out
+    issued = x509.load_pem_x509_certificate((tmp_path / "state" / "secrets" / "clients" / "admin.pem").read_bytes())
+    assert issued.not_valid_after_utc - issued.not_valid_before_utc <= datetime.timedelta(days=1)
+
+
 def test_overrides_may_hold_the_fields_of_the_template() -> None:
     text = override_properties(
         "listeners=PLAINTEXT://{host}:{port}\nnode.id=1\n", {"listeners": "SASL_SSL://{host}:{port}"}
@@ -231,7 +301,7 @@ def test_a_secured_cluster_of_three_brokers_writes_transactions_and_takes_a_node
         # The mTLS listener of every node, after the restart too: the admin's certificate is a super user there.
         mtls = ",".join(f"127.0.0.1:{int(port) + 6 + i}" for i in range(3))
         assert f"mTLS listener (client certificates, security.protocol SSL): {mtls}" in status.stdout
-        issued = _mixflow("users", "add", ADMIN_USER, "--cert", "--state-dir", state)
+        issued = _mixflow("users", "add", ADMIN_USER, "--cert", "--super-user", "--state-dir", state)
         assert issued.returncode == 0, issued.stderr
         clients = secrets.folder / "clients"
         by_certificate = {"bootstrap.servers": mtls, "security.protocol": "SSL", "ssl.ca.location": str(secrets.ca)}
@@ -293,6 +363,30 @@ def test_users_add_list_and_remove(secure_stack: SecureStack, tmp_path: Path) ->
         again.returncode == 4
         and f"no SCRAM_SHA_512 credential at {secure_stack.bootstrap} for '{user}'" in again.stderr
     )
+
+
+def test_a_user_who_is_not_an_admin_is_refused_users_and_acls_in_one_line(
+    secure_stack: SecureStack, tmp_path: Path
+) -> None:
+    user, password = f"plain{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    ensure_users(secure_stack.admin_config, {user: password})
+    settings = _write_properties(tmp_path / "plain.properties", secure_stack.client_config(user, password))
+    (tmp_path / "password").write_text("a-new-password\n")
+    spec = _spec(tmp_path / "job", f"t{uuid.uuid4().hex[:8]}", {})
+    document = yaml.safe_load(spec.read_text())
+    document["kafka"]["principals"] = {"loader": {"sasl.username": "someone", "sasl.password": {"env": "PW"}}}
+    spec.write_text(yaml.safe_dump(document))
+    for args, refused in (
+        (["users", "add", "someone", "--password-file", str(tmp_path / "password")], "ALTER on the cluster (setting"),
+        (["users", "remove", "someone"], "ALTER on the cluster (removing the SCRAM credentials of user 'someone')"),
+        (["users", "list"], "DESCRIBE on the cluster (listing the SCRAM users)"),  # librdkafka aborted here
+        (["acl", "apply", "--spec", str(spec)], "ALTER on the cluster (creating the ACL User:someone "),
+        (["acl", "revoke", "--spec", str(spec)], "ALTER on the cluster (deleting the ACL User:someone "),
+    ):
+        message = _one_line_refusal(_mixflow(*args, "--admin-config", str(settings)), password)
+        assert f"Kafka at {secure_stack.bootstrap} refused User:{user} {refused}" in message, message
+        assert "Request(" not in message and len(message) < 400, message
+    assert "someone" not in list_users(secure_stack.admin_config)
 
 
 def test_ensure_users_sets_every_password_and_replaces_old_ones(secure_stack: SecureStack) -> None:

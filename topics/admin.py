@@ -201,7 +201,9 @@ def _create(
                     refused.append(name)
                     del futures[name]
         # Another process created a topic after we listed them: its layout is checked like any other's.
-        created += admin.outcomes(futures, "create topic", benign=KafkaError.TOPIC_ALREADY_EXISTS)
+        created += admin.outcomes(
+            futures, "create topic", benign=KafkaError.TOPIC_ALREADY_EXISTS, refusal=("CREATE", "topic", "creating it")
+        )
     return created
 
 
@@ -282,7 +284,9 @@ def delete_job_topics(
         admin.restart_clock()
         futures = admin.client.delete_topics(list(batch), operation_timeout=admin.left(), request_timeout=admin.left())
         # Someone else deleted a topic meanwhile: the outcome is the one we wanted.
-        deleted += admin.outcomes(futures, "delete topic", benign=KafkaError.UNKNOWN_TOPIC_OR_PART)
+        deleted += admin.outcomes(
+            futures, "delete topic", benign=KafkaError.UNKNOWN_TOPIC_OR_PART, refusal=("DELETE", "topic", "deleting it")
+        )
     return sorted(deleted)
 
 

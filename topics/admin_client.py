@@ -1,7 +1,8 @@
 """An AdminClient whose every request is bounded by a deadline, for requests sent in batches of topics.
 
 An unreachable cluster gives a ``MixflowError`` naming the bootstrap servers, never a hang. Each batch gets
-``timeout_s`` of its own (``restart_clock``)."""
+``timeout_s`` of its own (``restart_clock``). A request the cluster refuses this client's principal is an
+``AuthorizationError`` (exit 5) naming the principal, the operation and the topic or group."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, ResourceType
 
+from topics.authorization import is_authorization_error, refused
 from topics.errors import BrokerUnreachableError, MixflowError
 
 DEFAULT_TIMEOUT_S = 15.0
@@ -24,6 +26,9 @@ _UNREACHED = frozenset(
     {KafkaError._TRANSPORT, KafkaError._RESOLVE, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT}
 )
 T = TypeVar("T")
+Refusal = tuple[str, str, str, str]
+"""How a refusal is said (``topics.authorization.refused``): the operation, the kind of resource, its name, and
+what was being done."""
 
 
 def client_config(
@@ -78,6 +83,7 @@ class DeadlineAdmin:
         # librdkafka's connection-refused lines go to Python logging instead of straight to stderr.
         config.setdefault("logger", _LOG)
         self.servers = bootstrap_servers(config)
+        self.config = config
         self.timeout_s = timeout_s
         self.brokers = 0  # live brokers, known once topics() has asked for the metadata
         self.deadline = time.monotonic() + timeout_s
@@ -94,7 +100,11 @@ class DeadlineAdmin:
         """A new batch: ``timeout_s`` from now."""
         self.deadline = time.monotonic() + self.timeout_s
 
-    def fail(self, what: str, exc: BaseException) -> MixflowError:
+    def fail(self, what: str, exc: BaseException, refusal: Refusal | None = None) -> MixflowError:
+        """The error to raise when ``what`` failed with ``exc``; ``refusal`` (operation, resource kind, name, what
+        was being done): how an authorization error is said, as the principal refused that operation there."""
+        if refusal is not None and isinstance(exc, KafkaException) and exc.args and is_authorization_error(exc.args[0]):
+            return refused(self.config, *refusal)
         reason = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
         if isinstance(exc, TimeoutError):
             reason = f"no answer within {self.timeout_s:g} s"
@@ -132,7 +142,8 @@ class DeadlineAdmin:
                         if unknown and self.left() > 0.5:
                             pending.append(resource.name)
                             continue
-                        raise self.fail(f"describe the config of topic {resource.name}", exc) from exc
+                        refusal = ("DESCRIBE_CONFIGS", "topic", resource.name, "reading its config")
+                        raise self.fail(f"describe the config of topic {resource.name}", exc, refusal) from exc
                     out[resource.name] = {
                         key: entry.value
                         for key, entry in entries.items()
@@ -142,17 +153,21 @@ class DeadlineAdmin:
                     time.sleep(0.2)  # backoff before asking again
         return out
 
-    def outcomes(self, futures: Mapping[str, Any], verb: str, benign: int) -> list[str]:
+    def outcomes(
+        self, futures: Mapping[str, Any], verb: str, benign: int, refusal: tuple[str, str, str] | None = None
+    ) -> list[str]:
         """The names whose create or delete (``verb``, as "create topic") succeeded; ``benign`` is the error
-        that means another process got there first (not a failure); anything else raises, naming what failed."""
+        that means another process got there first (not a failure); anything else raises, naming what failed
+        (``refusal``: the operation, the kind of resource and what was being done, for an authorization error)."""
         done = []
         for name, future in futures.items():
+            said = (refusal[0], refusal[1], name, refusal[2]) if refusal is not None else None
             try:
                 future.result(timeout=self.left())
                 done.append(name)
             except KafkaException as exc:
                 if error_code(exc) != benign:
-                    raise self.fail(f"{verb} {name}", exc) from exc
+                    raise self.fail(f"{verb} {name}", exc, said) from exc
             except TimeoutError as exc:
                 raise self.fail(f"{verb} {name}", exc) from exc
         return done

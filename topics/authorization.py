@@ -92,3 +92,30 @@ def raise_if_read_refused(config: Mapping[str, Any], error: KafkaError, topic: s
     if is_authorization_error(error):
         resource, name = ("topic", topic) if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED else ("group", "")
         raise refused(config, "READ", resource, name or "of this consumer", "reading it")
+
+
+def refused_on_cluster(config: Mapping[str, Any], operation: str, doing: str) -> AuthorizationError:
+    """``AuthorizationError`` saying that ``config``'s principal lacks ``operation`` on the cluster itself, which
+    changing users or ACLs takes (Kafka's own message for it is a dump of its request object, never shown)."""
+    where = config.get("bootstrap.servers", "?")
+    msg = (
+        f"Kafka at {where} refused {principal_of(config)} {operation} on the cluster ({doing}): only a super user "
+        f"(or a principal granted {operation} on the cluster) may; give an admin's client settings (--admin-config)"
+    )
+    return AuthorizationError(msg)
+
+
+def cluster_operations(config: Mapping[str, Any], timeout_s: float = 10.0) -> set[AclOperation]:
+    """The operations on the cluster itself that ``config``'s principal is granted, as the cluster says (none when
+    it says nothing)."""
+    client = AdminClient(dict(config))
+    described = client.describe_cluster(include_authorized_operations=True, request_timeout=timeout_s)
+    return set(described.result(timeout=timeout_s).authorized_operations or ())
+
+
+def may_on_cluster(granted: Iterable[AclOperation], operation: str) -> bool:
+    """Whether ``granted`` (``cluster_operations``) allows ``operation``, as Kafka implies them: ALL allows
+    everything, ALTER implies DESCRIBE, ALTER_CONFIGS implies DESCRIBE_CONFIGS."""
+    implied = {"DESCRIBE": {"ALTER"}, "DESCRIBE_CONFIGS": {"ALTER_CONFIGS"}}.get(operation, set())
+    names = {op.name for op in granted}
+    return bool(names & {operation, "ALL", *implied})

@@ -24,6 +24,7 @@ from topics.admin_client import bootstrap_servers, client_config
 from topics.authorization import is_authorization_error, refused
 from topics.client_refusals import certificate_problem, is_certificate_refusal, listener_of, refusal
 from topics.errors import BrokerUnreachableError, MixflowError, NotFoundError, SecurityRefusedError
+from topics.librdkafka_log import is_benign
 from topics.names import JobTopics, TopicKind, parse_topic
 
 DEFAULT_TIMEOUT_S = 15.0
@@ -114,8 +115,9 @@ class ClusterProbe:
     def close(self) -> None:
         self._client.close()
 
-    def topics(self, topic: str | None = None) -> dict[str, int]:
-        """Every topic on the cluster (or only ``topic``, if it exists) and its partition count."""
+    def topics(self, topic: str | None = None, doing: str = "asking for its metadata") -> dict[str, int]:
+        """Every topic on the cluster (or only ``topic``, if it exists) and its partition count; ``doing``: what
+        a refusal to describe ``topic`` says was being done."""
         began = time.monotonic()
         while True:
             try:
@@ -127,7 +129,7 @@ class ClusterProbe:
                 continue
             asked = metadata.topics.get(topic) if topic is not None else None
             if asked is not None and is_authorization_error(asked.error):
-                raise refused(self._config, "DESCRIBE", "topic", topic or "", "asking for its metadata")
+                raise refused(self._config, "DESCRIBE", "topic", topic or "", doing)
             return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
 
     def _on_error(self, error: KafkaError) -> None:
@@ -137,7 +139,7 @@ class ClusterProbe:
             self._unreachable_since = time.monotonic()
 
     def _note(self, line: str) -> None:
-        if refusal(self._config, line) is not None:
+        if not is_benign(line) and refusal(self._config, line) is not None:
             self._refused = line
             self._refused_since = self._refused_since or time.monotonic()
 
@@ -220,9 +222,20 @@ def require_reachable(bootstrap_or_config: str | Mapping[str, Any], topic: str) 
 
 
 def job_on_cluster(bootstrap_or_config: str | Mapping[str, Any], job: str, **probe: float) -> JobOnCluster:
-    """``job``'s topics on the cluster (``ClusterProbe``'s errors, ``probe`` its options)."""
+    """``job``'s topics on the cluster (``ClusterProbe``'s errors, ``probe`` its options).
+
+    A secured cluster lists only the topics the principal may describe, so a job the principal may not see
+    lists as empty, as one that does not exist does. When none of the job's topics lists, its control topic is
+    asked for by name: a principal refused to describe it is told so (``AuthorizationError``, exit 5), rather
+    than that the job does not exist; whether it exists is not said, as Kafka does not say."""
     with ClusterProbe(bootstrap_or_config, **probe) as asking:
-        return _job_in(job, asking.servers, asking.topics())
+        found = _job_in(job, asking.servers, asking.topics())
+        if not found.topics:
+            asking.topics(
+                JobTopics(job).control,
+                doing=f"asking whether job {job} exists; Kafka does not say if a topic it may not describe does",
+            )
+        return found
 
 
 def require_rank_topic(bootstrap_or_config: str | Mapping[str, Any], job: str, rank: int, **probe: float) -> None:

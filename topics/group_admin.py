@@ -37,4 +37,10 @@ def delete_groups(
     if not names:
         return []
     futures = admin.client.delete_consumer_groups(names, request_timeout=admin.left())
-    return sorted(admin.outcomes(futures, "delete consumer group", benign=KafkaError.GROUP_ID_NOT_FOUND))
+    deleted = admin.outcomes(
+        futures,
+        "delete consumer group",
+        benign=KafkaError.GROUP_ID_NOT_FOUND,
+        refusal=("DELETE", "group", "deleting it"),
+    )
+    return sorted(deleted)

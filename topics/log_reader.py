@@ -11,6 +11,7 @@ from typing import Any, Literal
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from topics.authorization import raise_if_read_refused
+from topics.librdkafka_log import logged
 from topics.retry import KAFKA_RETRY
 
 Isolation = Literal["read_committed", "read_uncommitted"]
@@ -37,7 +38,7 @@ def read_to_end(
     reached in time."""
     consumer = Consumer(
         {
-            **config,
+            **logged(config),
             "group.id": f"mixflow-reader-{uuid.uuid4().hex[:12]}",  # never committed, so never reused
             "enable.auto.commit": False,
             "isolation.level": isolation,

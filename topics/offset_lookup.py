@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from topics.librdkafka_log import logged
 from topics.retry import is_retriable
 
 log = logging.getLogger("mixflow.kafka")
@@ -39,7 +40,7 @@ class OffsetLookup:
         self, config: Mapping[str, Any], isolation: Isolation = "read_committed", group: str | None = None
     ) -> None:
         self._settings = {
-            **config,
+            **logged(config),
             "group.id": group or f"mixflow-ends-{uuid.uuid4().hex[:12]}",  # asked, never joined
             "enable.auto.commit": False,
             "isolation.level": isolation,

@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.admin import ClusterMetadata
 
 from topics.fetch_stall import STALL_AFTER_S, FetchStallWatch, is_end_of_partition
+from topics.librdkafka_log import logged
 from topics.offset_lookup import OffsetLookup
 
 log = logging.getLogger("mixflow.kafka")
@@ -31,7 +32,7 @@ class RenewingConsumer:
         stall_after_s: float = STALL_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._settings = {**settings, "enable.partition.eof": True}
+        self._settings = {**logged(settings), "enable.partition.eof": True}
         self._hand_on_eof = str(settings.get("enable.partition.eof", False)).lower() == "true"
         ends = OffsetLookup(settings, isolation=settings.get("isolation.level", "read_committed"))
         self._watch = FetchStallWatch(ends, stall_after_s, clock)

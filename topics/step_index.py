@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from topics._headers import find_header, parse_decimal
 from topics.batch_codec import STEP_KEY, end_of_data_steps
 from topics.errors import DecodeError
+from topics.librdkafka_log import logged
 from topics.offset_lookup import OffsetLookup
 
 PROBE_TIMEOUT_S = 30.0
@@ -59,7 +60,7 @@ def locate_step(
     constructor lane's partition ends with it however far the other lanes went); see ``StepLocation``."""
     consumer = Consumer(
         {
-            **config,
+            **logged(config),
             "group.id": f"mixflow-step-index-{uuid.uuid4().hex[:12]}",  # never joined or committed
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,

@@ -27,7 +27,7 @@ from pipeline.tools.stack.secure import (
     node_mtls_port,
     require_same_security,
 )
-from topics.errors import MixflowError, NotFoundError
+from topics.errors import MixflowError, NotFoundError, RefusedError
 
 
 def _add_state_dir(parser: argparse.ArgumentParser) -> None:
@@ -150,36 +150,104 @@ def _up(args: argparse.Namespace) -> int:
 def _add_down_arguments(parser: argparse.ArgumentParser) -> None:
     _add_stack_arguments(parser)
     parser.add_argument(
+        "--force",
+        action="store_true",
+        help="stop it even while jobs run against it (without it, a job whose consumer groups have members, a "
+        "`mixflow run` here or roles elsewhere, is named and nothing is stopped: exit 5)",
+    )
+    parser.add_argument(
         "--wipe",
         action="store_true",
-        help="then delete the state folder (every topic and log in it): the next `up` starts an empty broker",
+        help="then delete the state folder: the broker's every topic, consumer group and log, its config and, for "
+        "a secured stack, its CA, certificates and passwords; the next `up` starts an empty broker. The local "
+        "object store's folder in it (its buckets, objects and keys) is kept unless --wipe-object-store",
     )
+    parser.add_argument(
+        "--wipe-object-store",
+        action="store_true",
+        help="then delete the local object store's folder (object-store/ in the state folder, or "
+        "$MIXFLOW_OBJECT_STORE_DIR): every bucket and object in it, and its keys",
+    )
+
+
+def _refuse_if_jobs_run(stack: LocalBroker | LocalCluster) -> None:
+    """``RefusedError`` naming the jobs whose consumer groups have members on the running ``stack``; nothing when
+    none do, or when the broker does not answer (a stack not serving has no job to stop under it)."""
+    from pipeline.tools.stack.running_jobs import describe_running, running_jobs
+
+    if isinstance(stack, LocalCluster):
+        bootstrap = stack.bootstrap if any(stack.node(i).running_pid() for i in stack.layout.node_ids) else None
+    else:
+        bootstrap = stack.recorded_bootstrap() if stack.running_pid() else None
+    if bootstrap is None:
+        return
+    config = {**(stack.security.client if stack.security else {}), "bootstrap.servers": bootstrap}
+    try:
+        running = running_jobs(config)
+    except MixflowError:
+        return
+    if running:
+        msg = (
+            f"jobs run against the stack at {bootstrap}: {describe_running(running)}; stop them first, or give "
+            "--force to stop the broker under them"
+        )
+        raise RefusedError(msg)
 
 
 def _down(args: argparse.Namespace) -> int:
     stack = _stack(args)
+    if not args.force:
+        _refuse_if_jobs_run(stack)
     if isinstance(stack, LocalCluster):
         stopped = stack.down()
         print(f"stopped nodes {', '.join(map(str, stopped))}" if stopped else "no node of ours was running")
     else:
         print("stopped" if stack.down() else "no broker of ours was running")
-    if stopped_store := stop_line(LocalObjectStore(object_store_dir(stack.state_dir))):
+    store = LocalObjectStore(object_store_dir(stack.state_dir))
+    if stopped_store := stop_line(store):
         print(stopped_store)
+    if args.wipe_object_store:
+        _wipe_object_store(store.state_dir)
     if args.wipe:
-        _wipe(stack.state_dir)
+        _wipe(stack.state_dir, keep=store.state_dir)
     return 0
 
 
-def _wipe(state_dir: Path) -> None:
-    """Delete a stopped stack's state folder, only if it is one (``up`` wrote its config there)."""
+def _wipe(state_dir: Path, keep: Path) -> None:
+    """Delete a stopped stack's state folder, only if it is one (``up`` wrote its config there), but for the
+    object store's folder ``keep`` in it."""
     if not state_dir.exists():
         print(f"nothing to wipe at {state_dir}")
         return
     if not (is_cluster_state_dir(state_dir) or (state_dir / "config" / "server.properties").exists()):
         msg = f"{state_dir} does not look like a stack's state folder (no broker config in it); not deleting it"
         raise MixflowError(msg)
-    shutil.rmtree(state_dir)
-    print(f"wiped {state_dir}")
+    kept = keep.exists() and keep.absolute().parent == state_dir.absolute()
+    for path in state_dir.iterdir():
+        if kept and path.absolute() == keep.absolute():
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    if not kept:
+        state_dir.rmdir()
+    said = "the broker's topics, consumer groups, logs, config and secrets"
+    if kept:
+        said += f"; kept the object store's buckets and keys in {keep} (--wipe-object-store deletes them)"
+    print(f"wiped {state_dir}: {said}")
+
+
+def _wipe_object_store(store_dir: Path) -> None:
+    """Delete the stopped object store's folder, only if it is one (its keys or data are there)."""
+    if not store_dir.exists():
+        print(f"no object store to wipe at {store_dir}")
+        return
+    if not ((store_dir / "credentials").exists() or (store_dir / "data").is_dir()):
+        msg = f"{store_dir} does not look like an object store's folder (no credentials or data/); not deleting it"
+        raise MixflowError(msg)
+    shutil.rmtree(store_dir)
+    print(f"wiped {store_dir}: the object store's buckets, objects and keys")
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -263,7 +331,9 @@ ACTIONS = (
     ),
     Command(
         name="down",
-        help="stop the broker or every node of the cluster started from this state folder (--wipe: and delete it)",
+        help="stop the broker or every node of the cluster started from this state folder, and its object store, "
+        "unless jobs run against it (--force: even then); --wipe: then delete its topics, logs and secrets, "
+        "--wipe-object-store: its buckets",
         add_arguments=_add_down_arguments,
         run=_down,
     ),

@@ -1,5 +1,6 @@
 """`mixflow topics list` and `mixflow topics delete --job JOB`: the jobs whose topics a cluster holds, and
-removing a finished job's topics and consumer groups while the broker runs."""
+removing a finished job's topics and consumer groups while the broker runs. On a secured cluster both see only
+what the principal may describe; a job whose topics it may not is refused (exit 5), not reported missing."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pipeline.cli.arguments import job_name
 from pipeline.cli.command import Command
 from pipeline.spec import BOOTSTRAP_ENV, load_spec
 from topics.admin import delete_groups, delete_job_topics, job_groups, list_jobs
-from topics.cluster_probe import cluster_topics
+from topics.cluster_probe import cluster_topics, job_on_cluster
 from topics.errors import MixflowError, RefusedError
 
 
@@ -65,6 +66,7 @@ def _delete(args: argparse.Namespace) -> int:
     found = list_jobs(config).get(job, {})
     groups = job_groups(config, job)
     if not found and not groups:
+        job_on_cluster(config, job)  # a principal refused to see the job's topics is told so (exit 5)
         print(f"job {job} has no topics or consumer groups at {servers}")
         return 0
     running = {group: members for group, members in groups.items() if members}

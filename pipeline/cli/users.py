@@ -1,7 +1,12 @@
 """`mixflow users add|remove|list`: the SCRAM-SHA-512 users of a secured cluster, through its admin API, as
 the admin (``--admin-config``: the secured local stack's ``secrets/admin.properties`` by default); and
 ``users add NAME --cert``: a client certificate ``CN=NAME`` from the secured local stack's CA, which the stack's
-mTLS listener takes as the same principal ``User:NAME`` (no cluster is asked: issuing needs the CA only)."""
+mTLS listener takes as the same principal ``User:NAME`` (no cluster is asked: issuing needs the CA only).
+
+The names the stack relies on (its admin, the brokers' own user, ``ANONYMOUS``) are refused to ``add`` and
+``remove`` (exit 5): removing the admin would lock every later ``users`` and ``acl`` command out. A certificate
+for the admin, a super user no ACL limits and no one can revoke, is issued only with ``--super-user``, for a
+day at most."""
 
 from __future__ import annotations
 
@@ -14,7 +19,17 @@ from pipeline.cli.arguments import positive_int
 from pipeline.cli.command import Command
 from pipeline.tools.stack.local_broker import default_state_dir
 from pipeline.tools.stack.local_cluster import default_cluster_state_dir
-from pipeline.tools.stack.secure import StackSecrets, is_secured, read_client_properties, secrets_dir
+from pipeline.tools.stack.secure import (
+    ADMIN_USER,
+    CLIENT_CERTIFICATE_DAYS,
+    RESERVED_USERS,
+    SUPER_USER_CERTIFICATE_DAYS,
+    StackSecrets,
+    check_user_name,
+    is_secured,
+    read_client_properties,
+    secrets_dir,
+)
 from topics.errors import MixflowError, NotFoundError
 
 
@@ -66,7 +81,18 @@ def _add_add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_admin_arguments(parser)
     certificate = parser.add_argument_group("with --cert")
     certificate.add_argument(
-        "--days", type=positive_int, default=None, help="how long the certificate is valid (default: 365)"
+        "--days",
+        type=positive_int,
+        default=None,
+        help=f"how long the certificate is valid (default: {CLIENT_CERTIFICATE_DAYS}; with --super-user "
+        f"{SUPER_USER_CERTIFICATE_DAYS}, and no more)",
+    )
+    certificate.add_argument(
+        "--super-user",
+        action="store_true",
+        help=f"issue the certificate of the super user {ADMIN_USER!r}: it bypasses every ACL and nothing can revoke "
+        f"it, so it is valid {SUPER_USER_CERTIFICATE_DAYS} day at most (without this flag {ADMIN_USER!r} is "
+        f"refused; {', '.join(sorted(RESERVED_USERS - {ADMIN_USER}))} always are)",
     )
     certificate.add_argument(
         "--key-password-env",
@@ -102,7 +128,9 @@ def _password(args: argparse.Namespace) -> str:
 
 
 def _issue(args: argparse.Namespace) -> int:
-    from pipeline.tools.stack.client_certs import CLIENT_CERTIFICATE_DAYS, issue_client_certificate
+    from pipeline.tools.stack.client_certs import certificate_days, check_name, issue_client_certificate
+
+    days = certificate_days(check_name(args.name), args.days, super_user=args.super_user)  # before the CA is read
 
     state_dir = args.state_dir or next(
         (folder for folder in (default_state_dir(), default_cluster_state_dir()) if is_secured(folder)), None
@@ -116,10 +144,12 @@ def _issue(args: argparse.Namespace) -> int:
         if not key_password:
             msg = f"the key password in ${args.key_password_env} is empty (or not set)"
             raise MixflowError(msg)
-    days = args.days or CLIENT_CERTIFICATE_DAYS
-    made = issue_client_certificate(state_dir, args.name, days=days, key_password=key_password)
+    made = issue_client_certificate(
+        state_dir, args.name, days=days, key_password=key_password, super_user=args.super_user
+    )
     until = f"{made.not_after:%Y-%m-%d %H:%M} UTC"
-    print(f"issued {args.name!r} a client certificate (principal {made.principal}), valid until {until}")
+    what = "a super user's client certificate" if args.super_user else "a client certificate"
+    print(f"issued {args.name!r} {what} (principal {made.principal}), valid until {until}")
     print(f"certificate: {made.certificate}")
     print(f"key: {made.key}" + (" (encrypted)" if key_password else ""))
     return 0
@@ -130,11 +160,11 @@ def _add(args: argparse.Namespace) -> int:
 
     if args.cert:
         return _issue(args)
-    for option in ("days", "key_password_env", "state_dir"):
-        if getattr(args, option) is not None:
+    for option in ("days", "key_password_env", "state_dir", "super_user"):
+        if getattr(args, option) not in (None, False):
             msg = f"--{option.replace('_', '-')} goes with --cert only"
             raise MixflowError(msg)
-
+    check_user_name(args.name, "add")
     config = _admin_config(args)
     ensure_users(config, {args.name: _password(args)})
     print(f"user {args.name!r} has a SCRAM-SHA-512 credential at {config['bootstrap.servers']}")
@@ -149,6 +179,8 @@ def _add_remove_arguments(parser: argparse.ArgumentParser) -> None:
 def _remove(args: argparse.Namespace) -> int:
     from pipeline.tools.stack.scram_users import remove_users
 
+    for name in args.name:
+        check_user_name(name, "remove")
     config = _admin_config(args)
     remove_users(config, args.name)
     print(f"removed the SCRAM-SHA-512 credentials of {', '.join(args.name)} at {config['bootstrap.servers']}")

@@ -1,4 +1,7 @@
-"""Applying a job's ACLs (``pipeline.kafka.acls``) with the admin client: create, list, delete."""
+"""Applying a job's ACLs (``pipeline.kafka.acls``) with the admin client: create, list, delete. A principal not
+allowed to change ACLs (``ALTER`` on the cluster: a super user's right) is refused in one line naming it, the
+operation and what it asked for (``AuthorizationError``, exit 5), never with Kafka's own message (a dump of
+its request object)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from confluent_kafka.admin import (
 )
 
 from pipeline.kafka.acls import Binding, Operation, Pattern, Resource
+from topics.authorization import is_authorization_error, refused_on_cluster
 from topics.cluster_probe import cluster_topics
 from topics.errors import MixflowError
 
@@ -76,6 +80,20 @@ def _mixflow_binding(acl: AclBinding) -> Binding | None:
     )
 
 
+def _filter_text(acl_filter: AclBindingFilter) -> str:
+    """A binding filter as ``Binding`` prints a binding, when it is one mixflow could have made."""
+    acl = AclBinding(
+        acl_filter.restype,
+        acl_filter.name,
+        acl_filter.resource_pattern_type,
+        acl_filter.principal,
+        acl_filter.host,
+        acl_filter.operation,
+        acl_filter.permission_type,
+    )
+    return str(_mixflow_binding(acl) or acl_filter)
+
+
 class AclAdmin:
     """The cluster's ACLs, through an admin client with ``config`` (a principal allowed to ALTER and
     DESCRIBE the cluster's ACLs: a super user)."""
@@ -83,9 +101,12 @@ class AclAdmin:
     def __init__(self, config: Mapping[str, Any]) -> None:
         cluster_topics(config)  # an unreachable cluster, or one refusing these credentials, said in one line
         self._client = AdminClient({**config, "log_level": 0})
+        self._config = config
         self._where = config.get("bootstrap.servers", "?")
 
-    def _fail(self, what: str, exc: BaseException) -> MixflowError:
+    def _fail(self, what: str, exc: BaseException, operation: str = "ALTER") -> MixflowError:
+        if isinstance(exc, KafkaException) and exc.args and is_authorization_error(exc.args[0]):
+            return refused_on_cluster(self._config, operation, what)
         reason = exc.args[0].str() if isinstance(exc, KafkaException) and exc.args else exc
         return MixflowError(f"cannot {what} on Kafka at {self._where}: {reason}")
 
@@ -97,7 +118,7 @@ class AclAdmin:
                 found = self._client.describe_acls(_principal_filter(principal), request_timeout=TIMEOUT_S)
                 acls = found.result(timeout=TIMEOUT_S)
             except (KafkaException, TimeoutError) as exc:
-                raise self._fail(f"list the ACLs of {principal}", exc) from exc
+                raise self._fail(f"listing the ACLs of {principal}", exc, "DESCRIBE") from exc
             out.update(b for acl in acls if (b := _mixflow_binding(acl)) is not None)
         return out
 
@@ -127,7 +148,7 @@ class AclAdmin:
             try:
                 future.result(timeout=TIMEOUT_S)
             except (KafkaException, TimeoutError) as exc:
-                raise self._fail(f"create the ACL {_mixflow_binding(acl) or acl}", exc) from exc
+                raise self._fail(f"creating the ACL {_mixflow_binding(acl) or acl}", exc) from exc
         self.settle(bindings, present=True)
 
     def delete(self, bindings: Sequence[Binding]) -> int:
@@ -140,6 +161,6 @@ class AclAdmin:
             try:
                 deleted += len(future.result(timeout=TIMEOUT_S))
             except (KafkaException, TimeoutError) as exc:
-                raise self._fail(f"delete the ACL {acl_filter}", exc) from exc
+                raise self._fail(f"deleting the ACL {_filter_text(acl_filter)}", exc) from exc
         self.settle(bindings, present=False)
         return deleted

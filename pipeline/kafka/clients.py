@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from topics.authorization import AUTHORIZATION_FAILED, is_authorization_error, refused, topics_without
 from topics.errors import MixflowError
+from topics.librdkafka_log import logged
 from topics.renewing_consumer import RenewingConsumer
 from topics.retry import KAFKA_RETRY, KafkaUnavailableError
 
@@ -115,7 +116,7 @@ def read_committed_consumer(base: KafkaConfig, group_id: str, **overrides: Any) 
 
 def read_committed_settings(base: KafkaConfig, group_id: str, **overrides: Any) -> dict[str, Any]:
     return {
-        **base,
+        **logged(base),  # librdkafka's lines less its known-benign ones (topics/librdkafka_log.py)
         "group.id": group_id,
         # Offsets are committed inside the producer's transactions, never on their own.
         "enable.auto.commit": False,

@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from pipeline.kafka.clients import KafkaConfig
 from topics.errors import MixflowError
+from topics.librdkafka_log import logged
 from topics.offset_lookup import OffsetLookup
 
 
@@ -24,7 +25,7 @@ class OffsetProbe:
         self.ends = OffsetLookup(config, isolation="read_committed")
         self.consumer = Consumer(
             {
-                **config,
+                **logged(config),
                 "group.id": f"mixflow-observe-{uuid.uuid4().hex[:12]}",  # never joins or commits
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",

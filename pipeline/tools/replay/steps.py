@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from pipeline.kafka.clients import KafkaConfig
 from topics.errors import DecodeError, MixflowError
+from topics.librdkafka_log import logged
 from topics.names import JobTopics
 from topics.step_index import locate_step, step_record
 
@@ -40,7 +41,7 @@ def read_steps(
     starts = [TopicPartition(t, 0, locate_step(config, t, first).offset) for t in topics]
     consumer = Consumer(
         {
-            **config,
+            **logged(config),
             "group.id": f"mixflow-replay-reader-{uuid.uuid4().hex[:12]}",  # never joined or committed
             "enable.auto.commit": False,
             "isolation.level": "read_committed",

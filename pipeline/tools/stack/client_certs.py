@@ -5,7 +5,9 @@ a SCRAM user NAME has, so ``kafka.principals`` and ``mixflow acl`` serve either 
 Written under ``<state>/secrets/clients/`` (mode 0700, each file 0600): ``NAME.pem`` (the certificate) and
 ``NAME.key`` (its private key, PKCS#8 PEM, encrypted when a password is given). A certificate cannot be taken
 back (the broker checks no revocation list): a short validity (``days``) and the principal's ACLs
-(``mixflow acl revoke``) are what limit one that leaked."""
+(``mixflow acl revoke``) are what limit one that leaked. A super user's (``admin``) has no ACLs to revoke: it is
+issued only when asked for as such (``super_user``), for at most ``SUPER_USER_CERTIFICATE_DAYS``; the stack's
+other reserved names (``secure.RESERVED_USERS``) get none."""
 
 from __future__ import annotations
 
@@ -14,11 +16,18 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.tools.stack.secure import StackSecrets, secrets_dir, write_private
+from pipeline.tools.stack.secure import (
+    ADMIN_USER,
+    CLIENT_CERTIFICATE_DAYS,
+    SUPER_USER_CERTIFICATE_DAYS,
+    StackSecrets,
+    check_user_name,
+    secrets_dir,
+    write_private,
+)
 from pipeline.tools.stack.tls import Issued, issue
-from topics.errors import MixflowError, NotFoundError
+from topics.errors import MixflowError, NotFoundError, RefusedError
 
-CLIENT_CERTIFICATE_DAYS = 365
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """A user name that is a file name as it is and needs no escaping in a certificate's subject."""
 
@@ -47,26 +56,51 @@ def check_name(name: str) -> str:
     return name
 
 
+def certificate_days(name: str, days: int | None, *, super_user: bool) -> int:
+    """How long ``name``'s certificate is valid: ``days``, or by default ``CLIENT_CERTIFICATE_DAYS`` (a super
+    user's: ``SUPER_USER_CERTIFICATE_DAYS``). ``RefusedError`` for a name the stack keeps to itself, a super
+    user's name without ``super_user`` (or ``super_user`` for another name), a super user's longer than
+    ``SUPER_USER_CERTIFICATE_DAYS``."""
+    if super_user != (name == ADMIN_USER):
+        msg = (
+            f"{name!r} is a super user: a certificate for it bypasses every ACL and cannot be revoked; issue one "
+            f"only with --super-user (valid {SUPER_USER_CERTIFICATE_DAYS} day at most)"
+            if name == ADMIN_USER
+            else f"--super-user issues a certificate for {ADMIN_USER!r} only, not {name!r}"
+        )
+        raise RefusedError(msg)
+    if name != ADMIN_USER:
+        check_user_name(name, "issue a certificate for")
+    if days is None:
+        return SUPER_USER_CERTIFICATE_DAYS if super_user else CLIENT_CERTIFICATE_DAYS
+    if days < 1:
+        msg = f"a client certificate is valid for at least 1 day, not {days}"
+        raise MixflowError(msg)
+    if super_user and days > SUPER_USER_CERTIFICATE_DAYS:
+        msg = f"a super user's certificate is valid for at most {SUPER_USER_CERTIFICATE_DAYS} day, not {days}"
+        raise RefusedError(msg)
+    return days
+
+
 def issue_client_certificate(
     state_dir: Path,
     name: str,
     *,
-    days: int = CLIENT_CERTIFICATE_DAYS,
+    days: int | None = None,
     key_password: str | None = None,
     not_before: datetime.datetime | None = None,
+    super_user: bool = False,
 ) -> ClientCertificate:
     """Issue ``name`` a new client certificate signed by the CA of the secured stack in ``state_dir`` (a
-    certificate issued before under that name is replaced, not revoked); ``NotFoundError`` when the folder
-    holds no secured stack's CA."""
+    certificate issued before under that name is replaced, not revoked), valid ``certificate_days``;
+    ``NotFoundError`` when the folder holds no secured stack's CA."""
+    days = certificate_days(check_name(name), days, super_user=super_user)
     stack = StackSecrets(secrets_dir(state_dir))
     if not (stack.ca.is_file() and stack.ca_key.is_file()):
         msg = f"no secured stack's CA in {stack.folder}: make one with `mixflow stack up --secure` (or `stack secrets`)"
         raise NotFoundError(msg)
-    if days < 1:
-        msg = f"a client certificate is valid for at least 1 day, not {days}"
-        raise MixflowError(msg)
     ca = Issued.from_pem(stack.ca_key.read_bytes(), stack.ca.read_bytes())
-    issued = issue(ca, check_name(name), [], days=days, not_before=not_before)
+    issued = issue(ca, name, [], days=days, not_before=not_before)
     stack.clients.mkdir(mode=0o700, exist_ok=True)
     stack.clients.chmod(0o700)
     key = stack.clients / f"{name}.key"

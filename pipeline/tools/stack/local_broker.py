@@ -30,6 +30,7 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.tools.stack.jars import resolve_broker_jars
 from pipeline.tools.stack.secure import BrokerSecurity, node_mtls_port, recorded_security
+from pipeline.tools.stack.storage_format import format_arguments, run_with_argument_file
 from topics.errors import MixflowError
 
 log = logging.getLogger(__name__)
@@ -249,10 +250,7 @@ class LocalBroker:
                 )
                 raise MixflowError(msg)
 
-        self._write_config(controller_port)
-        if not (self.data_dir / "meta.properties").exists():
-            self._format_storage(java, libs)
-
+        self.prepare(java, libs)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         command = [
             java,
@@ -278,6 +276,12 @@ class LocalBroker:
         self.info_file.write_text(json.dumps({"bootstrap": self.bootstrap, "pid": process.pid}) + "\n")
         log.info("started Kafka broker, pid %d, logs in %s", process.pid, self.log_file)
         return process
+
+    def prepare(self, java: str, libs: Path) -> None:
+        """Write the config and, on first use, format the storage (a secured broker's SCRAM users with it)."""
+        self._write_config(self.port + 1)
+        if not (self.data_dir / "meta.properties").exists():
+            self._format_storage(java, libs)
 
     def kill(self) -> bool:
         """SIGKILL our broker, as a crash would, and wait until it is gone. False when none was running."""
@@ -328,24 +332,19 @@ class LocalBroker:
             (self.config_dir / name).write_text(text)
 
     def _format_storage(self, java: str, libs: Path) -> None:
+        arguments = format_arguments(self.cluster_id or new_cluster_id(), self.config_dir / "server.properties")
         command = [
-            java,
             *self.jvm_options,
             "-cp",
             f"{libs}/*",
             f"-Dlog4j2.configurationFile={self.config_dir / 'log4j2.yaml'}",
-            "kafka.tools.StorageTool",
-            "format",
-            "--ignore-formatted",
-            "--cluster-id",
-            self.cluster_id or new_cluster_id(),
-            "--config",
-            str(self.config_dir / "server.properties"),
-            *(self.security.format_arguments if self.security else ()),
         ]
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        security = self.security
+        result = run_with_argument_file(
+            java, command, [*arguments, *(security.format_arguments if security else ())], self.config_dir
+        )
         if result.returncode != 0:
-            said = self.security.redact(result.stderr) if self.security else result.stderr  # --add-scram's passwords
+            said = security.redact(result.stderr) if security else result.stderr  # --add-scram's passwords
             msg = f"formatting the broker storage in {self.data_dir} failed: {said.strip()[-500:]}"
             raise MixflowError(msg)
 

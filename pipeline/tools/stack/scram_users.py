@@ -3,7 +3,8 @@
 
 ``ensure_users`` is what a command that creates a job's principals calls: it sets every user's password (a
 new user, or a new password for one that exists) in one request. No password is ever logged or put in an
-error message."""
+error message. A principal not allowed to is refused in one line naming it, the operation (``ALTER`` or
+``DESCRIBE`` on the cluster) and what it asked for (``AuthorizationError``, exit 5)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
+from pipeline.tools.stack.secure import check_user_name
 from topics.admin_client import bootstrap_servers
+from topics.authorization import cluster_operations, may_on_cluster, refused_on_cluster
 from topics.cluster_probe import cluster_topics
-from topics.errors import MixflowError, NotFoundError, RefusedError
+from topics.errors import MixflowError, NotFoundError
 
 MECHANISM = ScramMechanism.SCRAM_SHA_512
 ITERATIONS = 4096
@@ -37,9 +40,11 @@ def _admin(admin_config: Mapping[str, Any]) -> AdminClient:
     return AdminClient({**admin_config, "log_level": 0})
 
 
-def _settle(futures: Mapping[str, Future], servers: str, doing: str, timeout_s: float) -> dict[str, KafkaError]:
+def _settle(
+    futures: Mapping[str, Future], config: Mapping[str, Any], doing: str, timeout_s: float
+) -> dict[str, KafkaError]:
     """Wait for each user's future; the users whose request failed, with Kafka's error. A refusal to do it at
-    all (no ALTER or DESCRIBE on the cluster) is raised as ``RefusedError``."""
+    all (no ALTER on the cluster) is raised as ``AuthorizationError``."""
     failed: dict[str, KafkaError] = {}
     for user, future in futures.items():
         try:
@@ -49,8 +54,7 @@ def _settle(futures: Mapping[str, Future], servers: str, doing: str, timeout_s: 
             if error is None:
                 raise
             if error.code() in _NOT_ALLOWED:
-                msg = f"Kafka at {servers} refused to {doing} (user {user!r}): {error.str()}; run it as a super user"
-                raise RefusedError(msg) from None
+                raise refused_on_cluster(config, "ALTER", f"{doing} of user {user!r}") from None
             failed[user] = error
     return failed
 
@@ -58,19 +62,21 @@ def _settle(futures: Mapping[str, Future], servers: str, doing: str, timeout_s: 
 def ensure_users(
     admin_config: Mapping[str, Any], passwords: Mapping[str, str], *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> None:
-    """Give each user of ``passwords`` a SCRAM-SHA-512 credential with that password (made, or replaced)."""
+    """Give each user of ``passwords`` a SCRAM-SHA-512 credential with that password (made, or replaced); a name
+    the stack relies on is refused (``secure.check_user_name``)."""
     if not passwords:
         return
     for user, password in passwords.items():
         if not user or not password:
             msg = f"a SCRAM user needs a name and a password (user {user!r})"
             raise MixflowError(msg)
+        check_user_name(user, "add")
     info = ScramCredentialInfo(MECHANISM, ITERATIONS)
     upserts = [UserScramCredentialUpsertion(user, info, password.encode()) for user, password in passwords.items()]
     servers = bootstrap_servers(admin_config)
     admin = _admin(admin_config)  # alive until its futures are settled
     futures = admin.alter_user_scram_credentials(upserts, request_timeout=timeout_s)
-    failed = _settle(futures, servers, "set SCRAM credentials", timeout_s)
+    failed = _settle(futures, admin_config, "setting the SCRAM credentials", timeout_s)
     if failed:
         listed = "; ".join(f"{user}: {error.str()}" for user, error in failed.items())
         msg = f"Kafka at {servers} did not set the SCRAM credentials of {listed}"
@@ -80,15 +86,16 @@ def ensure_users(
 def remove_users(
     admin_config: Mapping[str, Any], users: Iterable[str], *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> None:
-    """Remove the SCRAM-SHA-512 credential of each user; ``NotFoundError`` naming those that had none."""
-    users = list(dict.fromkeys(users))
+    """Remove the SCRAM-SHA-512 credential of each user; ``NotFoundError`` naming those that had none. A name the
+    stack relies on is refused (``secure.check_user_name``)."""
+    users = [check_user_name(user, "remove") for user in dict.fromkeys(users)]
     if not users:
         return
     servers = bootstrap_servers(admin_config)
     deletions = [UserScramCredentialDeletion(user, MECHANISM) for user in users]
     admin = _admin(admin_config)  # alive until its futures are settled
     futures = admin.alter_user_scram_credentials(deletions, request_timeout=timeout_s)
-    failed = _settle(futures, servers, "remove SCRAM credentials", timeout_s)
+    failed = _settle(futures, admin_config, "removing the SCRAM credentials", timeout_s)
     missing = [user for user, error in failed.items() if error.code() == KafkaError.RESOURCE_NOT_FOUND]
     if missing:
         msg = f"no {MECHANISM.name} credential at {servers} for {', '.join(map(repr, missing))}"
@@ -101,16 +108,17 @@ def remove_users(
 
 def list_users(admin_config: Mapping[str, Any], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, list[str]]:
     """Every user with a SCRAM credential: its mechanisms and iterations (``SCRAM_SHA_512/4096``), by name."""
-    servers = bootstrap_servers(admin_config)
     admin = _admin(admin_config)  # alive until its future is settled
+    # Asked first: librdkafka 2.16 aborts the process when the cluster refuses DescribeUserScramCredentials.
+    if not may_on_cluster(cluster_operations(admin_config, timeout_s), "DESCRIBE"):
+        raise refused_on_cluster(admin_config, "DESCRIBE", "listing the SCRAM users")
     future = admin.describe_user_scram_credentials(request_timeout=timeout_s)
     try:
         described = future.result(timeout=timeout_s)
     except KafkaException as exc:
         error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         if error is not None and error.code() in _NOT_ALLOWED:
-            msg = f"Kafka at {servers} refused to describe SCRAM credentials: {error.str()}; run it as a super user"
-            raise RefusedError(msg) from None
+            raise refused_on_cluster(admin_config, "DESCRIBE", "listing the SCRAM users") from None
         raise
     return {
         user: [f"{info.mechanism.name}/{info.iterations}" for info in description.scram_credential_infos]

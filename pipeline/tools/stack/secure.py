@@ -18,7 +18,16 @@ node's mTLS port comes after every node's client and controller ports (``node_mt
 The brokers authenticate to each other over the client listener as the SCRAM user ``mixflow-broker`` and
 to the controllers with their certificate (principal ``User:CN=mixflow-broker``); both principals and the
 admin are super users. Both SCRAM users are written into the metadata when the storage is formatted
-(``kafka-storage format --add-scram``), so the cluster needs no unsecured moment to create them."""
+(``kafka-storage format --add-scram``), so the cluster needs no unsecured moment to create them; their passwords
+reach the formatting JVM in an argument file (``local_broker.py``), never on a command line.
+
+A SCRAM session lasts at most ``SESSION_LIFETIME_S`` (``connections.max.reauth.ms``): then the client logs in
+again (KIP-368; librdkafka does so on its own), so a user removed (``mixflow users remove``) loses its live
+connections within that time. ACLs need no such bound: the broker checks them on every request.
+
+The names the stack itself relies on (``RESERVED_USERS``) are never given to, or taken from, anyone else:
+``mixflow users`` refuses them (``check_user_name``); a client certificate for a super user needs an explicit
+flag and is valid for at most ``SUPER_USER_CERTIFICATE_DAYS``."""
 
 from __future__ import annotations
 
@@ -40,8 +49,40 @@ CLIENT_LISTENER = "SASL_SSL"
 MTLS_LISTENER = "MTLS"
 CERTIFICATE_PRINCIPAL_RULES = "RULE:^CN=([^,]+)$/$1/,RULE:^CN=([^,]+),.*$/$1/,DEFAULT"
 """Kafka's ``ssl.principal.mapping.rules`` of the mTLS listener: ``CN=NAME`` (first in the subject) is ``User:NAME``."""
+SESSION_LIFETIME_S = 60
+"""How long a SCRAM login lasts before the broker wants it made again (``connections.max.reauth.ms``): the bound on
+how long a removed user's open connections keep working."""
+SUPER_USERS = (ADMIN_USER, BROKER_USER)
+"""The SCRAM users (and certificate names, ``CN=NAME``) the broker takes as super users."""
+ANONYMOUS_USER = "ANONYMOUS"
+RESERVED_USERS = frozenset({*SUPER_USERS, ANONYMOUS_USER})
+"""Names ``mixflow users add`` and ``remove`` refuse: the stack's own users, and ``ANONYMOUS`` (the principal
+Kafka gives a client that did not authenticate: a user of that name would share its ACLs)."""
+CLIENT_CERTIFICATE_DAYS = 365
+"""How long a client certificate is valid by default."""
+SUPER_USER_CERTIFICATE_DAYS = 1
+"""The longest validity of a client certificate for a super user: nothing can revoke one (the broker checks no
+revocation list), so it expires soon."""
 _PASSWORD_BYTES = 24
 _SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule"
+
+
+def check_user_name(name: str, action: str) -> str:
+    """``name``, when ``mixflow users`` may ``action`` it ("add", "remove"); ``RefusedError`` for a name the stack
+    relies on, or one written as a distinguished name (``CN=...``, which Kafka could take as a certificate's
+    principal)."""
+    if name in RESERVED_USERS:
+        what = (
+            f"the secured stack relies on it ({ADMIN_USER!r} is its admin, {BROKER_USER!r} the brokers' own user)"
+            if name in SUPER_USERS
+            else "it is the principal Kafka gives every client that did not authenticate"
+        )
+        msg = f"cannot {action} user {name!r}: {what}; reserved: {', '.join(sorted(RESERVED_USERS))}"
+        raise RefusedError(msg)
+    if "=" in name or "," in name:
+        msg = f"cannot {action} user {name!r}: '=' and ',' make it read as a certificate's distinguished name"
+        raise RefusedError(msg)
+    return name
 
 
 def node_mtls_port(base_port: int, brokers: int = 1, node_id: int = 1) -> int:
@@ -250,6 +291,8 @@ def broker_security(stack: StackSecrets, bootstrap: str) -> BrokerSecurity:
         "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         "allow.everyone.if.no.acl.found": "false",
         "super.users": f"User:{ADMIN_USER};User:{BROKER_USER};User:CN={BROKER_CERTIFICATE_NAME}",
+        # A SCRAM login lasts this long, then is made again: a removed user's connections end within it.
+        "connections.max.reauth.ms": str(SESSION_LIFETIME_S * 1000),
     }
     format_arguments = []
     for user in (ADMIN_USER, BROKER_USER):
