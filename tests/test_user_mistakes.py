@@ -128,6 +128,9 @@ WITHOUT_BROKER = [
     _case("chaos --spec {dead} --faults 1 --seed 1 --fault-timeout-s 0", USAGE, "--fault-timeout-s: must be above 0"),
     _case("chaos --spec {dead} --faults 1 --seed 1 --kinds nope", USAGE, "--kinds: 'nope' is not a valid"),
     _case("chaos --spec {dead} --faults 1 --seed 1 --out {file}", USAGE, "--out: .* is a file"),
+    _case("chaos --spec {dead} --faults 1 --seed 1 --kinds restart-object-store", USAGE, "restart-object-store needs"),
+    _case("chaos --spec {dead} --faults 1 --seed 1 --kinds kill-loader,kill-shadow-constructor --shadows 0", USAGE,
+          "cannot inject kill-shadow-constructor needs a shadow constructor \\(--shadows 1 or more\\)$"),
     # deploy
     _case("deploy render --spec {dead} --out {file}", USAGE, "--out: .* is a file, not a folder"),
     _case("deploy render --spec {dead} --out {file}/k8s", USAGE, "--out: cannot make folder .* is a file"),
@@ -307,6 +310,41 @@ def test_the_sink_refuses_at_once_what_cannot_come(
         KafkaBatchDataset(**kwargs)  # type: ignore[arg-type]
     assert type(raised.value).__name__ == error
     assert "FAIL" not in capfd.readouterr().err, "librdkafka's own lines reached the trainer's stderr"
+
+
+@pytest.mark.parametrize("vision", [{}, {"patch_size": 16}, {"patch_size": 14, "temporal_patch_size": 1}])
+def test_the_sink_refuses_pixel_options_that_are_not_the_jobs_and_takes_the_jobs_by_default(
+    vision: dict[str, int], tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    import yaml
+
+    from topics.errors import MixflowError
+    from topics.media_packing import PixelOptions
+    from trainer_sink import KafkaBatchDataset
+    from trainer_sink.config import SinkSource
+
+    body = {"job": "vl", "kafka": {"bootstrap_servers": _dead_servers()}, "step": {"ranks": 1}}
+    body["sources"] = [{"name": "text"}, {"name": "pairs", "vision": {"image_token_id": 9, **vision}}]
+    (spec := tmp_path / "spec.yaml").write_text(yaml.safe_dump(body))
+    patch, temporal = vision.get("patch_size", 14), vision.get("temporal_patch_size", 2)
+    source = SinkSource.from_spec(spec)
+    assert source.pixel_options(None) == PixelOptions(patch_size=patch, temporal_patch_size=temporal)
+    mine = PixelOptions(image_mean=(0.5,) * 3, patch_size=patch, temporal_patch_size=temporal)
+    assert source.pixel_options(mine) is mine
+    for other in (
+        PixelOptions(patch_size=patch + 2, temporal_patch_size=temporal),
+        PixelOptions(patch_size=patch, temporal_patch_size=temporal + 1),
+    ):
+        with pytest.raises(
+            MixflowError, match=rf"differ from the job vl's vision sections \(patch_size {patch}, "
+        ) as raised:
+            KafkaBatchDataset(spec, rank=0, pixels=other)  # refused before the broker is asked anything
+        assert "\n" not in str(raised.value)
+    body["sources"].append({"name": "clips", "vision": {"patch_size": patch + 2}})
+    (spec := tmp_path / "two.yaml").write_text(yaml.safe_dump(body))
+    with pytest.raises(MixflowError, match="cut media into patches of several sizes"):
+        KafkaBatchDataset(spec, rank=0)
 
 
 # -- what must never be harmed ----------------------------------------------------------------------------
