@@ -455,6 +455,73 @@ def test_a_loader_with_every_unit_done_says_so_and_ctrl_c_exits_130(
     assert "mixflow load: interrupted" in said and '"source": "docstrings"' in said and "Traceback" not in said, said
 
 
+@pytest.fixture(scope="module")
+def silent_store() -> Iterator[str]:
+    """An endpoint that accepts connections (the kernel completes them in the listen backlog) and never
+    answers a byte: a store that hangs."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(64)
+        yield f"http://127.0.0.1:{listening.getsockname()[1]}"
+
+
+SILENT_DEADLINE_S = 2.0
+
+
+def _silent_spec(root: Path, endpoint: str) -> Path:
+    import yaml
+
+    storage = {
+        "endpoint_url": endpoint,
+        "region": "us-east-1",
+        "addressing_style": "path",
+        "credentials": {
+            "access_key_id": {"env": "MIXFLOW_TEST_S3_KEY"},
+            "secret_access_key": {"env": "MIXFLOW_TEST_S3_KEY"},
+        },
+        "retry_deadline_s": SILENT_DEADLINE_S,
+    }
+    body = yaml.safe_load(write_spec(root, "silent", _dead_servers(), root / "no-data").read_text())
+    body["sources"] = [{"name": "code", "reader": "jsonl", "path": "s3://corpus/code", "pretokenized": True}]
+    body["mixture"] = {"weights": {"code": 1}}
+    body["storage"] = storage
+    (spec := root / "silent.yaml").write_text(yaml.safe_dump(body))
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        ("spec check --files {spec}", USAGE),
+        ("load --spec {spec} --source code", None),
+        ("objects ls s3://corpus/code --endpoint-url {endpoint} --region us-east-1 --timeout-s 1", USAGE),
+    ],
+)
+def test_a_store_that_never_answers_is_reported_within_the_deadline_saying_what_was_waited_for(
+    argv: str,
+    code: int | None,
+    silent_store: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MIXFLOW_TEST_S3_KEY", "not-checked")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "not-checked")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-checked")
+    args = argv.format(spec=_silent_spec(tmp_path, silent_store), endpoint=silent_store).split()
+    began = time.monotonic()
+    exit_code = main(args)
+    took = time.monotonic() - began
+    said = capsys.readouterr().err + caplog.text
+    assert exit_code == code if code is not None else exit_code not in (0, None), said
+    assert "Read timeout" in said and silent_store.removeprefix("http://") in said, said
+    # Bounded by the spec's deadline (or two tries of --timeout-s): minutes before, a few seconds now.
+    assert took < 6 * SILENT_DEADLINE_S, f"{took:.0f} s: {said}"
+    if "objects" not in argv:
+        assert f"waiting for {silent_store} to answer (reading s3://corpus/code)" in said, said
+
+
 def test_a_sigint_that_a_role_took_as_a_request_to_stop_still_counts_as_an_interruption() -> None:
     from pipeline.cli.boundary import watching_sigint
 

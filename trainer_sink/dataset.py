@@ -77,8 +77,9 @@ class KafkaBatchDataset(IterableDataset):
     has taken whole (``trainer_sink/progress.py``), so that a constructor with ``max_lead_steps`` stays
     at most that many steps ahead; a failure to report is logged, never raised.
 
-    When the constructor is behind, the reader waits, logging every ``wait_log_interval_s`` which step
-    it waits for, and raises ``SinkTimeoutError`` after ``wait_timeout_s``. A batch that does not decode
+    When the constructor is behind (or not running), the reader waits, logging at WARNING (shown by Python's
+    default logging) every ``wait_log_interval_s`` which step it waits for, and raises ``SinkTimeoutError``
+    after ``wait_timeout_s``. A batch that does not decode
     raises ``DecodeError`` naming topic, partition and offset.
     """
 
