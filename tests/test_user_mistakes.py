@@ -151,6 +151,8 @@ AGAINST_THE_BROKER = [
     _case("report --spec {missing_job} --out {tmp}/plots", NOT_FOUND, "does not exist at"),
     _case("report --spec {spec} --out {tmp}/theirs", REFUSED, "holds the report of job someone-else; not overwriting"),
     _case("topics delete --job {job} --bootstrap-servers {servers} --yes", REFUSED, "is running"),
+    _case("run --spec {spec} --state-dir {tmp}/state", REFUSED,
+          r"job .* is running at .*: its consumer groups have members \(.*\.loaders\.code \(1 member\)\)"),
 ]  # fmt: skip
 
 
@@ -404,6 +406,38 @@ def test_deploy_render_overwrites_and_removes_only_the_same_jobs_manifests(
     err = capsys.readouterr().err
     assert "configmap-alpha-spec.yaml is there and is an object of job gamma; not overwriting it" in err, err
     assert _files(out) == before
+
+
+@pytest.mark.kafka
+def test_a_second_run_of_a_job_running_on_this_machine_is_refused_before_it_touches_the_first_ones_files(
+    world: dict[str, str], capsys: pytest.CaptureFixture
+) -> None:
+    from pipeline.spec import load_spec
+    from pipeline.tools.run.exclusive import LOCK_FILE, RunLock
+    from pipeline.tools.run.folders import job_folder
+
+    state = Path(world["tmp"]) / "state-locked"
+    job = load_spec(world["missing_job"]).job  # no roles in its groups: only the lock tells
+    folder = job_folder(state, job)
+    with RunLock(folder, job):
+        (folder / "load-code-0.log").write_text("the first run's log\n")
+        before = _files(folder)
+        argv = [
+            "run",
+            "--spec",
+            world["missing_job"],
+            "--state-dir",
+            str(state),
+            "--bootstrap-servers",
+            world["servers"],
+        ]
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code == REFUSED and f"job {job} is running on this machine: mixflow run (pid {os.getpid()} on " in err
+        assert f"holds {folder / LOCK_FILE}" in err and len(err.strip().splitlines()) == 1, err
+        assert _files(folder) == before
+    with RunLock(folder, job):  # released by the first: the next run takes it
+        pass
 
 
 def test_run_keeps_each_jobs_files_under_its_own_name_where_top_finds_them(

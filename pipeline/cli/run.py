@@ -45,21 +45,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.metrics import RunMetrics
     from pipeline.spec import load_spec
-    from pipeline.tools.observe.rank_topics import job_report
-    from pipeline.tools.run.job import job_spec_file, run_local_job, trainer_command
-    from pipeline.tools.run.progress import JobProgress
-    from topics.admin import ensure_job_topics
+    from pipeline.tools.run.exclusive import RunLock, refuse_if_running
+    from pipeline.tools.run.job import trainer_command
     from topics.cluster_probe import cluster_topics
 
     spec = load_spec(args.spec)
     folder = run_folder(args, spec.job)
-    train_folder = folder / "train"
     if args.trainer:  # a bad template is refused before anything starts
-        trainer_command(args.trainer, args.spec, train_folder)
+        trainer_command(args.trainer, args.spec, folder / "train")
     config = spec.kafka.client_config(args.bootstrap_servers, role="operator")
     cluster_topics(config)  # the broker answers: said at once, before any folder or process is made
+    refuse_if_running(config, args.job or spec.job)  # on any machine, by its roles' group members
+    with RunLock(folder, args.job or spec.job):  # on this machine, from the start: its logs are this run's
+        return _run_job(args, config, folder)
+
+
+def _run_job(args: argparse.Namespace, config: dict, folder: Path) -> int:
+    from pipeline.metrics import RunMetrics
+    from pipeline.tools.observe.rank_topics import job_report
+    from pipeline.tools.run.job import job_spec_file, run_local_job, trainer_command
+    from pipeline.tools.run.progress import JobProgress
+    from topics.admin import ensure_job_topics
+
+    train_folder = folder / "train"
     spec, spec_path = job_spec_file(args.spec, args.job, folder)
     metrics = RunMetrics(folder, spec.job, args.metrics_port_base)
     metrics.serve()
