@@ -100,6 +100,7 @@ WITHOUT_BROKER = [
     _case("run --spec {dead} --state-dir {file}", USAGE, "--state-dir: .* is a file"),
     _case("run --spec {dead} --job a/b", USAGE, "--job: .*job"),
     _case("run --spec {dead} --trainer {{nope}}", USAGE, "bad --trainer command"),
+    _case("run --spec {dead} --allow-dead-letters 5", USAGE, "--allow-dead-letters: a share is 0 to 1 .*, not 5"),
     _case("run --spec {tmp}/none.yaml", NOT_FOUND, "No such file"),
     _case("run --spec {dead} --state-dir {tmp}/state", UNREACHABLE, "no Kafka broker answers at"),
     # top

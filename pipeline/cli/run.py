@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.cli.arguments import job_name, non_negative_int, output_folder, port
+from pipeline.cli.arguments import job_name, non_negative_int, output_folder, port, share
 from pipeline.metrics.endpoints import METRICS_FILE
+from pipeline.tools.dead_letters import DEFAULT_ALLOWED_SHARE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"serve Prometheus metrics from every process on ports from this one up: this supervisor's own "
         f"(role restarts) on it, then one per trainer rank ({{metrics_port}} in --trainer: the first, plus the local "
         f"rank), loader and constructor, listed in the job's folder as {METRICS_FILE} (0: off, the default)",
+    )
+    parser.add_argument(
+        "--allow-dead-letters",
+        type=share,
+        default=DEFAULT_ALLOWED_SHARE,
+        metavar="SHARE",
+        help="the share of a source's records that may become dead letters (0.05 or 5%%) before the run's verdict "
+        "is no and it exits 1 naming the source, its count and top reasons (default: 1%%)",
     )
 
 
@@ -95,10 +104,12 @@ def _run_job(args: argparse.Namespace, config: dict, folder: Path) -> int:
             print(f"{role.name}: {summary}")
     restarted = [f"{role.name} {role.restarts}" for role in roles if role.restarts]
     print(f"roles restarted after dying: {', '.join(restarted) if restarted else 'none'}")
-    report = job_report(config, spec, trainer_folder=train_folder if trainer else None)
+    report = job_report(
+        config, spec, trainer_folder=train_folder if trainer else None, allowed_dead_letters=args.allow_dead_letters
+    )
     for line in report.lines():
         print(line)
-    return 0 if report.exactly_once else 1
+    return 0 if report.ok else 1
 
 
 def run_folder(args: argparse.Namespace, spec_job: str) -> Path:
