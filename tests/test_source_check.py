@@ -123,6 +123,20 @@ def test_the_tokenizers_own_vision_tokens_and_ids_past_its_vocabulary_pass(
     assert code == 0, err
 
 
+def test_a_vision_id_that_is_the_tokenizers_padding_token_is_refused(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tokenizers import Tokenizer
+
+    padded = Tokenizer.from_file(str(data / "mm-tokenizer.json"))
+    padded.enable_padding(pad_id=0, pad_token="<|endoftext|>")
+    padded.save(str(tmp_path / "padded.json"))
+    change = f'body["tokenizer"] = "{tmp_path / "padded.json"}"; del body["sources"][0]["eod_token_id"]; '
+    change += f'{VISION.format(k=0)}["video_token_id"] = 0'
+    code, _, err = _check(_spec(tmp_path, data, change), capsys)
+    assert code == USAGE and "sources[0].vision.video_token_id: is the padding token of padded.json (got 0)" in err
+
+
 @settings(max_examples=40, deadline=None)
 @given(text=st.text(max_size=60))
 def test_every_id_text_tokenizes_to_is_a_text_token_and_special_ones_are_not(
