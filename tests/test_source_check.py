@@ -157,3 +157,29 @@ def test_the_files_read_are_the_first_the_last_and_some_between(count: int, want
     assert len(picked) == min(count, wanted)
     if count > wanted > 1:
         assert picked[0] == files[0] and picked[-1] == files[-1]
+
+
+@pytest.mark.object_store
+def test_sources_in_an_object_store_are_read_and_held_to_their_settings_the_same_way(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.s3_support import running_server, storage_section, upload
+
+    with running_server(tmp_path / "s3") as server:
+        monkeypatch.setenv("MIXFLOW_TEST_S3_KEY", server.access_key)
+        monkeypatch.setenv("MIXFLOW_TEST_S3_SECRET", server.secret_key)
+        for name in ("captions", "interleaved", "clips"):
+            upload(server, data / name, f"mm/{name}")  # media named by path are objects beside their records
+        change = "body['sources'] = body['sources'][:3]; body['storage'] = STORAGE; "
+        change += "[s.update(path=f's3://corpus/mm/{s[\"name\"]}') for s in body['sources']]; "
+        change += "body['mixture']['schedule'][0]['weights'] = {'captions': 1, 'interleaved': 1, 'clips': 1}"
+        spec = _spec(tmp_path, data, change.replace("STORAGE", repr(storage_section(server, retry_deadline_s=10))))
+        code, out, err = _check(spec, capsys)
+        assert code == 0, err
+        local_code, local_out, _ = _check(_spec(tmp_path, data), capsys)
+        assert local_code == 0 and out.splitlines()[2:5] == local_out.splitlines()[2:5]  # the same records read
+        body = yaml.safe_load(spec.read_text())
+        body["step"]["patches_per_micro_batch"] = 100
+        spec.write_text(yaml.safe_dump(body))
+        code, _, err = _check(spec, capsys)
+        assert code == USAGE and "below the largest clip read of source clips: clips-0000.jsonl:row=" in err, err

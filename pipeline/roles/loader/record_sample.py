@@ -21,6 +21,7 @@ from topics.dead_letter import DeadLetter
 
 FILES_SAMPLED = 4
 RECORDS_PER_FILE = 16
+SAMPLE_READ_AHEAD = 1 << 20  # bytes a line-based object's sample is read by
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,14 @@ def sample_records(reader: Reader, files: list[str], decoder: MediaDecoder | Non
     sample = RecordSample(listed=len(files))
     for path in sampled_files(files):
         sample.files += 1
-        records = reader.read(WorkUnit(reader.source, path, "file", 0, 0))
+        # The file's first rows as a unit of its own: an object store's reader fetches only their bytes (a
+        # Parquet file's first row group), and a shorter file says so in a letter naming the unit, not a record.
+        unit = WorkUnit(reader.source, path, "rows", 0, RECORDS_PER_FILE, estimated_bytes=SAMPLE_READ_AHEAD)
+        records = reader.read(unit)
         with contextlib.closing(records):  # stops reading the file at once
-            for _, record in zip(range(RECORDS_PER_FILE), records, strict=False):
+            for record in records:
+                if isinstance(record, DeadLetter) and unit.unit_id in record.reason:
+                    break  # the file ends before the sample's last row
                 sample.records += 1
                 if isinstance(record, DeadLetter):
                     sample.first_dead_letter = sample.first_dead_letter or record
