@@ -49,6 +49,21 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
+    def text_token(self, token_id: int) -> str | None:
+        """The token ``token_id`` stands for, when text tokenizes to it: an entry of the model's vocabulary or
+        an added token that is not special. None for a special token (``<|endoftext|>``, ``<|vision_start|>``:
+        text gives one only where it spells it out) and for an id past the vocabulary."""
+        added = self._tokenizer.get_added_tokens_decoder()
+        if token_id in added:
+            return None if added[token_id].special else added[token_id].content
+        return self._tokenizer.id_to_token(token_id)
+
+    @property
+    def padding_id(self) -> int | None:
+        """The padding token the tokenizer file sets (its ``padding`` section), if any."""
+        padding = self._tokenizer.padding
+        return None if padding is None else int(padding["pad_id"])
+
     def token_id(self, token: str) -> int:
         """The id of ``token`` (e.g. ``"<|endoftext|>"``); ``TokenizerError`` when it is unknown."""
         token_id = self._tokenizer.token_to_id(token)

@@ -5,6 +5,7 @@ guaranteed is that nothing but DecodeError escapes and that a decoded letter is 
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 
@@ -122,3 +123,53 @@ def test_from_exception_and_message() -> None:
     assert decode_dead_letter_message(message) == letter
     with pytest.raises(DecodeError, match=r"topic=j\.dlq, partition=0, offset=3"):
         decode_dead_letter_message(Message(topic="j.dlq", partition=0, offset=3, value=b"{"))
+
+
+# -- dead letters against each source's records: what `mixflow run` reports and judges --------------------
+
+
+@given(
+    letters=st.dictionaries(
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]),
+            st.one_of(st.text(max_size=30), st.integers(0, 99).map(lambda n: f"image needs {n} tokens")),
+        ),
+        st.integers(1, 50),
+        max_size=30,
+    ),
+    records=st.dictionaries(st.sampled_from(["a", "b", "d"]), st.integers(0, 2000)),
+    allowed=st.floats(0, 1),
+)
+def test_a_tally_keeps_every_dead_letter_under_its_source_and_the_verdict_follows_the_share(
+    letters: dict[tuple[str, str], int], records: dict[str, int], allowed: float
+) -> None:
+    from pipeline.tools.dead_letters import REASONS_SHOWN, over_share, reason_kind, report_lines, tally
+
+    tallies = tally(letters, records)
+    by_source = {t.source: t for t in tallies}
+    assert list(by_source)[: len(records)] == list(records)  # every source named, in its order, then the others
+    assert set(by_source) == set(records) | {s for s, _ in letters}
+    for source, t in by_source.items():
+        mine = {reason: n for (s, reason), n in letters.items() if s == source}
+        assert t.letters == sum(mine.values()) and t.records == records.get(source, 0)
+        assert len(t.reasons) == len({reason_kind(r) for r in mine})
+        shown = t.shown()
+        assert sum(r.letters for r in shown) == t.letters and len(shown) <= REASONS_SHOWN + 1
+    lossy = {t.source for t in over_share(tallies, allowed)}
+    assert lossy == {t.source for t in tallies if t.letters and t.letters / max(t.records, t.letters) > allowed}
+    lines = report_lines(tallies, allowed)
+    if not letters:
+        assert lines == ["dead letters: none"]
+    else:
+        assert lines[-1].endswith(": yes") == (not lossy)
+        assert all(f"source {source} " in lines[-1] for source in lossy)
+
+
+@pytest.mark.parametrize(("text", "value"), [("0", 0.0), ("0.05", 0.05), ("5%", 0.05), ("100%", 1.0), ("1", 1.0)])
+def test_a_share_is_a_fraction_or_a_percentage(text: str, value: float) -> None:
+    from pipeline.cli.arguments import share
+
+    assert share(text) == pytest.approx(value)
+    for wrong in ("2", "-1%", "101%", "x", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            share(wrong)

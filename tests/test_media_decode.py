@@ -359,3 +359,44 @@ def test_clip_files_and_frame_size_bound(tmp_path: Path) -> None:
         decoder.decode(MediaRef("video", "c", path="nope.mp4"))
     with pytest.raises(MediaError, match="64x48 = 3072 pixels, more than max_decoded_pixels 3000"):
         decode("video", clip_bytes(4), replace(VISION, max_decoded_pixels=3000))
+
+
+# The grid from headers alone: what `spec check --files` measures without decoding
+
+
+@settings(max_examples=25)
+@given(sides(longest=900), st.sampled_from(["PNG", "JPEG", "WEBP"]), st.sampled_from([1, 3, 5, 6, 8]))
+def test_an_image_grid_read_from_its_header_is_the_decoded_one(
+    size: tuple[int, int], fmt: str, orientation: int
+) -> None:
+    height, width = size
+    if fmt == "JPEG":
+        data = exif_rotated_jpeg(width, height, orientation)
+    else:
+        data = image_bytes(text_image(width, height), fmt)
+    ref = MediaRef("image", "test:item", data=data)
+    assert MediaDecoder(VISION).grid(ref) == decode("image", data).grid
+
+
+@settings(max_examples=12)
+@given(
+    st.integers(1, 30),
+    st.sampled_from([4, 10, 25]),
+    st.sampled_from([1.0, 2.0, 4.0]),
+    st.integers(2, 16),
+    st.sampled_from([(64, 48, "matroska", "ffv1"), (320, 240, "mp4", "mpeg4")]),
+)
+def test_a_clip_grid_read_from_its_packets_is_the_decoded_one(
+    frames: int, rate: int, fps: float, max_frames: int, shape: tuple[int, int, str, str]
+) -> None:
+    width, height, fmt, codec = shape
+    config = replace(VISION, video_fps=fps, video_max_frames=max_frames)
+    data = clip_bytes(frames, rate=rate, width=width, height=height, fmt=fmt, codec=codec)
+    ref = MediaRef("video", "test:item", data=data)
+    assert MediaDecoder(config).grid(ref) == decode("video", data, config).grid
+
+
+@pytest.mark.parametrize(("kind", "data"), [*(("video", data) for _, data, _ in BAD_CLIPS), ("image", b"no image")])
+def test_a_grid_that_cannot_be_read_is_a_media_error(kind: str, data: bytes) -> None:
+    with pytest.raises(MediaError):
+        MediaDecoder(VISION).grid(MediaRef(kind, "test:item", data=data))

@@ -30,7 +30,15 @@ from tests.sink_media_support import (
 )
 from topics.batch import Batch
 from topics.batch_codec import decode_batch, encode_batch
-from topics.media_packing import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PixelOptions, pack_media, patchify
+from topics.errors import MixflowError
+from topics.media_packing import (
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    PixelOptions,
+    PixelOptionsError,
+    pack_media,
+    patchify,
+)
 from topics.media_pixels import frames_array
 from topics.packing import pack_micro_batches
 from topics.sample import Sample
@@ -180,7 +188,11 @@ def test_normalization_and_patch_sizes_are_options() -> None:
     np.testing.assert_allclose(patches, (expected - 0.5) / std, rtol=1e-6)
     sample = media_sample(rng, "vl/0", [("image", (1, 2, 2))])
     batch = Batch.from_samples(step=0, rank=0, ranks=1, capacity=99, micro_batches=[[sample]], with_media=True)
-    with pytest.raises(ValueError, match="a media item has patch size 14; the sink's PixelOptions say 16"):
+    wrong = r"media items have patch_size 14 .*PixelOptions say 16: give PixelOptions\(patch_size=14\)"
+    with pytest.raises(PixelOptionsError, match=wrong) as raised:
         pack_media(batch, PixelOptions(patch_size=16))
+    assert isinstance(raised.value, MixflowError) and "\n" not in str(raised.value)  # one line, as the CLI prints
+    with pytest.raises(PixelOptionsError, match=r"temporal_patch_size 2 .*say 3"):
+        pack_media(batch, PixelOptions(temporal_patch_size=3))
     with pytest.raises(ValueError, match="image_mean and image_std"):
         PixelOptions(image_std=(1.0, 0.0, 1.0))

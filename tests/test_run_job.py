@@ -76,3 +76,35 @@ def test_run_with_a_trainer_reports_exactly_once_end_to_end(
     trained = "the trainer received every micro-batch exactly as written: yes (48 micro-batches on 2 ranks, steps 0-11"
     assert trained in stdout, stdout
     assert "tokens into the ranks:" in stdout and "trainer-side memory per rank" in stdout
+
+
+@pytest.mark.kafka
+def test_run_states_dead_letters_per_source_and_fails_a_source_that_lost_more_than_allowed(
+    kafka_bootstrap: str, unique_name: str, tmp_path: Path
+) -> None:
+    from pipeline.spec import load_spec
+    from pipeline.tools.observe.rank_topics import job_report
+
+    data = build_example_data(tmp_path / "data", limit=3)
+    docstrings = sorted((data / "docstrings").glob("*.jsonl"))[0]
+    good = len(docstrings.read_text().splitlines())
+    with docstrings.open("a") as out:  # records that are no JSON: each a dead letter, the rest goes on
+        out.writelines(f"not json {k}\n" for k in range(4))
+    spec = write_spec(tmp_path, unique_name, kafka_bootstrap, data, on_exhausted="renormalize")
+    command = [sys.executable, "-m", "pipeline.cli", "run", "--spec", str(spec), "--state-dir", str(tmp_path / "s")]
+    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=280)
+    lines = run.stdout.splitlines()
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "each sample exactly once: yes" in lines, run.stdout
+    share = f"{4 / (good + 4):.1%}"
+    assert "dead letters: 4 of " in run.stdout and f"docstrings 4 of {good + 4} records ({share})" in run.stdout
+    assert "  docstrings: 4 x invalid JSON: Expecting value: line 1 column 1 (char 0)" in lines, run.stdout
+    assert lines[-1] == (
+        f"each source lost at most 1.0% of its records to dead letters: NO (source docstrings 4 of {good + 4} "
+        f"records ({share}): 4 x invalid JSON: Expecting value: line 1 column 1 (char 0)); --allow-dead-letters "
+        "SHARE allows more"
+    ), run.stdout
+    # The same job judged with a larger allowance: what `--allow-dead-letters 50%` gives.
+    config = load_spec(spec).kafka.client_config(kafka_bootstrap, role="operator")
+    report = job_report(config, load_spec(spec), allowed_dead_letters=0.5)
+    assert report.ok and report.lines()[-1] == "each source lost at most 50.0% of its records to dead letters: yes"

@@ -28,9 +28,10 @@ from pipeline.planning.mixing import MixerState, MixtureChange
 from pipeline.planning.step.state import ConstructorState, SourcePosition
 from pipeline.spec import load_spec
 from pipeline.spec.cost import CostModel
+from pipeline.tools.dead_letters import REASONS_SHOWN, reason_kind
 from pipeline.tools.observe.collector import JobCollector
 from pipeline.tools.observe.endpoints import run_endpoints, scrape_sink_steps, sink_steps_in
-from pipeline.tools.observe.frame import DEAD_LETTER_ROWS, Frame, JobFacts, SourceFacts, build_frame, render_frame
+from pipeline.tools.observe.frame import Frame, JobFacts, SourceFacts, build_frame, render_frame
 from pipeline.tools.observe.history import read_history
 from pipeline.tools.observe.lanes import LaneStates
 from pipeline.tools.observe.step_stats import step_stats
@@ -66,7 +67,8 @@ source_facts = st.builds(
 @st.composite
 def job_facts(draw: st.DrawFn) -> JobFacts:
     recent = [step_stats(b, SOURCES, COST) for b in draw(steps(max_steps=5))]
-    letters = draw(st.dictionaries(st.tuples(st.sampled_from(SOURCES), st.text(max_size=200)), st.integers(1, 99)))
+    reasons = st.one_of(st.text(max_size=200), st.integers(0, 9).map(lambda n: f"image needs {n} tokens"))
+    letters = draw(st.dictionaries(st.tuples(st.sampled_from(SOURCES), reasons), st.integers(1, 99), max_size=40))
     return JobFacts(
         job="j",
         window_s=draw(st.floats(0.5, 120)),
@@ -112,8 +114,17 @@ def test_frame_numbers_follow_from_the_facts(facts: JobFacts) -> None:
         assert c.imbalance_max == max(s.imbalance for s in facts.recent)
         assert c.fill_mean == pytest.approx(np.mean([s.fill for s in facts.recent]))
     assert frame.dead_letters_total == sum(facts.dead_letters.values())
-    counts = [r.records for r in frame.dead_letters]
-    assert counts == sorted(counts, reverse=True) and len(counts) == min(DEAD_LETTER_ROWS, len(facts.dead_letters))
+    # Every source with dead letters has rows, its kinds of reason the most frequent first, the rest counted in
+    # one row: the rows add up to every dead letter, whatever the number of sources and reasons.
+    assert sum(r.records for r in frame.dead_letters) == frame.dead_letters_total
+    for source in {s for s, _ in facts.dead_letters}:
+        rows = [r for r in frame.dead_letters if r.source == source]
+        kinds = {reason_kind(reason) for s, reason in facts.dead_letters if s == source}
+        assert len(rows) == min(len(kinds), REASONS_SHOWN + 1)
+        named = [r.records for r in rows[:REASONS_SHOWN]]
+        assert named == sorted(named, reverse=True)
+        if len(kinds) > REASONS_SHOWN:
+            assert rows[-1].reason == f"({len(kinds) - REASONS_SHOWN} other reasons)"
     text = render_text(frame)
     assert f"job j: sources (rates over the last {facts.window_s:g} s)" in text
     assert ("unknown" in text) == (facts.sink_steps is None)

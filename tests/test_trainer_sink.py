@@ -4,6 +4,7 @@ resume from any point, waiting, end of data, and errors that say where."""
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import subprocess
 import sys
@@ -322,7 +323,9 @@ def test_peers_of_one_data_parallel_rank_read_the_same_batches(
 
 
 @pytest.mark.kafka
-def test_waits_for_the_constructor_then_times_out_naming_the_step(kafka_bootstrap: str, unique_name: str) -> None:
+def test_waits_for_the_constructor_then_times_out_naming_the_step(
+    kafka_bootstrap: str, unique_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
     batches = _steps(3, 6)
     write_steps(kafka_bootstrap, unique_name, batches[:2], end=False)
     dataset = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=20)
@@ -342,6 +345,9 @@ def test_waits_for_the_constructor_then_times_out_naming_the_step(kafka_bootstra
     _take(iterator, MICRO_BATCHES)
     with pytest.raises(SinkTimeoutError, match=rf"waited \d+ s for step 1 on {stalled}\.rank\.1"):
         next(iterator)
+    # Said while waiting at a level a training script's default logging shows (Python's: WARNING).
+    waits = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any(f" s for step 1 on {stalled}.rank.1" in wait and "rank 1 has waited" in wait for wait in waits)
 
 
 @pytest.mark.kafka

@@ -100,6 +100,7 @@ WITHOUT_BROKER = [
     _case("run --spec {dead} --state-dir {file}", USAGE, "--state-dir: .* is a file"),
     _case("run --spec {dead} --job a/b", USAGE, "--job: .*job"),
     _case("run --spec {dead} --trainer {{nope}}", USAGE, "bad --trainer command"),
+    _case("run --spec {dead} --allow-dead-letters 5", USAGE, "--allow-dead-letters: a share is 0 to 1 .*, not 5"),
     _case("run --spec {tmp}/none.yaml", NOT_FOUND, "No such file"),
     _case("run --spec {dead} --state-dir {tmp}/state", UNREACHABLE, "no Kafka broker answers at"),
     # top
@@ -128,6 +129,9 @@ WITHOUT_BROKER = [
     _case("chaos --spec {dead} --faults 1 --seed 1 --fault-timeout-s 0", USAGE, "--fault-timeout-s: must be above 0"),
     _case("chaos --spec {dead} --faults 1 --seed 1 --kinds nope", USAGE, "--kinds: 'nope' is not a valid"),
     _case("chaos --spec {dead} --faults 1 --seed 1 --out {file}", USAGE, "--out: .* is a file"),
+    _case("chaos --spec {dead} --faults 1 --seed 1 --kinds restart-object-store", USAGE, "restart-object-store needs"),
+    _case("chaos --spec {dead} --faults 1 --seed 1 --kinds kill-loader,kill-shadow-constructor --shadows 0", USAGE,
+          "cannot inject kill-shadow-constructor needs a shadow constructor \\(--shadows 1 or more\\)$"),
     # deploy
     _case("deploy render --spec {dead} --out {file}", USAGE, "--out: .* is a file, not a folder"),
     _case("deploy render --spec {dead} --out {file}/k8s", USAGE, "--out: cannot make folder .* is a file"),
@@ -148,6 +152,8 @@ AGAINST_THE_BROKER = [
     _case("report --spec {missing_job} --out {tmp}/plots", NOT_FOUND, "does not exist at"),
     _case("report --spec {spec} --out {tmp}/theirs", REFUSED, "holds the report of job someone-else; not overwriting"),
     _case("topics delete --job {job} --bootstrap-servers {servers} --yes", REFUSED, "is running"),
+    _case("run --spec {spec} --state-dir {tmp}/state", REFUSED,
+          r"job .* is running at .*: its consumer groups have members \(.*\.loaders\.code \(1 member\)\)"),
 ]  # fmt: skip
 
 
@@ -309,6 +315,41 @@ def test_the_sink_refuses_at_once_what_cannot_come(
     assert "FAIL" not in capfd.readouterr().err, "librdkafka's own lines reached the trainer's stderr"
 
 
+@pytest.mark.parametrize("vision", [{}, {"patch_size": 16}, {"patch_size": 14, "temporal_patch_size": 1}])
+def test_the_sink_refuses_pixel_options_that_are_not_the_jobs_and_takes_the_jobs_by_default(
+    vision: dict[str, int], tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    import yaml
+
+    from topics.errors import MixflowError
+    from topics.media_packing import PixelOptions
+    from trainer_sink import KafkaBatchDataset
+    from trainer_sink.config import SinkSource
+
+    body = {"job": "vl", "kafka": {"bootstrap_servers": _dead_servers()}, "step": {"ranks": 1}}
+    body["sources"] = [{"name": "text"}, {"name": "pairs", "vision": {"image_token_id": 9, **vision}}]
+    (spec := tmp_path / "spec.yaml").write_text(yaml.safe_dump(body))
+    patch, temporal = vision.get("patch_size", 14), vision.get("temporal_patch_size", 2)
+    source = SinkSource.from_spec(spec)
+    assert source.pixel_options(None) == PixelOptions(patch_size=patch, temporal_patch_size=temporal)
+    mine = PixelOptions(image_mean=(0.5,) * 3, patch_size=patch, temporal_patch_size=temporal)
+    assert source.pixel_options(mine) is mine
+    for other in (
+        PixelOptions(patch_size=patch + 2, temporal_patch_size=temporal),
+        PixelOptions(patch_size=patch, temporal_patch_size=temporal + 1),
+    ):
+        with pytest.raises(
+            MixflowError, match=rf"differ from the job vl's vision sections \(patch_size {patch}, "
+        ) as raised:
+            KafkaBatchDataset(spec, rank=0, pixels=other)  # refused before the broker is asked anything
+        assert "\n" not in str(raised.value)
+    body["sources"].append({"name": "clips", "vision": {"patch_size": patch + 2}})
+    (spec := tmp_path / "two.yaml").write_text(yaml.safe_dump(body))
+    with pytest.raises(MixflowError, match="cut media into patches of several sizes"):
+        KafkaBatchDataset(spec, rank=0)
+
+
 # -- what must never be harmed ----------------------------------------------------------------------------
 
 
@@ -368,6 +409,38 @@ def test_deploy_render_overwrites_and_removes_only_the_same_jobs_manifests(
     assert _files(out) == before
 
 
+@pytest.mark.kafka
+def test_a_second_run_of_a_job_running_on_this_machine_is_refused_before_it_touches_the_first_ones_files(
+    world: dict[str, str], capsys: pytest.CaptureFixture
+) -> None:
+    from pipeline.spec import load_spec
+    from pipeline.tools.run.exclusive import LOCK_FILE, RunLock
+    from pipeline.tools.run.folders import job_folder
+
+    state = Path(world["tmp"]) / "state-locked"
+    job = load_spec(world["missing_job"]).job  # no roles in its groups: only the lock tells
+    folder = job_folder(state, job)
+    with RunLock(folder, job):
+        (folder / "load-code-0.log").write_text("the first run's log\n")
+        before = _files(folder)
+        argv = [
+            "run",
+            "--spec",
+            world["missing_job"],
+            "--state-dir",
+            str(state),
+            "--bootstrap-servers",
+            world["servers"],
+        ]
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code == REFUSED and f"job {job} is running on this machine: mixflow run (pid {os.getpid()} on " in err
+        assert f"holds {folder / LOCK_FILE}" in err and len(err.strip().splitlines()) == 1, err
+        assert _files(folder) == before
+    with RunLock(folder, job):  # released by the first: the next run takes it
+        pass
+
+
 def test_run_keeps_each_jobs_files_under_its_own_name_where_top_finds_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -415,6 +488,73 @@ def test_a_loader_with_every_unit_done_says_so_and_ctrl_c_exits_130(
             process.kill()
     said = log.read_text()
     assert "mixflow load: interrupted" in said and '"source": "docstrings"' in said and "Traceback" not in said, said
+
+
+@pytest.fixture(scope="module")
+def silent_store() -> Iterator[str]:
+    """An endpoint that accepts connections (the kernel completes them in the listen backlog) and never
+    answers a byte: a store that hangs."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(64)
+        yield f"http://127.0.0.1:{listening.getsockname()[1]}"
+
+
+SILENT_DEADLINE_S = 2.0
+
+
+def _silent_spec(root: Path, endpoint: str) -> Path:
+    import yaml
+
+    storage = {
+        "endpoint_url": endpoint,
+        "region": "us-east-1",
+        "addressing_style": "path",
+        "credentials": {
+            "access_key_id": {"env": "MIXFLOW_TEST_S3_KEY"},
+            "secret_access_key": {"env": "MIXFLOW_TEST_S3_KEY"},
+        },
+        "retry_deadline_s": SILENT_DEADLINE_S,
+    }
+    body = yaml.safe_load(write_spec(root, "silent", _dead_servers(), root / "no-data").read_text())
+    body["sources"] = [{"name": "code", "reader": "jsonl", "path": "s3://corpus/code", "pretokenized": True}]
+    body["mixture"] = {"weights": {"code": 1}}
+    body["storage"] = storage
+    (spec := root / "silent.yaml").write_text(yaml.safe_dump(body))
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        ("spec check --files {spec}", USAGE),
+        ("load --spec {spec} --source code", None),
+        ("objects ls s3://corpus/code --endpoint-url {endpoint} --region us-east-1 --timeout-s 1", USAGE),
+    ],
+)
+def test_a_store_that_never_answers_is_reported_within_the_deadline_saying_what_was_waited_for(
+    argv: str,
+    code: int | None,
+    silent_store: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MIXFLOW_TEST_S3_KEY", "not-checked")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "not-checked")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-checked")
+    args = argv.format(spec=_silent_spec(tmp_path, silent_store), endpoint=silent_store).split()
+    began = time.monotonic()
+    exit_code = main(args)
+    took = time.monotonic() - began
+    said = capsys.readouterr().err + caplog.text
+    assert exit_code == code if code is not None else exit_code not in (0, None), said
+    assert "Read timeout" in said and silent_store.removeprefix("http://") in said, said
+    # Bounded by the spec's deadline (or two tries of --timeout-s): minutes before, a few seconds now.
+    assert took < 6 * SILENT_DEADLINE_S, f"{took:.0f} s: {said}"
+    if "objects" not in argv:
+        assert f"waiting for {silent_store} to answer (reading s3://corpus/code)" in said, said
 
 
 def test_a_sigint_that_a_role_took_as_a_request_to_stop_still_counts_as_an_interruption() -> None:

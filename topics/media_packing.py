@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from topics.batch import Batch
+from topics.errors import MixflowError
 from topics.media import CHANNELS
 from topics.media_column import MediaTable
 from topics.media_pixels import frames_array
@@ -36,6 +37,10 @@ OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 TEXT, IMAGE, VIDEO = 0, 1, 2
 """``mm_token_type_ids`` values."""
+
+
+class PixelOptionsError(MixflowError, ValueError):
+    """A batch whose media items were cut into patches of other sizes than the sink's ``PixelOptions`` say."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +91,8 @@ class PackedMedia:
 
 
 def pack_media(batch: Batch, options: PixelOptions | None = None) -> list[PackedMedia]:
-    """``batch.micro_batches`` micro-batches' vision inputs, in order, empty ones included. ``ValueError`` when
-    an item's patch sizes differ from ``options``; ``DecodeError`` when a JPEG or PNG frame does not decode
+    """``batch.micro_batches`` micro-batches' vision inputs, in order, empty ones included. ``PixelOptionsError``
+    when an item's patch sizes differ from ``options``; ``DecodeError`` when a JPEG or PNG frame does not decode
     to the item's size."""
     options = options or PixelOptions()
     media, offsets = batch.media, batch.offsets
@@ -126,14 +131,17 @@ def pack_media(batch: Batch, options: PixelOptions | None = None) -> list[Packed
 
 def _check_patch_sizes(media: MediaTable, options: PixelOptions) -> None:
     sizes = media.ints["height"] // np.maximum(media.ints["grid_h"], 1)
-    for name, values, expected in (
-        ("patch size", sizes, options.patch_size),
-        ("temporal patch size", media.ints["temporal_patch_size"], options.temporal_patch_size),
+    for field, values, expected in (
+        ("patch_size", sizes, options.patch_size),
+        ("temporal_patch_size", media.ints["temporal_patch_size"], options.temporal_patch_size),
     ):
         if np.any(values != expected):
-            k = int(np.argmax(values != expected))
-            msg = f"a media item has {name} {int(values[k])}; the sink's PixelOptions say {expected}"
-            raise ValueError(msg)
+            found = int(values[int(np.argmax(values != expected))])
+            msg = (
+                f"the job's media items have {field} {found} (its spec's vision.{field}), the sink's PixelOptions "
+                f"say {expected}: give PixelOptions({field}={found})"
+            )
+            raise PixelOptionsError(msg)
 
 
 def _vision_input(

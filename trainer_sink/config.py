@@ -16,18 +16,23 @@ import yaml
 
 from topics.errors import MixflowError
 from topics.kafka_settings import resolve_role_settings, setting_problems
+from topics.media_packing import PixelOptions
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 DEFAULT_BOOTSTRAP_SERVERS = "localhost:9092"
+# A vision section's patch sizes when it does not give them (pipeline/spec/vision.py, Qwen2-VL's).
+VISION_PATCH_DEFAULTS = {"patch_size": 14, "temporal_patch_size": 2}
 
 
 @dataclass(frozen=True)
 class SinkSource:
-    """A job's rank topics and how to reach them. ``ranks`` is ``None`` when not known (no spec)."""
+    """A job's rank topics and how to reach them. ``ranks`` is ``None`` when not known (no spec);
+    ``patch_sizes`` the ``(patch_size, temporal_patch_size)`` of each of the spec's multimodal sources."""
 
     job: str
     kafka_config: Mapping[str, Any] = field(default_factory=dict)
     ranks: int | None = None
+    patch_sizes: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def from_spec(
@@ -62,7 +67,43 @@ class SinkSource:
             raise MixflowError(msg)
         env = os.environ if environ is None else environ
         servers = bootstrap_servers or env.get(BOOTSTRAP_ENV) or kafka.get("bootstrap_servers")
-        return cls(job, {**settings, "bootstrap.servers": servers or DEFAULT_BOOTSTRAP_SERVERS}, ranks)
+        config = {**settings, "bootstrap.servers": servers or DEFAULT_BOOTSTRAP_SERVERS}
+        return cls(job, config, ranks, _patch_sizes(body.get("sources")))
+
+    def pixel_options(self, pixels: PixelOptions | None) -> PixelOptions | None:
+        """``pixels`` checked against the job's patch sizes, or, left out, the job's patch sizes with the default
+        normalization; ``MixflowError`` when they differ (the first batch with media would be refused)."""
+        sizes = sorted(set(self.patch_sizes))
+        if not sizes:
+            return pixels
+        if len(sizes) > 1:
+            listed = ", ".join(f"patch_size {p} and temporal_patch_size {t}" for p, t in sizes)
+            msg = f"job {self.job}: its multimodal sources cut media into patches of several sizes ({listed})"
+            raise MixflowError(msg)
+        patch, temporal = sizes[0]
+        if pixels is None:
+            return PixelOptions(patch_size=patch, temporal_patch_size=temporal)
+        if (pixels.patch_size, pixels.temporal_patch_size) != (patch, temporal):
+            msg = (
+                f"pixels: PixelOptions(patch_size={pixels.patch_size}, temporal_patch_size="
+                f"{pixels.temporal_patch_size}) differ from the job {self.job}'s vision sections (patch_size {patch}, "
+                f"temporal_patch_size {temporal}): give those, or leave pixels out to take the job's"
+            )
+            raise MixflowError(msg)
+        return pixels
+
+
+def _patch_sizes(sources: object) -> tuple[tuple[int, int], ...]:
+    """The patch sizes of the multimodal sources of a spec's ``sources`` (a source with a ``vision`` section);
+    what is not a well-formed source is left to the loaders' spec check."""
+    found = []
+    for source in sources if isinstance(sources, list) else []:
+        vision = source.get("vision") if isinstance(source, dict) else None
+        if isinstance(vision, dict):
+            sizes = {name: vision.get(name, default) for name, default in VISION_PATCH_DEFAULTS.items()}
+            if all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes.values()):
+                found.append((sizes["patch_size"], sizes["temporal_patch_size"]))
+    return tuple(found)
 
 
 def _trainer_settings(path: Path, kafka: object, environ: Mapping[str, str] | None) -> dict[str, Any]:

@@ -59,7 +59,8 @@ class KafkaBatchDataset(IterableDataset):
     A job with media (its batches have the ``media`` column) also yields each micro-batch's images and clips
     as a vision-language model takes them (``pixel_values``, ``image_grid_thw``, ``mrope_position_ids`` ...:
     ``trainer_sink.media_tensors``); ``pixels`` sets the normalization and the encoder's patch sizes
-    (Qwen2-VL's by default). Frames are decoded and normalized on the reading thread, ahead of the trainer.
+    (Qwen2-VL's by default; made from a spec, the spec's vision sections' patch sizes, and ``pixels`` with
+    others is refused at once). Frames are decoded and normalized on the reading thread, ahead of the trainer.
 
     A background thread reads and decodes ahead, up to ``prefetch_bytes``, pinning memory when CUDA is
     present. With ``device`` a CUDA device, the next micro-batch is copied there on a side stream while
@@ -76,8 +77,9 @@ class KafkaBatchDataset(IterableDataset):
     has taken whole (``trainer_sink/progress.py``), so that a constructor with ``max_lead_steps`` stays
     at most that many steps ahead; a failure to report is logged, never raised.
 
-    When the constructor is behind, the reader waits, logging every ``wait_log_interval_s`` which step
-    it waits for, and raises ``SinkTimeoutError`` after ``wait_timeout_s``. A batch that does not decode
+    When the constructor is behind (or not running), the reader waits, logging at WARNING (shown by Python's
+    default logging) every ``wait_log_interval_s`` which step it waits for, and raises ``SinkTimeoutError``
+    after ``wait_timeout_s``. A batch that does not decode
     raises ``DecodeError`` naming topic, partition and offset.
     """
 
@@ -126,6 +128,7 @@ class KafkaBatchDataset(IterableDataset):
         if pad_to_multiple_of < 1:
             msg = f"pad_to_multiple_of must be at least 1, got {pad_to_multiple_of}"
             raise MixflowError(msg)
+        pixels = source.pixel_options(pixels)
         # Fails fast, in one line: no broker answering (BrokerUnreachableError), no such job or rank (NotFoundError).
         require_rank_topic(self.kafka_config, self.job, self.rank)
         if pin_memory is None:
@@ -264,7 +267,7 @@ def _source(
             msg = "give either spec or job, not both"
             raise MixflowError(msg)
         source = SinkSource.from_spec(spec, bootstrap)
-        return SinkSource(source.job, {**source.kafka_config, **(config or {})}, source.ranks)
+        return SinkSource(source.job, {**source.kafka_config, **(config or {})}, source.ranks, source.patch_sizes)
     if job is None:
         msg = "give a job spec (spec=) or a job name (job=) to read from"
         raise MixflowError(msg)

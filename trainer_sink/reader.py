@@ -168,14 +168,17 @@ class RankTopicReader:
         topic = self.position.topic
         admin = Consumer({**self._config, "group.id": f"mixflow-sink-meta-{uuid.uuid4().hex[:12]}"})
         try:
-            deadline = time.monotonic() + self.options.wait_timeout_s
+            began = last_log = time.monotonic()
             while not self._stop.is_set():
                 described = admin.list_topics(topic, timeout=10).topics.get(topic)
                 if described is not None and described.error is None and described.partitions:
                     return len(described.partitions)
-                if time.monotonic() > deadline:
+                if time.monotonic() - began > self.options.wait_timeout_s:
                     msg = f"rank topic {topic} does not exist after {self.options.wait_timeout_s:.0f} s"
                     raise SinkTimeoutError(msg)
+                if time.monotonic() - last_log > self.options.wait_log_interval_s:
+                    log.warning("rank %d has waited %.0f s for %s to exist", self.rank, time.monotonic() - began, topic)
+                    last_log = time.monotonic()
                 self._stop.wait(POLL_S)  # a topic that does not exist yet has nothing to wait on
             raise Closed
         finally:
@@ -306,8 +309,8 @@ class RankTopicReader:
                 continue
             if message is not None:
                 self._check_error(message.error())
-            if time.monotonic() - last_log > self.options.wait_log_interval_s:
-                log.info("%s", self._waiting(consumer, time.monotonic() - waiting_since))
+            if time.monotonic() - last_log > self.options.wait_log_interval_s:  # at a level training scripts show
+                log.warning("%s", self._waiting(consumer, time.monotonic() - waiting_since))
                 last_log = time.monotonic()
             if time.monotonic() - waiting_since > self.options.wait_timeout_s:
                 raise SinkTimeoutError(self._waiting(consumer, time.monotonic() - waiting_since))
@@ -390,5 +393,5 @@ class RankTopicReader:
         if last_step is not None:
             written = f"the constructor has committed up to step {last_step}"
         else:
-            written = "nothing committed past the start position yet"
+            written = "nothing committed past the start position yet: is the job's constructor running?"
         return f"rank {self.rank} has waited {seconds:.0f} s for {due} on {topic} ({where}; {written})"

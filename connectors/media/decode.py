@@ -31,3 +31,15 @@ class MediaDecoder:
         from connectors.media.video import decode_video
 
         return decode_video(source, self.config)
+
+    def grid(self, ref: MediaRef) -> tuple[int, int, int]:
+        """The patch grid ``(t, h, w)`` that ``decode`` gives ``ref``, read from its header (an image) or its
+        packets' times (a clip) without decoding a pixel; ``MediaError`` where ``decode`` would refuse it."""
+        source = media_input(ref, self.root)
+        if ref.kind == "image":
+            from connectors.media.image import image_grid
+
+            return image_grid(source, self.config)
+        from connectors.media.video import video_grid
+
+        return video_grid(source, self.config)

@@ -14,6 +14,7 @@ from connectors.media.resize import smart_resize
 from topics.media import MediaItem
 
 _ORIENTATION = 0x0112  # the EXIF tag saying how the camera was held
+_TURNED = frozenset({5, 6, 7, 8})  # orientations that swap width and height
 _SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
 _WHITE = (255, 255, 255, 255)
 
@@ -25,6 +26,27 @@ def decode_image(source: io.BytesIO | Path, config: VisionConfig) -> MediaItem:
     already says the image is too large (``max_decoded_pixels``) or has a side of 0."""
     _, _, pixels = _resized_pixels(source, config)
     return config.item("image", pixels[np.newaxis])
+
+
+def image_grid(source: io.BytesIO | Path, config: VisionConfig) -> tuple[int, int, int]:
+    """The patch grid ``(1, h, w)`` that ``decode_image`` gives ``source``, from its header alone: Pillow opens
+    lazily and no pixel is decoded. ``MediaError`` as ``decode_image`` for what its header refuses."""
+    try:
+        with Image.open(source) as image:
+            _check_header(image, config)
+            width, height = image.size
+            if image.getexif().get(_ORIENTATION, 1) in _TURNED:
+                width, height = height, width
+    except MediaError:
+        raise
+    except UnidentifiedImageError as exc:
+        raise MediaError("not an image Pillow can read (an unknown format, or a corrupt or zero-sized header)") from exc
+    except Exception as exc:  # as in _resized_pixels: Pillow's many errors on a bad header
+        raise MediaError(f"the image header does not parse: {type(exc).__name__}: {exc}") from exc
+    height, width = smart_resize(
+        height, width, factor=config.factor, min_pixels=config.min_pixels, max_pixels=config.max_pixels
+    )
+    return 1, height // config.patch_size, width // config.patch_size
 
 
 def _resized_pixels(source: io.BytesIO | Path, config: VisionConfig) -> tuple[int, int, np.ndarray]:

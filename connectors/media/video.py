@@ -43,6 +43,38 @@ def decode_video(source: io.BytesIO | Path, config: VisionConfig) -> MediaItem:
     return config.item("video", pixels)
 
 
+def video_grid(source: io.BytesIO | Path, config: VisionConfig) -> tuple[int, int, int]:
+    """The patch grid ``(t, h, w)`` that ``decode_video`` gives ``source``, from its stream's frame size and its
+    packets' times (demuxed, not decoded). ``MediaError`` for a file that is no clip, as ``decode_video``."""
+    try:
+        container = av.open(source if isinstance(source, io.BytesIO) else str(source), mode="r")
+    except Exception as exc:  # as in decode_video
+        raise MediaError(f"not a video FFmpeg can read: {_reason(exc)}") from exc
+    with container:
+        stream = _video_stream(container, config)
+        try:
+            packets = [packet for packet in container.demux(stream) if packet.size]
+        except Exception as exc:  # FFmpeg errors while demuxing: a corrupt or truncated file
+            raise MediaError(f"the video does not demux: {type(exc).__name__}: {_reason(exc)}") from exc
+        if not packets:
+            raise MediaError("the video stream holds no frames")
+        rate = stream.average_rate or stream.guessed_rate or _FALLBACK_RATE
+        start, duration = clip_span(_packet_times(stream, packets, rate))
+        width, height = stream.codec_context.width, stream.codec_context.height
+    times = sample_times(
+        start,
+        duration,
+        fps=config.video_fps,
+        max_frames=config.video_max_frames,
+        temporal_patch_size=config.temporal_patch_size,
+    )
+    height, width = smart_resize(
+        height, width, factor=config.factor, min_pixels=config.video_min_pixels, max_pixels=config.video_max_pixels
+    )
+    frames = padded_count(len(times), config.temporal_patch_size)
+    return frames // config.temporal_patch_size, height // config.patch_size, width // config.patch_size
+
+
 def _reason(exc: Exception) -> str:
     """FFmpeg's words for an error, without PyAV's errno and file name (``'<none>'`` for bytes)."""
     return getattr(exc, "strerror", None) or str(exc)

@@ -37,7 +37,8 @@ class RetryPolicy:
         """``call()``, tried again while it raises ``TransientError`` and ``deadline_s`` (default the
         policy's) has not passed; then ``StorageUnavailableError`` naming ``what`` and the last reason."""
         limit = self.deadline_s if deadline_s is None else deadline_s
-        deadline = time.monotonic() + limit
+        began = time.monotonic()
+        deadline = began + limit
         backoff = self.first_backoff_s
         tries = 0
         while True:
@@ -47,7 +48,8 @@ class RetryPolicy:
             except TransientError as exc:
                 wait = backoff * random.uniform(0.5, 1.0)
                 if time.monotonic() + wait > deadline:
-                    msg = f"{what}: {exc.reason} ({tries} tries in {limit:.0f} s)"
+                    took = time.monotonic() - began
+                    msg = f"{what}: {exc.reason} ({tries} tr{'y' if tries == 1 else 'ies'} in {took:.0f} s)"
                     raise StorageUnavailableError(msg) from exc
                 log.warning("%s: %s; trying again in %.2f s", what, exc.reason, wait)
                 time.sleep(wait)  # a backoff between requests, not a wait for an event

@@ -3,6 +3,7 @@ and every request under botocore's own retries plus one ``RetryPolicy`` with a d
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,8 @@ T = TypeVar("T")
 AddressingStyle = Literal["path", "virtual", "auto"]
 _LISTING_THREADS = 16  # sub-folders listed at once
 FIRST_CONTACT_S = 5.0  # how long a command tries an endpoint it has never reached
+FIRST_ANSWER_NOTICE_S = 2.0  # a first request unanswered this long says what it waits for
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +40,10 @@ class S3Settings:
     """How to reach the store. Credentials left ``None`` come from the standard AWS chain (environment,
     shared files, ``profile``, instance roles); given ones are never shown (``repr``) nor logged.
     ``first_contact_s``: how long an endpoint never reached yet is tried before it is reported unreachable
-    (after the first answer, transient errors are retried for ``retry.deadline_s``). ``stop_on_changed``: a
-    read pinned to an ETag finds the object changed or gone: ``ObjectRefusedError`` rather than the
-    ``OSError`` a reader turns into a dead letter."""
+    (after the first answer, transient errors are retried for ``retry.deadline_s``). A request waits for its
+    answer at most ``connect_timeout_s`` and ``read_timeout_s``, each capped at the smaller of those two.
+    ``stop_on_changed``: a read pinned to an ETag finds the object changed or gone: ``ObjectRefusedError``
+    rather than the ``OSError`` a reader turns into a dead letter."""
 
     endpoint_url: str | None = None
     region: str | None = None
@@ -174,8 +178,19 @@ class S3Storage(Storage):
                     raise ObjectRefusedError(str(known)) from exc
                 raise known from exc
 
-        deadline = None if self._reached else self.settings.first_contact_s
-        result = self.settings.retry.run(f"reading {where}", attempt, deadline)
+        if self._reached:
+            return self.settings.retry.run(f"reading {where}", attempt)
+        # Until the store first answers, a wait longer than a moment says what it waits for (a store that accepts
+        # connections and never answers is otherwise silent for up to a request's timeout).
+        limit = self.settings.first_contact_s
+        notice = f"waiting for {self.settings.endpoint_url or 'AWS'} to answer (reading {where}), up to {limit:.0f} s"
+        timer = threading.Timer(FIRST_ANSWER_NOTICE_S, log.warning, (notice,))
+        timer.daemon = True
+        timer.start()
+        try:
+            result = self.settings.retry.run(f"reading {where}", attempt, limit)
+        finally:
+            timer.cancel()
         self._reached = True
         return result
 
@@ -199,11 +214,16 @@ def _make_client(settings: S3Settings) -> S3Client:
     import boto3
     from botocore.config import Config
 
+    # A request waits for an answer at most as long as the store may be tried (the retry deadline, or a command's
+    # first contact): a store that accepts connections and never answers is reported within that bound, each try
+    # logged by the one retry policy, rather than after botocore's own tries of read_timeout_s each.
+    bound = min(settings.retry.deadline_s, settings.first_contact_s)
     config = Config(
         region_name=settings.region,
-        connect_timeout=settings.connect_timeout_s,
-        read_timeout=settings.read_timeout_s,
-        retries={"max_attempts": 3, "mode": "standard"},
+        connect_timeout=min(settings.connect_timeout_s, bound),
+        read_timeout=min(settings.read_timeout_s, bound),
+        # One try per call: RetryPolicy retries what is transient, under its deadline and with a log line each.
+        retries={"total_max_attempts": 1, "mode": "standard"},
         s3={"addressing_style": settings.addressing_style},
         max_pool_connections=32,
     )

@@ -51,6 +51,15 @@ non_negative_float = _at_least(float, 0.0, False)
 """A duration that may be 0 (0: do not wait)."""
 
 
+def share(text: str) -> float:
+    """A share from 0 to 1, given as a fraction (``0.05``) or a percentage (``5%``)."""
+    percent = text.strip().endswith("%")
+    value = float(_number(text.strip().removesuffix("%"), float)) / (100 if percent else 1)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"a share is 0 to 1 (or 0% to 100%), not {text}")
+    return value
+
+
 def port(text: str) -> int:
     """A TCP port, or 0 for none."""
     value = int(_number(text, int))

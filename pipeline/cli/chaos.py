@@ -55,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kinds",
         type=_kinds,
-        default=tuple(FaultKind),
-        help="the kinds of fault, comma-separated (default: all of " + ", ".join(FaultKind) + ")",
+        default=None,
+        help="the kinds of fault, comma-separated, each needing its target (default: every kind this run has a "
+        "target for, of " + ", ".join(FaultKind) + ")",
     )
     parser.add_argument(
         "--max-lead-steps",

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.cli.arguments import positive_int
+from pipeline.cli.arguments import positive_float, positive_int
 from pipeline.cli.command import Command
 from pipeline.tools.stack.object_store import default_object_store_dir
 
@@ -28,12 +28,23 @@ def _add_connection(parser: argparse.ArgumentParser) -> None:
         f"--object-store-dir (default: {default_object_store_dir()})",
     )
     parser.add_argument("--object-store-dir", type=Path, default=None, help="the local object store's folder")
+    parser.add_argument(
+        "--timeout-s",
+        type=positive_float,
+        default=10.0,
+        help="how long a request waits for the store to connect or answer; it is tried twice, then reported "
+        "(default: %(default)s)",
+    )
 
 
 def _client(args: argparse.Namespace) -> Any:
     import boto3
+    from botocore.config import Config
 
-    options: dict[str, Any] = {"endpoint_url": args.endpoint_url, "region_name": args.region}
+    # A store that accepts connections and never answers is reported after two tries of --timeout-s each.
+    tries = {"total_max_attempts": 2, "mode": "standard"}
+    config = Config(connect_timeout=args.timeout_s, read_timeout=args.timeout_s, retries=tries)
+    options: dict[str, Any] = {"endpoint_url": args.endpoint_url, "region_name": args.region, "config": config}
     if args.local or args.object_store_dir is not None:
         from pipeline.tools.stack.object_store import LocalObjectStore, ObjectStoreStopped
 
@@ -46,6 +57,7 @@ def _client(args: argparse.Namespace) -> Any:
             "region_name": args.region or env["AWS_REGION"],
             "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
             "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+            "config": config,
         }
     session = boto3.Session(profile_name=args.profile)
     if options["region_name"] is None and session.region_name is None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.cli.arguments import job_name, non_negative_int, output_folder, port
+from pipeline.cli.arguments import job_name, non_negative_int, output_folder, port, share
 from pipeline.metrics.endpoints import METRICS_FILE
+from pipeline.tools.dead_letters import DEFAULT_ALLOWED_SHARE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,24 +43,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(role restarts) on it, then one per trainer rank ({{metrics_port}} in --trainer: the first, plus the local "
         f"rank), loader and constructor, listed in the job's folder as {METRICS_FILE} (0: off, the default)",
     )
+    parser.add_argument(
+        "--allow-dead-letters",
+        type=share,
+        default=DEFAULT_ALLOWED_SHARE,
+        metavar="SHARE",
+        help="the share of a source's records that may become dead letters (0.05 or 5%%) before the run's verdict "
+        "is no and it exits 1 naming the source, its count and top reasons (default: 1%%)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.metrics import RunMetrics
     from pipeline.spec import load_spec
-    from pipeline.tools.observe.rank_topics import job_report
-    from pipeline.tools.run.job import job_spec_file, run_local_job, trainer_command
-    from pipeline.tools.run.progress import JobProgress
-    from topics.admin import ensure_job_topics
+    from pipeline.tools.run.exclusive import RunLock, refuse_if_running
+    from pipeline.tools.run.job import trainer_command
     from topics.cluster_probe import cluster_topics
 
     spec = load_spec(args.spec)
     folder = run_folder(args, spec.job)
-    train_folder = folder / "train"
     if args.trainer:  # a bad template is refused before anything starts
-        trainer_command(args.trainer, args.spec, train_folder)
+        trainer_command(args.trainer, args.spec, folder / "train")
     config = spec.kafka.client_config(args.bootstrap_servers, role="operator")
     cluster_topics(config)  # the broker answers: said at once, before any folder or process is made
+    refuse_if_running(config, args.job or spec.job)  # on any machine, by its roles' group members
+    with RunLock(folder, args.job or spec.job):  # on this machine, from the start: its logs are this run's
+        return _run_job(args, config, folder)
+
+
+def _run_job(args: argparse.Namespace, config: dict, folder: Path) -> int:
+    from pipeline.metrics import RunMetrics
+    from pipeline.tools.observe.rank_topics import job_report
+    from pipeline.tools.run.job import job_spec_file, run_local_job, trainer_command
+    from pipeline.tools.run.progress import JobProgress
+    from topics.admin import ensure_job_topics
+
+    train_folder = folder / "train"
     spec, spec_path = job_spec_file(args.spec, args.job, folder)
     metrics = RunMetrics(folder, spec.job, args.metrics_port_base)
     metrics.serve()
@@ -86,10 +104,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"{role.name}: {summary}")
     restarted = [f"{role.name} {role.restarts}" for role in roles if role.restarts]
     print(f"roles restarted after dying: {', '.join(restarted) if restarted else 'none'}")
-    report = job_report(config, spec, trainer_folder=train_folder if trainer else None)
+    report = job_report(
+        config, spec, trainer_folder=train_folder if trainer else None, allowed_dead_letters=args.allow_dead_letters
+    )
     for line in report.lines():
         print(line)
-    return 0 if report.exactly_once else 1
+    return 0 if report.ok else 1
 
 
 def run_folder(args: argparse.Namespace, spec_job: str) -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,12 +19,16 @@ from connectors import Document, WorkUnit
 from pipeline.kafka.clients import KafkaConfig
 from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import JobSpec
+from pipeline.tools.dead_letters import SourceLetters, tally
 from topics.batch import Batch
 from topics.dead_letter import decode_dead_letter_message
 from topics.log_reader import read_to_end
 from topics.media import MediaItem
 from topics.names import JobTopics
 from topics.packing import pack_micro_batches
+
+# A sample id's chunk suffix (connectors/sample_ids.py): what tells a document's chunks apart.
+_CHUNK = re.compile(r"#(0|[1-9][0-9]*)(?=(@e[1-9][0-9]*)?$)")
 
 MicroBatchRecord = tuple[int, int, list[str], str]
 """(step, micro-batch, sample ids, tokens_sha256): one micro-batch as a trainer rank records it."""
@@ -77,6 +82,7 @@ class SourceCheck:
     committed: int  # samples committed to the source topics, less those dead-lettered by the constructor
     missing: int  # committed samples no rank topic holds
     unknown: int  # samples in the rank topics that no source topic committed
+    dead_letters: tuple[SourceLetters, ...] = ()  # per source: its dead letters against its records
 
     def line(self, stopped_early: bool) -> str:
         delivered = self.committed - self.missing
@@ -90,17 +96,29 @@ class SourceCheck:
 
 
 def check_sources(config: KafkaConfig, job: str, sources: list[str], delivered: Counter[str]) -> SourceCheck:
+    """Committed source samples against ``delivered`` (the rank topics' sample ids), and each source's dead
+    letters against its records: its documents on the source topic (a document's chunks count once) and those
+    its loaders dead-lettered (the constructor's dead letters are of samples already on the topic)."""
     topics = JobTopics(job)
-    rejected = {letter.location for letter in map(decode_dead_letter_message, read_to_end(config, topics.dlq))}
+    letters = [decode_dead_letter_message(message) for message in read_to_end(config, topics.dlq)]
+    rejected = {letter.location for letter in letters}
     committed: set[str] = set()
+    records: dict[str, int] = {}
     for source in sources:
+        documents: set[str] = set()
         for record in read_to_end(config, topics.src(source)):
+            sample = record.key().decode()
+            documents.add(_CHUNK.sub("", sample))
             if f"{record.topic()}[{record.partition()}]@{record.offset()}" not in rejected:
-                committed.add(record.key().decode())
+                committed.add(sample)
+        on_topic = f"{topics.src(source)}["
+        loaders = sum(letter.source == source and not letter.location.startswith(on_topic) for letter in letters)
+        records[source] = len(documents) + loaders
     return SourceCheck(
         committed=len(committed),
         missing=len(committed - delivered.keys()),
         unknown=len(delivered.keys() - committed),
+        dead_letters=tuple(tally(Counter((letter.source, letter.reason) for letter in letters), records)),
     )
 
 

@@ -3,13 +3,10 @@ of its ``storage`` section (credentials resolved from their references here, hel
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from connectors.storage import RetryPolicy, Storage, storage_for
 from connectors.storage.s3 import FIRST_CONTACT_S, S3Settings
-from pipeline.spec import JobSpec, SourceSpec, SpecProblem
+from pipeline.spec import SourceSpec
 from pipeline.spec.storage import StorageSpec
-from topics.errors import MixflowError
 
 
 def source_storage(spec: SourceSpec, *, patient: bool = False) -> Storage:
@@ -45,26 +42,3 @@ def s3_settings(storage: StorageSpec, what: str, *, patient: bool = False) -> S3
         stop_on_changed=storage.on_changed_object == "stop",
         **keys,  # type: ignore[arg-type]
     )
-
-
-def check_object_sources(spec: JobSpec, file: str | Path = "") -> list[SpecProblem]:
-    """``spec check --files`` for the sources in an object store: each prefix listed, and its glob matched,
-    with the store's reason (access denied, no such bucket, an endpoint that does not answer) otherwise."""
-    from connectors.readers import SourceNotFoundError, make_reader
-
-    problems = []
-    for i, source in enumerate(spec.sources):
-        if not source.in_object_store:
-            continue
-        try:
-            storage = source_storage(source)
-            content = "media" if source.multimodal else "tokens" if source.pretokenized else "text"
-            reader = make_reader(
-                source.reader.value, source.name, source.path, source.glob, content=content, storage=storage
-            )
-            reader.files()
-        except SourceNotFoundError as exc:
-            problems.append(SpecProblem(f"sources[{i}].glob", str(exc), source.glob, str(file)))
-        except MixflowError as exc:
-            problems.append(SpecProblem(f"sources[{i}].path", str(exc), str(source.path), str(file)))
-    return problems

@@ -52,7 +52,7 @@ class ChaosOptions:
     out: Path | None = None  # a new or empty folder; by default <state dir>/chaos/<job>
     shadows: int = 1
     bootstrap: str | None = None  # a broker to use instead of a private one; no broker restarts then
-    kinds: tuple[FaultKind, ...] = tuple(FaultKind)  # the kinds of fault to draw from
+    kinds: tuple[FaultKind, ...] | None = None  # the kinds of fault to draw from; None: every one with a target
     fault_timeout_s: float = 120.0  # for each fault to be survived
     start_timeout_s: float = 300.0  # for the first step to reach every sink
     drain_timeout_s: float = 600.0  # for the job to end once the faults are over
@@ -87,8 +87,6 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
             f"{base.constructor.lanes} (lanes under SIGKILL are tested by tests/test_lanes.py)"
         )
         raise MixflowError(msg)
-    store = ChaosObjectStore.running(options.object_store) if options.object_store else None
-    folder.mkdir(parents=True, exist_ok=True)
     targets = Targets(
         loaders=tuple(f"load-{s.name}-{i}" for s in base.sources for i in range(s.loaders)),
         sinks=tuple(f"sink-{r}" for r in range(base.step.ranks)),
@@ -96,7 +94,13 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
         broker=options.bootstrap is None,
         object_store=options.object_store is not None,
     )
-    weights = {kind: weight for kind, weight in DEFAULT_WEIGHTS.items() if kind in options.kinds}
+    if options.kinds is not None and (missing := targets.missing(options.kinds)):
+        msg = f"--kinds: this run cannot inject {'; '.join(missing)}"
+        raise MixflowError(msg)
+    store = ChaosObjectStore.running(options.object_store) if options.object_store else None
+    folder.mkdir(parents=True, exist_ok=True)
+    kinds = targets.kinds() if options.kinds is None else options.kinds
+    weights = {kind: weight for kind, weight in DEFAULT_WEIGHTS.items() if kind in kinds}
     maxima = {"max_pause_s": options.max_pause_s, "max_down_s": options.max_down_s, "max_stall_s": options.max_stall_s}
     faults = plan_faults(options.seed, options.faults, targets, weights, **maxima)
     report = ChaosReport(job, options.seed, options.shadows, targets.broker, folder, planned=faults)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -59,18 +59,25 @@ class Targets:
     object_store: bool = False
 
     def kinds(self) -> list[FaultKind]:
-        present = {
-            FaultKind.KILL_LOADER: bool(self.loaders),
-            FaultKind.KILL_ACTIVE_CONSTRUCTOR: True,
-            FaultKind.KILL_SHADOW_CONSTRUCTOR: self.shadows > 0,
-            FaultKind.KILL_SINK: bool(self.sinks),
-            FaultKind.RESTART_BROKER: self.broker,
-            FaultKind.RESTART_OBJECT_STORE: self.object_store,
-            FaultKind.STALL_OBJECT_STORE: self.object_store,
-            FaultKind.SLOW_OBJECT_STORE: self.object_store,
-            FaultKind.REFUSE_OBJECT_STORE: self.object_store,
+        return [kind for kind in FaultKind if self._wanting(kind) is None]
+
+    def missing(self, kinds: Iterable[FaultKind]) -> list[str]:
+        """For each of ``kinds`` the run has no target for, ``"<kind> needs <what gives it one>"``."""
+        return [f"{kind} needs {wanting}" for kind in kinds if (wanting := self._wanting(kind)) is not None]
+
+    def _wanting(self, kind: FaultKind) -> str | None:
+        """What the run lacks to strike with ``kind``: None when it has a target."""
+        if kind in OBJECT_STORE_KINDS:
+            return None if self.object_store else "an object store (--object-store-dir) that the spec's sources read"
+        shadow = "a shadow constructor (--shadows 1 or more)"
+        wanting = {
+            FaultKind.KILL_LOADER: None if self.loaders else "a loader",
+            FaultKind.KILL_ACTIVE_CONSTRUCTOR: None,
+            FaultKind.KILL_SHADOW_CONSTRUCTOR: None if self.shadows > 0 else shadow,
+            FaultKind.KILL_SINK: None if self.sinks else "a sink",
+            FaultKind.RESTART_BROKER: None if self.broker else "the run's own broker (no --bootstrap-servers)",
         }
-        return [kind for kind in FaultKind if present[kind]]
+        return wanting[kind]
 
 
 @dataclass(frozen=True)

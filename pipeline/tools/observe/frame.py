@@ -16,9 +16,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from pipeline.tools.dead_letters import tally
 from pipeline.tools.observe.step_stats import StepStats
 
-DEAD_LETTER_ROWS = 10
 REASON_WIDTH = 80
 
 
@@ -100,7 +100,8 @@ class Frame:
     window_s: float
     sources: list[SourceRow]
     constructor: ConstructorRow
-    dead_letters: list[DeadLetterRow]  # the most frequent first, at most DEAD_LETTER_ROWS
+    # Every source's, its most frequent reason kinds first (REASONS_SHOWN, then one row counting the others)
+    dead_letters: list[DeadLetterRow]
     dead_letters_total: int
     parts: list[PartRow] = field(default_factory=list)  # a multimodal job's: encoder + LLM, encoder, LLM
 
@@ -177,13 +178,17 @@ def build_frame(facts: JobFacts) -> Frame:
         source_row(s, facts.window_s, total_tokens, total_scheduled, facts.schedule_now.get(s.name, 0.0))
         for s in facts.sources
     ]
-    letters = sorted(facts.dead_letters.items(), key=lambda item: (-item[1], item[0]))
+    letters = [
+        DeadLetterRow(t.source, r.reason[:REASON_WIDTH], r.letters)
+        for t in tally(facts.dead_letters, {s.name: 0 for s in facts.sources})
+        for r in t.shown()
+    ]
     return Frame(
         job=facts.job,
         window_s=facts.window_s,
         sources=rows,
         constructor=constructor_row(facts),
-        dead_letters=[DeadLetterRow(s, r[:REASON_WIDTH], n) for (s, r), n in letters[:DEAD_LETTER_ROWS]],
+        dead_letters=letters,
         dead_letters_total=sum(facts.dead_letters.values()),
         parts=part_rows(facts.recent),
     )

@@ -22,6 +22,7 @@ from pipeline.planning.mixing import Schedule
 from pipeline.roles.constructor import ConstructorState
 from pipeline.spec import JobSpec, OnExhausted
 from pipeline.spec.cost import CostModel
+from pipeline.tools.dead_letters import DEFAULT_ALLOWED_SHARE, over_share, report_lines
 from pipeline.tools.delivery import SourceCheck, TrainerCheck, TrainerSummary, check_sources, check_trainer
 from pipeline.tools.observe.step_stats import (
     HIGH_PERCENTILE,
@@ -88,6 +89,7 @@ class JobReport:
     trainer_check: TrainerCheck | None = None
     trainer: TrainerSummary | None = None
     parts: ReportParts | None = None  # a multimodal job's: imbalance and naive_imbalance are of both parts
+    allowed_dead_letters: float = DEFAULT_ALLOWED_SHARE  # of each source's records
 
     @property
     def exactly_once(self) -> bool:
@@ -96,9 +98,20 @@ class JobReport:
         trainer_ok = self.trainer_check is None or not self.trainer_check.problems
         return self.duplicates == 0 and not lost and not self.source_check.unknown and trainer_ok
 
+    @property
+    def dead_letters_within_share(self) -> bool:
+        """No source lost more than ``allowed_dead_letters`` of its records to dead letters."""
+        return not over_share(self.source_check.dead_letters, self.allowed_dead_letters)
+
+    @property
+    def ok(self) -> bool:
+        """The verdict: exactly once, and no source lost more than its allowed share to dead letters."""
+        return self.exactly_once and self.dead_letters_within_share
+
     def lines(self) -> list[str]:
+        letters = report_lines(list(self.source_check.dead_letters), self.allowed_dead_letters)
         if self.steps == 0:
-            return ["no steps written yet"]
+            return ["no steps written yet", *letters]
         checks = [self.source_check.line(self.stops_early)]
         if self.trainer_check is not None:
             checks.append(self.trainer_check.line())
@@ -123,6 +136,7 @@ class JobReport:
             f"largest cumulative drift from the mixture schedule over the {self.steps_with_all_sources} steps "
             "before a source ran out, in tokens: "
             + ", ".join(f"{s} {e:.0f}" for s, e in zip(self.sources, self.share_error, strict=True)),
+            *letters,  # the verdict on dead letters last, where it is read
         ]
 
 
@@ -199,10 +213,16 @@ def first_exhausted_step(config: KafkaConfig, job: str, lanes: int = 1) -> int:
 
 
 def job_report(
-    config: KafkaConfig, spec: JobSpec, job: str | None = None, seed: int = 0, trainer_folder: Path | None = None
+    config: KafkaConfig,
+    spec: JobSpec,
+    job: str | None = None,
+    seed: int = 0,
+    trainer_folder: Path | None = None,
+    allowed_dead_letters: float = DEFAULT_ALLOWED_SHARE,
 ) -> JobReport:
     """The report on ``job`` (the spec's by default); with ``trainer_folder``, also what the trainer ranks
-    recorded there (``pipeline.tools.delivery``)."""
+    recorded there (``pipeline.tools.delivery``); its verdict allows each source to lose
+    ``allowed_dead_letters`` of its records to dead letters."""
     steps = read_steps(config, job or spec.job, spec.step.ranks)
     sources = spec.source_names
     balance = StepBalance(spec.cost.cost_model(), EncoderWeighing.for_spec(spec), seed)
@@ -233,4 +253,5 @@ def job_report(
         trainer_check=check_trainer(trainer_folder, steps) if trainer_folder is not None else None,
         trainer=TrainerSummary.read(trainer_folder) if trainer_folder is not None else None,
         parts=balance.parts(),
+        allowed_dead_letters=allowed_dead_letters,
     )
