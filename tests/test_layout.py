@@ -15,6 +15,12 @@ import grimp
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("pipeline", "topics", "connectors", "trainer_sink")
 MAX_MODULE_LINES = 400
+"""A review trigger, not a target: a module past it is either split along a concept or listed below."""
+REVIEWED_LONG_MODULES = {
+    # One local server's whole life (start, stop, faults for the tests, its users), each part a few lines.
+    "pipeline/tools/stack/object_store.py": 460,
+}
+"""Modules read past ``MAX_MODULE_LINES`` and kept whole, each with why, up to the length given."""
 MAX_FUNCTION_LINES = 80
 
 
@@ -92,7 +98,7 @@ def test_production_modules_are_short() -> None:
         for path in (REPO / package).rglob("*.py"):
             lines = len(path.read_text().splitlines())
             name = str(path.relative_to(REPO))
-            if lines > MAX_MODULE_LINES:
+            if lines > REVIEWED_LONG_MODULES.get(name, MAX_MODULE_LINES):
                 long[name] = lines
     assert long == {}, f"production modules over {MAX_MODULE_LINES} lines: {long}"
 
