@@ -384,7 +384,7 @@ def test_a_role_whose_rights_are_revoked_stops_within_30_s_naming_them(secured_j
                 loaded = _started(secured_job, "load", "--spec", spec, "--source", source, "--until-drained", log=log)
                 assert loaded.wait(120) == 0, log.read_text()[-3000:]
         process = _started(secured_job, "construct", "--spec", spec, log=log)
-        _wait_for_line(log, "waits for the trainers" if "lead" in case else "holds the constructor lease", process, 120)
+        _wait_for_line(log, "waits for the trainers" if "lead" in case else "step 0 waits for source", process, 120)
     AclAdmin(secured_job.stack.admin_config).delete(_role_bindings(secured_job, job, key))
     revoked = time.monotonic()
     try:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from topics.authorization import raise_if_read_refused
+from topics.authorization import is_authorization_error, raise_if_read_refused, refused
 from topics.librdkafka_log import logged
 from topics.retry import KAFKA_RETRY
 
@@ -47,8 +47,13 @@ def read_to_end(
     )
     try:
         deadline = time.monotonic() + timeout_s
-        partitions = _partitions(consumer, topic, deadline)
-        ends = {p: _end_offset(consumer, TopicPartition(topic, p), deadline) for p in partitions}
+        partitions = _partitions(consumer, topic, deadline, config)
+        try:
+            ends = {p: _end_offset(consumer, TopicPartition(topic, p), deadline) for p in partitions}
+        except KafkaException as exc:
+            if exc.args and is_authorization_error(exc.args[0]):
+                raise refused(config, "READ", "topic", topic, "reading its end") from exc
+            raise
         start = {p: max(0, ends[p] - tail) if tail is not None else 0 for p in partitions}
         consumer.assign([TopicPartition(topic, p, start[p]) for p in partitions if ends[p] > start[p]])
         records: list[Message] = []
@@ -92,13 +97,15 @@ def _end_offset(consumer: Consumer, partition: TopicPartition, deadline: float) 
     return policy.call(high_watermark, f"reading the end of {partition.topic}[{partition.partition}]")
 
 
-def _partitions(consumer: Consumer, topic: str, deadline: float) -> list[int]:
+def _partitions(consumer: Consumer, topic: str, deadline: float, config: Mapping[str, Any]) -> list[int]:
     while True:
         metadata = consumer.list_topics(topic, timeout=max(0.1, deadline - time.monotonic()))
         described = metadata.topics.get(topic)
         if described is not None and described.error is None and described.partitions:
             return sorted(described.partitions)
         error = described.error if described is not None else None
+        if is_authorization_error(error):
+            raise refused(config, "DESCRIBE", "topic", topic, "asking for its metadata")
         settling = error is None or error.retriable() or error.code() in _SETTLING_ERRORS
         if not settling or time.monotonic() > deadline:
             msg = f"topic {topic} cannot be read: {error or 'not found'}"

@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka.clients import KafkaConfig
+from topics.authorization import is_authorization_error, refused
 from topics.errors import MixflowError
 from topics.names import JobTopics
 
@@ -86,6 +87,10 @@ class ConstructorLease:
                 self.consumer.close()
                 self.session_timeout_ms = FALLBACK_SESSION_TIMEOUT_MS
                 self.consumer = self._join()
+            elif is_authorization_error(error):
+                group = error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+                resource, name = ("group", self.group) if group else ("topic", self.topic)
+                raise refused(self.config, "READ", resource, name, f"{self.instance} holding the constructor lease")
             elif error.fatal():
                 msg = f"constructor lease {self.group}: {error}"
                 raise MixflowError(msg)

@@ -12,6 +12,7 @@ from confluent_kafka import KafkaException
 
 from pipeline.planning.step.state import ConstructorState
 from pipeline.roles.constructor.lease import ConstructorLease
+from topics.authorization import is_authorization_error, refused
 from topics.retry import KafkaUnavailableError
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class ShadowFollower:
             # (with the default minute one stuck shadow took 51 s over in a chaos run).
             state = self.look_at_state(SHADOW_LOOK_S)
         except (KafkaException, KafkaUnavailableError, TimeoutError) as exc:
+            if isinstance(exc, KafkaException) and exc.args and is_authorization_error(exc.args[0]):
+                raise refused(self.lease.config, "READ", "topic", f"{self.job}.state", "following the job") from exc
             log.info("shadow %s: cannot read the job's state now (%s); waiting", self.instance, exc)
             return False
         if state.finished:
