@@ -9,8 +9,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -454,3 +456,34 @@ def test_a_loader_refused_the_topics_configs_stops_with_the_reason(secured_job: 
     said = [line for line in done.stderr.splitlines() if "refused" in line]
     assert len(said) == 1 and f"refused {principal} DESCRIBE_CONFIGS on topic {secured_job.job}." in said[0], said
     assert "(reading its config)" in said[0]
+
+
+def test_a_sink_whose_rights_are_revoked_while_it_waits_raises_the_refusal_within_30_s(secured_job: SecuredJob) -> None:
+    job = f"{secured_job.job}-t"
+    secured_job.admin(job)
+    ensure_job_topics(secured_job.config("operator"), job, ["code", "docstrings", "topics"], 2)
+    sink = KafkaBatchDataset(job=job, kafka_config=secured_job.config("trainer"), rank=0, wait_timeout_s=120)
+    batches = iter(sink)
+    outcome: list[BaseException] = []
+    reading = threading.Thread(target=lambda: outcome.append(_raised(lambda: next(batches))), daemon=True)
+    reading.start()
+    AclAdmin(secured_job.stack.admin_config).delete(_role_bindings(secured_job, job, "trainer"))
+    revoked = time.monotonic()
+    reading.join(45)
+    try:
+        assert not reading.is_alive(), "the sink still waits 45 s after losing its rights"
+        assert time.monotonic() - revoked < 30
+        [error] = outcome
+        assert isinstance(error, AuthorizationError), error
+        assert f"refused User:{secured_job.job}-trainer " in str(error), error
+        assert f"on topic {job}.rank.0" in str(error) or "DESCRIBE on group mixflow-" in str(error), error
+    finally:
+        batches.close()
+
+
+def _raised(call: Callable[[], object]) -> BaseException | None:
+    try:
+        call()
+    except BaseException as exc:  # handed to the test's thread to check
+        return exc
+    return None

@@ -16,6 +16,10 @@ from confluent_kafka.admin import AclOperation, AdminClient
 from topics.errors import MixflowError, RefusedError
 from topics.kafka_settings import settings_principal
 
+EPHEMERAL_GROUP_PREFIX = "mixflow-"
+"""Readers that never join a group or commit name theirs ``mixflow-<what>-<random>``: librdkafka still looks up
+its coordinator, which takes DESCRIBE on the group (and allows no commit)."""
+
 AUTHORIZATION_FAILED = {
     KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
     KafkaError.GROUP_AUTHORIZATION_FAILED: "group",
@@ -87,11 +91,16 @@ def topics_without(
 
 
 def raise_if_read_refused(config: Mapping[str, Any], error: KafkaError, topic: str) -> None:
-    """``AuthorizationError`` when ``error`` (a consumer's) is the cluster refusing ``config``'s principal to
-    read ``topic``."""
-    if is_authorization_error(error):
-        resource, name = ("topic", topic) if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED else ("group", "")
-        raise refused(config, "READ", resource, name or "of this consumer", "reading it")
+    """``AuthorizationError`` when ``error`` (a consumer's, ``config`` its settings) is the cluster refusing its
+    principal to read ``topic``, or to use its group: DESCRIBE (finding the coordinator) for a reader that
+    never joins or commits (its group named ``EPHEMERAL_GROUP_PREFIX``...), READ for one that does."""
+    if not is_authorization_error(error):
+        return
+    if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        raise refused(config, "READ", "topic", topic, "reading it")
+    group = str(config.get("group.id") or "")
+    operation = "DESCRIBE" if group.startswith(EPHEMERAL_GROUP_PREFIX) else "READ"
+    raise refused(config, operation, "group", group or "of this consumer", f"reading {topic}")
 
 
 def refused_on_cluster(config: Mapping[str, Any], operation: str, doing: str) -> AuthorizationError:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from topics.authorization import raise_if_read_refused
 from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import DecodeError, MixflowError
@@ -316,6 +317,7 @@ class RankTopicReader:
                 raise SinkTimeoutError(self._waiting(consumer, time.monotonic() - waiting_since))
 
     def _check_error(self, error: KafkaError) -> None:
+        raise_if_read_refused(self._config, error, self.position.topic)
         if error.fatal() or not (error.retriable() or error.code() == KafkaError._TRANSPORT):
             msg = f"reading {self.position.topic}: {error}"
             raise MixflowError(msg)

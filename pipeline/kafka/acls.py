@@ -34,11 +34,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from topics.authorization import EPHEMERAL_GROUP_PREFIX
 from topics.kafka_settings import SOURCE_LOADER_PREFIX, settings_principal
 from topics.names import JobTopics
-
-EPHEMERAL_GROUP_PREFIX = "mixflow-"
-"""Readers that never join a group or commit name theirs ``mixflow-<what>-<random>``."""
 
 
 class Resource(StrEnum):
