@@ -1,7 +1,7 @@
 """mixflow in torchtitan: ``MixflowDataLoader``, a torchtitan dataloader over a job's rank topics.
 
     config = llama3_debugmodel()                          # any torchtitan Trainer.Config (Flex attention)
-    config.tokenizer = NoTokenizer.Config(vocab_size=V)   # the job is tokenized: no tokenizer files needed
+    config.tokenizer = NoTokenizer.Config(vocab_size=V)   # V: the job's tokenizer's; the model's must be as large
     config.dataloader = MixflowDataLoader.Config(spec="job.yaml", pad_to_multiple_of=64)
     config.training.local_batch_size = 1                  # one packed micro-batch per batch
     config.training.global_batch_size = dp_degree * M     # M: the job's step.micro_batches
