@@ -129,7 +129,8 @@ def needs_data(vp_stage: int | None = None) -> bool:
 
 class MixflowDataIterator(Iterator[dict[str, Any]]):
     """A job's micro-batches for Megatron (see the module's docstring). ``spec`` or ``job=`` (with
-    ``bootstrap_servers=`` or ``kafka_config=``, or ``KAFKA_BOOTSTRAP_SERVERS``) name the job."""
+    ``bootstrap_servers=`` or ``kafka_config=``, or ``KAFKA_BOOTSTRAP_SERVERS``) name the job, or both (the
+    spec's settings for that job)."""
 
     def __init__(
         self,

@@ -86,12 +86,13 @@ def titan_batch(
 
 class MixflowDataLoader(BaseDataLoader):
     """A job's micro-batches for torchtitan's ``Trainer`` (see the module's docstring). ``job=`` (with
-    ``bootstrap_servers=`` or ``KAFKA_BOOTSTRAP_SERVERS``) or ``spec=`` names the job."""
+    ``bootstrap_servers=`` or ``KAFKA_BOOTSTRAP_SERVERS``) or ``spec=`` names the job, or both (the spec's
+    settings for that job)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
         spec: str | None = None
-        """The job's spec (YAML), or give ``job``."""
+        """The job's spec (YAML); with ``job``, its Kafka settings for that job."""
 
         job: str | None = None
         """The job's name, with ``bootstrap_servers`` or ``KAFKA_BOOTSTRAP_SERVERS``."""
