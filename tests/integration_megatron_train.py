@@ -8,11 +8,9 @@ Checkpoints are Megatron-LM's layout in ``OUT/checkpoints``: ``iter_<7 digits>/`
 ``latest_checkpointed_iteration.txt`` written last; a run resumes from the tracker's iteration, if any.
 (Megatron-Core's ``dist_checkpointing`` did not finish a save on CPU over gloo, so the model goes in one file.)
 
-Megatron-Core assumes CUDA in three places, stood in for here only: ``torch.cuda.current_device()`` (the
-attention's buffers, the rotary embedding), the schedule's token counter made on ``"cuda"``, and the CUDA RNG
-tracker its attention forks (no dropout here). Transformer Engine is not installed, so the attention is the
-local ``DotProductAttention``, which has no THD support: the samples are kept apart by the iterator's dense
-block-causal ``attention_mask``.
+Megatron-Core assumes CUDA: ``tests.cpu_stand_ins.megatron_on_cpu`` and ``CpuForCuda`` stand in for it.
+Transformer Engine is not installed, so the attention is the local ``DotProductAttention``, which has no THD
+support: the samples are kept apart by the iterator's dense block-causal ``attention_mask``.
 
 Each rank appends one line per micro-batch trained to ``OUT/received-rank<r>.jsonl`` (written whole after each
 iteration, before its checkpoint) and its pid to ``OUT/pid-rank<r>``."""
@@ -20,7 +18,6 @@ iteration, before its checkpoint) and its pid to ``OUT/pid-rank<r>``."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 from functools import partial
 from pathlib import Path
@@ -29,15 +26,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.overrides import TorchFunctionMode
 
-torch.cuda.current_device = lambda: "cpu"  # before Megatron-Core binds anything to it
+from tests.cpu_stand_ins import CpuForCuda, megatron_on_cpu
 
+megatron_on_cpu()
+
+# Imported after the stand-ins are in place: Megatron-Core binds the device at import.
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: E402
 from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402
-from megatron.core.tensor_parallel import random as megatron_random  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 
 from tests.integration_support import CAPACITY, MICRO_BATCHES, SAVE_EVERY, STEPS, record_line  # noqa: E402
@@ -49,18 +47,7 @@ from trainer_sink.integrations.megatron_data import (  # noqa: E402
     latest_iteration,
 )
 
-megatron_random.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
 PAD_TO = 8
-
-
-class CpuForCuda(TorchFunctionMode):
-    """Tensors asked for on ``"cuda"`` are made on the CPU."""
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = dict(kwargs or {})
-        if str(kwargs.get("device")) == "cuda":
-            kwargs["device"] = "cpu"
-        return func(*args, **kwargs)
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:

@@ -3,11 +3,7 @@ data-parallel ranks and ``CheckpointManager``) on a job's rank topics through ``
 process per data-parallel rank under torchrun (gloo on CPU): the script tests/test_integration_torchtitan.py
 runs, kills and resumes. The trainer resumes from the last whole checkpoint in ``OUT/checkpoints``, if any.
 
-torchtitan 0.3 assumes an accelerator; on CPU two things are stood in for, here only:
-- the device module (``torchtitan.tools.utils``): ``torch.cpu`` has no ``get_device_name``, memory stats or
-  ``set_device``, which the trainer and its metrics call; with no accelerator torchtitan picks ``cuda``;
-- the attention kernel: FlexAttention has no backward on CPU, so the same mask (torchtitan's causal and
-  document mask, built from the batch's ``positions``) is applied densely with ``scaled_dot_product_attention``.
+torchtitan 0.3 assumes an accelerator: ``tests.cpu_stand_ins.torchtitan_on_cpu`` stands in for it.
 
 Each rank appends one line per micro-batch trained to ``OUT/received-rank<r>.jsonl`` (written whole after
 each training step, before its checkpoint) and its pid to ``OUT/pid-rank<r>``."""
@@ -16,72 +12,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import types
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torchtitan.tools.utils as titan_utils
 
+from tests.cpu_stand_ins import torchtitan_on_cpu
 
-class _Capacity:
-    total_memory = 1 << 34
+torchtitan_on_cpu()
 
-
-titan_utils.device_type = "cpu"
-titan_utils.device_module = types.SimpleNamespace(
-    set_device=lambda device: None,
-    device_count=lambda: 1,
-    current_device=lambda: 0,
-    synchronize=lambda *args: None,
-    get_device_name=lambda *args: "cpu",
-    get_device_properties=lambda *args: _Capacity(),
-    reset_peak_memory_stats=lambda *args: None,
-    empty_cache=lambda: None,
-    memory_stats=lambda *args: {},
-)
-
-# Imported after the device module is in place: torchtitan's modules bind it at import.
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention.flex_attention import create_mask  # noqa: E402
-from torchtitan.components.tokenizer import BaseTokenizer  # noqa: E402
-from torchtitan.models.common.attention import FlexAttention  # noqa: E402
+# Imported after the stand-ins are in place: torchtitan's modules bind the device at import.
 from torchtitan.models.llama3.config_registry import llama3_debugmodel  # noqa: E402
 from torchtitan.trainer import Trainer  # noqa: E402
 
 from tests.integration_support import CAPACITY, MICRO_BATCHES, SAVE_EVERY, STEPS, record_line  # noqa: E402
-from trainer_sink.integrations.torchtitan_data import MixflowDataLoader  # noqa: E402
+from trainer_sink.integrations.torchtitan_data import MixflowDataLoader, NoTokenizer  # noqa: E402
 
 LOSS_CHUNKS = 8  # ChunkedLossWrapper's default num_chunks: every micro-batch's length must be a multiple
-
-
-def _dense_flex_attention(q, k, v, *, score_mod, block_mask, scale, enable_gqa, return_aux, kernel_options):
-    mask = create_mask(block_mask.mask_mod, q.shape[0], None, q.shape[-2], k.shape[-2], device=q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa), None
-
-
-FlexAttention._compiled_flex_attn = staticmethod(_dense_flex_attention)
-
-
-class NoTokenizer(BaseTokenizer):
-    """The job's samples are tokenized already; torchtitan's trainer builds a tokenizer all the same."""
-
-    @dataclass(kw_only=True, slots=True)
-    class Config(BaseTokenizer.Config):
-        pass
-
-    def __init__(self, config: Config, *, tokenizer_path: str | None = None) -> None:
-        super().__init__()
-
-    def encode(self, *args: Any, **kwargs: Any) -> list[int]:
-        raise NotImplementedError
-
-    def decode(self, *args: Any, **kwargs: Any) -> str:
-        raise NotImplementedError
-
-    def get_vocab_size(self) -> int:
-        return 256
 
 
 class LoggingTrainer(Trainer):
@@ -114,7 +61,7 @@ def config_for(job: str, bootstrap: str, out: Path, ranks: int) -> Trainer.Confi
     config = llama3_debugmodel()
     model = config.model_spec.model
     model.layers = model.layers[:2]
-    config.tokenizer = NoTokenizer.Config()
+    config.tokenizer = NoTokenizer.Config(vocab_size=256)
     config.dataloader = MixflowDataLoader.Config(
         job=job, bootstrap_servers=bootstrap, pad_to_multiple_of=LOSS_CHUNKS, wait_timeout_s=60
     )

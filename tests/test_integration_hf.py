@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from tests.integration_base import TrainerIntegration
-from tests.integration_support import SAVE_EVERY, STEPS
+from tests.integration_support import MICRO_BATCHES, SAVE_EVERY, STEPS, Jobs, write_jobs
 from trainer_sink.integrations.hf_trainer import last_complete_checkpoint, padding_free_batch
 
 pytestmark = pytest.mark.kafka
@@ -73,3 +73,38 @@ def test_padding_free_batches_are_what_transformers_flattening_collator_makes(sa
     assert flash["max_length_q"] == max(map(len, samples))
     lone = padding_free_batch(empty, pad_token_id=1)
     assert lone["input_ids"].tolist() == [[1]] and lone["labels"].tolist() == [[-100]]
+
+
+@pytest.fixture(scope="module")
+def two_rank_job(kafka_bootstrap: str) -> Jobs:
+    return write_jobs(kafka_bootstrap, "hf-ranks", rank_counts=(2,))
+
+
+def test_a_run_of_fewer_data_parallel_ranks_than_the_job_is_refused_before_a_batch_trains(
+    two_rank_job: Jobs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One process (as ``torchrun --nproc_per_node 1`` runs it) on a job of two ranks would train rank 0's half
+    of each step and exit 0; refused at the first micro-batch, naming the replay that fits the run, whether the
+    sink's rank comes from the environment or is given."""
+    from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
+
+    from topics.errors import MixflowError
+    from trainer_sink import KafkaBatchDataset
+    from trainer_sink.integrations.hf_trainer import MixflowTrainer
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        max_position_embeddings=256,
+    )  # fmt: skip
+    for rank in (None, 0):
+        args = TrainingArguments(
+            output_dir=str(tmp_path / f"rank-{rank}"), max_steps=2, gradient_accumulation_steps=MICRO_BATCHES,
+            report_to=[], use_cpu=True, disable_tqdm=True,
+        )  # fmt: skip
+        sink = KafkaBatchDataset(job=two_rank_job.names[2], bootstrap_servers=two_rank_job.bootstrap, rank=rank)
+        trainer = MixflowTrainer(model=LlamaForCausalLM(config), args=args, sink=sink)
+        with pytest.raises(MixflowError, match=r"holds steps for 2 data-parallel ranks.*replay --ranks 1\)"):
+            trainer.train()
+        assert trainer.state.global_step == 0 and trainer.current_micro_batch is None

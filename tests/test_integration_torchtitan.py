@@ -105,6 +105,38 @@ def test_the_loader_is_what_torchtitan_builds_checkpoints_and_iterates(jobs: Job
         next(iter(wrong_degree))
 
 
+@pytest.mark.parametrize(("accumulation", "how"), [(MICRO_BATCHES + 1, "more"), (MICRO_BATCHES - 1, "fewer")])
+def test_a_training_step_of_more_or_fewer_batches_than_a_step_of_the_job_is_refused(
+    jobs: Jobs, accumulation: int, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As torchtitan's ``Trainer.train`` runs it: the training step set (``structured_logger.set_step``), then
+    ``global_batch_size / data-parallel degree`` batches fetched. A training step over more than a step of the
+    job (which would exit 0 with twice the job's steps per training step) or over less is refused at the first
+    batch that crosses a step of the job, before the training step runs forward."""
+    import contextvars
+
+    from torchtitan.observability import structured_logger
+    from torchtitan.observability.structured_logger import step_state
+
+    from topics.errors import MixflowError
+    from trainer_sink.integrations.torchtitan_data import MixflowDataLoader
+
+    monkeypatch.setattr(step_state, "_STEP_GLOBAL", None)  # set_step sets it: put back after the test
+    config = MixflowDataLoader.Config(job=jobs.names[1], bootstrap_servers=jobs.bootstrap, wait_timeout_s=60)
+    loader = config.build(dp_rank=0, dp_world_size=1, local_batch_size=1)
+
+    def train() -> None:
+        batches = iter(loader)
+        for step in range(1, 4):
+            structured_logger.set_step(step)
+            for _ in range(accumulation):
+                next(batches)
+
+    refusal = rf"step 1 takes {how} batches than the 2 micro-batches of step 0 of .*global_batch_size.*\(1 x 2 = 2\)"
+    with pytest.raises(MixflowError, match=refusal):
+        contextvars.copy_context().run(train)  # and the step's context variable with it
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(st.lists(st.integers(0, 255), min_size=1, max_size=8), max_size=5),

@@ -303,6 +303,28 @@ def test_under_a_dataloader(kafka_bootstrap: str, written_job: tuple[str, list[l
 
 
 @pytest.mark.kafka
+def test_a_spec_and_a_job_name_read_that_job_under_the_specs_settings(
+    kafka_bootstrap: str, written_job: tuple[str, list[list[Batch]]], tmp_path: Path, unique_name: str
+) -> None:
+    """``spec=`` with ``job=``: the job of that name (one run with ``mixflow run --job``, or a replay under
+    another number of ranks) with the spec's Kafka settings; the spec's ``step.ranks`` bound only its own job."""
+    import yaml
+
+    job, batches = written_job
+    spec = tmp_path / "spec.yaml"
+    kafka = {"bootstrap_servers": kafka_bootstrap, "config": {"client.id": "from-the-spec"}}
+    spec.write_text(yaml.safe_dump({"job": unique_name, "kafka": kafka, "step": {"ranks": 1}}))
+    dataset = KafkaBatchDataset(spec, job=job, rank=RANKS - 1, wait_timeout_s=30)
+    assert dataset.topic == JobTopics(job).rank(RANKS - 1) and dataset.kafka_config["client.id"] == "from-the-spec"
+    expected = [_fingerprint(mb) for step in batches for mb in micro_batch_tensors(step[RANKS - 1])]
+    assert [_fingerprint(mb) for mb in dataset] == expected
+    with pytest.raises(MixflowError, match=r"rank 1 is not below the job's step.ranks \(1\)"):
+        KafkaBatchDataset(spec, job=unique_name, rank=1)
+    with pytest.raises(MixflowError, match="job name"):
+        KafkaBatchDataset(spec, job="no/such job", rank=0)
+
+
+@pytest.mark.kafka
 def test_peers_of_one_data_parallel_rank_read_the_same_batches(
     kafka_bootstrap: str, written_job: tuple[str, list[list[Batch]]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

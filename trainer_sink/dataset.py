@@ -33,9 +33,12 @@ class KafkaBatchDataset(IterableDataset):
     ``trainer_sink.tensors`` for the keys), from ``<job>.rank.<r>``.
 
     Made from a job spec (``spec=``) or a job name and Kafka settings (``job=``, ``bootstrap_servers=``
-    or ``kafka_config=``). The rank: ``rank=`` as the data-parallel rank, or ``global_rank=`` with
-    ``world_size=`` and the tensor/context/pipeline-parallel sizes, or, with neither, ``RANK`` and
-    ``WORLD_SIZE`` from the environment (``torchrun``) and those sizes.
+    or ``kafka_config=``); with both ``spec=`` and ``job=``, the spec's Kafka settings for the job of that
+    name (one run with ``mixflow run --job``, or replayed with ``mixflow replay --to-job``). The rank:
+    ``rank=`` as the data-parallel rank, or ``global_rank=`` with ``world_size=`` and the
+    tensor/context/pipeline-parallel sizes, or, with neither, ``RANK`` and ``WORLD_SIZE`` from the
+    environment (``torchrun``) and those sizes; ``data_parallel_size`` is then the data-parallel size of
+    that layout (``None`` with ``rank=``).
 
     Iterating yields every micro-batch after the current position and ends at the job's end-of-data
     record; iterating again continues where the last iteration stopped. ``state_dict()`` is the
@@ -112,7 +115,7 @@ class KafkaBatchDataset(IterableDataset):
     ) -> None:
         super().__init__()
         source = _source(spec, job, bootstrap_servers, kafka_config)
-        self.rank = _data_parallel_rank(
+        self.rank, self.data_parallel_size = _data_parallel_rank(
             rank, global_rank, world_size, tensor_parallel, context_parallel, pipeline_parallel
         )
         if source.ranks is not None and self.rank >= source.ranks:
@@ -263,11 +266,13 @@ def _source(
     spec: str | os.PathLike[str] | None, job: str | None, bootstrap: str | None, config: Mapping[str, Any] | None
 ) -> SinkSource:
     if spec is not None:
-        if job is not None:
-            msg = "give either spec or job, not both"
-            raise MixflowError(msg)
         source = SinkSource.from_spec(spec, bootstrap)
-        return SinkSource(source.job, {**source.kafka_config, **(config or {})}, source.ranks, source.patch_sizes)
+        kafka = {**source.kafka_config, **(config or {})}
+        if job is None or job == source.job:
+            return SinkSource(source.job, kafka, source.ranks, source.patch_sizes)
+        JobTopics(job)  # validates the name
+        # Another job under the spec's settings: its ranks may not be the spec's (a replay under --ranks).
+        return SinkSource(job, kafka, patch_sizes=source.patch_sizes)
     if job is None:
         msg = "give a job spec (spec=) or a job name (job=) to read from"
         raise MixflowError(msg)
@@ -286,7 +291,8 @@ def _source(
 
 def _data_parallel_rank(
     rank: int | None, global_rank: int | None, world_size: int | None, tensor: int, context: int, pipeline: int
-) -> int:
+) -> tuple[int, int | None]:
+    """``(data-parallel rank, data-parallel size)``; the size is ``None`` when the rank is given as it is."""
     if rank is not None:
         if global_rank is not None or world_size is not None:
             msg = "give rank= (the data-parallel rank) or global_rank= with world_size=, not both"
@@ -294,10 +300,11 @@ def _data_parallel_rank(
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             msg = f"rank must be a non-negative int, not {rank!r}"
             raise MixflowError(msg)
-        return rank
+        return rank, None
     if global_rank is not None or world_size is not None:
         if global_rank is None or world_size is None:
             msg = "global_rank= and world_size= go together"
             raise MixflowError(msg)
-        return ParallelLayout(world_size, tensor, context, pipeline).data_parallel_rank(global_rank)
-    return rank_from_environment(tensor=tensor, context=context, pipeline=pipeline)[0]
+        layout = ParallelLayout(world_size, tensor, context, pipeline)
+        return layout.data_parallel_rank(global_rank), layout.data_parallel
+    return rank_from_environment(tensor=tensor, context=context, pipeline=pipeline)

@@ -19,7 +19,10 @@ What it does for the user:
   ``step.micro_batches`` (checked on every micro-batch), and ``max_steps`` counts the job's steps.
 - **Ranks**: each process reads its own rank topic (the sink's rank); the data loader is not given to
   accelerate's ``prepare``, which would re-shard an ``IterableDataset`` (``IterableDatasetShard``) or read it on
-  rank 0 and dispatch it; ``dispatch_batches`` and ``split_batches`` are set to ``False`` as well.
+  rank 0 and dispatch it; ``dispatch_batches`` and ``split_batches`` are set to ``False`` as well. The job must
+  have as many ranks as the run has data-parallel ranks (the sink's ``data_parallel_size``, or the Trainer's
+  world size when the sink was given its rank): checked on every micro-batch, as a run on fewer would train
+  only their share of each step.
 - **Checkpoints**: every checkpoint folder gets each rank's ``sink.state_dict()`` (``mixflow-sink-rank<r>.json``),
   written before transformers' own files and before ``trainer_state.json``, which transformers writes last.
 - **Resume**: ``train(resume_from_checkpoint=...)`` loads the sink state of that checkpoint and sets
@@ -46,6 +49,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from topics.errors import MixflowError
 from trainer_sink.dataset import KafkaBatchDataset
+from trainer_sink.integrations.job_shape import require_data_parallel_size
 from trainer_sink.integrations.sink_checkpoint import read_sink_state, write_sink_state
 from trainer_sink.tensors import MicroBatch
 
@@ -84,12 +88,15 @@ def padding_free_batch(micro_batch: MicroBatch, *, pad_token_id: int = 0, flash_
 
 class PaddingFreeBatches(IterableDataset):
     """The sink's micro-batches as ``padding_free_batch``es; each micro-batch must belong to a step of
-    ``micro_batches`` micro-batches (the trainer's gradient accumulation)."""
+    ``micro_batches`` micro-batches (the trainer's gradient accumulation) over ``ranks`` data-parallel ranks."""
 
-    def __init__(self, sink: KafkaBatchDataset, micro_batches: int, pad_token_id: int, flash_attn_kwargs: bool):
+    def __init__(
+        self, sink: KafkaBatchDataset, micro_batches: int, ranks: int, pad_token_id: int, flash_attn_kwargs: bool
+    ) -> None:
         super().__init__()
         self.sink = sink
         self.micro_batches = micro_batches
+        self.ranks = ranks
         self.pad_token_id = pad_token_id
         self.flash_attn_kwargs = flash_attn_kwargs
         self._batches: Any = None  # the sink's iterator while one is open: close() ends it
@@ -110,6 +117,7 @@ class PaddingFreeBatches(IterableDataset):
 
     def _padding_free(self, batches: Iterator[MicroBatch]) -> Iterator[dict]:
         for micro_batch in batches:
+            require_data_parallel_size(self.sink, self.ranks, "the Trainer's data-parallel size")
             if micro_batch["micro_batches"] != self.micro_batches:
                 msg = (
                     f"step {micro_batch['step']} of {self.sink.topic} has {micro_batch['micro_batches']} "
@@ -170,8 +178,9 @@ class MixflowTrainer(Trainer):
         super().__init__(model=model, args=args, train_dataset=sink, **kwargs)
 
     def get_train_dataloader(self) -> DataLoader:
+        ranks = self.sink.data_parallel_size or self.args.world_size
         batches = self._train_batches = PaddingFreeBatches(
-            self.sink, self.args.gradient_accumulation_steps, self._pad_token_id, self._flash_attn_kwargs
+            self.sink, self.args.gradient_accumulation_steps, ranks, self._pad_token_id, self._flash_attn_kwargs
         )
         # Not through accelerator.prepare: each process reads its own rank topic already.
         pin = bool(self.args.dataloader_pin_memory and torch.cuda.is_available())

@@ -63,6 +63,7 @@ from megatron.core import num_microbatches_calculator, parallel_state
 
 from topics.errors import MixflowError
 from trainer_sink.dataset import KafkaBatchDataset
+from trainer_sink.integrations.job_shape import require_data_parallel_size
 from trainer_sink.integrations.megatron_batch import megatron_batch
 from trainer_sink.integrations.sink_checkpoint import read_sink_state, write_sink_state
 from trainer_sink.media_tensors import VISION_KEYS
@@ -128,7 +129,8 @@ def needs_data(vp_stage: int | None = None) -> bool:
 
 class MixflowDataIterator(Iterator[dict[str, Any]]):
     """A job's micro-batches for Megatron (see the module's docstring). ``spec`` or ``job=`` (with
-    ``bootstrap_servers=`` or ``kafka_config=``, or ``KAFKA_BOOTSTRAP_SERVERS``) name the job."""
+    ``bootstrap_servers=`` or ``kafka_config=``, or ``KAFKA_BOOTSTRAP_SERVERS``) name the job, or both (the
+    spec's settings for that job)."""
 
     def __init__(
         self,
@@ -202,14 +204,7 @@ class MixflowDataIterator(Iterator[dict[str, Any]]):
         return bool(self.save_interval and iteration % self.save_interval == 0) or iteration == self.train_iters
 
     def _check(self, micro_batch: dict[str, Any]) -> None:
-        ranks = self.sink.state_dict().get("ranks")
-        if ranks is not None and ranks != self.ranks.data_parallel_size:
-            msg = (
-                f"{self.sink.topic} holds steps for {ranks} data-parallel ranks, but Megatron's data-parallel size is "
-                f"{self.ranks.data_parallel_size}: train on a job of that many ranks (mixflow replay --ranks "
-                f"{self.ranks.data_parallel_size})"
-            )
-            raise MixflowError(msg)
+        require_data_parallel_size(self.sink, self.ranks.data_parallel_size, "Megatron's data-parallel size")
         wanted = self.num_microbatches if self.num_microbatches is not None else _megatron_microbatches()
         if wanted is not None and micro_batch["micro_batches"] != wanted:
             msg = (

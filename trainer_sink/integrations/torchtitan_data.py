@@ -1,7 +1,8 @@
 """mixflow in torchtitan: ``MixflowDataLoader``, a torchtitan dataloader over a job's rank topics.
 
     config = llama3_debugmodel()                          # any torchtitan Trainer.Config (Flex attention)
-    config.dataloader = MixflowDataLoader.Config(job="my-job", bootstrap_servers="kafka:9092", pad_to_multiple_of=64)
+    config.tokenizer = NoTokenizer.Config(vocab_size=V)   # V: the job's tokenizer's; the model's must be as large
+    config.dataloader = MixflowDataLoader.Config(spec="job.yaml", pad_to_multiple_of=64)
     config.training.local_batch_size = 1                  # one packed micro-batch per batch
     config.training.global_batch_size = dp_degree * M     # M: the job's step.micro_batches
     config.training.seq_len = C                           # at least the job's micro-batch capacity
@@ -23,9 +24,11 @@ What it does for the user:
   ``loader.step_micro_batches`` describes the micro-batches handed out of the current step (``step``,
   ``micro_batch``, ``sample_ids``, ``padding_tokens``).
 - **Steps**: one training step per step of the job: torchtitan takes ``global_batch_size / (local_batch_size
-  x data-parallel degree)`` batches a step, which must be the job's ``step.micro_batches``; a checkpoint in
-  the middle of a job's step is refused. The stream ends at the job's end-of-data record, where torchtitan
-  stops (``DataloaderExhaustedError``).
+  x data-parallel degree)`` batches a step, which must be the job's ``step.micro_batches``. The loader sees
+  torchtitan's training step (``Trainer.train`` sets it before each, ``structured_logger.get_step()``) and
+  refuses a micro-batch that begins a step of the job within a training step, or one in the middle of a step
+  of the job that begins a training step; a checkpoint in the middle of a job's step is refused too. The
+  stream ends at the job's end-of-data record, where torchtitan stops (``DataloaderExhaustedError``).
 - **Ranks**: torchtitan builds the loader with the data-parallel rank and degree of its parallel dimensions
   (the ``batch`` mesh: ``dp_replicate x dp_shard``); tensor, context and pipeline parallel ranks of one
   data-parallel rank read the same rank topic. The job must have as many ranks as that degree.
@@ -48,9 +51,12 @@ from typing import Any
 
 import torch
 from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.components.tokenizer import BaseTokenizer
+from torchtitan.observability.structured_logger import get_step as training_step
 
 from topics.errors import MixflowError
 from trainer_sink.dataset import KafkaBatchDataset
+from trainer_sink.integrations.job_shape import require_data_parallel_size
 from trainer_sink.media_tensors import VISION_KEYS
 from trainer_sink.tensors import Layout, MicroBatch
 
@@ -80,12 +86,13 @@ def titan_batch(
 
 class MixflowDataLoader(BaseDataLoader):
     """A job's micro-batches for torchtitan's ``Trainer`` (see the module's docstring). ``job=`` (with
-    ``bootstrap_servers=`` or ``KAFKA_BOOTSTRAP_SERVERS``) or ``spec=`` names the job."""
+    ``bootstrap_servers=`` or ``KAFKA_BOOTSTRAP_SERVERS``) or ``spec=`` names the job, or both (the spec's
+    settings for that job)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
         spec: str | None = None
-        """The job's spec (YAML), or give ``job``."""
+        """The job's spec (YAML); with ``job``, its Kafka settings for that job."""
 
         job: str | None = None
         """The job's name, with ``bootstrap_servers`` or ``KAFKA_BOOTSTRAP_SERVERS``."""
@@ -130,6 +137,7 @@ class MixflowDataLoader(BaseDataLoader):
         self.sink = sink if sink is not None else _sink(config, dp_rank)
         self.step_micro_batches: list[dict[str, Any]] = []
         self._iterated = False
+        self._training_step: int | None = None  # torchtitan's training step of the last micro-batch handed out
         self._empty_tokens = config.pad_to_multiple_of if Layout(config.layout) is Layout.PACKED else 1
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
@@ -137,8 +145,10 @@ class MixflowDataLoader(BaseDataLoader):
         return self._batches()
 
     def _batches(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        self._training_step = None
         for micro_batch in self.sink:
             self._check(micro_batch)
+            self._check_training_step(micro_batch)
             if micro_batch["micro_batch"] == 0:
                 self.step_micro_batches = []
             self.step_micro_batches.append(
@@ -150,14 +160,7 @@ class MixflowDataLoader(BaseDataLoader):
             yield titan_batch(micro_batch, pad_token_id=self.config.pad_token_id, pad_to_multiple_of=self._empty_tokens)
 
     def _check(self, micro_batch: MicroBatch) -> None:
-        ranks = self.sink.state_dict().get("ranks")
-        if ranks is not None and ranks != self.dp_world_size:
-            msg = (
-                f"{self.sink.topic} holds steps for {ranks} data-parallel ranks, but torchtitan's data-parallel "
-                f"degree is {self.dp_world_size}: train on a job of that many ranks (mixflow replay --ranks "
-                f"{self.dp_world_size})"
-            )
-            raise MixflowError(msg)
+        require_data_parallel_size(self.sink, self.dp_world_size, "torchtitan's data-parallel degree")
         tokens = micro_batch["input_ids"].numel()
         if self.seq_len is not None and tokens > self.seq_len:
             msg = (
@@ -169,6 +172,26 @@ class MixflowDataLoader(BaseDataLoader):
         if MEDIA_KEYS & micro_batch.keys():
             msg = f"MixflowDataLoader carries text only, and {self.sink.topic} is a job with media"
             raise MixflowError(msg)
+
+    def _check_training_step(self, micro_batch: MicroBatch) -> None:
+        """One training step of torchtitan's must take exactly one step of the job: a step of the job begins
+        where a training step does. Not checked outside ``Trainer.train`` (no training step set)."""
+        step = training_step()
+        if step is None:
+            return
+        begins_job_step = micro_batch["micro_batch"] == 0
+        if self._training_step is not None and begins_job_step != (step != self._training_step):
+            how = "more" if begins_job_step else "fewer"
+            degree, micro_batches = self.dp_world_size, micro_batch["micro_batches"]
+            msg = (
+                f"torchtitan's training step {self._training_step} takes {how} batches than the {micro_batches} "
+                f"micro-batches of step {micro_batch['step'] - begins_job_step} of {self.sink.topic}: "
+                f"set training.global_batch_size to the data-parallel degree times the job's step.micro_batches "
+                f"({degree} x {micro_batches} = {degree * micro_batches}), so that one training step is one step "
+                "of the job"
+            )
+            raise MixflowError(msg)
+        self._training_step = step
 
     # -- Stateful ------------------------------------------------------------------------------------
 
@@ -209,6 +232,33 @@ class MixflowDataLoader(BaseDataLoader):
                 chosen,
                 saved_world,
             )
+
+
+class NoTokenizer(BaseTokenizer):
+    """The tokenizer of torchtitan's ``Trainer`` for a job whose samples are tokenized already: it reads no
+    files (``hf_assets_path`` is not needed) and says the vocabulary size it is given (the job's tokenizer's,
+    which the model's must cover); it encodes and decodes nothing."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseTokenizer.Config):
+        vocab_size: int
+        """The job's tokenizer's vocabulary size."""
+
+    def __init__(self, config: Config, *, tokenizer_path: str | None = None) -> None:
+        super().__init__()
+        del tokenizer_path
+        self.vocab_size = config.vocab_size
+
+    def encode(self, *args: Any, **kwargs: Any) -> list[int]:
+        msg = "the job's samples are tokenized already: NoTokenizer encodes nothing"
+        raise MixflowError(msg)
+
+    def decode(self, *args: Any, **kwargs: Any) -> str:
+        msg = "NoTokenizer decodes nothing: decode with the job's tokenizer"
+        raise MixflowError(msg)
+
+    def get_vocab_size(self) -> int:
+        return self.vocab_size
 
 
 def _sink(config: MixflowDataLoader.Config, dp_rank: int) -> KafkaBatchDataset:
