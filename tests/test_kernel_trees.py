@@ -1,5 +1,6 @@
 """The trees both planners search (``pipeline.planning.kernels.trees``) against brute force over random
-keys with many ties: every search answers the least key, and among equal keys the lowest id."""
+keys with many ties and rooms of both kinds: every search answers the least key, and among equal keys the
+lowest id."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.planning.kernels.trees import (
+    SlotRooms,
+    first_fit,
     least_with_room,
     leftmost_above,
     new_min_tree,
-    rank_trees,
+    room_trees,
     set_key,
     set_leaf,
     update_rank,
@@ -21,18 +24,50 @@ KEYS = st.sampled_from([0.0, 1.0, 2.5, 7.0, np.inf])
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(1, 70), st.data())
-def test_least_with_room_is_the_least_key_with_room_lowest_rank_first(ranks: int, data: st.DataObject) -> None:
+@given(st.integers(1, 70), st.integers(1, 4), st.sampled_from([0, 6]), st.data())
+def test_least_with_room_is_the_least_key_with_a_fitting_micro_batch_lowest_rank_first(
+    ranks: int, micro: int, patch_capacity: int, data: st.DataObject
+) -> None:
+    """Both kinds of room: a rank fits where one of its micro-batches has room for the tokens and, with a patch
+    capacity, the patches at once (its most free tokens and most free patches may be two micro-batches')."""
+    capacity = 8
     key = data.draw(st.lists(KEYS.filter(np.isfinite), min_size=ranks, max_size=ranks))
-    room = data.draw(st.lists(st.integers(0, 8), min_size=ranks, max_size=ranks))
-    trees = rank_trees(np.asarray(key), np.asarray(room, dtype=np.int64))
+    tokens = np.asarray(data.draw(st.lists(st.integers(0, capacity), min_size=ranks * micro, max_size=ranks * micro)))
+    patches = np.asarray(
+        data.draw(st.lists(st.integers(0, patch_capacity), min_size=ranks * micro, max_size=ranks * micro))
+    )
+    slots = SlotRooms(tokens.astype(np.int64), patches.astype(np.int64), micro, capacity, patch_capacity)
+    trees = room_trees(np.asarray(key), slots)
     for _ in range(data.draw(st.integers(0, 12))):  # updates, as the planners make them between searches
-        r = data.draw(st.integers(0, ranks - 1))
-        key[r], room[r] = data.draw(KEYS.filter(np.isfinite)), data.draw(st.integers(0, 8))
-        update_rank(trees, r, key[r], np.int64(room[r]))
-    for length in range(10):
-        fits = [(key[r], r) for r in range(ranks) if room[r] >= length]
-        assert least_with_room(trees, np.int64(length)) == (min(fits)[1] if fits else -1)
+        slot = data.draw(st.integers(0, ranks * micro - 1))
+        r = slot // micro
+        key[r] = data.draw(KEYS.filter(np.isfinite))
+        slots.tokens[slot] = data.draw(st.integers(0, capacity))
+        slots.patches[slot] = data.draw(st.integers(0, patch_capacity))
+        update_rank(trees, slots, r, key[r])
+
+    def fits(r: int, length: int, need: int) -> bool:
+        return any(
+            slots.tokens[r * micro + m] + length <= capacity
+            and (patch_capacity == 0 or slots.patches[r * micro + m] + need <= patch_capacity)
+            for m in range(micro)
+        )
+
+    for length in range(capacity + 2):
+        for need in range(patch_capacity + 2 if patch_capacity else 1):
+            fitting = [(key[r], r) for r in range(ranks) if fits(r, length, need)]
+            got = least_with_room(trees, slots, np.int64(length), np.int64(need))
+            assert got == (min(fitting)[1] if fitting else -1), (length, need)
+            if got >= 0:
+                m = first_fit(slots, got, np.int64(length), np.int64(need))
+                assert m == min(m for m in range(micro) if fits_one(slots, got * micro + m, length, need))
+
+
+def fits_one(slots: SlotRooms, slot: int, length: int, need: int) -> bool:
+    return bool(
+        slots.tokens[slot] + length <= slots.capacity
+        and (slots.patch_capacity == 0 or slots.patches[slot] + need <= slots.patch_capacity)
+    )
 
 
 @settings(max_examples=300, deadline=None)

@@ -202,9 +202,10 @@ def test_repair_swaps_an_older_deferred_sample_into_a_newer_ones_place() -> None
     micro_cost = np.array([costs[1] + costs[2], costs[3]])
     plan = Placement(at, micro_cost.copy(), np.array([11, 5], np.int64), micro_cost, np.zeros(2, np.int64))
     grid = Grid(ranks=2, micro=1, capacity=16, shift=0)
-    assert not starvation_safe(cands, at)
+    assert not starvation_safe(cands, grid, at)
     assert prefer_older(cands, plan, grid) == 1
-    assert starvation_safe(cands, at)
+    assert starvation_safe(cands, grid, at)
+    assert prefer_older(cands, plan, grid) == 0  # a safe plan: nothing to swap
     rank, _ = by_index(4, cands.order, at, 0)
     assert rank.tolist() == [1, 0, 0, -1]  # the shortest at least as long (5, not 8) gives way
     assert plan.tokens.tolist() == [11, 5] and plan.rank_cost[1] == costs[0]

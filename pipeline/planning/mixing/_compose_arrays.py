@@ -8,6 +8,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
+from pipeline.planning.kernels.trees import SlotRooms
 from pipeline.planning.mixing._compose_types import HoleFill, Longs
 
 
@@ -99,3 +100,10 @@ def take_candidate(packing: Packing, cands: Samples, c: int, r: int, m: int) -> 
     packing.cand_slot[c] = r * packing.bins.shape[1] + m
     packing.excess[r] += cands.excess[c]
     packing.left[cands.source[c]] -= cands.length[c]
+
+
+@kernel(inline="always")
+def token_rooms(bins: np.ndarray, capacity: int) -> SlotRooms:
+    """The micro-batches of ``bins`` (tokens by rank and micro-batch) as the room searches read them: composition
+    packs tokens only."""
+    return SlotRooms(bins.reshape(-1), np.zeros(0, np.int64), bins.shape[1], capacity, 0)

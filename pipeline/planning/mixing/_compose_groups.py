@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
-from pipeline.planning.kernels.trees import least_with_room, new_min_tree, rank_trees, set_key, update_rank
+from pipeline.planning.kernels.trees import least_with_room, new_min_tree, room_trees, set_key, update_rank
 from pipeline.planning.mixing._compose_arrays import (
     Grid,
     Grouping,
@@ -34,6 +34,7 @@ from pipeline.planning.mixing._compose_arrays import (
     as_samples,
     copy_of,
     take_candidate,
+    token_rooms,
 )
 from pipeline.planning.mixing._compose_free import next_free
 from pipeline.planning.mixing._compose_holes import fill_holes, fullest_with_room
@@ -109,10 +110,11 @@ def _place_seeds(seeds: Samples, packing: Packing, capacity: int) -> None:
     """The seeds, the largest excess first, each onto the rank of least excess with room in a micro-batch
     (its fullest with room), else onto the least loaded rank (in no micro-batch)."""
     excess, bins = packing.excess, packing.bins
-    trees = rank_trees(excess, np.full(len(excess), capacity, np.int64))
+    slots = token_rooms(bins, capacity)
+    trees = room_trees(excess, slots)
     for i in np.argsort(-seeds.excess, kind="mergesort"):
         length = seeds.length[i]
-        target = least_with_room(trees, np.int64(length))
+        target = least_with_room(trees, slots, np.int64(length), np.int64(0))
         if target < 0:
             target = int(np.argmin(excess))
         else:
@@ -120,7 +122,7 @@ def _place_seeds(seeds: Samples, packing: Packing, capacity: int) -> None:
             bins[target, m] += length
             packing.seed_slot[i] = target * bins.shape[1] + m
         excess[target] += seeds.excess[i]
-        update_rank(trees, target, excess[target], capacity - bins[target].min())
+        update_rank(trees, slots, target, excess[target])
 
 
 @kernel

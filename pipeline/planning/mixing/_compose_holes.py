@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
-from pipeline.planning.kernels.trees import RankTrees, least_with_room, rank_trees, update_rank
-from pipeline.planning.mixing._compose_arrays import Holes, Packing, Samples, take_candidate
+from pipeline.planning.kernels.trees import RoomTrees, SlotRooms, least_with_room, room_trees, update_rank
+from pipeline.planning.mixing._compose_arrays import Holes, Packing, Samples, take_candidate, token_rooms
 from pipeline.planning.mixing._compose_free import Free, drop_position, free_lists, longest_free, next_free
 
 
@@ -38,11 +38,9 @@ def fullest_with_room(bins: np.ndarray, r: int, length: int, capacity: int) -> i
 def fill_holes(packing: Packing, target: float, cands: Samples, holes: Holes, capacity: int) -> None:
     """Pack the holes (the module's docstring), in place."""
     bins = packing.bins
-    room = np.empty(bins.shape[0], np.int64)
-    for r in range(bins.shape[0]):
-        room[r] = capacity - bins[r].min()
-    trees = rank_trees(packing.excess, room)
-    total = float(bins.sum()) + _place_first(packing, trees, holes.first, capacity)
+    slots = token_rooms(bins, capacity)
+    trees = room_trees(packing.excess, slots)
+    total = float(bins.sum()) + _place_first(packing, trees, slots, holes.first, capacity)
     free = free_lists(holes.by_length, cands.length)
     for j in range(len(free.by_length)):
         if packing.chosen[free.by_length[j]]:
@@ -51,7 +49,7 @@ def fill_holes(packing: Packing, target: float, cands: Samples, holes: Holes, ca
         j = _shortest_free(free, packing.left, cands.source)
         if j >= len(free.by_length):
             return
-        r = least_with_room(trees, np.int64(free.length[j]))
+        r = least_with_room(trees, slots, np.int64(free.length[j]), np.int64(0))
         if r < 0:
             return
         m = int(np.argmin(bins[r]))
@@ -62,22 +60,22 @@ def fill_holes(packing: Packing, target: float, cands: Samples, holes: Holes, ca
         drop_position(free, p - 1)
         take_candidate(packing, cands, c, r, m)
         total += cands.length[c]
-        update_rank(trees, r, packing.excess[r], capacity - bins[r].min())
+        update_rank(trees, slots, r, packing.excess[r])
 
 
 @kernel
-def _place_first(packing: Packing, trees: RankTrees, first: np.ndarray, capacity: int) -> float:
+def _place_first(packing: Packing, trees: RoomTrees, slots: SlotRooms, first: np.ndarray, capacity: int) -> float:
     """The ``first`` samples, longest first, each into the fullest micro-batch with room of the rank of
     least excess with room (ties: the lowest rank); returns their tokens, placed or not."""
     bins = packing.bins
     tokens = 0.0
     for i in np.argsort(-first, kind="mergesort"):
-        r = least_with_room(trees, np.int64(first[i]))
+        r = least_with_room(trees, slots, np.int64(first[i]), np.int64(0))
         if r >= 0:
             m = fullest_with_room(bins, r, first[i], capacity)
             bins[r, m] += first[i]
             packing.first_slot[i] = r * bins.shape[1] + m
-            update_rank(trees, r, packing.excess[r], capacity - bins[r].min())
+            update_rank(trees, slots, r, packing.excess[r])
         tokens += first[i]
     return tokens
 

@@ -6,11 +6,12 @@ first where the step has two capacities; ``at[k]`` is where it goes, ``rank << s
 while deferred. Rank ``r``'s micro-batch ``m`` lives at flat position ``r * micro + m`` of the
 per-micro-batch arrays.
 
-**Two capacities.** A step of multimodal samples bounds each micro-batch's tokens and its vision patches
-(``Grid.patch_capacity > 0``): every fit tests both, the candidates are ordered by cost (which no longer
-follows length), and the guarantee against starvation is on both (``_repair_two.py``). With
-``patch_capacity == 0`` (text) the patches are empty arrays that no kernel reads, and every plan is the
-one the kernels made before patches existed.
+**Rooms.** A micro-batch has a room of each kind: tokens, and vision patches where a step of multimodal
+samples bounds them too (``Grid.patch_capacity > 0``). Every kernel places, moves and checks samples against
+both through one set of searches (``pipeline.planning.kernels.trees``: ``least_with_room``, ``first_fit``;
+``least_costly_fit`` here); with tokens only the patch room is never read. Where patches are bounded the
+candidates go costliest first (cost no longer follows length), and the guarantee against starvation is on
+both (``_repair.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
+from pipeline.planning.kernels.trees import SlotRooms, fits
 
 
 class Samples(NamedTuple):
@@ -84,8 +86,39 @@ def move_patches(plan: Placement, grid: Grid, slot: np.int64, cands: Candidates,
 
 
 @kernel(inline="always")
-def fits_slot(plan: Placement, grid: Grid, slot: np.int64, length: np.int64, patches: np.int64) -> bool:
-    """Whether micro-batch ``slot`` has room for ``length`` tokens and ``patches`` patches."""
-    return plan.tokens[slot] + length <= grid.capacity and (
-        grid.patch_capacity == 0 or plan.patches[slot] + patches <= grid.patch_capacity
-    )
+def rooms(plan: Placement, grid: Grid) -> SlotRooms:
+    """What the plan's micro-batches hold, as the room searches read it."""
+    return SlotRooms(plan.tokens, plan.patches, grid.micro, grid.capacity, grid.patch_capacity)
+
+
+@kernel(inline="always")
+def patches_of(cands: Candidates, grid: Grid, k: np.int64) -> np.int64:
+    """Candidate ``k``'s patches (0 with one capacity, where the candidates carry none)."""
+    return cands.patches[k] if grid.patch_capacity > 0 else np.int64(0)
+
+
+@kernel(inline="always")
+def least_costly_fit(plan: Placement, grid: Grid, r: np.int64, length: np.int64, patches: np.int64) -> int:
+    """The least costly micro-batch of rank ``r`` with room for ``length`` tokens and ``patches`` patches
+    (ties: the fewer tokens, then the first), or -1."""
+    slots = rooms(plan, grid)
+    base = r * grid.micro
+    best = -1
+    for m in range(grid.micro):
+        slot = base + m
+        if fits(slots, slot, length, patches) and (
+            best < 0
+            or plan.micro_cost[slot] < plan.micro_cost[base + best]
+            or (plan.micro_cost[slot] == plan.micro_cost[base + best] and plan.tokens[slot] < plan.tokens[base + best])
+        ):
+            best = m
+    return best
+
+
+@kernel(inline="always")
+def place(cands: Candidates, plan: Placement, grid: Grid, k: np.int64, r: np.int64, m: np.int64) -> None:
+    """Put candidate ``k`` into rank ``r``'s micro-batch ``m``: its ``at`` and the totals."""
+    slot = r * grid.micro + m
+    move_tokens(plan, r, slot, np.int64(cands.length[k]), cands.cost[k])
+    move_patches(plan, grid, slot, cands, k, 1)
+    plan.at[k] = (r << grid.shift) | m

@@ -16,10 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
-from pipeline.planning.kernels.trees import least_with_room, rank_trees, update_rank
+from pipeline.planning.kernels.trees import ROOM, least_with_room, room_trees, update_rank
 from pipeline.planning.scheduler._lpt import lpt_place
-from pipeline.planning.scheduler._micro import micro_with_room
-from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, move_tokens
+from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, least_costly_fit, place, rooms
 
 # LPT runs spent on finding the prefix, at most.
 PREFIX_TRIES = 24
@@ -60,23 +59,17 @@ def _place_later(cands: Candidates, plan: Placement, grid: Grid, prefix: int) ->
     room. In place."""
     later = np.flatnonzero(cands.order >= prefix)
     later = later[np.argsort(cands.order[later], kind="mergesort")]
-    n_micro, tokens = grid.micro, plan.tokens
-    room = np.empty(grid.ranks, np.int64)
-    for r in range(grid.ranks):
-        room[r] = grid.capacity - tokens[r * n_micro : (r + 1) * n_micro].min()
-    trees = rank_trees(plan.rank_cost, room)
+    slots = rooms(plan, grid)
+    trees = room_trees(plan.rank_cost, slots)
     shortest = np.iinfo(np.int64).max
     for k in later:
         length = np.int64(cands.length[k])
-        if length >= shortest or trees.max_room[1] < length:
+        if length >= shortest or trees.node[1, ROOM] < length:
             shortest = min(shortest, length)
             continue
-        r = least_with_room(trees, length)
-        base = r * n_micro
-        best = micro_with_room(tokens, plan.micro_cost, base, n_micro, grid.capacity - length)
-        plan.at[k] = (r << grid.shift) | best
-        move_tokens(plan, r, base + best, length, cands.cost[k])
-        update_rank(trees, r, plan.rank_cost[r], grid.capacity - tokens[base : base + n_micro].min())
+        r = least_with_room(trees, slots, length, np.int64(0))
+        place(cands, plan, grid, k, r, least_costly_fit(plan, grid, r, length, np.int64(0)))
+        update_rank(trees, slots, r, plan.rank_cost[r])
 
 
 @kernel

@@ -12,16 +12,18 @@ from typing import NamedTuple
 import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
-from pipeline.planning.kernels.trees import MinTree, new_min_tree, set_key
-from pipeline.planning.scheduler._fit import first_fit, least_costly_fit
-from pipeline.planning.scheduler._micro import micro_with_room
+from pipeline.planning.kernels.trees import MinTree, first_fit, new_min_tree, set_key
 from pipeline.planning.scheduler._placement import (
     Candidates,
     Grid,
     Placement,
     flat_slot,
+    least_costly_fit,
     move_patches,
     move_tokens,
+    patches_of,
+    place,
+    rooms,
 )
 
 # Cheapest ranks tried for one costly rank before giving up on it.
@@ -120,7 +122,7 @@ def _nearest_half(cands: Candidates, plan: Placement, grid: Grid, givers: Givers
     nearest half of ``gap``, below ``gap``; -1 where none scores above 0."""
     base_b = b * grid.micro
     room = grid.capacity - plan.tokens[base_b : base_b + grid.micro].min()
-    two = grid.patch_capacity > 0
+    slots = rooms(plan, grid)
     best, best_score = -1, -1.0
     for slot in range(givers.begin[a], givers.begin[a] + givers.count[a]):
         k = givers.member[slot]
@@ -128,7 +130,7 @@ def _nearest_half(cands: Candidates, plan: Placement, grid: Grid, givers: Givers
         if cands.length[k] <= room and cost < gap:
             score = min(cost, gap - cost)
             if score > best_score and (
-                not two or first_fit(plan, grid, base_b, cands.length[k], cands.patches[k]) >= 0
+                grid.patch_capacity == 0 or first_fit(slots, b, cands.length[k], cands.patches[k]) >= 0
             ):
                 best, best_score = slot, score
     return best if best_score > 0.0 else -1
@@ -142,15 +144,8 @@ def _move(cands: Candidates, plan: Placement, grid: Grid, givers: Givers, a: int
     k = givers.member[slot]
     givers.member[slot] = givers.member[last]
     givers.count[a] -= 1
-    length = np.int64(cands.length[k])
-    cost = cands.cost[k]
-    move_tokens(plan, a, flat_slot(grid, plan.at[k]), -length, -cost)
+    move_tokens(plan, a, flat_slot(grid, plan.at[k]), -np.int64(cands.length[k]), -cands.cost[k])
     move_patches(plan, grid, flat_slot(grid, plan.at[k]), cands, k, -1)
-    base_b = b * grid.micro
-    if grid.patch_capacity > 0:
-        m = least_costly_fit(plan, grid, base_b, length, cands.patches[k])
-    else:
-        m = micro_with_room(plan.tokens, plan.micro_cost, base_b, grid.micro, grid.capacity - length)
-    move_tokens(plan, b, base_b + m, length, cost)
-    move_patches(plan, grid, base_b + m, cands, k, 1)
-    plan.at[k] = (b << grid.shift) | m
+    place(
+        cands, plan, grid, k, b, least_costly_fit(plan, grid, b, np.int64(cands.length[k]), patches_of(cands, grid, k))
+    )

@@ -1,7 +1,10 @@
-"""The guarantee against starvation: no deferred sample may have a newer placed sample at least as long.
+"""The guarantee against starvation: no deferred sample may have a newer placed sample that could take its
+place, one at least as long (and, where a micro-batch bounds patches, with at least as many patches).
 
-Plans here are in sorted order (``_placement.py``): position ``k`` holds sample ``order[k]``, longest first
-and, among samples of one length, oldest first; ``at[k]`` is ``rank << shift | micro_batch``, or -1.
+Plans here are in sorted order (``_placement.py``): position ``k`` holds sample ``order[k]``; ``at[k]`` is
+``rank << shift | micro_batch``, or -1. The searches run over *runs*: the candidates of one room need
+(length, and patches where they are bounded), ``by_room`` ordering them most room first and, within a run,
+oldest first. With tokens only the candidates are in that order already (longest first, then oldest).
 """
 
 from __future__ import annotations
@@ -12,30 +15,7 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import leftmost_above, set_leaf
-from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, flat_slot, move_tokens
-
-
-@kernel
-def starvation_safe(cands: Candidates, at: np.ndarray) -> bool:
-    """Whether no deferred candidate has a newer placed one at least as long (later samples are not
-    candidates: they are deferred and newer than every candidate)."""
-    order, length = cands.order, cands.length
-    newest = -1  # the newest placed sample longer than the current length
-    first = 0
-    while first < order.shape[0]:
-        end = first
-        while end < order.shape[0] and length[end] == length[first]:
-            end += 1
-        last_placed = end - 1  # within one length, a later position is a newer sample
-        while last_placed >= first and at[last_placed] < 0:
-            last_placed -= 1
-        for k in range(first, end):
-            if at[k] < 0 and (newest > order[k] or last_placed > k):
-                return False
-        if last_placed >= first:
-            newest = max(newest, order[last_placed])
-        first = end
-    return True
+from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, flat_slot, move_tokens, patches_of
 
 
 @kernel
@@ -46,11 +26,12 @@ def deferred_oldest_first(order: np.ndarray, at: np.ndarray) -> np.ndarray:
 
 
 class Runs(NamedTuple):
-    """Runs of one length in sorted order, longest first: run ``g`` is positions ``start[g]..start[g+1]-1``,
-    ``of[k]`` the run of position ``k``; ``newest`` a max segment tree over the runs by increasing length
-    (run ``g`` at leaf ``count - 1 - g``), each leaf the newest placed sample of its run or -1, and
-    ``top[g]`` that sample's position."""
+    """Runs of one room need in ``by_room`` order, most room first: run ``g`` is ``by_room[start[g] :
+    start[g + 1]]``, ``of[k]`` the run of position ``k``; ``newest`` a max segment tree over the runs from least
+    to most room (run ``g`` at leaf ``count - 1 - g``: by length, then patches), each leaf the newest placed
+    sample of its run or -1, and ``top[g]`` the index in ``by_room`` of that sample."""
 
+    by_room: np.ndarray
     start: np.ndarray
     of: np.ndarray
     count: int
@@ -60,14 +41,29 @@ class Runs(NamedTuple):
 
 
 @kernel
-def _runs(cands: Candidates, at: np.ndarray) -> Runs:
+def _by_room(cands: Candidates, grid: Grid) -> np.ndarray:
+    """The positions by decreasing length, then decreasing patches, then increasing age."""
     n = cands.length.shape[0]
+    if grid.patch_capacity == 0:
+        return np.arange(n)  # longest first, then oldest: the candidates' own order
+    by_age = np.argsort(cands.order, kind="mergesort")
+    key = np.empty(n, np.int64)
+    for t in range(n):  # a micro-batch's tokens and patches each fit in 31 bits
+        key[t] = -((np.int64(cands.length[by_age[t]]) << 32) | cands.patches[by_age[t]])
+    return by_age[np.argsort(key, kind="mergesort")]  # stable: in age order within a run
+
+
+@kernel
+def _runs(cands: Candidates, grid: Grid, at: np.ndarray) -> Runs:
+    n = cands.length.shape[0]
+    by_room = _by_room(cands, grid)
     start = np.empty(n + 1, np.int64)
     of = np.empty(n, np.int32)
     count = 0
-    for k in range(n):
-        if k == 0 or cands.length[k] != cands.length[k - 1]:
-            start[count] = k
+    for t in range(n):
+        k = by_room[t]
+        if t == 0 or _need(cands, grid, k) != _need(cands, grid, by_room[t - 1]):
+            start[count] = t
             count += 1
         of[k] = count - 1
     start[count] = n
@@ -77,26 +73,60 @@ def _runs(cands: Candidates, at: np.ndarray) -> Runs:
     newest = np.full(2 * leaves, -1, np.int64)
     top = np.empty(count, np.int64)
     for g in range(count):
-        k = start[g + 1] - 1
-        while k >= start[g] and at[k] < 0:
-            k -= 1
-        top[g] = k
-        if k >= start[g]:
-            newest[leaves + count - 1 - g] = cands.order[k]
+        t = start[g + 1] - 1
+        while t >= start[g] and at[by_room[t]] < 0:
+            t -= 1
+        top[g] = t
+        if t >= start[g]:
+            newest[leaves + count - 1 - g] = cands.order[by_room[t]]
     for node in range(leaves - 1, 0, -1):
         newest[node] = max(newest[2 * node], newest[2 * node + 1])
-    return Runs(start, of, count, newest, leaves, top)
+    return Runs(by_room, start, of, count, newest, leaves, top)
+
+
+@kernel(inline="always")
+def _need(cands: Candidates, grid: Grid, k: np.int64) -> tuple[np.int64, np.int64]:
+    return np.int64(cands.length[k]), patches_of(cands, grid, k)
+
+
+@kernel
+def _giving_way(cands: Candidates, grid: Grid, runs: Runs, k: np.int64, sample: np.int64) -> int:
+    """The run of the placed sample that gives way to the deferred one at position ``k`` (sample ``sample``):
+    of the runs whose newest placed sample is newer than it, with at least its length and patches, the one of
+    least length, then fewest patches; -1 where there is none."""
+    patches = patches_of(cands, grid, k)
+    leaf = runs.count - 1 - runs.of[k]
+    while leaf < runs.count:
+        leaf = leftmost_above(runs.newest, runs.leaves, leaf, sample)
+        if leaf < 0:
+            return -1
+        g = runs.count - 1 - leaf
+        if patches_of(cands, grid, runs.by_room[runs.start[g]]) >= patches:
+            return g
+        leaf += 1  # longer, but with fewer patches: it could not take this one's place
+    return -1
+
+
+@kernel
+def starvation_safe(cands: Candidates, grid: Grid, at: np.ndarray) -> bool:
+    """Whether no deferred candidate has a newer placed one that could take its place (later samples are
+    not candidates: they are deferred and newer than every candidate)."""
+    runs = _runs(cands, grid, at)
+    k = 0
+    while k < at.shape[0] and (at[k] >= 0 or _giving_way(cands, grid, runs, k, cands.order[k]) < 0):
+        k += 1
+    return k == at.shape[0]
 
 
 @kernel
 def prefer_older(cands: Candidates, plan: Placement, grid: Grid) -> int:
-    """Swap deferred samples into the places of newer, at least as long placed samples, in place, oldest
-    deferred sample first, until no deferred sample has a newer placed one at least as long. Each swap
-    takes the shortest such sample (the newest among equals), so tokens and costs of the micro-batch and
-    rank can only fall; the sample that gives way is newer and may in turn take another's place.
-    Returns the number of swaps."""
+    """Swap deferred samples into the places of newer placed samples that could take theirs, in place, oldest
+    deferred sample first, until no deferred sample has such a newer placed one. Each swap takes the one of
+    least length, then fewest patches (the newest among equals), so the tokens and patches of the micro-batch
+    can only fall (its cost too, with tokens only); the sample that gives way is newer and may in turn take
+    another's place. Returns the number of swaps; none on a plan that is safe already."""
     n = cands.order.shape[0]
-    runs = _runs(cands, plan.at)
+    runs = _runs(cands, grid, plan.at)
     waiting = np.zeros(n, np.int64)  # by sample: its position + 1 while it is deferred and waits its turn
     for k in range(n):
         if plan.at[k] < 0:
@@ -108,9 +138,9 @@ def prefer_older(cands: Candidates, plan: Placement, grid: Grid) -> int:
         if runs.newest[1] <= i:
             break  # no placed sample is newer than this one, nor than any deferred after it
         k = waiting[i] - 1
-        leaf = leftmost_above(runs.newest, runs.leaves, runs.count - 1 - runs.of[k], i)
-        if leaf >= 0:
-            gives_way = _swap(cands, plan, grid, runs, k, runs.count - 1 - leaf)
+        g = _giving_way(cands, grid, runs, k, i)
+        if g >= 0:
+            gives_way = _swap(cands, plan, grid, runs, k, g)
             waiting[cands.order[gives_way]] = gives_way + 1  # newer than ``i``: its turn comes later
             swaps += 1
     return swaps
@@ -120,15 +150,19 @@ def prefer_older(cands: Candidates, plan: Placement, grid: Grid) -> int:
 def _swap(cands: Candidates, plan: Placement, grid: Grid, runs: Runs, k: int, h: int) -> int:
     """Put the deferred sample at position ``k`` in the place of run ``h``'s newest placed sample, which is
     deferred instead; returns that one's position."""
-    kj = runs.top[h]
+    kj = runs.by_room[runs.top[h]]
     slot = plan.at[kj]
+    flat = flat_slot(grid, slot)
     tokens = np.int64(cands.length[k]) - np.int64(cands.length[kj])
-    move_tokens(plan, slot >> grid.shift, flat_slot(grid, slot), tokens, cands.cost[k] - cands.cost[kj])
+    move_tokens(plan, slot >> grid.shift, flat, tokens, cands.cost[k] - cands.cost[kj])
+    if grid.patch_capacity > 0:
+        plan.patches[flat] += cands.patches[k] - cands.patches[kj]
     plan.at[k] = slot
     plan.at[kj] = -1
-    previous = kj - 1
-    while previous >= runs.start[h] and plan.at[previous] < 0:
+    previous = runs.top[h] - 1
+    while previous >= runs.start[h] and plan.at[runs.by_room[previous]] < 0:
         previous -= 1
     runs.top[h] = previous
-    set_leaf(runs.newest, runs.leaves, runs.count - 1 - h, cands.order[previous] if previous >= runs.start[h] else -1)
+    newest = cands.order[runs.by_room[previous]] if previous >= runs.start[h] else -1
+    set_leaf(runs.newest, runs.leaves, runs.count - 1 - h, newest)
     return kj

@@ -15,7 +15,7 @@
    raises fill and the lower bound and leaves the costliest rank as it is. With one capacity, where LPT
    deferred a candidate, the prefix plan (``_prefix.py``: LPT over the longest prefix in age order that
    it places whole, then the later samples shorter than every deferred one) replaces that where it is
-   no worse on both and better on one.
+   no worse on both and better on one; only for steps of at most ``PREFIX_CANDIDATES`` candidates.
 5. Where the caller gives a ``start`` (a placement of its own, such as step composition's packing of the
    micro-batches' holes), it is completed like the reference (its deferred samples, oldest first, where
    there is room without lifting its costliest rank; then starvation-safe) and kept instead where it
@@ -27,10 +27,11 @@
    falls where full micro-batches leave no room to move, then the vision encoder's part is evened out
    without lifting the costliest rank.
 
-With two capacities (``Grid.patch_capacity > 0``) every phase tests both, the candidates go costliest first
-and the guarantee is on length and patches (``_fit.py``, ``_repair_two.py``). A swap of the repair may then
-raise a rank's cost (a sample with fewer tokens and patches can cost more), so in step 4 the reference with
-its deferred samples put back is kept only where it is no worse than the reference on both.
+Where a micro-batch bounds patches too (``Grid.patch_capacity > 0``) every phase tests both rooms through the
+same searches, the candidates go costliest first and the guarantee is on length and patches (``_repair.py``).
+A swap of the repair may then raise a rank's cost (a sample with fewer tokens and patches can cost more), so
+in step 4 the reference with its deferred samples put back is kept only where it is no worse than the
+reference on both.
 
 The kernels are cached on disk by ``pipeline.planning.kernels.jit.kernel``, which compiles them again after
 an edit of any planning module.
@@ -54,11 +55,14 @@ from pipeline.planning.scheduler._placement import (
 )
 from pipeline.planning.scheduler._prefix import prefix_plan
 from pipeline.planning.scheduler._refine import move_from_costliest
-from pipeline.planning.scheduler._repair import deferred_oldest_first, prefer_older, starvation_safe
-from pipeline.planning.scheduler._repair_two import dominance_safe, prefer_older_two
+from pipeline.planning.scheduler._repair import deferred_oldest_first, prefer_older
 from pipeline.planning.scheduler._swap import trade_places
 from pipeline.planning.scheduler._topup import top_up
 
+# The prefix plan runs LPT up to ``_prefix.PREFIX_TRIES`` times more: for steps of at most this many
+# candidates, where that is a few milliseconds. Over a large step it buys about 0.05% more tokens placed (and
+# costs a little balance) for several times the planning time (``benchmarks/scheduler_bench.py``).
+PREFIX_CANDIDATES = 50_000
 # The held-back plan takes out the newest candidates holding this share of the step's tokens, or as many
 # tokens as LPT deferred where that is more.
 RESERVE = 0.002
@@ -121,11 +125,7 @@ def _started(start: np.ndarray, cands: Candidates, like: np.ndarray, grid: Grid)
 @kernel
 def make_safe(cands: Candidates, plan: Placement, grid: Grid) -> None:
     """The swap repair where an older sample waits for a newer one that it could replace. In place."""
-    if grid.patch_capacity > 0:
-        if not dominance_safe(cands, plan.at):
-            prefer_older_two(cands, plan, grid)
-    elif not starvation_safe(cands, plan.at):
-        prefer_older(cands, plan, grid)
+    prefer_older(cands, plan, grid)
 
 
 @kernel
@@ -190,7 +190,7 @@ def plan_kernel(
     held = _held_back(samples.lengths, cands, plan, grid)  # from LPT's plan, before the repair below changes it
     make_safe(cands, plan, grid)
     plan = held if at_least_as_good(score(cands, held), score(cands, plan)) else _filled(cands, plan, grid)
-    if grid.patch_capacity == 0 and not lpt_whole:
+    if grid.patch_capacity == 0 and not lpt_whole and plan.at.shape[0] <= PREFIX_CANDIDATES:
         prefixed = prefix_plan(cands, grid, plan.at)
         if _better(score(cands, prefixed), score(cands, plan)):
             plan = prefixed

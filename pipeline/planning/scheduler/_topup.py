@@ -1,9 +1,9 @@
 """The top-up: deferred samples, oldest first, into whatever room a plan left.
 
-Starvation-safe by construction: rooms only shrink and costs only grow during the top-up, so a sample
-that found no place has no newer sample at least as long placed after it. (With two capacities a newer
-sample with at least the length and patches may cost less, and find a place under the cap: the plan is
-checked after the top-up, ``_step._make_safe``.)
+Starvation-safe by construction with tokens only: rooms only shrink and costs only grow during the top-up, so
+a sample that found no place has no newer sample at least as long placed after it. (With patches too a newer
+sample with at least the length and patches may cost less, and find a place under the cap: the plan is made
+safe after the top-up, ``_step.make_safe``.)
 """
 
 from __future__ import annotations
@@ -11,10 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
-from pipeline.planning.kernels.trees import least_with_room, rank_trees, update_rank
-from pipeline.planning.scheduler._fit import top_up_two
-from pipeline.planning.scheduler._micro import micro_with_room
-from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, move_tokens
+from pipeline.planning.kernels.trees import ROOM, least_with_room, room_trees, update_rank
+from pipeline.planning.scheduler._placement import (
+    Candidates,
+    Grid,
+    Placement,
+    least_costly_fit,
+    patches_of,
+    place,
+    rooms,
+)
 
 
 @kernel
@@ -25,28 +31,18 @@ def top_up(items: np.ndarray, cands: Candidates, plan: Placement, grid: Grid, co
     In place.
 
     The cap is fixed and the choice exact, and ranks only fill up, so where a sample found no place no
-    later sample at least as long (so at least as costly) finds one.
+    later sample at least as long (so, with tokens only, at least as costly) finds one.
     """
-    if grid.patch_capacity > 0:
-        top_up_two(items, cands, plan, grid, cost_cap)
-        return
     if items.shape[0] == 0:
         return
-    n_micro, tokens = grid.micro, plan.tokens
-    room = np.empty(grid.ranks, np.int64)
-    for r in range(grid.ranks):
-        room[r] = grid.capacity - tokens[r * n_micro : (r + 1) * n_micro].min()
-    trees = rank_trees(plan.rank_cost, room)
+    slots = rooms(plan, grid)
+    trees = room_trees(plan.rank_cost, slots)
     for k in items:
-        length = np.int64(cands.length[k])
-        cost = cands.cost[k]
-        if trees.max_room[1] < length:
+        length, patches, cost = np.int64(cands.length[k]), patches_of(cands, grid, k), cands.cost[k]
+        if trees.node[1, ROOM] < length:
             continue  # no micro-batch has room
-        r = least_with_room(trees, length)
-        if plan.rank_cost[r] + cost > max(cost_cap, cost):  # an empty rank takes any sample
+        r = least_with_room(trees, slots, length, patches)
+        if r < 0 or plan.rank_cost[r] + cost > max(cost_cap, cost):  # an empty rank takes any sample
             continue
-        base = r * n_micro
-        best = micro_with_room(tokens, plan.micro_cost, base, n_micro, grid.capacity - length)
-        plan.at[k] = (r << grid.shift) | best
-        move_tokens(plan, r, base + best, length, cost)
-        update_rank(trees, r, plan.rank_cost[r], grid.capacity - tokens[base : base + n_micro].min())
+        place(cands, plan, grid, k, r, least_costly_fit(plan, grid, r, length, patches))
+        update_rank(trees, slots, r, plan.rank_cost[r])

@@ -37,8 +37,7 @@ def plan_lpt(
     never worse than.
 
     ``costs``, ``patches`` and ``patch_capacity`` as for ``plan_step``: with them, the prefix fits both
-    capacities, the order is by cost, a micro-batch has room for both, and the repair is on length and
-    patches (``_repair_two.prefer_older_two``).
+    rooms, the order is by cost, a micro-batch has room for both, and the repair is on length and patches.
     """
     lengths, ranks, micro_batches, capacity = check_step(lengths, ranks, micro_batches, capacity)
     shape = (ranks, micro_batches, capacity)
