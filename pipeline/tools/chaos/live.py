@@ -4,9 +4,10 @@ through Kafka, and each fault struck and waited out until the job has survived i
 A kill is survived once the job wrote a step after it and the role is back (a killed sink has received a step
 since, the constructors are all in the lease group again); a broker or object store fault once a step was
 written after it. Revoking rights (``revoke-acls``, ``revoke-storage-key``) lasts the drawn while and then until
-the roles it strikes have stopped with their refusal (every one for ACLs: each role talks to Kafka all the time;
-at least one loader for a storage key: an idle loader does not touch the store); then the rights come back, the
-refused roles are started again, and the fault is survived as a kill of each of them is.
+the roles it strikes have stopped with their refusal: every one for ACLs (each role talks to Kafka all the
+time); at least one loader for a storage key (a loader between epochs reads nothing: when none read the store
+in the drawn while, the fault's loader is restarted, as after a crash, and its start-up probe is refused). Then
+the rights come back, the refused roles are started again, and the fault is survived as a kill of each is.
 """
 
 from __future__ import annotations
@@ -167,11 +168,19 @@ class LiveJob:
         try:
             access.revoke()
             self._sleep(fault.down_s)
+            restarted = None
+            if fault.kind is FaultKind.REVOKE_STORAGE_KEY and not revocation.refused:
+                # No loader read the store meanwhile (between epochs a loader reads nothing): one restarted, as
+                # after a crash, probes it at its start and is refused.
+                role = self.supervisor.roles[str(fault.target)]
+                if role.running:
+                    self.supervisor.kill(role)
+                    restarted = role.name
             everyone = fault.kind is FaultKind.REVOKE_ACLS
             self._wait(
                 lambda: set(revocation.refused) >= struck if everyone else bool(revocation.refused),
                 self.options.fault_timeout_s,
-                f"{what}: {'the roles' if everyone else 'no role'} of {sorted(struck)} did not stop with the refusal",
+                f"{what}: {'not every role' if everyone else 'no role'} of {sorted(struck)} stopped with the refusal",
                 detail=lambda: f"refused: {sorted(revocation.refused)}",
             )
         finally:
@@ -183,8 +192,9 @@ class LiveJob:
         away = time.monotonic() - revocation.began
         self._back(f"{what}, back", refused, end, received)
         target = f"acls:{fault.target}" if fault.kind is FaultKind.REVOKE_ACLS else "storage-key"
+        stopped = tuple(revocation.refused)
         return InjectedFault(
-            fault, target, at - self.began, time.monotonic() - at, down_s=away, refused=tuple(revocation.refused)
+            fault, target, at - self.began, time.monotonic() - at, down_s=away, refused=stopped, restarted=restarted
         )
 
     def _access(self, fault: Fault) -> Access:

@@ -25,6 +25,7 @@ class InjectedFault:
     # A broker or object store restart or stall: from the fault until it answered; revoked rights: until given back.
     down_s: float | None = None
     refused: tuple[str, ...] = ()  # revoked rights: the roles that stopped with the refusal (started again)
+    restarted: str | None = None  # a revoked storage key no loader read meanwhile: the loader restarted to read it
 
 
 @dataclass
@@ -94,6 +95,7 @@ class ChaosReport:
             "roles started again after no broker answered at their start while it restarted (exit 6, as mixflow run "
             "does): " + (", ".join(f"{role} {n}" for role, n in self.unreachable_restarts.items()) or "none"),
             _refusal_line(self.refusals),
+            *_storage_key_line(self.injected),
             *(f"  {r.role}: {r.line}" for r in _each_kind(self.refusals)),
             _gap_line(self.gaps_s),
         ]
@@ -134,6 +136,7 @@ class ChaosReport:
                     "gap_s": None if f.gap_s is None else round(f.gap_s, 3),
                     "down_s": None if f.down_s is None else round(f.down_s, 3),
                     "refused": list(f.refused),
+                    "restarted": f.restarted,
                 }
                 for f in self.injected
             ],
@@ -164,6 +167,17 @@ def _refusal_line(refusals: list[Refusal]) -> str:
         f"roles stopped by revoked rights (exit 5 naming the refusal; started again once the rights were back): "
         f"{len(refusals)} ({counted})"
     )
+
+
+def _storage_key_line(injected: list[InjectedFault]) -> list[str]:
+    revoked = [f for f in injected if f.fault.kind is FaultKind.REVOKE_STORAGE_KEY]
+    if not revoked:
+        return []
+    reading = sum(f.restarted is None for f in revoked)
+    return [
+        f"revoke-storage-key: {len(revoked)} revocations; a loader reading the store refused in {reading}, in the "
+        f"other {len(revoked) - reading} no loader read it and one restarted meanwhile was refused at its start"
+    ]
 
 
 def _each_kind(refusals: list[Refusal]) -> list[Refusal]:

@@ -63,7 +63,7 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
         raise MixflowError(msg)
     store = None
     if options.object_store is not None:  # s3:// sources: the loaders read with a user of the run's own
-        store = ChaosObjectStore.running(options.object_store, user=targets.storage_key)
+        store = ChaosObjectStore.running(options.object_store, user=bool(targets.storage_loaders))
     folder.mkdir(parents=True, exist_ok=True)
     faults = _schedule(options, targets)
     report = ChaosReport(job, options.seed, options.shadows, targets.broker, folder, planned=faults)
@@ -113,6 +113,7 @@ def run_chaos(options: ChaosOptions) -> ChaosReport:
 def _targets(options: ChaosOptions, base: JobSpec) -> Targets:
     """What a run of ``base`` under ``options`` can strike: its roles, its broker when it is the run's own, its
     object store, and the rights it can revoke (the roles' ACLs when secured, the storage key of s3:// sources)."""
+    remote = [s for s in base.sources if s.in_object_store] if options.object_store is not None else []
     return Targets(
         loaders=tuple(f"load-{s.name}-{i}" for s in base.sources for i in range(s.loaders)),
         sinks=tuple(f"sink-{r}" for r in range(base.step.ranks)),
@@ -120,7 +121,7 @@ def _targets(options: ChaosOptions, base: JobSpec) -> Targets:
         broker=options.bootstrap is None,
         object_store=options.object_store is not None,
         principals=revocable_principals(principal_keys(base.source_names)) if options.secure else (),
-        storage_key=options.object_store is not None and any(source.in_object_store for source in base.sources),
+        storage_loaders=tuple(f"load-{s.name}-{i}" for s in remote for i in range(s.loaders)),
     )
 
 

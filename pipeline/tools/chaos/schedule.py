@@ -21,7 +21,9 @@ class FaultKind(StrEnum):
     SLOW_OBJECT_STORE = "slow-object-store"  # the run's proxy holds every chunk a while
     REFUSE_OBJECT_STORE = "refuse-object-store"  # the run's proxy resets open connections and new ones
     REVOKE_ACLS = "revoke-acls"  # a role's Kafka ACL bindings deleted a while, then created again
-    REVOKE_STORAGE_KEY = "revoke-storage-key"  # the loaders' object store user removed a while, then added again
+    # The loaders' object store user removed a while, then added again; a loader is restarted meanwhile when none
+    # read the store (an idle loader reads nothing).
+    REVOKE_STORAGE_KEY = "revoke-storage-key"
 
 
 OBJECT_STORE_KINDS = frozenset(
@@ -58,8 +60,8 @@ DEFAULT_WEIGHTS: Mapping[FaultKind, float] = {
 class Targets:
     """What a run can strike: its loader and sink roles by name, its shadow constructors, its broker, the
     object store its sources are read from, the ``kafka.principals`` keys whose ACLs a secured run can revoke
-    (a loader's ``loader.<source>``, ``constructor``, ``trainer``), and whether its loaders read ``s3://``
-    sources in that store with a key the run can revoke."""
+    (a loader's ``loader.<source>``, ``constructor``, ``trainer``), and the loaders that read ``s3://`` sources in
+    that store with a key the run can revoke."""
 
     loaders: tuple[str, ...]
     sinks: tuple[str, ...]
@@ -67,7 +69,7 @@ class Targets:
     broker: bool
     object_store: bool = False
     principals: tuple[str, ...] = ()
-    storage_key: bool = False
+    storage_loaders: tuple[str, ...] = ()
 
     def kinds(self) -> list[FaultKind]:
         return [kind for kind in FaultKind if self._wanting(kind) is None]
@@ -84,7 +86,7 @@ class Targets:
             return None if self.principals else "a secured run (--secure), a principal and ACLs per role"
         if kind is FaultKind.REVOKE_STORAGE_KEY:
             wanting = "an object store (--object-store-dir) that the spec's s3:// sources are read from"
-            return None if self.storage_key else wanting
+            return None if self.storage_loaders else wanting
         shadow = "a shadow constructor (--shadows 1 or more)"
         wanting = {
             FaultKind.KILL_LOADER: None if self.loaders else "a loader",
@@ -100,20 +102,22 @@ class Targets:
 class Fault:
     number: int  # from 1
     kind: FaultKind
-    # The loader or sink role killed, or the principal key whose ACLs are revoked; the run finds the
-    # constructor; one broker, one store, one storage key.
+    # The loader or sink role killed, the principal key whose ACLs are revoked, or the loader restarted while the
+    # storage key is revoked if none read the store; the run finds the constructor; one broker, one store.
     target: str | None
     pause_s: float  # how long the run waits, once the previous fault is survived, before this one
     # How long a restarted broker or object store stays down, a stalled store stalls, or rights stay revoked.
     down_s: float = 0.0
 
     def describe(self) -> str:
-        where = f" {self.target}" if self.target else ""
+        where = f" {self.target}" if self.target and self.kind is not FaultKind.REVOKE_STORAGE_KEY else ""
         down = ""
         if self.kind in (FaultKind.RESTART_BROKER, FaultKind.RESTART_OBJECT_STORE):
             down = f", down {self.down_s:.1f} s"
         elif self.kind in LASTING_KINDS:
             down = f", for {self.down_s:.1f} s"
+        elif self.kind is FaultKind.REVOKE_STORAGE_KEY:
+            down = f", for {self.down_s:.1f} s at least, then {self.target} restarted if no loader read the store"
         elif self.kind in ACCESS_KINDS:
             down = f", for {self.down_s:.1f} s at least"
         return f"fault {self.number} {self.kind}{where}{down}"
@@ -153,6 +157,8 @@ def plan_faults(
             target = rng.choice(targets.sinks)
         elif kind is FaultKind.REVOKE_ACLS:
             target = rng.choice(targets.principals)
+        elif kind is FaultKind.REVOKE_STORAGE_KEY:
+            target = rng.choice(targets.storage_loaders)
         pause = round(rng.uniform(0, max_pause_s), 3)
         down = _down_s(rng, kind, max_down_s, max_stall_s, max_revoke_s)
         faults.append(Fault(number, kind, target, pause, down))
