@@ -35,8 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the run's broker is secured as `mixflow stack up --secure` makes it (SASL_SSL, SCRAM-SHA-512, ACLs "
         "enforced; its restarts keep that); each role runs as a SCRAM user of its own (passwords in principals/ of "
-        "the run's folder, owner only) with the job's ACLs of `mixflow acl plan`, applied before the roles start. "
-        "Not with --bootstrap-servers",
+        "the run's folder, owner only) with the job's ACLs of `mixflow acl plan`, applied before the roles start; "
+        "fault kind revoke-acls then deletes one principal's bindings (a source's loaders, the constructors, the "
+        "trainers) a while and creates them again: every role of it must stop with exit 5 naming the refusal, and "
+        "is started again once they are back. Goes with --object-store-dir; not with --bootstrap-servers",
     )
     parser.add_argument(
         "--object-store-dir",
