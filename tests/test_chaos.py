@@ -23,7 +23,7 @@ from pipeline.spec import StepSpec
 from pipeline.tools.chaos import ChaosOptions, FaultKind, Targets, plan_faults, run_chaos
 from pipeline.tools.chaos.audit import check_samples, check_sink_record, read_rank_topic
 from pipeline.tools.chaos.roles import RoleKind, Supervisor
-from pipeline.tools.chaos.schedule import OBJECT_STORE_KINDS
+from pipeline.tools.chaos.schedule import ACCESS_KINDS, OBJECT_STORE_KINDS
 from pipeline.tools.chaos.sink_state import checkpoint_steps
 from pipeline.tools.delivery import RECEIVED_FILE, rank_micro_batches, sample_sha256, tokens_sha256
 from tests.caption_shards import caption_source, write_caption_shards
@@ -46,7 +46,7 @@ def test_a_schedule_is_reproducible_from_its_seed() -> None:
 def test_a_schedule_strikes_every_kind_and_only_what_exists() -> None:
     faults = plan_faults(3, 12, TARGETS, max_pause_s=1.5, max_down_s=2.0)
     assert [f.number for f in faults] == list(range(1, 13))
-    assert {f.kind for f in faults} == set(FaultKind) - OBJECT_STORE_KINDS
+    assert {f.kind for f in faults} == set(FaultKind) - OBJECT_STORE_KINDS - ACCESS_KINDS
     for fault in faults:
         assert 0 <= fault.pause_s <= 1.5
         if fault.kind is FaultKind.KILL_LOADER:
@@ -240,7 +240,7 @@ def test_a_job_survives_a_fault_of_every_kind_with_nothing_lost_or_repeated(tmp_
     print("\n".join(report.lines()))
     assert report.ok, "\n".join(report.lines())
     survived = {kind for kind, (injected, survived) in report.by_kind().items() if injected == survived}
-    assert survived == set(FaultKind) - OBJECT_STORE_KINDS
+    assert survived == set(FaultKind) - OBJECT_STORE_KINDS - ACCESS_KINDS
     assert report.failures == []
     assert report.audit is not None and report.audit.steps > 0 and report.audit.samples == report.audit.expected
     assert len(report.gaps_s) == sum(f.kind is FaultKind.KILL_ACTIVE_CONSTRUCTOR for f in report.planned)

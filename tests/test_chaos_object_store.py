@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from pipeline.tools.chaos import ChaosOptions, FaultKind, Targets, plan_faults, run_chaos
 from pipeline.tools.chaos.object_store import ChaosObjectStore
-from pipeline.tools.chaos.schedule import OBJECT_STORE_KINDS
+from pipeline.tools.chaos.schedule import ACCESS_KINDS, OBJECT_STORE_KINDS
 from pipeline.tools.stack.object_store import LocalObjectStore, ObjectStoreStopped
 from tests.loader_support import build_example_data, write_spec
 from tests.object_store import running_object_store
@@ -30,8 +30,8 @@ def test_object_store_faults_are_drawn_only_with_a_store_and_last_within_their_b
     seed: int, count: int, max_down_s: float, max_stall_s: float
 ) -> None:
     faults = plan_faults(seed, count, WITH_STORE, max_down_s=max_down_s, max_stall_s=max_stall_s)
-    if count >= len(FaultKind):
-        assert {f.kind for f in faults} == set(FaultKind)
+    if count >= len(FaultKind) - len(ACCESS_KINDS):  # no principals, no s3:// sources: nothing to revoke
+        assert {f.kind for f in faults} == set(FaultKind) - ACCESS_KINDS
     for fault in faults:
         if fault.kind is FaultKind.RESTART_OBJECT_STORE:
             assert 0 <= fault.down_s <= max_down_s + 1e-3 and "down" in fault.describe()
@@ -109,8 +109,10 @@ def test_a_job_reading_its_sources_from_the_object_store_survives_its_faults(
     tmp_path: Path, kafka_bootstrap: str
 ) -> None:
     """End to end: the example's three sources in a bucket (and nowhere on disk), the loaders reading them
-    through the run's fault proxy while the store is restarted, stalled, slowed and refuses, and loaders are
-    killed; the audit reads the sources from the store as well. Needs the s3:// sources (connectors.storage)."""
+    through the run's fault proxy with a key of the run's own while the store is restarted, stalled, slowed and
+    refuses, the key is revoked twice (the loaders stop with exit 5 and the store's refusal, no dead letter, and
+    run again once it is back), and loaders are killed; the audit reads the sources from the store as well.
+    Needs the s3:// sources (connectors.storage)."""
     pytest.importorskip("connectors.storage", reason="s3:// sources are not in this checkout")
     import shutil
 
@@ -133,20 +135,33 @@ def test_a_job_reading_its_sources_from_the_object_store_survives_its_faults(
 
         options = ChaosOptions(
             spec=spec,
-            faults=6,
-            seed=3,
+            faults=7,
+            seed=2,  # a fault of every kind, the key revoked twice
             out=tmp_path / "chaos",
             shadows=0,
             bootstrap=kafka_bootstrap,
-            kinds=(*OBJECT_STORE_KINDS, FaultKind.KILL_LOADER),
+            kinds=(*OBJECT_STORE_KINDS, FaultKind.KILL_LOADER, FaultKind.REVOKE_STORAGE_KEY),
             object_store=store.store.state_dir,
             max_down_s=2.0,
             max_stall_s=4.0,
+            max_revoke_s=3.0,
             max_lead_steps=2,
         )
         report = run_chaos(options)
         print("\n".join(report.lines()))
         assert report.ok, "\n".join(report.lines())
         assert report.audit is not None and report.audit.samples == report.audit.expected > 0
+        assert report.audit.dead_letters == 0 and report.failures == []
         run_spec = yaml.safe_load((tmp_path / "chaos" / "spec.yaml").read_text())
         assert run_spec["storage"]["endpoint_url"] not in (store.endpoint_url, None), "the roles bypassed the proxy"
+
+        # The loaders read with the run's own key, which stopped them when revoked and is gone after the run.
+        revoked = [f for f in report.injected if f.fault.kind is FaultKind.REVOKE_STORAGE_KEY]
+        assert len(revoked) == 2 and all(f.refused and f.survived_s is not None for f in revoked)
+        assert report.refusals and all(r.role.startswith("load-") for r in report.refusals)
+        for refusal in report.refusals:
+            assert refusal.line.startswith("mixflow load: error: s3://chaos-data/example/"), refusal
+            assert "access denied" in refusal.line or "refuses these credentials" in refusal.line, refusal
+        [key] = {r.what.rpartition(" ")[2] for r in report.refusals}
+        assert key != store.store.credentials().access_key
+        assert key not in (store.store.iam_dir / "users.json").read_text(), "the run's user stays in the store"

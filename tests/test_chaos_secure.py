@@ -1,9 +1,12 @@
 """A chaos run on a secured broker of its own (`mixflow chaos --secure`): each role a SCRAM user of its own with
-the job's ACLs, a broker restart (which keeps the security) and role kills, then the audit: every sample exactly
-once. The passwords stay in owner-only files of the run, never in its specs, logs or report."""
+the job's ACLs, a broker restart (which keeps the security), role kills and revoked ACLs (a trainer's, a loader's,
+the constructors'), then the audit: every sample exactly once. A role whose ACLs are revoked stops with exit 5
+naming its principal, is no failure, and runs again once they are back. The passwords stay in owner-only files
+of the run, never in its specs, logs or report."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import sys
@@ -21,7 +24,13 @@ from pipeline.tools.chaos.secured import PRINCIPALS_FOLDER, principal_keys
 from tests.loader_support import build_example_data, write_spec
 from topics.errors import MixflowError
 
-KINDS = (FaultKind.RESTART_BROKER, FaultKind.KILL_ACTIVE_CONSTRUCTOR, FaultKind.KILL_LOADER, FaultKind.KILL_SINK)
+KINDS = (
+    FaultKind.RESTART_BROKER,
+    FaultKind.KILL_ACTIVE_CONSTRUCTOR,
+    FaultKind.KILL_LOADER,
+    FaultKind.KILL_SINK,
+    FaultKind.REVOKE_ACLS,
+)
 
 
 def test_a_secured_run_refuses_a_broker_it_did_not_start(tmp_path: Path) -> None:
@@ -72,19 +81,39 @@ def _until(supervisor: Supervisor, done: Callable[[], bool], failing: str) -> No
 
 
 @pytest.mark.kafka  # starts a secured broker of its own (not the session's), which it restarts
-def test_a_job_on_a_secured_broker_survives_a_restart_and_kills_with_nothing_lost_or_repeated(tmp_path: Path) -> None:
+def test_a_job_on_a_secured_broker_survives_a_restart_kills_and_revoked_acls_with_nothing_lost_or_repeated(
+    tmp_path: Path,
+) -> None:
     data = build_example_data(tmp_path / "data", limit=8)
     step = {"ranks": 2, "micro_batches": 2, "tokens_per_micro_batch": 512}
     spec = write_spec(tmp_path, "chaos", "127.0.0.1:9", data, step=step)
     out = tmp_path / "chaos"
+    # Seed 23 revokes the ACLs of the trainer (both sinks), of a loader (loader.topics) and of the constructor
+    # (the active one and its shadow), beside a fault of every other kind.
     options = ChaosOptions(
-        spec=spec, faults=len(KINDS), seed=24, out=out, shadows=1, kinds=KINDS, max_lead_steps=2, secure=True
+        spec=spec, faults=7, seed=23, out=out, shadows=1, kinds=KINDS, max_lead_steps=2, secure=True, max_revoke_s=3
     )
     report = run_chaos(options)
     print("\n".join(report.lines()))
     assert report.ok, "\n".join(report.lines())
     assert {kind for kind, (injected, survived) in report.by_kind().items() if injected == survived} == set(KINDS)
     assert report.audit is not None and report.audit.steps > 0 and report.audit.samples == report.audit.expected
+    assert report.failures == [] and report.audit.dead_letters == 0
+
+    # Every role whose ACLs were revoked stopped with one line naming its principal, and ran again.
+    revoked = [f for f in report.injected if f.fault.kind is FaultKind.REVOKE_ACLS]
+    struck = {"trainer": {"sink-0", "sink-1"}, "loader.topics": {"load-topics-0"}, "constructor": {"construct-0"}}
+    struck["constructor"].add("construct-1")
+    assert {f.fault.target: set(f.refused) for f in revoked} == struck
+    job = report.job
+    for refusal in report.refusals:
+        key = next(k for k, roles in struck.items() if refusal.role in roles)
+        assert f"refused User:{job}-{key} " in refusal.line and refusal.line.count("\n") == 0, refusal
+        command = "chaos sink" if key == "trainer" else f"mixflow {'load' if key.startswith('loader') else 'construct'}"
+        assert refusal.line.startswith(f"{command}: error: "), refusal
+    body = json.loads((out / "report.json").read_text())
+    assert {r["role"] for r in body["refusals"]} == set().union(*struck.values())
+    assert any(line.startswith("roles stopped by revoked rights") for line in report.lines())
 
     # Every role ran as its own principal, with the ACLs `mixflow acl plan` gives the job.
     ran = load_spec(out / "spec.yaml")

@@ -30,6 +30,8 @@ letters = st.builds(
     reason=st.text(max_size=80),
     payload=st.none() | st.binary(max_size=64),
     error_type=st.none() | st.text(max_size=30),
+    records=st.none() | st.integers(1, 2**40),
+    unit=st.none() | st.text(max_size=40),
 )
 
 
@@ -37,6 +39,8 @@ def assert_well_formed(letter: DeadLetter) -> None:
     assert all(isinstance(getattr(letter, f), str) for f in ("source", "location", "reason"))
     assert letter.payload is None or isinstance(letter.payload, bytes)
     assert letter.error_type is None or isinstance(letter.error_type, str)
+    assert letter.records is None or (type(letter.records) is int and letter.records >= 1)
+    assert letter.unit is None or isinstance(letter.unit, str)
 
 
 @settings(deadline=None, max_examples=150)

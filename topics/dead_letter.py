@@ -43,7 +43,7 @@ def _from_base64(text: str) -> bytes:
     "dead letter",
     version=DEAD_LETTER_VERSION,
     version_key="version",
-    order=("source", "location", "reason", "error_type", "payload"),
+    order=("source", "location", "reason", "error_type", "payload", "records", "unit"),
 )
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
@@ -51,15 +51,29 @@ class DeadLetter:
     or a topic, partition and offset. ``payload`` holds the raw bytes when there are any worth keeping.
     ``error_type`` is the qualified name of the exception that rejected the record, if one did.
 
+    A letter for more than one record counts them in ``records``: a column of the wrong type, or a work unit (or
+    the rest of one) that could not be read, such as a file that does not open or an object changed since
+    planning; such a letter names the ``unit`` (its id) as well, and has ``unit`` without ``records`` when the
+    plan did not count the unit's rows (a small object planned from its listing, a file that could not be
+    inspected). A letter for one record has neither.
+
     The JSON value on ``<job>.dlq`` (FORMAT.md, ``topics.json_record``) is ``{"version":1,"source":...,
-    "location":...,"reason":...,"error_type":...,"payload":<base64>}``: strings, the last two may be null
-    or absent; fields it does not know are ignored."""
+    "location":...,"reason":...,"error_type":...,"payload":<base64>,"records":...,"unit":...}``: strings but
+    ``records``, a number; ``error_type`` and ``payload`` may be null or absent, ``records`` and ``unit`` are
+    absent for a letter of one record; fields it does not know are ignored."""
 
     source: str
     location: str
     reason: str
     payload: Annotated[bytes, _Base64()] | None = json_field(encode=_Base64.encode, default=None)
     error_type: str | None = None
+    records: int | None = json_field(omit_default=True, default=None)
+    unit: str | None = json_field(omit_default=True, default=None)
+
+    def __post_init__(self) -> None:
+        if self.records is not None and (type(self.records) is not int or self.records < 1):
+            msg = f"a dead letter's records must be an integer of at least 1, not {self.records!r:.40}"
+            raise ValueError(msg)
 
     @classmethod
     def from_exception(cls, source: str, location: str, exc: BaseException, payload: bytes | None = None) -> DeadLetter:

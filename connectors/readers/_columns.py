@@ -40,7 +40,8 @@ def column_documents(
             row += len(chunk)
     else:
         expected = "a string column" if reader.content == "text" else "a list<int> column"
-        yield reader.dead_letter(block, f"column {reader.field!r} has type {kind}, expected {expected}")
+        reason = f"column {reader.field!r} has type {kind}, expected {expected}"
+        yield DeadLetter(reader.source, block, reason, records=max(len(column), 1))  # every row of the column
 
 
 def _decoded(reader: Reader, path: str, row: int, value: bytes | None) -> Document | DeadLetter:

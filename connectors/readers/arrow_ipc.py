@@ -92,16 +92,17 @@ class ArrowReader(Reader):
         try:
             table, first, total = self._unit_table(unit)
         except (OSError, pa.ArrowException) as exc:
-            yield self.dead_letter(where, f"cannot open as Arrow IPC: {exc}")
+            yield self.unit_letter(unit, where, f"cannot open as Arrow IPC: {exc}")
             return
         if self.content == "media":
             columns = media_columns(self.media_fields, table.column_names)
             if isinstance(columns, str):
-                yield self.dead_letter(where, f"{columns} (columns: {', '.join(table.column_names)})")
+                yield self.unit_letter(unit, where, f"{columns} (columns: {', '.join(table.column_names)})")
                 return
             table = table.select(columns)
         elif self.field not in table.column_names:
-            yield self.dead_letter(where, f"no column {self.field!r} (columns: {', '.join(table.column_names)})")
+            reason = f"no column {self.field!r} (columns: {', '.join(table.column_names)})"
+            yield self.unit_letter(unit, where, reason)
             return
         if unit.kind != "file":
             table = table.slice(unit.start - first, unit.num_rows)
@@ -112,7 +113,7 @@ class ArrowReader(Reader):
             yield from column_documents(self, unit.path, start, table.column(self.field), where)
         if unit.kind != "file" and total < unit.stop:
             reason = f"file has {total} rows, fewer than the {unit.stop} of {unit.unit_id}"
-            yield self.dead_letter(location(unit.path, row=total), reason)
+            yield self.unit_letter(unit, location(unit.path, row=total), reason, first=max(total, unit.start))
 
     def _unit_table(self, unit: WorkUnit) -> tuple[pa.Table, int, int]:
         """A table holding the unit's rows, the file row its first row is, and the rows the file has (as far

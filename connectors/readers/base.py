@@ -264,6 +264,22 @@ class Reader(ABC):
     def dead_letter(self, where: str, reason: str, payload: bytes | None = None) -> DeadLetter:
         return DeadLetter(source=self.source, location=where, reason=reason, payload=payload)
 
+    def unit_letter(
+        self, unit: WorkUnit, where: str, reason: str, *, first: int | None = None, stop: int | None = None
+    ) -> DeadLetter:
+        """A dead letter for the rows ``[first, stop)`` of ``unit`` (by default from its first row to its end),
+        none of which could be read: it names the unit and counts them, unless the plan did not count the
+        unit's rows (a file that could not be inspected, or ``rows_known`` false)."""
+        first = unit.start if first is None else first
+        stop = unit.stop if stop is None else stop
+        records = max(stop - first, 1) if self.unit_rows_known(unit) else None
+        return DeadLetter(self.source, where, reason, records=records, unit=unit.unit_id)
+
+    def unit_rows_known(self, unit: WorkUnit) -> bool:
+        """Whether ``unit.start`` and ``unit.stop`` count its records: not for a file that could not be inspected
+        when it was planned (planned as rows 0 to 0)."""
+        return unit.stop > unit.start
+
     def document(self, path: str, row: int, value: object) -> Document | DeadLetter:
         """Check one record's field value against ``content`` and wrap it."""
         where = location(path, row=row)

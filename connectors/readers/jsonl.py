@@ -80,6 +80,7 @@ class JsonlReader(Reader):
         # estimated_bytes from byte_offset in a line-based file
         span = unit.object_size if whole else unit.estimated_bytes
         ahead = min(_SCAN_BYTES, span + 1) if span else _SCAN_BYTES
+        row = start
         try:
             with self.open_file(unit.path, unit, buffer_bytes=ahead) as f:
                 if not whole and unit.byte_offset:
@@ -87,7 +88,6 @@ class JsonlReader(Reader):
                 else:
                     for _ in range(start):
                         f.readline()
-                row = start
                 unit_lines = lines(f, ahead)
                 while whole or row < unit.stop:  # checked first: a line past the unit would read another chunk
                     line = next(unit_lines, b"")
@@ -96,12 +96,19 @@ class JsonlReader(Reader):
                     if line.strip():
                         yield self._parse(unit.path, row, line)
                     row += 1
-        except OSError as exc:
-            yield self.dead_letter(location(unit.path), f"cannot read: {exc}")
+        except OSError as exc:  # the rows from ``row`` on are not read
+            yield self.unit_letter(unit, location(unit.path), f"cannot read: {exc}", first=row)
             return
         if not whole and row < unit.stop:
             where = location(unit.path, row=row)
-            yield self.dead_letter(where, f"file ends at row {row}, before row {unit.stop} of {unit.unit_id}")
+            reason = f"file ends at row {row}, before row {unit.stop} of {unit.unit_id}"
+            yield self.unit_letter(unit, where, reason, first=row)
+
+    def unit_rows_known(self, unit: WorkUnit) -> bool:
+        """Not for a small object planned from its listing alone (``object_layout``): one "row" stands for the
+        whole object, whose lines nobody counted."""
+        listed_only = unit.kind == "file" and bool(unit.etag) and unit.object_size <= LISTING_ONLY_BYTES
+        return super().unit_rows_known(unit) and not listed_only
 
     def _parse(self, path: str, row: int, line: bytes) -> Document | DeadLetter:
         where = location(path, row=row)

@@ -88,32 +88,35 @@ class ParquetReader(Reader):
         try:
             parquet = self.parquet_file(unit.path, unit)
         except (OSError, pa.ArrowException) as exc:
-            yield self.dead_letter(location(unit.path), f"cannot open as Parquet: {exc}")
+            yield self.unit_letter(unit, location(unit.path), f"cannot open as Parquet: {exc}")
             return
         columns = self._columns(parquet.schema_arrow.names)
         if isinstance(columns, str):
             names = ", ".join(parquet.schema_arrow.names)
-            yield self.dead_letter(location(unit.path), f"{columns} (columns: {names})")
+            yield self.unit_letter(unit, location(unit.path), f"{columns} (columns: {names})")
             return
         meta = parquet.metadata
         starts = np.concatenate([[0], np.cumsum([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])])
         if unit.row_group is not None and unit.row_group >= meta.num_row_groups:
             reason = f"row group {unit.row_group} planned, but the file has {meta.num_row_groups}"
-            yield self.dead_letter(location(unit.path, row_group=unit.row_group), reason)
+            yield self.unit_letter(unit, location(unit.path, row_group=unit.row_group), reason)
             return
         for group in self._groups(unit, starts):
             block = location(unit.path, row_group=group)
+            # The unit's rows in this row group (a whole file's unit: all of them).
+            lo, hi = int(starts[group]), int(starts[group + 1])
+            if unit.kind == "rows":
+                lo, hi = max(unit.start, lo), min(unit.stop, hi)
             try:
                 table = parquet.read_row_group(group, columns=columns)
             except (ObjectChangedError, ObjectMissingError) as exc:  # the rest of the unit is refused with it
-                yield self.dead_letter(location(unit.path), f"cannot read: {exc}")
+                yield self.unit_letter(unit, location(unit.path), f"cannot read: {exc}", first=lo)
                 return
             except (OSError, pa.ArrowException) as exc:
-                yield self.dead_letter(block, f"cannot read row group: {exc}")
+                yield self.unit_letter(unit, block, f"cannot read row group: {exc}", first=lo, stop=hi)
                 continue
             first = int(starts[group])
             if unit.kind == "rows":
-                lo, hi = max(unit.start, first), min(unit.stop, int(starts[group + 1]))
                 table, first = table.slice(lo - first, hi - lo), lo
             if self.content == "media":
                 yield from media_documents(self, unit.path, first, table)

@@ -93,20 +93,23 @@ class WebDatasetReader(Reader):
 
     def read(self, unit: WorkUnit) -> Iterator[Document | DeadLetter]:
         self.check_unit(unit)
+        read = 0  # the unit's samples given so far, each a document or a dead letter
         try:
             with self.open_file(unit.path, unit) as file:
-                yield from self._read_unit(TarShard(file, 0 if unit.kind == "file" else unit.byte_offset), unit)
+                for item in self._read_unit(TarShard(file, 0 if unit.kind == "file" else unit.byte_offset), unit):
+                    read += 1
+                    yield item
         except OSError as exc:
-            yield self.dead_letter(location(unit.path), f"cannot read: {exc}")
+            yield self.unit_letter(unit, location(unit.path), f"cannot read: {exc}", first=unit.start + read)
 
     def _read_unit(self, shard: TarShard, unit: WorkUnit) -> Iterator[Document | DeadLetter]:
         whole = unit.kind == "file"
         # A unit without a byte offset (or the whole file) starts at the first sample and skips to its own.
         row = unit.start if not whole and unit.byte_offset else 0
         for group in shard.groups():
-            if isinstance(group, TarBreak):
+            if isinstance(group, TarBreak):  # the samples from here to the unit's end cannot be read
                 where = location(unit.path) if group.key is None else key_location(unit.path, group.key)
-                yield self.dead_letter(where, group.reason)
+                yield self.unit_letter(unit, where, group.reason, first=max(row, unit.start))
                 return
             if whole or row >= unit.start:
                 yield self._sample(shard, unit.path, row, group)
@@ -115,7 +118,8 @@ class WebDatasetReader(Reader):
                 return
         if not whole:
             where = location(unit.path, row=row)
-            yield self.dead_letter(where, f"shard ends at sample {row}, before sample {unit.stop} of {unit.unit_id}")
+            reason = f"shard ends at sample {row}, before sample {unit.stop} of {unit.unit_id}"
+            yield self.unit_letter(unit, where, reason, first=max(row, unit.start))
 
     def _sample(self, shard: TarShard, path: str, row: int, group: KeyGroup) -> Document | DeadLetter:
         where = key_location(path, group.key)

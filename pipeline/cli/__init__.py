@@ -82,7 +82,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "chaos",
-        "run a whole job while killing its roles and restarting its broker at random, then audit it",
+        "run a whole job while killing its roles, restarting its broker and revoking rights at random, then audit it",
         module="pipeline.cli.chaos",
     ),
     Command("deploy", "Kubernetes manifests of a job", module="pipeline.cli.deploy"),

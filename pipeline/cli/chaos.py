@@ -35,22 +35,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the run's broker is secured as `mixflow stack up --secure` makes it (SASL_SSL, SCRAM-SHA-512, ACLs "
         "enforced; its restarts keep that); each role runs as a SCRAM user of its own (passwords in principals/ of "
-        "the run's folder, owner only) with the job's ACLs of `mixflow acl plan`, applied before the roles start. "
-        "Not with --bootstrap-servers",
+        "the run's folder, owner only) with the job's ACLs of `mixflow acl plan`, applied before the roles start; "
+        "fault kind revoke-acls then deletes one principal's bindings (a source's loaders, the constructors, the "
+        "trainers) a while and creates them again: every role of it must stop with exit 5 naming the refusal, and "
+        "is started again once they are back. Goes with --object-store-dir; not with --bootstrap-servers",
     )
     parser.add_argument(
         "--object-store-dir",
         type=Path,
         default=None,
         help="the folder of a running local object store (`mixflow stack object-store up`) that the spec's s3:// "
-        "sources read: the run restarts and stalls it (fault kinds restart-object-store, stall-object-store) and "
-        "gives the roles its endpoint and keys (default: none, and no object store faults)",
+        "sources read: the run restarts, stalls, slows and refuses it (restart-object-store, stall-object-store, "
+        "slow-object-store, refuse-object-store) and gives the roles its endpoint; with s3:// sources the loaders "
+        "read with the keys of a user the run adds to the store, which revoke-storage-key removes a while (the "
+        "loaders must stop with exit 5, no dead letter for it) and adds back (default: none, and no object store "
+        "faults)",
     )
     parser.add_argument(
         "--max-stall-s",
         type=positive_float,
         default=5.0,
         help="a stall-object-store fault stops the store for 1 s up to this long (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-revoke-s",
+        type=positive_float,
+        default=5.0,
+        help="revoke-acls and revoke-storage-key keep the rights away for 1 s up to this long, and then until the "
+        "roles they strike have stopped with the refusal (default: %(default)s)",
     )
     parser.add_argument(
         "--kinds",
@@ -102,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         max_lead_steps=args.max_lead_steps,
         object_store=args.object_store_dir,
         max_stall_s=args.max_stall_s,
+        max_revoke_s=args.max_revoke_s,
         secure=args.secure,
     )
     report = run_chaos(options)

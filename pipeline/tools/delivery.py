@@ -21,7 +21,7 @@ from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import JobSpec
 from pipeline.tools.dead_letters import SourceLetters, tally
 from topics.batch import Batch
-from topics.dead_letter import decode_dead_letter_message
+from topics.dead_letter import DeadLetter, decode_dead_letter_message
 from topics.log_reader import read_to_end
 from topics.media import MediaItem
 from topics.names import JobTopics
@@ -29,6 +29,7 @@ from topics.packing import pack_micro_batches
 
 # A sample id's chunk suffix (connectors/sample_ids.py): what tells a document's chunks apart.
 _CHUNK = re.compile(r"#(0|[1-9][0-9]*)(?=(@e[1-9][0-9]*)?$)")
+_EPOCH = re.compile(r"@e[1-9][0-9]*$")
 
 MicroBatchRecord = tuple[int, int, list[str], str]
 """(step, micro-batch, sample ids, tokens_sha256): one micro-batch as a trainer rank records it."""
@@ -97,29 +98,59 @@ class SourceCheck:
 
 def check_sources(config: KafkaConfig, job: str, sources: list[str], delivered: Counter[str]) -> SourceCheck:
     """Committed source samples against ``delivered`` (the rank topics' sample ids), and each source's dead
-    letters against its records: its documents on the source topic (a document's chunks count once) and those
-    its loaders dead-lettered (the constructor's dead letters are of samples already on the topic)."""
+    letters against its records: its documents on the source topic (a document's chunks count once) and the
+    records its loaders dead-lettered (the constructor's dead letters are of samples already on the topic),
+    a letter for a work unit counting the unit's records (``lost_records``)."""
     topics = JobTopics(job)
     letters = [decode_dead_letter_message(message) for message in read_to_end(config, topics.dlq)]
     rejected = {letter.location for letter in letters}
     committed: set[str] = set()
-    records: dict[str, int] = {}
+    documents: dict[str, int] = {}
+    per_file: dict[str, float] = {}
     for source in sources:
-        documents: set[str] = set()
+        read: set[str] = set()
         for record in read_to_end(config, topics.src(source)):
             sample = record.key().decode()
-            documents.add(_CHUNK.sub("", sample))
+            read.add(_CHUNK.sub("", sample))
             if f"{record.topic()}[{record.partition()}]@{record.offset()}" not in rejected:
                 committed.add(sample)
-        on_topic = f"{topics.src(source)}["
-        loaders = sum(letter.source == source and not letter.location.startswith(on_topic) for letter in letters)
-        records[source] = len(documents) + loaders
+        documents[source], per_file[source] = len(read), records_per_file(read)
+    records = dict(documents)
+    lost: Counter[tuple[str, str]] = Counter()
+    for letter in letters:
+        loaders = letter.source in per_file and not letter.location.startswith(f"{topics.src(letter.source)}[")
+        count = lost_records(letter, per_file[letter.source]) if loaders else 1
+        lost[(letter.source, letter.reason)] += count
+        if loaders:
+            records[letter.source] += count
     return SourceCheck(
         committed=len(committed),
         missing=len(committed - delivered.keys()),
         unknown=len(delivered.keys() - committed),
-        dead_letters=tuple(tally(Counter((letter.source, letter.reason) for letter in letters), records)),
+        dead_letters=tuple(tally(Counter((letter.source, letter.reason) for letter in letters), records, lost)),
     )
+
+
+def lost_records(letter: DeadLetter, per_file: float) -> int:
+    """The records ``letter`` stands for: those it counts; for a work unit whose rows the plan did not count
+    (a small object planned from its listing, a file that could not be inspected), ``per_file``, the source's
+    records per file and epoch, rounded (at least 1); else one."""
+    if letter.records is not None:
+        return letter.records
+    return max(1, round(per_file)) if letter.unit is not None else 1
+
+
+def records_per_file(documents: set[str]) -> float:
+    """The mean records of one file in one epoch among the document ids ``documents`` (``<source>/<path>/<row>``,
+    then ``@e<n>`` after the first epoch); 1 without any."""
+    files = {_file_and_epoch(document) for document in documents}
+    return len(documents) / len(files) if files else 1.0
+
+
+def _file_and_epoch(document_id: str) -> tuple[str, str]:
+    epoch = _EPOCH.search(document_id)
+    base = document_id[: epoch.start()] if epoch else document_id
+    return base.rpartition("/")[0], epoch.group() if epoch else ""
 
 
 @dataclass(frozen=True)
@@ -188,16 +219,23 @@ def received_micro_batches(path: Path) -> list[MicroBatchRecord]:
     return [(line["step"], line["micro_batch"], line["sample_ids"], line["tokens_sha256"]) for line in lines]
 
 
-def expected_samples(spec: JobSpec, config: KafkaConfig, source: str) -> dict[str, str]:
+def expected_samples(
+    spec: JobSpec, config: KafkaConfig, source: str, letters: list[DeadLetter] | None = None
+) -> dict[str, str]:
     """Sample id to ``sample_sha256`` of its tokens and media, for every sample the source's committed work units
-    give when read and tokenized here, without the loaders: what an undisturbed run delivers."""
+    give when read and tokenized here, without the loaders: what an undisturbed run delivers. The dead letters
+    the same reading gives are appended to ``letters``, when given."""
     runtime = SourceRuntime.from_spec(spec, source)
     samples: dict[str, str] = {}
     for record in read_to_end(config, JobTopics(spec.job).work(source)):
         unit = WorkUnit.from_json(record.value())
-        documents = [d for d in runtime.reader.read(unit) if isinstance(d, Document)]
-        for sample in runtime.builder.build(documents, epoch=unit.epoch).samples:
+        read = list(runtime.reader.read(unit))
+        documents = [d for d in read if isinstance(d, Document)]
+        built = runtime.builder.build(documents, epoch=unit.epoch)
+        for sample in built.samples:
             samples[sample.sample_id] = sample_sha256(sample.tokens, sample.media)
+        if letters is not None:
+            letters += [d for d in read if isinstance(d, DeadLetter)] + built.dead_letters
     return samples
 
 

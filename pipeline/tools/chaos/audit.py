@@ -6,7 +6,8 @@ data files alone, not from anything the roles say about themselves.
 - every sample the committed work units give when tokenized here is in the rank topics exactly once,
   with the same tokens, and nothing else is; every committed source sample reached a rank topic;
 - each sink's record equals its rank's micro-batches, in order, with none lost or repeated over its
-  restarts.
+  restarts;
+- every dead letter is one the data gives when read here: a fault (a storage key revoked, say) never made one.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pipeline.tools.delivery import (
 )
 from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
+from topics.dead_letter import DeadLetter, decode_dead_letter_message
 from topics.errors import DecodeError
 from topics.log_reader import read_to_end
 from topics.names import JobTopics
@@ -41,6 +43,7 @@ class JobAudit:
     samples: int = 0
     expected: int = 0
     sink_micro_batches: list[int] = field(default_factory=list)
+    dead_letters: int = 0  # on the dead-letter topic
     source_check: SourceCheck | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -58,6 +61,7 @@ class JobAudit:
         ]
         if self.source_check is not None:
             out.append(self.source_check.line(stopped_early=False))
+        out.append(f"dead letters: {self.dead_letters}, each one the data gives when read again")
         return out + [f"  problem: {problem}" for problem in self.problems]
 
 
@@ -72,8 +76,10 @@ def audit_job(config: KafkaConfig, spec: JobSpec, sink_folder: Path) -> JobAudit
     if len({len(batches) for batches in per_rank}) > 1:
         audit.problems.append(f"the ranks hold different numbers of steps: {[len(b) for b in per_rank]}")
     expected: dict[str, str] = {}
+    letters: list[DeadLetter] = []
     for source in spec.source_names:
-        expected.update(expected_samples(spec, config, source))
+        expected.update(expected_samples(spec, config, source, letters))
+    audit.dead_letters = check_dead_letters(config, spec.job, letters, audit.problems)
     delivered = check_samples(per_rank, expected, audit.problems)
     audit.samples, audit.expected = len(delivered), len(expected)
     audit.source_check = check_sources(config, spec.job, spec.source_names, delivered)
@@ -137,6 +143,16 @@ def check_samples(per_rank: list[list[Batch]], expected: dict[str, str], problem
     changed = sorted(i for i in expected.keys() & delivered.keys() if expected[i] != tokens[i])
     _problem(problems, "samples delivered with other tokens or media than the data gives", changed)
     return delivered
+
+
+def check_dead_letters(config: KafkaConfig, job: str, given: list[DeadLetter], problems: list[str]) -> int:
+    """The job's dead letters against ``given``, those the data gives when read here: one the data does not
+    give (a fault or a refusal taken for bad data) is a problem. How many the topic holds."""
+    expected = {(letter.source, letter.location, letter.reason) for letter in given}
+    found = [decode_dead_letter_message(record) for record in read_to_end(config, JobTopics(job).dlq)]
+    unexpected = sorted({(d.source, d.location, d.reason) for d in found} - expected)
+    _problem(problems, "dead letters the data does not give", [f"{s} {where}: {why}" for s, where, why in unexpected])
+    return len(found)
 
 
 def check_sink_record(path: Path, batches: list[Batch], problems: list[str]) -> int:

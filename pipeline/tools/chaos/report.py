@@ -5,22 +5,27 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.tools.chaos.audit import JobAudit
-from pipeline.tools.chaos.roles import Failure
+from pipeline.tools.chaos.roles import Failure, Refusal
 from pipeline.tools.chaos.schedule import Fault, FaultKind
 
 
 @dataclass(frozen=True)
 class InjectedFault:
     fault: Fault
-    target: str  # the role process killed, "broker" or "object-store"
+    # The role process killed, "broker", "object-store", "acls:<principal key>" or "storage-key".
+    target: str
     at_s: float  # since the run began
     survived_s: float | None  # from the fault until the job wrote a step after it and the role was back
     gap_s: float | None = None  # killing the active constructor: until the next step was written
-    down_s: float | None = None  # a broker or object store restart or stall: from the fault until it answered
+    # A broker or object store restart or stall: from the fault until it answered; revoked rights: until given back.
+    down_s: float | None = None
+    refused: tuple[str, ...] = ()  # revoked rights: the roles that stopped with the refusal (started again)
+    restarted: str | None = None  # a revoked storage key no loader read meanwhile: the loader restarted to read it
 
 
 @dataclass
@@ -33,6 +38,7 @@ class ChaosReport:
     planned: tuple[Fault, ...]
     injected: list[InjectedFault] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)  # roles stopped by revoked rights (exit 5), not failures
     errors_logged: dict[str, int] = field(default_factory=dict)  # role: errors its log reports
     stuck_restarts: dict[str, int] = field(default_factory=dict)  # role: restarts after a stuck Kafka client
     # role: restarts after it found no broker at start while the run restarted the broker
@@ -88,9 +94,12 @@ class ChaosReport:
             + (", ".join(f"{role} {n}" for role, n in self.stuck_restarts.items()) or "none"),
             "roles started again after no broker answered at their start while it restarted (exit 6, as mixflow run "
             "does): " + (", ".join(f"{role} {n}" for role, n in self.unreachable_restarts.items()) or "none"),
+            _refusal_line(self.refusals),
+            *_storage_key_line(self.injected),
+            *(f"  {r.role}: {r.line}" for r in _each_kind(self.refusals)),
             _gap_line(self.gaps_s),
         ]
-        for kind in FaultKind:  # the broker's and the object store's faults record how long they kept it away
+        for kind in FaultKind:  # the broker's, object store's and rights' faults record how long they kept it away
             downs = [f.down_s for f in self.injected if f.down_s is not None and f.fault.kind is kind]
             if downs:
                 out.append(f"{kind}: away {statistics.median(downs):.1f} s median, {max(downs):.1f} s worst")
@@ -126,9 +135,12 @@ class ChaosReport:
                     "survived_s": None if f.survived_s is None else round(f.survived_s, 3),
                     "gap_s": None if f.gap_s is None else round(f.gap_s, 3),
                     "down_s": None if f.down_s is None else round(f.down_s, 3),
+                    "refused": list(f.refused),
+                    "restarted": f.restarted,
                 }
                 for f in self.injected
             ],
+            "refusals": [{"role": r.role, "pid": r.pid, "revoked": r.what, "line": r.line} for r in self.refusals],
             "failures": [{"role": f.role, "pid": f.pid, "code": f.code, "log_tail": f.log_tail} for f in self.failures],
             "stuck_restarts": self.stuck_restarts,
             "unreachable_restarts": self.unreachable_restarts,
@@ -141,10 +153,39 @@ class ChaosReport:
                 "samples": self.audit.samples,
                 "expected": self.audit.expected,
                 "sink_micro_batches": self.audit.sink_micro_batches,
+                "dead_letters": self.audit.dead_letters,
                 "problems": self.audit.problems,
             },
         }
         return json.dumps(body, indent=1)
+
+
+def _refusal_line(refusals: list[Refusal]) -> str:
+    by_role = Counter(r.role for r in refusals)
+    counted = ", ".join(f"{role} {n}" for role, n in sorted(by_role.items())) or "none"
+    return (
+        f"roles stopped by revoked rights (exit 5 naming the refusal; started again once the rights were back): "
+        f"{len(refusals)} ({counted})"
+    )
+
+
+def _storage_key_line(injected: list[InjectedFault]) -> list[str]:
+    revoked = [f for f in injected if f.fault.kind is FaultKind.REVOKE_STORAGE_KEY]
+    if not revoked:
+        return []
+    reading = sum(f.restarted is None for f in revoked)
+    return [
+        f"revoke-storage-key: {len(revoked)} revocations; a loader reading the store refused in {reading}, in the "
+        f"other {len(revoked) - reading} no loader read it and one restarted meanwhile was refused at its start"
+    ]
+
+
+def _each_kind(refusals: list[Refusal]) -> list[Refusal]:
+    """One refusal of each role kind and revocation kind (a loader refused its ACLs, its storage key, ...)."""
+    first: dict[tuple[str, str], Refusal] = {}
+    for refusal in refusals:
+        first.setdefault((refusal.role.rstrip("0123456789"), refusal.what.startswith("the ACLs")), refusal)
+    return list(first.values())
 
 
 def _gap_line(gaps: list[float]) -> str:

@@ -1,6 +1,7 @@
 """The role processes of a chaos run and their supervisor: it starts them, kills them when the run says,
 starts a killed role again at once, and tells a role that died on its own (a failure) from one the run
-killed or asked to stop."""
+killed or asked to stop, or whose rights the run revoked (a refusal: exit 5 with one line naming it, started
+again once the rights are back, as an operator who restored them would)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from topics.errors import STUCK_CLIENT_EXIT, BrokerUnreachableError
+from topics.errors import STUCK_CLIENT_EXIT, BrokerUnreachableError, RefusedError
 
 log = logging.getLogger(__name__)
 
 # A role that died on its own is started again after this long (the run goes on; the failure is reported).
 FAILED_RESTART_DELAY_S = 1.0
 # A line by which a role reports an error: a traceback, or the CLI's one-line error (a SIGKILL leaves neither).
-ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|mixflow [a-z-]+: error:")
+ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|mixflow [a-z-]+: error:|chaos sink: error:")
+REFUSED_EXIT = RefusedError.exit_code
 
 
 class RoleKind(StrEnum):
@@ -44,6 +46,33 @@ class Failure:
 
 
 @dataclass
+class Revocation:
+    """Rights the run took away from ``roles`` (by name) at ``began`` and gave back at ``restored``: a role of
+    them that exits 5 with a last error line matching ``names`` is refused, not failed."""
+
+    what: str  # "the ACLs of User:<job>-trainer", "the storage key <access key>"
+    roles: frozenset[str]
+    names: re.Pattern[str]
+    began: float
+    restored: float | None = None
+    refused: list[str] = field(default_factory=list)  # the roles it stopped, in the order they stopped
+
+    def covers(self, role: Role) -> bool:
+        """Whether the role's current process ran while these rights were away."""
+        return role.name in self.roles and (self.restored is None or self.restored >= role.started_at)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A role that stopped with exit 5 because the run revoked its rights, and the line it said so in."""
+
+    role: str
+    pid: int
+    what: str  # the revocation's
+    line: str
+
+
+@dataclass
 class Role:
     name: str
     kind: RoleKind
@@ -57,6 +86,8 @@ class Role:
     # Exits because no broker answered at start (BrokerUnreachableError) while the run had the broker away:
     # started again, as `mixflow run` does.
     unreachable_exits: int = 0
+    refused_exits: int = 0  # exits with 5 while the run had its rights revoked: started again once they are back
+    held: Revocation | None = None  # refused, and not started again until these rights are back
     started_at: float = 0.0  # the current process's
     log_start: int = 0  # where the current process's output begins in the log
     restart_at: float | None = None
@@ -90,6 +121,8 @@ class Supervisor:
     failures: list[Failure] = field(default_factory=list)
     # When the run stopped its broker, and when it answered again (None: still away).
     broker_away: list[tuple[float, float | None]] = field(default_factory=list)
+    revocations: list[Revocation] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
 
     def start(self, name: str, kind: RoleKind, command: list[str], *, finite: bool = False) -> Role:
         role = Role(name, kind, command, self.folder / f"{name}.log", finite)
@@ -111,10 +144,26 @@ class Supervisor:
         log.info("killed %s (pid %d)", role.name, role.process.pid)
         return killed_at
 
-    def poll(self) -> None:
-        """Start again the roles due, and sort out the exits: done, or a failure (then started again)."""
+    def revoke(self, what: str, roles: frozenset[str], names: re.Pattern[str]) -> Revocation:
+        """Note that the run has taken ``what`` away from ``roles``: their exits with 5 naming it (``names``)
+        are refusals from now on, held until ``restore``."""
+        revocation = Revocation(what, roles, names, time.monotonic())
+        self.revocations.append(revocation)
+        return revocation
+
+    def restore(self, revocation: Revocation) -> None:
+        """The rights are back: start the roles they held at once."""
+        revocation.restored = time.monotonic()
         for role in self.roles.values():
-            if role.done:
+            if role.held is revocation:
+                role.held = None
+                role.restart_at = revocation.restored
+
+    def poll(self) -> None:
+        """Start again the roles due, and sort out the exits: done, refused (started again once its rights are
+        back), or a failure (then started again)."""
+        for role in self.roles.values():
+            if role.done or role.held is not None:
                 continue
             if role.restart_at is not None:
                 if time.monotonic() >= role.restart_at:
@@ -136,6 +185,8 @@ class Supervisor:
                 role.restart_at = time.monotonic() + FAILED_RESTART_DELAY_S
                 log.warning("%s (pid %d): no broker answered (it restarted); starting it again", role.name, role.pid)
                 continue
+            if code == REFUSED_EXIT and not role.stopping and self._refusal(role) is not None:
+                continue
             failure = Failure(role.name, role.process.pid, code, role.tail())
             self.failures.append(failure)
             log.error("%s", failure.describe())
@@ -144,6 +195,26 @@ class Supervisor:
             else:
                 role.restart_at = time.monotonic() + FAILED_RESTART_DELAY_S
 
+    def _refusal(self, role: Role) -> Refusal | None:
+        """The refusal that ended ``role``'s process with exit 5, if the run had revoked its rights meanwhile and
+        its last error line names them; the role is held until they are back (started again soon after, when
+        they are back already)."""
+        assert role.process is not None
+        said = [line for line in role.tail(40).splitlines() if ERROR_LINE.match(line)]
+        for revocation in reversed(self.revocations):
+            if revocation.covers(role) and said and revocation.names.search(said[-1]):
+                refusal = Refusal(role.name, role.process.pid, revocation.what, said[-1])
+                self.refusals.append(refusal)
+                revocation.refused.append(role.name)
+                role.refused_exits += 1
+                if revocation.restored is None:
+                    role.held = revocation
+                else:
+                    role.restart_at = time.monotonic() + FAILED_RESTART_DELAY_S
+                log.warning("%s (pid %d) refused (%s): %s", role.name, role.process.pid, revocation.what, said[-1])
+                return refusal
+        return None
+
     def logged_errors(self) -> dict[str, int]:
         """Per role, the errors its log reports over all its processes (none for a role that only was killed)."""
         counts = {}
@@ -151,7 +222,7 @@ class Supervisor:
             with role.log_file.open(errors="replace") as log_file:
                 # Each stuck-client or unreachable exit says so in one error line: that restart is reported apart.
                 errors = sum(1 for line in log_file if ERROR_LINE.match(line)) - role.stuck_exits
-                errors -= role.unreachable_exits
+                errors -= role.unreachable_exits + role.refused_exits
                 if errors > 0:
                     counts[role.name] = errors
         return counts
@@ -173,6 +244,8 @@ class Supervisor:
         for role in roles:
             role.stopping = True
             role.restart_at = None
+            if role.held is not None:  # stopped already, refused
+                role.held, role.done = None, True
             if role.running:
                 role.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
 
@@ -188,7 +261,7 @@ class Supervisor:
         """End every role now (the run is over or failed); nothing more is recorded."""
         for role in self.roles.values():
             role.stopping = role.done = True
-            role.restart_at = None
+            role.restart_at = role.held = None
             if role.running:
                 role.process.kill()  # type: ignore[union-attr]
         for role in self.roles.values():

@@ -20,6 +20,10 @@ class FaultKind(StrEnum):
     STALL_OBJECT_STORE = "stall-object-store"  # SIGSTOP, then SIGCONT: requests hang meanwhile
     SLOW_OBJECT_STORE = "slow-object-store"  # the run's proxy holds every chunk a while
     REFUSE_OBJECT_STORE = "refuse-object-store"  # the run's proxy resets open connections and new ones
+    REVOKE_ACLS = "revoke-acls"  # a role's Kafka ACL bindings deleted a while, then created again
+    # The loaders' object store user removed a while, then added again; a loader is restarted meanwhile when none
+    # read the store (an idle loader reads nothing).
+    REVOKE_STORAGE_KEY = "revoke-storage-key"
 
 
 OBJECT_STORE_KINDS = frozenset(
@@ -32,6 +36,9 @@ OBJECT_STORE_KINDS = frozenset(
 )
 # The object store faults that last a while (1 s up to max_stall_s) rather than a restart's time down.
 LASTING_KINDS = OBJECT_STORE_KINDS - {FaultKind.RESTART_OBJECT_STORE}
+# The faults that take a role's rights away a while (1 s up to max_revoke_s, and until the roles it strikes have
+# stopped with the refusal); the roles are started again once the rights are back.
+ACCESS_KINDS = frozenset({FaultKind.REVOKE_ACLS, FaultKind.REVOKE_STORAGE_KEY})
 
 
 DEFAULT_WEIGHTS: Mapping[FaultKind, float] = {
@@ -44,19 +51,25 @@ DEFAULT_WEIGHTS: Mapping[FaultKind, float] = {
     FaultKind.STALL_OBJECT_STORE: 1,
     FaultKind.SLOW_OBJECT_STORE: 1,
     FaultKind.REFUSE_OBJECT_STORE: 1,
+    FaultKind.REVOKE_ACLS: 2,
+    FaultKind.REVOKE_STORAGE_KEY: 1,
 }
 
 
 @dataclass(frozen=True)
 class Targets:
     """What a run can strike: its loader and sink roles by name, its shadow constructors, its broker, the
-    object store its sources are read from."""
+    object store its sources are read from, the ``kafka.principals`` keys whose ACLs a secured run can revoke
+    (a loader's ``loader.<source>``, ``constructor``, ``trainer``), and the loaders that read ``s3://`` sources in
+    that store with a key the run can revoke."""
 
     loaders: tuple[str, ...]
     sinks: tuple[str, ...]
     shadows: int
     broker: bool
     object_store: bool = False
+    principals: tuple[str, ...] = ()
+    storage_loaders: tuple[str, ...] = ()
 
     def kinds(self) -> list[FaultKind]:
         return [kind for kind in FaultKind if self._wanting(kind) is None]
@@ -69,6 +82,11 @@ class Targets:
         """What the run lacks to strike with ``kind``: None when it has a target."""
         if kind in OBJECT_STORE_KINDS:
             return None if self.object_store else "an object store (--object-store-dir) that the spec's sources read"
+        if kind is FaultKind.REVOKE_ACLS:
+            return None if self.principals else "a secured run (--secure), a principal and ACLs per role"
+        if kind is FaultKind.REVOKE_STORAGE_KEY:
+            wanting = "an object store (--object-store-dir) that the spec's s3:// sources are read from"
+            return None if self.storage_loaders else wanting
         shadow = "a shadow constructor (--shadows 1 or more)"
         wanting = {
             FaultKind.KILL_LOADER: None if self.loaders else "a loader",
@@ -84,17 +102,24 @@ class Targets:
 class Fault:
     number: int  # from 1
     kind: FaultKind
-    target: str | None  # the loader or sink role killed; the run finds the constructor; one broker, one store
+    # The loader or sink role killed, the principal key whose ACLs are revoked, or the loader restarted while the
+    # storage key is revoked if none read the store; the run finds the constructor; one broker, one store.
+    target: str | None
     pause_s: float  # how long the run waits, once the previous fault is survived, before this one
-    down_s: float = 0.0  # how long a restarted broker or object store stays down, or a stalled store stalls
+    # How long a restarted broker or object store stays down, a stalled store stalls, or rights stay revoked.
+    down_s: float = 0.0
 
     def describe(self) -> str:
-        where = f" {self.target}" if self.target else ""
+        where = f" {self.target}" if self.target and self.kind is not FaultKind.REVOKE_STORAGE_KEY else ""
         down = ""
         if self.kind in (FaultKind.RESTART_BROKER, FaultKind.RESTART_OBJECT_STORE):
             down = f", down {self.down_s:.1f} s"
         elif self.kind in LASTING_KINDS:
             down = f", for {self.down_s:.1f} s"
+        elif self.kind is FaultKind.REVOKE_STORAGE_KEY:
+            down = f", for {self.down_s:.1f} s at least, then {self.target} restarted if no loader read the store"
+        elif self.kind in ACCESS_KINDS:
+            down = f", for {self.down_s:.1f} s at least"
         return f"fault {self.number} {self.kind}{where}{down}"
 
 
@@ -106,10 +131,12 @@ def plan_faults(
     max_pause_s: float = 2.0,
     max_down_s: float = 3.0,
     max_stall_s: float = 5.0,
+    max_revoke_s: float = 5.0,
 ) -> tuple[Fault, ...]:
     """``count`` faults of the kinds ``targets`` allows: each kind at least once when ``count`` is large
     enough, the rest drawn by ``weights``, in a shuffled order. A restart is down up to ``max_down_s``; an
-    object store that is stalled, slow or refusing is so from 1 s to ``max_stall_s``."""
+    object store that is stalled, slow or refusing is so from 1 s to ``max_stall_s``; rights are revoked from
+    1 s to ``max_revoke_s`` (and until the roles struck stop)."""
     if count < 0:
         msg = f"the number of faults must not be negative, not {count}"
         raise ValueError(msg)
@@ -128,18 +155,25 @@ def plan_faults(
             target = rng.choice(targets.loaders)
         elif kind is FaultKind.KILL_SINK:
             target = rng.choice(targets.sinks)
+        elif kind is FaultKind.REVOKE_ACLS:
+            target = rng.choice(targets.principals)
+        elif kind is FaultKind.REVOKE_STORAGE_KEY:
+            target = rng.choice(targets.storage_loaders)
         pause = round(rng.uniform(0, max_pause_s), 3)
-        faults.append(Fault(number, kind, target, pause, _down_s(rng, kind, max_down_s, max_stall_s)))
+        down = _down_s(rng, kind, max_down_s, max_stall_s, max_revoke_s)
+        faults.append(Fault(number, kind, target, pause, down))
     return tuple(faults)
 
 
-def _down_s(rng: random.Random, kind: FaultKind, max_down_s: float, max_stall_s: float) -> float:
+def _down_s(rng: random.Random, kind: FaultKind, max_down_s: float, max_stall_s: float, max_revoke_s: float) -> float:
     """How long the fault keeps its target away; drawn only for the kinds that have one, so that a schedule
     without them draws what it drew before they existed."""
     if kind in (FaultKind.RESTART_BROKER, FaultKind.RESTART_OBJECT_STORE):
         return round(rng.uniform(0, max_down_s), 3)
     if kind in LASTING_KINDS:
         return round(rng.uniform(min(1.0, max_stall_s), max_stall_s), 3)
+    if kind in ACCESS_KINDS:
+        return round(rng.uniform(min(1.0, max_revoke_s), max_revoke_s), 3)
     return 0.0
 
 

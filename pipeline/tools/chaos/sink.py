@@ -6,7 +6,9 @@ that length and the sink resumes there, so the record holds every micro-batch ex
     python -m pipeline.tools.chaos.sink --spec SPEC --rank R --out DIR [--bootstrap-servers HOST:PORT]
 
 ``DIR/received-rank<r>.jsonl`` is the record (``pipeline.tools.delivery.RECEIVED_FILE``'s format);
-``DIR/sink-rank<r>.json`` the checkpoint. It ends at the job's end-of-data record.
+``DIR/sink-rank<r>.json`` the checkpoint. It ends at the job's end-of-data record. An error a user can cause
+(the cluster refusing the trainer's principal, say) ends it with one line, ``chaos sink: error: ...``, and the
+error's exit code (5 for a refusal), as a `mixflow` command ends.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from pipeline.tools.chaos.sink_state import CHECKPOINT_FILE, SinkCheckpoint
 from pipeline.tools.delivery import RECEIVED_FILE, received_line
+from topics.errors import MixflowError
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -66,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait-timeout-s", type=float, default=600.0)
     args = parser.parse_args(argv)
     faulthandler.register(signal.SIGUSR1)  # the chaos run asks a stuck sink for its stacks
-    steps = run_sink(args.spec, args.rank, args.out, args.bootstrap_servers, args.wait_timeout_s)
+    try:
+        steps = run_sink(args.spec, args.rank, args.out, args.bootstrap_servers, args.wait_timeout_s)
+    except MixflowError as exc:
+        print(f"chaos sink: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
     print(json.dumps({"rank": args.rank, "steps": steps}))
     return 0
 
