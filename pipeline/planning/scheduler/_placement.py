@@ -9,8 +9,8 @@ per-micro-batch arrays.
 **Two capacities.** A step of multimodal samples bounds each micro-batch's tokens and its vision patches
 (``Grid.patch_capacity > 0``): every fit tests both, the candidates are ordered by cost (which no longer
 follows length), and the guarantee against starvation is on both (``_repair_two.py``). With
-``patch_capacity == 0`` (text) the patches are empty arrays that no kernel reads, and every plan is the
-one the kernels made before patches existed.
+``patch_capacity == 0`` (text) the patches are empty arrays that no kernel reads, and a plan is made on
+tokens alone.
 """
 
 from __future__ import annotations
