@@ -12,8 +12,8 @@ default composition (``Mixer`` with window 8, due share 1/8) draws, ``assemble_s
 of the context), shares 0.70/0.25/0.05 of the tokens, seed 0.
 
 Reported per rank count: samples per step; the state record's bytes at the last step, the median and
-the most over the steps after ``--warm-up``, and the most with every used-offset list in list form (as
-records were before ``used_bitmap``); and what the largest holds: used offsets above the low watermarks
+the most over the steps after ``--warm-up``, and the most with every used-offset list in list form (no
+``used_bitmap``); and what the largest holds: used offsets above the low watermarks
 (and the runs they form), deferred references, and each part's bytes.
 """
 

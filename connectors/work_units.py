@@ -22,7 +22,7 @@ class WorkUnit:
     readers that can seek to it. ``estimated_bytes`` is the content size the planner costed the unit at.
     ``etag`` and ``object_size``, set for a file in an object store, pin the version planned: reading
     another version (or none) is refused. They are left out of the JSON while empty, so a local source's
-    units are written as before.
+    units carry neither.
 
     The JSON form (:meth:`to_json`, ``topics.json_record``) is an object of exactly these fields, keys
     sorted. :meth:`from_json` validates it with a pydantic model made from them at the first decode (planning

@@ -134,7 +134,7 @@ def test_apply_creates_what_plan_prints_and_revoke_removes_it(secured_job: Secur
     assert f"job {other}: created 0 bindings, {there} were there already, removed 0 not planned" in (
         capsys.readouterr().out
     )
-    # A grant an older version made (loaders used to write the control topic) goes at the next apply.
+    # A grant the plan does not hold (a loader's WRITE on the control topic) goes at the next apply.
     stale = Binding(
         f"User:{secured_job.job}-loader", Resource.TOPIC, Pattern.LITERAL, f"{other}.control", Operation.WRITE
     )

@@ -53,8 +53,8 @@ def test_samples_give_back_their_media(seed: int) -> None:
         np.testing.assert_array_equal(got.tokens, expected.tokens)
 
 
-def test_a_text_batch_is_unchanged() -> None:
-    """The digest of this batch's encoding before the media column existed."""
+def test_a_text_batch_encodes_to_the_pinned_bytes() -> None:
+    """A text batch (no media column) encodes to the bytes pinned here."""
     rng = np.random.default_rng(7)
     groups = [
         [

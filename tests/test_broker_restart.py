@@ -58,9 +58,9 @@ def test_a_loader_survives_a_broker_restart(
 def test_idle_loaders_come_back_to_their_group_after_a_long_outage_and_take_new_work(
     private_broker: tuple[LocalBroker, str], tmp_path: Path, unique_name: str
 ) -> None:
-    """The chaos run's failure: loaders whose session lapsed while the broker was away never got their
-    work partitions back, and the next epoch's units lay untouched. Each loader now replaces a consumer
-    left without an assignment (here after 3 s) once the broker answers."""
+    """Loaders whose session lapsed while the broker was away can be left without their work partitions by
+    librdkafka, and the next epoch's units would lie untouched: each loader replaces a consumer left without an
+    assignment (here after 3 s) once the broker answers."""
     broker, bootstrap = private_broker
     data = build_example_data(tmp_path / "data", limit=12)
     spec = write_spec(tmp_path, unique_name, bootstrap, data, on_exhausted="next_epoch")

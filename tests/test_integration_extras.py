@@ -1,6 +1,7 @@
 """What each install declares: every package that ``trainer_sink`` (and ``topics``, which it imports) imports is
 a core dependency or in the ``trainer`` extra, and each integration's framework is in that integration's
-extra, which also pulls in the trainer side; the core install pulls in no training framework."""
+extra, which also pulls in the trainer side; the core install pulls in no training framework, and nothing that only
+the tests import."""
 
 from __future__ import annotations
 
@@ -79,3 +80,10 @@ def test_each_integration_declares_its_framework_and_the_core_install_none() -> 
         undeclared = imported - core - _extra(extra)
         assert undeclared == set(), f"mixflow[{extra}] lacks what {module} imports: {undeclared}"
         assert "torch" in _extra(extra), f"mixflow[{extra}] does not pull in the trainer side"
+
+
+def test_every_core_dependency_is_imported_by_the_production_code() -> None:
+    """A package only tests, benchmarks or examples import belongs in an extra, not in every install."""
+    production = [p for package in sorted(OWN - {"tests"}) for p in (REPO / package).rglob("*.py")]
+    unused = _names(PROJECT["dependencies"]) - _imported(production)
+    assert unused == set(), f"core dependencies that no production module imports: {unused}"

@@ -2,9 +2,10 @@
 topic into partition j of every rank and state topic; the sink reads step k from partition k mod C.
 
 Pure parts (step and unit partitions, the sink's order over partitions) are property tests; against the
-broker: a job of 2 and 3 lanes delivers every sample exactly once and the sink yields its steps in
-order (and resumes anywhere); each lane is deterministic (the same bytes into another output job); and
-lanes killed at random and restarted write what an undisturbed run wrote.
+broker: the loaders put each unit's samples in the source partition topics/FORMAT.md states; a job of 2 and
+3 lanes delivers every sample exactly once and the sink yields its steps in order (and resumes anywhere);
+each lane is deterministic (the same bytes into another output job); and lanes killed at random and
+restarted write what an undisturbed run wrote.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import random
+import re
 import signal
 import subprocess
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +30,9 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
+from connectors import Document, WorkUnit
 from pipeline.roles.constructor import ConstructorOptions, DataConstructor
+from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import SpecError, load_spec
 from pipeline.tools.chaos.audit import check_samples, read_rank_topic
 from pipeline.tools.replay.plan import ReplayRequest
@@ -49,10 +54,12 @@ from topics.errors import MixflowError
 from topics.lanes import LaneOrder, first_step_at_or_after, step_lane, unit_partition
 from topics.log_reader import read_to_end
 from topics.names import JobTopics, TopicKind, parse_topic
+from topics.sample_codec import decode_sample_message
 from trainer_sink import KafkaBatchDataset
 from trainer_sink.tensors import micro_batch_tensors
 
 RANKS = 2
+FORMAT_MD = Path(__file__).resolve().parent.parent / "topics" / "FORMAT.md"
 
 # -- pure parts ------------------------------------------------------------------------------------
 
@@ -82,6 +89,29 @@ def test_units_spread_over_the_lanes_evenly_and_deterministically(lanes: int, un
         counts = Counter(lanes_of)
         assert all(0 <= lane < lanes for lane in counts)
         assert max(counts.values(), default=0) - min((counts.get(j, 0) for j in range(lanes)), default=0) <= 1
+
+
+def documented_source_partition() -> Callable[[int, int, int], int]:
+    """The source partition of a unit's samples as topics/FORMAT.md states it (the ``partition = ...`` of its
+    *Source topics* rule), as a function of the work record's partition and offset and the lanes ``C``."""
+    text = FORMAT_MD.read_text(encoding="utf-8")
+    rule = text[text.index("- **Source topics.**") :]
+    rule = rule[: rule.index("\n- **")]
+    stated = re.search(r"`partition = ([^`]+)`", rule)
+    assert stated is not None, "FORMAT.md's Source topics rule states no `partition = ...`"
+    code = compile(stated.group(1).replace(" mod ", " % "), "FORMAT.md", "eval")
+    names = ("work_partition", "work_offset", "C")
+    assert set(code.co_names) <= set(names), f"FORMAT.md's rule names {code.co_names}, not only {names}"
+    return lambda p, o, c: eval(code, {"__builtins__": {}}, dict(zip(names, (p, o, c), strict=True)))
+
+
+@given(work_partition=st.integers(0, 63), work_offset=st.integers(0, 10**12), lanes=st.integers(1, 64))
+def test_format_md_s_source_partition_is_the_one_the_loaders_compute(
+    work_partition: int, work_offset: int, lanes: int
+) -> None:
+    """What a loader computes from a work record's place (``unit_partition``), for any place and lane count."""
+    expected = unit_partition(work_partition + work_offset, lanes)
+    assert documented_source_partition()(work_partition, work_offset, lanes) == expected
 
 
 def _lane_logs(lanes: int, ends: list[int]) -> dict[int, list[tuple[str, int]]]:
@@ -369,6 +399,33 @@ def test_a_job_of_two_lanes_delivers_every_sample_once_in_steps_the_sink_reads_i
         assert used == {0, 1}, f"source {s}: samples in partitions {used} only"
     _run_lanes(two_lanes.spec, unique_name, 2, tmp_path / "lanes.log")
     _check_job(kafka_bootstrap, two_lanes, unique_name)
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("loaded", ["two_lanes", "three_lanes"])
+def test_the_loaders_put_each_unit_s_samples_where_format_md_says(
+    kafka_bootstrap: str, loaded: str, request: pytest.FixtureRequest
+) -> None:
+    """Every committed sample of every source is in the partition FORMAT.md's rule gives its work unit's record;
+    which samples a unit holds is found by reading the unit here, without Kafka."""
+    job: LoadedLanes = request.getfixturevalue(loaded)
+    spec = load_spec(job.spec)
+    rule = documented_source_partition()
+    config = {"bootstrap.servers": kafka_bootstrap}
+    for source in SOURCES:
+        runtime = SourceRuntime.from_spec(spec, source)
+        topics = JobTopics(job.job)
+        expected: dict[str, int] = {}
+        for record in read_to_end(config, topics.work(source)):
+            unit = WorkUnit.from_json(record.value())
+            documents = [d for d in runtime.reader.read(unit) if isinstance(d, Document)]
+            partition = rule(record.partition(), record.offset(), job.lanes)
+            samples = runtime.builder.build(documents, epoch=unit.epoch).samples
+            expected.update((s.sample_id, partition) for s in samples)
+        written = {decode_sample_message(m).sample_id: m.partition() for m in read_to_end(config, topics.src(source))}
+        assert written == expected, f"source {source}: samples outside the partition FORMAT.md gives their unit"
+        used = set(expected.values())
+        assert len(used) == job.lanes, f"source {source}: units in partitions {used} only"
 
 
 class _Growth:

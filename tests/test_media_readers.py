@@ -487,7 +487,7 @@ def test_jsonl_media_fields_and_missing_files(tmp_path: Path) -> None:
     ]
     (dead,) = [i for i in items if isinstance(i, DeadLetter)]
     assert dead.location == "r.jsonl:row=2" and dead.reason == "no image or video"
-    # the text readers read text as before
+    # a text reader of the same file reads its text
     assert [d.text for d in read_all(JsonlReader("vl", tmp_path)) if isinstance(d, Document)] == ["t"]
 
 

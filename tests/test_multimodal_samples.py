@@ -1,5 +1,5 @@
 """Samples from interleaved documents: placeholder blocks, offsets, chunks that never cut a block, one tokenizer
-call per build, dead letters for bad media, and text documents built exactly as before."""
+call per build, dead letters for bad media, and text documents built the same beside interleaved ones."""
 
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ def test_a_plan_extended_by_epochs_round_trips() -> None:
     extended = WorkPlan("code", 10, {0: 5, 1: 5}, epochs=3)
     assert WorkPlan.from_json(extended.to_json()) == extended
     assert extended.epochs_planned(1) == 3 and WorkPlan("code", 4, {0: 4}).epochs_planned(2) == 2
-    assert b"epochs" not in WorkPlan("code", 4, {0: 4}).to_json()  # plans of the spec's epochs are unchanged
+    assert b"epochs" not in WorkPlan("code", 4, {0: 4}).to_json()  # a plan of the spec's epochs: no field
 
 
 def test_work_units_a_broker_never_took_are_a_retriable_error_not_a_failure(unique_name: str) -> None:

@@ -1,9 +1,9 @@
 """The JSON records on the work, control, state and dead-letter topics: work units, work plans, the mixer
 and constructor state, dead letters.
 
-Their bytes are in the topics of running jobs, so they are pinned twice: against reference copies of the
-encoders as they were before pydantic validated the records (on generated records), and against a fixed
-corpus of bytes those encoders wrote. Decoding gives the record back, and bad input a ``DecodeError``
+Their bytes are in the topics of running jobs, so they are pinned twice: against reference encoders written
+out by hand here, without pydantic (on generated records), and against a fixed corpus of bytes those
+encoders wrote. Decoding gives the record back, and bad input a ``DecodeError``
 that names the field, never another exception."""
 
 from __future__ import annotations

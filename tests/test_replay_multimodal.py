@@ -429,11 +429,11 @@ def test_the_audit_of_an_elastic_replay_tells_other_media() -> None:
     assert same_samples(_messages(2, [changed]), _messages(2, reshaped)) == "step 2: sample vl/1 has other media"
 
 
-# -- text steps: planned as before, bit for bit --------------------------------------------------------------
+# -- text steps: planned on tokens alone, bit for bit -------------------------------------------------------
 
 TEXT_RESHAPES_SHA256 = "e596dfc9a0332fb716660ab49268fd363e0f7e3f4f83026dd0327e43d486a5fe"
-"""The digest of ``_text_reshapes()``, computed with the reshape as it was before multimodal steps were planned
-with both capacities: a text step's new batches must not change."""
+"""The digest of ``_text_reshapes()``, the reshape of text steps planned on one capacity: the multimodal planning
+beside it must not change a text step's new batches."""
 
 
 def _with_media_column(batch: Batch) -> Batch:

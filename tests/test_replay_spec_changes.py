@@ -1,7 +1,7 @@
 """A replay across a resume under a changed spec: the job records the spec in force from each step it
 resumes at (``spec`` records on ``<job>.control``), and a same-shape replay rebuilds each stretch of
 steps under the spec recorded for it, so it writes the original's bytes; or refuses, naming the step and
-what changed. A job without spec records replays as before, with a warning that it cannot check."""
+what changed. A job without spec records replays under the spec given, with a warning that it cannot check."""
 
 from __future__ import annotations
 

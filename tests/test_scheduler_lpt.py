@@ -55,11 +55,11 @@ def draw_lengths(family: str, rng: np.random.Generator, n: int, capacity: int) -
         raw = rng.lognormal(np.log(max(1.0, c / 50)), 0.9, n)
         long = rng.random(n) < rng.uniform(0.01, 0.1)
         raw[long] = rng.uniform(c / 4, c, int(long.sum()))
-    elif family == "rare_long":  # issue #23's long/short mix: lognormal ~c/55, 3% uniform over c/4..c
+    elif family == "rare_long":  # a long/short mix: lognormal ~c/55, 3% uniform over c/4..c
         raw = rng.lognormal(np.log(max(1.0, c / 55)), 0.9, n)
         long = rng.random(n) < 0.03
         raw[long] = rng.uniform(c / 4, c, int(long.sum()))
-    elif family == "bimodal_small":  # issue #23's bimodal pool: 20% about c/16, the rest about c/128
+    elif family == "bimodal_small":  # a bimodal pool: 20% about c/16, the rest about c/128
         raw = np.where(rng.random(n) < 0.2, rng.normal(c / 16, c / 64, n), rng.normal(c / 128, c / 512, n))
     elif family == "uniform_long":
         raw = rng.uniform(c / 2, c, n)

@@ -551,7 +551,7 @@ def test_a_store_that_never_answers_is_reported_within_the_deadline_saying_what_
     said = capsys.readouterr().err + caplog.text
     assert exit_code == code if code is not None else exit_code not in (0, None), said
     assert "Read timeout" in said and silent_store.removeprefix("http://") in said, said
-    # Bounded by the spec's deadline (or two tries of --timeout-s): minutes before, a few seconds now.
+    # Bounded by the spec's deadline (or two tries of --timeout-s): a few seconds, not botocore's minutes.
     assert took < 6 * SILENT_DEADLINE_S, f"{took:.0f} s: {said}"
     if "objects" not in argv:
         assert f"waiting for {silent_store} to answer (reading s3://corpus/code)" in said, said

@@ -13,7 +13,7 @@ login then; librdkafka logs that as an error of its ``GroupCoordinator`` connect
   was started again after the coordinator's address was cleared, with an empty server name.
 
 Neither is a refusal, nor reaches any request; on a plaintext listener there is no such moment. A wrong
-password, a certificate refused or a broker that is down are logged as before.
+password, a certificate refused or a broker that is down are logged as any other line.
 
 ``LOGGER`` is the ``logger`` setting that routes a client's lines here (``logged``); it prints them to stderr
 in librdkafka's own format, whatever the application's logging configuration, as librdkafka would have."""

@@ -55,7 +55,7 @@ class ProgressReporter:
         self._thread: threading.Thread | None = None  # started at the first report held back
 
     def _topic_exists(self) -> bool:
-        """False for a job written before progress topics existed: reports would only time out."""
+        """False for a job without a progress topic: reports would only time out."""
         assert self._producer is not None
         try:
             metadata = self._producer.list_topics(self.topic, timeout=10)

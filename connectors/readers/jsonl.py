@@ -16,7 +16,7 @@ from topics.file_formats import FILE_FORMATS
 
 _SCAN_BYTES = 8 << 20
 # An object in a store of at most this many bytes is planned from the listing alone, as one unit: its lines
-# are found when it is read. (A local file's layout is always read: its plan stays as it was.)
+# are found when it is read. (A local file's layout is always read.)
 LISTING_ONLY_BYTES = 1 << 20
 
 

@@ -229,7 +229,7 @@ def unit_cost_key(source: str) -> bytes:
 
 def plan_records(config: KafkaConfig, topics: JobTopics, source: str, key: bytes) -> list[Message]:
     """The committed records keyed ``key`` on ``source``'s plan topic, in order; for a job whose loaders wrote
-    them to the control topic (before plan topics existed) and nothing to the plan topic yet, those there."""
+    them to the control topic and nothing to the plan topic yet, those there."""
     own = [m for m in read_to_end(config, topics.plan(source)) if m.key() == key]
     return own or [m for m in read_to_end(config, topics.control) if m.key() == key]
 

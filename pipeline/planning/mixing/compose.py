@@ -25,20 +25,20 @@ samples or micro-batches are long against its tokens per step (``unit = weight *
 ``waiting_bound(window, due, longest / unit, capacity / unit)``. The in-order draw has the same rate
 limit: a source gives about ``unit`` tokens a step. Sources out of play (weight 0) wait with all their
 samples, as in ``draw_step``. A drawn sample the scheduler defers comes back first in the next draw, as
-before.
+in ``draw_step``.
 
 **Shares.** Each source in play gives about its target (its weight's share of the goal plus its credit,
 as in ``draw_step``): the due samples and the long samples chosen for balance may pass it by one sample
 each, the short samples that fill the rest stop *below* it (a whole step must fit the capacity, so that
 the scheduler need not cut the newest samples, which here may be the chosen long ones). The credit
-carries the difference, so cumulative shares stay within about one sample per source, as today. (Due
-samples taken whatever the target, as in a first version, let a source whose samples are longer than its
-tokens per step run ahead by one sample every step.) A *packed* step (where the grouped options leave
+carries the difference to later steps. (Due samples are taken only while the source is behind its target:
+taken whatever the target, they would let a source whose samples are longer than its tokens per step run
+ahead by one sample every step.) A *packed* step (where the grouped options leave
 holes) may take up to ``PACK_AHEAD`` micro-batches of tokens more from a source than its target (less
 what the source is already ahead of its tokens per step), to fill them: at 2 ranks x 2 micro-batches of
 1,024 tokens, with two sources of 1,024-token chunks and a short one at a tenth of the step, the short
 source's share cannot fill the hole that three chunks leave, and the due short samples keep a fourth out,
-so without it such stretches of steps ran at 85-90% fill and 1.2 max/mean; with it, a step of three
+so without it such stretches of steps run at 85-90% fill and 1.2 max/mean; with it, a step of three
 chunks and a micro-batch of short samples and a step of four alternate, and the short source catches up
 by taking nothing in the second. So a source's cumulative share stays within three of its longest samples
 and a micro-batch (the property test's bound; a pareto mix reached 2.06 samples and a micro-batch, the

@@ -1,5 +1,6 @@
-"""Turn one step's candidates into one batch per rank: plan with the scheduler, then pack each rank's
-samples micro-batch by micro-batch into a ``Batch`` (the constructor encodes them). Pure."""
+"""Turn a planned step into one batch per rank: each rank's samples packed micro-batch by micro-batch into a
+``Batch`` (the constructor encodes them). The plan is the step core's (``assemble_planned``); only
+``assemble_step``, for tests and benchmarks without a step core, plans its candidates itself. Pure."""
 
 from __future__ import annotations
 

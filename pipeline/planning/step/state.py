@@ -76,8 +76,8 @@ class ConstructorState:
          "deferred":[["code",<offset>],...],"exhausted":["code",...],"finished":false,"control":<offset>,
          "changes":[{"id":"...","from_step":<step>,"shares":{"code":<share>,...}},...],"refused":["<id>",...]}
 
-    ``control``, ``changes`` and ``refused`` are left out while empty (and may be missing: records written
-    before they existed). ``finished`` must be a JSON boolean and the mixer state is strict; unknown fields
+    ``control``, ``changes`` and ``refused`` are left out while empty (so a reader takes a record without
+    them). ``finished`` must be a JSON boolean and the mixer state is strict; unknown fields
     are ignored."""
 
     mixer: MixerState

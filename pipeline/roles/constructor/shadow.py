@@ -80,8 +80,8 @@ class ShadowFollower:
         """Look at the job's state: True when it is finished; rejoin the lease group when it has not moved."""
         self._last_look = time.monotonic()
         try:
-            # A short look: a client left stuck by a broker restart is dropped for a new one at the next look
-            # (with the default minute one stuck shadow took 51 s over in a chaos run).
+            # A short look: a client left stuck by a broker restart is dropped for a new one at the next look,
+            # rather than holding the shadow for the client's default minute.
             state = self.look_at_state(SHADOW_LOOK_S)
         except (KafkaException, KafkaUnavailableError, TimeoutError) as exc:
             if isinstance(exc, KafkaException) and exc.args and is_authorization_error(exc.args[0]):

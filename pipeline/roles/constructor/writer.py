@@ -1,8 +1,8 @@
 """The constructor's writing of steps, pipelined: the whole transaction of step k (begin, produce every
 rank batch and the state record, send the offsets, commit) runs on a thread while the main thread reads,
 plans and encodes step k+1. Transactions still follow one another (step k+1's begins only once step k's
-has committed), so what is written and its exactly-once guarantee are unchanged; only the transaction's
-time overlaps the next step's work. Whatever the transaction raises (``ProducerFencedError``,
+has committed), so what is written and its exactly-once guarantee are those of one step at a time; only
+the transaction's time overlaps the next step's work. Whatever the transaction raises (``ProducerFencedError``,
 ``KafkaClientStuckError``, ...) is raised again on the main thread when it next hands over a step or
 waits.
 

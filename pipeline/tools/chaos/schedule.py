@@ -167,7 +167,7 @@ def plan_faults(
 
 def _down_s(rng: random.Random, kind: FaultKind, max_down_s: float, max_stall_s: float, max_revoke_s: float) -> float:
     """How long the fault keeps its target away; drawn only for the kinds that have one, so that a schedule
-    without them draws what it drew before they existed."""
+    without them draws the same faults from a seed whatever other kinds exist."""
     if kind in (FaultKind.RESTART_BROKER, FaultKind.RESTART_OBJECT_STORE):
         return round(rng.uniform(0, max_down_s), 3)
     if kind in LASTING_KINDS:

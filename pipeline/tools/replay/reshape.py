@@ -11,8 +11,8 @@ cost something in the vision encoder (the spec's ``cost.vision``), the step is p
 plans one (``StepCore``): each sample costs its LLM cost plus its encoder cost, and no micro-batch holds
 more tokens or more patches than the original's (``plan_step(..., costs=, patches=, patch_capacity=)``).
 What is placed into the room left must fit both, "largest" being the larger share of a micro-batch's
-tokens or patches; a whole original micro-batch keeps both by itself. A step of text alone is planned
-as before, bit for bit.
+tokens or patches; a whole original micro-batch keeps both by itself. A step of text alone is planned on
+its tokens and LLM cost only.
 """
 
 from __future__ import annotations
