@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from topics.authorization import is_authorization_error, raise_if_read_refused, refused
 from topics.librdkafka_log import logged
-from topics.retry import KAFKA_RETRY
+from topics.retry import KAFKA_RETRY, kafka_transient
 
 Isolation = Literal["read_committed", "read_uncommitted"]
 # Answers for a topic created a moment ago, before its partition leaders are known everywhere.
@@ -81,7 +81,10 @@ def read_to_end(
 def _end_offset(consumer: Consumer, partition: TopicPartition, deadline: float) -> int:
     """The high watermark, waiting out the moments after a topic's creation when its leader is unknown."""
     policy = replace(
-        KAFKA_RETRY, deadline_s=max(0.1, deadline - time.monotonic()), backoff_s=0.05, also=_SETTLING_ERRORS
+        KAFKA_RETRY,
+        transient=kafka_transient(also=_SETTLING_ERRORS),
+        deadline_s=max(0.1, deadline - time.monotonic()),
+        backoff_s=0.05,
     )
     attempts = [0]
 

@@ -16,7 +16,7 @@ from connectors.storage.errors import (
     StorageNotFoundError,
     StorageUnavailableError,
 )
-from connectors.storage.retry import RetryPolicy
+from connectors.storage.retry import STORAGE_RETRY
 from connectors.storage.uri import ObjectUri, is_object_uri
 
 
@@ -31,13 +31,13 @@ def storage_for(root: str | Path, settings: object | None = None) -> Storage:
 
 __getattr__, _, _ = lazy_loader.attach(__name__, submod_attrs={"s3": ["S3Settings", "S3Storage"]})
 __all__ = [
+    "STORAGE_RETRY",
     "LocalStorage",
     "ObjectChangedError",
     "ObjectInfo",
     "ObjectMissingError",
     "ObjectRefusedError",
     "ObjectUri",
-    "RetryPolicy",
     "S3Settings",
     "S3Storage",
     "Storage",
