@@ -11,7 +11,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka.clients import KafkaConfig
-from pipeline.kafka.state_topic import STATE_TAIL
+from pipeline.kafka.state_topic import decode_state, last_records
 from pipeline.kafka.work_plan import WorkPlan, read_work_plan
 from pipeline.planning.step.state import ConstructorState
 from topics.errors import DecodeError
@@ -73,13 +73,10 @@ class JobProbe:
 
     def _last_states(self) -> list[ConstructorState]:
         """The last committed state of every constructor lane (one partition of the state topic each)."""
-        last: dict[int, object] = {}
-        for record in read_to_end(self.config, self.topics.state, tail=STATE_TAIL):
-            last[record.partition()] = record
         states = []
-        for record in last.values():
+        for record in last_records(self.config, self.topics).values():
             with contextlib.suppress(DecodeError):  # a broken record: the constructor reports it on restart
-                states.append(ConstructorState.from_bytes(record.value()))  # type: ignore[attr-defined]
+                states.append(decode_state(record))
         return states
 
     def _end_offset(self, topic: str) -> int:

@@ -12,11 +12,10 @@ from confluent_kafka import KafkaException, Message
 from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka.clients import KafkaConfig
-from pipeline.kafka.state_topic import STATE_TAIL
+from pipeline.kafka.state_topic import STATE_TAIL, decode_state
 from pipeline.metrics.endpoints import Endpoint
 from pipeline.planning.mixing import Schedule
 from pipeline.planning.mixing.changes import MixtureTimeline
-from pipeline.roles.constructor import ConstructorState
 from pipeline.spec import JobSpec
 from pipeline.tools.observe.endpoints import run_endpoints, scrape_sink_steps
 from pipeline.tools.observe.follow import TopicFollower
@@ -143,12 +142,7 @@ class JobCollector:
         window = max(end - firsts.get(p, end) for p, end in ends.items())
         records = self.probe.tail(topic, max(STATE_TAIL, window))
         last = {r.partition(): r for r in records}  # in offset order: the last record of each partition wins
-        states = {}
-        for p, record in last.items():
-            try:
-                states[p] = ConstructorState.from_bytes(record.value())
-            except DecodeError as exc:
-                raise exc.at(record.topic(), record.partition(), record.offset()) from exc
+        states = {p: decode_state(record) for p, record in last.items()}
         recent = {r.key() for r in records if r.timestamp()[1] >= since_ms}
         return LaneStates(lanes, states), len(recent)
 

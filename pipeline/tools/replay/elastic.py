@@ -16,10 +16,11 @@ from confluent_kafka import Producer, TopicPartition
 
 from pipeline.kafka.clients import KafkaConfig, produce
 from pipeline.kafka.role_protocol import TransactionalRole
+from pipeline.kafka.state_topic import JobHistory, StateRecord
 from pipeline.planning.scheduler import CostModel
 from pipeline.planning.step.spec_change import StepShape
 from pipeline.spec.cost import VisionCostModel
-from pipeline.tools.replay.history import JobHistory, StateRecord, adopted
+from pipeline.tools.replay.plan import adopted
 from pipeline.tools.replay.reshape import reshape_step
 from pipeline.tools.replay.steps import read_steps
 from topics.admin import ensure_job_topics

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.kafka.clients import KafkaConfig
+from pipeline.kafka.state_topic import StateRecord, first_per_step, read_state_records
 from pipeline.planning.mixing import Schedule
 from pipeline.planning.mixing.changes import MixtureTimeline
 from pipeline.roles.constructor import ConstructorState
@@ -21,8 +22,7 @@ from pipeline.tools.observe.offsets import OffsetProbe
 from pipeline.tools.observe.rank_topics import read_steps
 from pipeline.tools.observe.step_stats import StepStats, step_stats
 from pipeline.tools.observe.vision_parts import EncoderWeighing
-from topics.errors import DecodeError, MixflowError
-from topics.log_reader import read_to_end
+from topics.errors import MixflowError
 from topics.names import JobTopics
 
 # Backlog points looked up by time (one broker round trip per point); more steps are sub-sampled.
@@ -30,19 +30,9 @@ MAX_BACKLOG_POINTS = 200
 
 
 @dataclass(frozen=True)
-class StateRecord:
-    step: int  # the step written in the record's transaction
-    time_s: float  # the record's timestamp, seconds since the epoch
-    state: ConstructorState  # the state after that step
+class JobTimeline:
+    """What ``mixflow report`` plots and sums up of a job, step by step and over time."""
 
-    @property
-    def delivered(self) -> dict[str, int]:
-        """Per source, the offsets below which everything is delivered, plus those delivered above."""
-        return {s: p.low + len(p.used) for s, p in self.state.positions.items()}
-
-
-@dataclass(frozen=True)
-class JobHistory:
     job: str
     sources: list[str]
     stats: list[StepStats]  # (K,) every step written, in step order
@@ -61,21 +51,6 @@ class JobHistory:
         return np.stack([s.tokens_by_source for s in self.stats])
 
 
-def read_state_records(config: KafkaConfig, job: str) -> list[StateRecord]:
-    """The job's committed state records, one per step (the first written for it: the record that ends a
-    job repeats the last step's key), in step order."""
-    out: dict[int, StateRecord] = {}
-    for record in read_to_end(config, JobTopics(job).state):
-        try:
-            state = ConstructorState.from_bytes(record.value())
-        except DecodeError as exc:
-            raise exc.at(record.topic(), record.partition(), record.offset()) from exc
-        step = int(record.key() or b"-1")
-        if step >= 0 and step not in out:
-            out[step] = StateRecord(step, record.timestamp()[1] / 1000.0, state)
-    return [out[k] for k in sorted(out)]
-
-
 def schedule_weights(spec: JobSpec, state: ConstructorState | None, steps: int) -> np.ndarray:
     """(steps, S) the shares the job mixed by at each step: the spec's schedule, overridden by the mixture
     changes accepted in ``state`` (the last state record)."""
@@ -88,13 +63,13 @@ def schedule_weights(spec: JobSpec, state: ConstructorState | None, steps: int) 
     )
 
 
-def read_history(config: KafkaConfig, spec: JobSpec, job: str | None = None) -> JobHistory:
-    """The history of ``job`` (the spec's by default)."""
+def read_timeline(config: KafkaConfig, spec: JobSpec, job: str | None = None) -> JobTimeline:
+    """The timeline of ``job`` (the spec's by default)."""
     job = job or spec.job
     sources = spec.source_names
     cost, encoder = spec.cost.cost_model(), EncoderWeighing.for_spec(spec)
     stats = [step_stats(batches, sources, cost, encoder) for batches in read_steps(config, job, spec.step.ranks)]
-    states = {r.step: r for r in read_state_records(config, job)}
+    states = {r.step: r for r in first_per_step(read_state_records(config, JobTopics(job)))}
     written = [states[s.step] for s in stats if s.step in states]
     if len(written) != len(stats):
         missing = sorted({s.step for s in stats} - states.keys())[:5]
@@ -102,7 +77,7 @@ def read_history(config: KafkaConfig, spec: JobSpec, job: str | None = None) -> 
         raise MixflowError(msg)
     first_out = next((r.step for r in written if r.state.exhausted), len(written))
     times, backlog = _backlog(config, job, sources, written, spec.constructor.lanes)
-    return JobHistory(
+    return JobTimeline(
         job=job,
         sources=sources,
         stats=stats,
