@@ -64,7 +64,8 @@ def _replay_reader(rows: list[tuple], rank: int) -> Any:
     from confluent_kafka import Message
 
     from trainer_sink.position import SinkPosition
-    from trainer_sink.reader import RankTopicReader, ReadOptions
+    from trainer_sink.read_options import ReadOptions
+    from trainer_sink.reader import RankTopicReader
 
     class ReplayReader(RankTopicReader):
         def _run(self) -> None:

@@ -320,9 +320,9 @@ def child_torch(_: argparse.Namespace) -> dict[str, Any]:
 def child_sink(args: argparse.Namespace) -> dict[str, Any]:
     import torch  # noqa: F401  (a trainer process has it; imported first in both arms)
 
-    from trainer_sink import KafkaBatchDataset
+    from trainer_sink import KafkaBatchDataset, ReadOptions
 
-    dataset = KafkaBatchDataset(args.spec, rank=args.rank, wait_timeout_s=120)
+    dataset = KafkaBatchDataset(args.spec, rank=args.rank, read=ReadOptions(wait_timeout_s=120))
     micro_batches = tokens = 0
     media = {"images": 0, "clips": 0, "pixel_bytes": 0}  # what the vision inputs held, in a job with media
     began = time.perf_counter()

@@ -41,6 +41,7 @@ from topics.cluster_probe import ClusterProbe, cluster_topics
 from topics.errors import RefusedError
 from topics.kafka_settings import certificate_principal, client_certificate, settings_principal
 from trainer_sink.dataset import KafkaBatchDataset
+from trainer_sink.read_options import ReadOptions
 
 MIXFLOW = [sys.executable, "-m", "pipeline.cli"]
 ROLES = ("loader", "constructor", "trainer", "observer", "operator")
@@ -268,7 +269,9 @@ def test_a_job_with_a_certificate_per_role_runs_exactly_once(
 
     monkeypatch.setenv("MTLS_KEY_PASSWORD", password)  # the sink resolves the trainer's reference from it
     sinks = [
-        KafkaBatchDataset(str(spec), bootstrap_servers=secure_stack.mtls_bootstrap, rank=rank, wait_timeout_s=60)
+        KafkaBatchDataset(
+            str(spec), bootstrap_servers=secure_stack.mtls_bootstrap, rank=rank, read=ReadOptions(wait_timeout_s=60)
+        )
         for rank in (0, 1)
     ]
     every_micro_batch = int(steps.group(1)) * step["micro_batches"]

@@ -324,7 +324,7 @@ def test_the_sink_refuses_pixel_options_that_are_not_the_jobs_and_takes_the_jobs
 
     from topics.errors import MixflowError
     from topics.media_packing import PixelOptions
-    from trainer_sink import KafkaBatchDataset
+    from trainer_sink import KafkaBatchDataset, ReadOptions
     from trainer_sink.config import SinkSource
 
     body = {"job": "vl", "kafka": {"bootstrap_servers": _dead_servers()}, "step": {"ranks": 1}}
@@ -342,7 +342,9 @@ def test_the_sink_refuses_pixel_options_that_are_not_the_jobs_and_takes_the_jobs
         with pytest.raises(
             MixflowError, match=rf"differ from the job vl's vision sections \(patch_size {patch}, "
         ) as raised:
-            KafkaBatchDataset(spec, rank=0, pixels=other)  # refused before the broker is asked anything
+            KafkaBatchDataset(
+                spec, rank=0, read=ReadOptions(pixels=other)
+            )  # refused before the broker is asked anything
         assert "\n" not in str(raised.value)
     body["sources"].append({"name": "clips", "vision": {"patch_size": patch + 2}})
     (spec := tmp_path / "two.yaml").write_text(yaml.safe_dump(body))

@@ -12,6 +12,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "dataset": ["KafkaBatchDataset"],
         "parallel": ["ParallelLayout", "rank_from_environment"],
         "position": ["SinkPosition"],
+        "read_options": ["ReadOptions"],
         "reader": ["SinkTimeoutError"],
         "tensors": ["Layout", "MicroBatch", "PixelOptions", "block_causal_mask", "micro_batch_tensors"],
     },

@@ -30,13 +30,13 @@ from topics.batch import Batch
 from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import DecodeError, MixflowError
 from topics.lanes import LaneOrder, first_step_at_or_after
-from topics.media_packing import PixelOptions
 from topics.renewing_consumer import RenewingConsumer
 from topics.step_index import locate_step
 from trainer_sink.buffer import ByteBoundedQueue, Closed
 from trainer_sink.open_readers import open_readers
 from trainer_sink.position import SinkPosition
-from trainer_sink.tensors import Layout, MicroBatch, micro_batch_tensors, nbytes
+from trainer_sink.read_options import ReadOptions
+from trainer_sink.tensors import MicroBatch, micro_batch_tensors, nbytes
 
 log = logging.getLogger(__name__)
 
@@ -77,19 +77,6 @@ class Delivery:
 @dataclass(frozen=True)
 class EndOfData:
     steps: int
-
-
-@dataclass(frozen=True)
-class ReadOptions:
-    layout: Layout = Layout.PACKED
-    pad_token_id: int = 0
-    attention_mask: bool = True
-    pad_to_multiple_of: int = 1
-    pixels: PixelOptions | None = None
-    pin_memory: bool = False
-    prefetch_bytes: int = 64 * 1024 * 1024
-    wait_timeout_s: float = 600.0
-    wait_log_interval_s: float = 30.0
 
 
 class RankTopicReader:
@@ -243,7 +230,7 @@ class RankTopicReader:
         try:
             micro_batches = micro_batch_tensors(
                 batch,
-                options.layout,
+                options.tensor_layout,
                 pad_token_id=options.pad_token_id,
                 attention_mask=options.attention_mask,
                 pad_to_multiple_of=options.pad_to_multiple_of,

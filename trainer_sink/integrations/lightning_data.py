@@ -84,8 +84,7 @@ class _PositionedBatches(IterableDataset):
 class MixflowDataModule(pl.LightningDataModule):
     """A job's micro-batches for ``trainer.fit`` (see the module's docstring). ``spec`` or ``job=`` (with
     ``bootstrap_servers=`` or ``kafka_config=``) name the job, or both (the spec's settings for that job);
-    other keyword arguments go to ``KafkaBatchDataset`` (``layout``, ``pad_to_multiple_of``,
-    ``tensor_parallel`` ...)."""
+    other keyword arguments go to ``KafkaBatchDataset`` (``read=ReadOptions(...)``, ``tensor_parallel`` ...)."""
 
     def __init__(self, spec: str | os.PathLike[str] | None = None, **sink_options: Any) -> None:
         super().__init__()

@@ -68,6 +68,7 @@ from trainer_sink.integrations.megatron_batch import megatron_batch
 from trainer_sink.integrations.sink_checkpoint import read_sink_state, write_sink_state
 from trainer_sink.media_tensors import VISION_KEYS
 from trainer_sink.parallel import rank_from_environment
+from trainer_sink.read_options import ReadOptions
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # Megatron-LM's: the last whole checkpoint's iteration
 INFO_KEYS = ("step", "micro_batch", "micro_batches", "sample_ids")
@@ -316,8 +317,10 @@ def _sink(
         bootstrap_servers=bootstrap_servers,
         kafka_config=kafka_config,
         rank=ranks.data_parallel_rank,
-        attention_mask=False,
-        pad_to_multiple_of=1,  # megatron_batch pads, for context parallelism as well
+        read=ReadOptions(
+            attention_mask=False,
+            pad_to_multiple_of=1,  # megatron_batch pads, for context parallelism as well
+            wait_timeout_s=wait_timeout_s,
+        ),
         device=device,
-        wait_timeout_s=wait_timeout_s,
     )
