@@ -18,7 +18,7 @@ mixer's step is the global step ``k``: schedules, random choices and mixture cha
 
 This module holds the role's life (shadow or active, one attempt after another) and its bookkeeping; the
 parts live beside it: ``shadow.py`` (following the job without the lease), ``loop.py`` (an attempt's step
-loop around the step core of ``pipeline.planning.step.core``), ``finish.py`` (the job's last steps),
+loop around the step core of ``pipeline.planning.step.core``, and the job's last steps),
 ``control_intake.py`` (mixture changes), ``lead.py`` (pacing by the trainers), ``step_records.py`` (what a
 step's transaction writes) and ``writer.py`` (the transactions, on a thread).
 """
