@@ -71,7 +71,7 @@ def _replay_reader(rows: list[tuple], rank: int) -> Any:
         def _run(self) -> None:
             messages = (Message(topic=t, partition=p, offset=o, key=k, value=v, headers=h) for t, p, o, k, v, h in rows)
             try:
-                self._hand_over_all(messages)
+                self._hand_over_steps(self.steps.one_lane(messages))
             except BaseException as exc:
                 self._hand_over(exc)
 

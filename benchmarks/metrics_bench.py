@@ -32,8 +32,8 @@ from pipeline.spec.cost import CostModel
 from pipeline.spec.sections import StepSpec
 from topics.dead_letter import DeadLetter
 from topics.sample import Sample
+from trainer_sink.deliveries import Delivery
 from trainer_sink.metrics import SinkMetrics
-from trainer_sink.reader import Delivery
 
 SOURCES = ("a", "b", "c")
 COST = CostModel(alpha=1.0, beta=100.0)

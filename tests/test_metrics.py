@@ -48,8 +48,8 @@ from topics.names import JobTopics
 from topics.sample import Sample
 from topics.sample_codec import decode_sample_message
 from trainer_sink import KafkaBatchDataset
+from trainer_sink.deliveries import Delivery
 from trainer_sink.metrics import SinkMetrics
-from trainer_sink.reader import Delivery
 
 SHAPE = StepSpec(ranks=2, micro_batches=2, tokens_per_micro_batch=64)
 COST = CostModel(alpha=1.0, beta=100.0)

@@ -525,7 +525,7 @@ def test_a_state_carried_to_a_topic_not_written_that_far_waits_for_its_step(
         job=unique_name, bootstrap_servers=kafka_bootstrap, rank=1, read=ReadOptions(wait_timeout_s=30)
     )
     dataset.load_state_dict(SinkPosition("old.rank.0", 0, 40, 5, 0, ranks=2, micro_batches=3).to_dict())
-    with caplog.at_level("INFO", logger="trainer_sink.reader"):
+    with caplog.at_level("INFO", logger="trainer_sink.start"):
         iterator = iter(dataset)
         deadline = time.monotonic() + 30
         while not any("holds no step 5 yet" in r.getMessage() for r in caplog.records):

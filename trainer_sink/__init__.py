@@ -13,7 +13,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "parallel": ["ParallelLayout", "rank_from_environment"],
         "position": ["SinkPosition"],
         "read_options": ["ReadOptions"],
-        "reader": ["SinkTimeoutError"],
+        "steps": ["SinkTimeoutError"],
         "tensors": ["Layout", "MicroBatch", "PixelOptions", "block_causal_mask", "micro_batch_tensors"],
     },
 )
