@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lazy_loader
 
@@ -18,6 +19,9 @@ from connectors.storage.errors import (
 )
 from connectors.storage.retry import STORAGE_RETRY
 from connectors.storage.uri import ObjectUri, is_object_uri
+
+if TYPE_CHECKING:  # the lazy names' types, for a type checker
+    from connectors.storage.s3 import S3Settings, S3Storage
 
 
 def storage_for(root: str | Path, settings: object | None = None) -> Storage:

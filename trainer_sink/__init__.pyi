@@ -1,0 +1,11 @@
+from .dataset import KafkaBatchDataset as KafkaBatchDataset
+from .parallel import ParallelLayout as ParallelLayout
+from .parallel import rank_from_environment as rank_from_environment
+from .position import SinkPosition as SinkPosition
+from .read_options import ReadOptions as ReadOptions
+from .steps import SinkTimeoutError as SinkTimeoutError
+from .tensors import Layout as Layout
+from .tensors import MicroBatch as MicroBatch
+from .tensors import PixelOptions as PixelOptions
+from .tensors import block_causal_mask as block_causal_mask
+from .tensors import micro_batch_tensors as micro_batch_tensors
