@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
@@ -101,7 +102,7 @@ class FetchStallWatch:
     def saw(self, message: Message) -> bool:
         """Note where ``message`` says its partition is read; whether it is an end-of-partition event."""
         eof = is_end_of_partition(message)
-        key = (message.topic(), message.partition())
+        key = cast(Key, (message.topic(), message.partition()))  # set on records and partition events
         if (message.error() is None or eof) and key in self.next:
             self._note(key, message, eof)
         return eof
@@ -114,7 +115,7 @@ class FetchStallWatch:
         for message in reversed(messages):
             if not unmet:
                 return
-            key = (message.topic(), message.partition())
+            key = cast(Key, (message.topic(), message.partition()))  # set on records and partition events
             if key in met:
                 continue
             eof = is_end_of_partition(message)
@@ -126,7 +127,8 @@ class FetchStallWatch:
                 unmet -= 1
 
     def _note(self, key: Key, message: Message, eof: bool) -> None:
-        self.next[key] = message.offset() if eof else message.offset() + 1
+        offset = cast(int, message.offset())  # set on records and end-of-partition events
+        self.next[key] = offset if eof else offset + 1
         self._heard.add(key)  # the clock is read once per batch, not per record
 
     def _hear(self, now: float) -> float:

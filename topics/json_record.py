@@ -144,7 +144,7 @@ def to_json_value(value: Any) -> Any:
 
 def record_dict(record: Any) -> dict[str, Any]:
     """The JSON object of ``record``, before ``json.dumps``."""
-    cls = type(record)
+    cls: type = type(record)  # plain ``type``: mypy takes ``type[Any]`` for unhashable in a cached call
     form = record_format(cls)
     body: dict[str, Any] = {} if form.version is None else {form.version_key: form.version}
     for f in _fields(cls):
@@ -196,7 +196,8 @@ def validate(cls: type[R], body: object) -> R:
             msg = f"{form.what} version {found!r:.40}, expected {form.version}"
             raise DecodeError(msg)
     try:
-        return _adapter(cls).validate_python(body)
+        plain: type = cls  # as in record_dict
+        return _adapter(plain).validate_python(body)
     except ValidationError as exc:
         msg = f"{form.what} is not valid: {describe_errors(exc, cls)}"
         raise DecodeError(msg) from exc

@@ -69,7 +69,7 @@ class _LibrdkafkaFormat(logging.Formatter):
 class _Stderr(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is when a line comes."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 

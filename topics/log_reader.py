@@ -6,7 +6,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -67,10 +67,11 @@ def read_to_end(
                 msg = f"reading {topic} to its end {ends} took over {timeout_s} s; positions {positions}"
                 raise TimeoutError(msg)
             for message in consumer.consume(num_messages=10_000, timeout=0.2):
-                if message.error():
-                    raise_if_read_refused(config, message.error(), message.topic() or topic)
-                    raise KafkaException(message.error())
-                if message.offset() < ends[message.partition()]:
+                if error := message.error():
+                    raise_if_read_refused(config, error, message.topic() or topic)
+                    raise KafkaException(error)
+                # A record (not an error) has its partition and offset.
+                if cast(int, message.offset()) < ends[cast(int, message.partition())]:
                     records.append(message)
         records.sort(key=lambda m: (m.partition(), m.offset()))
         return records

@@ -127,24 +127,28 @@ class MediaTable:
 
     def frames(self, k: int) -> list[memoryview]:
         """Item ``k``'s frames, each a view of the Arrow buffer."""
-        view = memoryview(self.data)
+        view = self.data.data  # the array's memoryview
         bounds = self.frame_bytes[self.frame_offsets[k] : self.frame_offsets[k + 1] + 1].tolist()
         return [view[a:b] for a, b in itertools.pairwise(bounds)]
 
     def raw_frames(self, k: int) -> np.ndarray:
         """Item ``k``'s raw frames as uint8 ``[frames, height, width, 3]``, a view of the Arrow buffer."""
         a, b = self.frame_bytes[self.frame_offsets[k]], self.frame_bytes[self.frame_offsets[k + 1]]
-        shape = (int(self.frame_offsets[k + 1] - self.frame_offsets[k]), self.int(k, "height"), self.int(k, "width"))
+        shape = (
+            int(self.frame_offsets[k + 1] - self.frame_offsets[k]),
+            self.int_at(k, "height"),
+            self.int_at(k, "width"),
+        )
         return self.data[a:b].reshape(*shape, CHANNELS)
 
-    def int(self, k: int, name: str) -> int:
+    def int_at(self, k: int, name: str) -> int:
         return int(self.ints[name][k])
 
     def item(self, k: int, frames: tuple[bytes, ...] | None = None) -> MediaItem:
         """Item ``k`` as a ``MediaItem``; its frames as views of the buffer unless ``frames`` is given."""
         return MediaItem(
             kind=self.kind[k],
-            **{name: self.int(k, name) for name in INT_FIELDS},
+            **{name: self.int_at(k, name) for name in INT_FIELDS},
             encoding=self.encoding[k],
             frames=tuple(self.frames(k)) if frames is None else frames,  # type: ignore[arg-type]
         )

@@ -157,8 +157,8 @@ def _vision_input(
     pixels = np.empty((int(cu_seqlens[-1]), options.patch_dim), np.float32)
     at = 0
     for k in items:
-        patches = media.int(k, "grid_t") * media.int(k, "grid_h") * media.int(k, "grid_w")
-        patchify(_frames(media, k), media.int(k, "merge_size"), options, out=pixels[at : at + patches])
+        patches = media.int_at(k, "grid_t") * media.int_at(k, "grid_h") * media.int_at(k, "grid_w")
+        patchify(_frames(media, k), media.int_at(k, "merge_size"), options, out=pixels[at : at + patches])
         at += patches
     return pixels, grid, cu_seqlens
 

@@ -17,7 +17,7 @@ import io
 import json
 from collections.abc import Callable
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
@@ -38,7 +38,7 @@ _WIRE_IS_NATIVE = np.little_endian  # "<i4" is the native int32: tokens are a vi
 
 def _load_schema(name: str) -> tuple[dict[str, Any], bytes]:
     text = resources.files("topics").joinpath(name).read_text(encoding="utf-8")
-    parsed = parse_schema(json.loads(text))
+    parsed = cast(dict[str, Any], parse_schema(json.loads(text)))  # a record schema parses to a dict
     # fastavro gives the fingerprint's bytes in little-endian order, as Avro's Java implementation does.
     return parsed, bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
 
@@ -151,7 +151,7 @@ def decode_sample(
         raise error(f"written under unknown schema fingerprint {fp.hex()}; this reader knows {known}")
     stream = io.BytesIO(value)
     try:
-        record = schemaless_reader(stream, schema, MEDIA_SAMPLE_SCHEMA)
+        record = cast(dict[str, Any], schemaless_reader(stream, schema, MEDIA_SAMPLE_SCHEMA))  # a record
     except Exception as exc:  # fastavro raises EOFError, UnicodeDecodeError, IndexError, ... on bad input
         raise error(f"truncated or corrupt Avro record ({type(exc).__name__}: {exc})") from exc
     if stream.tell() != len(value):

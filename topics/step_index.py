@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -121,13 +121,11 @@ class _Probe:
 
 def step_record(message: Message) -> StepRecord:
     """What a rank topic's record holds, from its headers; ``DecodeError`` for any other record."""
-    where = {"topic": message.topic(), "partition": message.partition(), "offset": message.offset()}
+    offset = cast(int, message.offset())  # a record's offset is set
     try:
         steps = end_of_data_steps(message.headers())
         if steps is not None:
-            return StepRecord(message.offset(), steps, end=True)
-        return StepRecord(
-            message.offset(), parse_decimal(f"header {STEP_KEY}", find_header(message.headers(), STEP_KEY))
-        )
+            return StepRecord(offset, steps, end=True)
+        return StepRecord(offset, parse_decimal(f"header {STEP_KEY}", find_header(message.headers(), STEP_KEY)))
     except ValueError as exc:
-        raise DecodeError(f"not a batch or an end-of-data record: {exc}", **where) from exc
+        raise DecodeError.of_record(f"not a batch or an end-of-data record: {exc}", message) from exc

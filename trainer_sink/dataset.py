@@ -169,7 +169,7 @@ class KafkaBatchDataset(IterableDataset):
 
     # -- iteration -----------------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[MicroBatch]:
+    def __iter__(self) -> SinkIterator:
         worker = get_worker_info()
         if worker is not None:
             msg = (
@@ -188,7 +188,7 @@ class KafkaBatchDataset(IterableDataset):
             # Resumed: the checkpoint holds the steps before its own. Their report may have been lost with
             # the trainer that took them, and the constructor may wait for it before writing the next.
             progress.holds(self._position.step - 1)
-        return _SinkIterator(self, self._reader, progress)
+        return SinkIterator(self, self._reader, progress)
 
     @property
     def peak_prefetch_bytes(self) -> int:
@@ -202,7 +202,7 @@ class KafkaBatchDataset(IterableDataset):
             self._reader = None
 
 
-class _SinkIterator(Iterator[MicroBatch]):
+class SinkIterator(Iterator[MicroBatch]):
     """One pass over the stream. It moves the dataset's position as it hands micro-batches out, and
     stops the reader when it ends, is closed, or is dropped."""
 

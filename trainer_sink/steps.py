@@ -10,7 +10,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
@@ -100,23 +100,24 @@ class RankTopicSteps:
                 message = next(messages, None)
                 if message is None:  # stopped
                     return
-                buffers[message.partition()].append(message)
+                buffers[cast(int, message.partition())].append(message)  # a record's partition is set
                 full = {p for p, held in buffers.items() if len(held) >= LANE_READ_AHEAD and p != due}
                 if pause := full - paused:
                     consumer.pause([TopicPartition(topic, p) for p in pause])
                     paused |= pause
             message = buffers[due].popleft()
-            where = {"topic": message.topic(), "partition": message.partition(), "offset": message.offset()}
             steps = _end_of_data(message)
             if steps is not None:
                 if problem := order.end(due, steps):
-                    raise DecodeError(problem, **where)
+                    raise DecodeError.of_record(problem, message)
                 continue
             batch = decode_batch_message(message)
             if batch.rank != self.rank:
-                raise DecodeError(f"the batch is for rank {batch.rank}, this reader is rank {self.rank}", **where)
+                raise DecodeError.of_record(
+                    f"the batch is for rank {batch.rank}, this reader is rank {self.rank}", message
+                )
             if problem := order.batch(due, batch.step):
-                raise DecodeError(f"{problem}: steps are missing or repeated", **where)
+                raise DecodeError.of_record(f"{problem}: steps are missing or repeated", message)
             self._check_shape(message, batch)
             last_step = self.last_step = batch.step
             yield StepBatch(batch, None)
@@ -129,12 +130,13 @@ class RankTopicSteps:
         waiting_since = last_log = time.monotonic()
         while not self._stopped.is_set():
             message = consumer.poll(POLL_S)
-            if message is not None and message.error() is None:
+            error = message.error() if message is not None else None
+            if message is not None and error is None:
                 yield message
                 waiting_since = last_log = time.monotonic()  # includes the time the trainer took to take it
                 continue
-            if message is not None:
-                self._check_error(message.error())
+            if error is not None:
+                self._check_error(error)
             if time.monotonic() - last_log > self.options.wait_log_interval_s:  # at a level training scripts show
                 log.warning("%s", self._waiting(consumer, time.monotonic() - waiting_since))
                 last_log = time.monotonic()
@@ -183,18 +185,17 @@ class RankTopicSteps:
         return step == due or (step == due - 1 and self.position.micro_batch == 0)
 
     def _check_step(self, message: Message, step: int, rank: int, last_step: int | None) -> None:
-        where = {"topic": message.topic(), "partition": message.partition(), "offset": message.offset()}
         if rank != self.rank:
-            raise DecodeError(f"the batch is for rank {rank}, this reader is rank {self.rank}", **where)
+            raise DecodeError.of_record(f"the batch is for rank {rank}, this reader is rank {self.rank}", message)
         if last_step is None and not self._first_step_allowed(step):
             msg = (
                 f"resuming at step {self.position.step} micro-batch {self.position.micro_batch} from offset "
                 f"{self.position.offset}, but the message there holds step {step}: the checkpoint does not "
                 "belong to this topic, or its records were deleted"
             )
-            raise DecodeError(msg, **where)
+            raise DecodeError.of_record(msg, message)
         if last_step is not None and step != last_step + 1:
-            raise DecodeError(f"step {step} follows step {last_step}: steps are missing or repeated", **where)
+            raise DecodeError.of_record(f"step {step} follows step {last_step}: steps are missing or repeated", message)
 
     def _check_shape(self, message: Message, batch: Batch) -> None:
         """A position in the middle of a step, carried over from another topic, needs the step to have the
@@ -215,7 +216,7 @@ class RankTopicSteps:
         expected = last_step + 1 if last_step is not None else self.position.step
         if expected is not None and steps != expected:
             msg = f"the job ended after {steps} steps, but the next step due here is {expected}"
-            raise DecodeError(msg, topic=message.topic(), partition=message.partition(), offset=message.offset())
+            raise DecodeError.of_record(msg, message)
 
 
 def _end_of_data(message: Message) -> int | None:
@@ -223,6 +224,4 @@ def _end_of_data(message: Message) -> int | None:
     try:
         return end_of_data_steps(message.headers())
     except ValueError as exc:
-        raise DecodeError(
-            str(exc), topic=message.topic(), partition=message.partition(), offset=message.offset()
-        ) from exc
+        raise DecodeError.of_record(str(exc), message) from exc
