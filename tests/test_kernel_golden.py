@@ -6,7 +6,8 @@ The inputs are seeded families (tie-heavy lengths among them: ties are where a s
 step shapes from 1 to 70 ranks, placements to start from, and runs of composed steps as the constructor
 makes them (deferred samples first in the next draw).
 
-    .venv/bin/python -m tests.test_kernel_golden --record   # only with the code the digests are from
+    .venv/bin/python -m tests.test_kernel_golden --record       # only with the code the digests are from
+    .venv/bin/python -m tests.test_kernel_golden --record-new   # cases not recorded yet, the others kept
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import pytest
 from pipeline.planning.mixing import DrawStatus, MixerState
 from pipeline.planning.mixing._compose_bins import pack_bins_kernel
 from pipeline.planning.mixing._compose_select import HoleFill, Longs, StepShape, build_groups
+from pipeline.planning.mixing._compose_types import StepMedia
 from pipeline.planning.mixing.compose import HEADROOM, compose_step
-from pipeline.planning.scheduler import CostModel, plan_lpt, plan_step
+from pipeline.planning.scheduler import CostModel, plan_lpt, plan_step, plan_with_media
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "kernels.json"
 
@@ -196,6 +198,121 @@ def _compose_run(index: int, seed: int, steps: int = 6) -> str:
     return _digest(np.frombuffer("".join(digests).encode(), np.uint8))
 
 
+def _patches(rng: np.random.Generator, n: int, budget: int) -> np.ndarray:
+    """Vision patches of ``n`` samples: text (none), images of a few sizes, and clips, often tied."""
+    kind = rng.choice(3, n, p=[0.5, 0.4, 0.1])
+    images = rng.choice([64, 256, 256, 1024, max(1, budget // 3)], n)
+    clips = rng.integers(max(1, budget // 4), max(2, budget), n)
+    return np.where(kind == 0, 0, np.where(kind == 1, images, clips)).astype(np.int64)
+
+
+def _media_start(
+    rng: np.random.Generator, lengths: np.ndarray, patches: np.ndarray, slots: int, shape: tuple
+) -> np.ndarray:
+    """A placement of some samples within both capacities of ``shape`` (tokens, patches or 0 for none)."""
+    capacity, patch_capacity = shape
+    start = np.full(len(lengths), -1, np.int64)
+    tokens, held = np.zeros(slots, np.int64), np.zeros(slots, np.int64)
+    for i in rng.permutation(len(lengths)):
+        slot = int(rng.integers(0, slots))
+        fits = tokens[slot] + lengths[i] <= capacity and (
+            patch_capacity == 0 or held[slot] + patches[i] <= patch_capacity
+        )
+        if rng.random() < 0.8 and fits:
+            start[i] = slot
+            tokens[slot] += lengths[i]
+            held[slot] += patches[i]
+    return start
+
+
+def _media_plan_case(seed: int) -> str:
+    """Multimodal steps: costs that do not follow length, patches under a budget (or none), the encoder's
+    part evened out or not, and placements to start from."""
+    rng = np.random.default_rng([5, seed])
+    ranks = int(rng.choice([1, 2, 3, 5, 8, 16, 33]))
+    micro = int(rng.choice([1, 2, 4]))
+    capacity = int(rng.choice([64, 1000, 4096]))
+    budget = int(rng.choice([0, 256, 1024, 4096]))
+    family = PLAN_FAMILIES[seed % len(PLAN_FAMILIES)]
+    fill = float(rng.choice([0.3, 1.0, 1.4, 3.0]))
+    n = max(1, int(fill * ranks * micro * capacity / max(capacity / 4, 1.0)))
+    lengths = _lengths(family, rng, min(n, 3000), capacity)
+    patches = _patches(rng, len(lengths), budget or 2048)
+    if budget:
+        patches = np.minimum(patches, budget)
+    cost_model = COST_MODELS[int(rng.integers(0, len(COST_MODELS)))]
+    encoder = patches * float(rng.choice([0.5, 3.0])) * (1 + (rng.random(len(lengths)) < 0.2))
+    costs = cost_model.costs(lengths) + encoder
+    tolerance = float(rng.choice([0.0, 0.001, 0.05]))
+    even = bool(rng.random() < 0.6)
+    start = _media_start(rng, lengths, patches, ranks * micro, (capacity, budget)) if rng.random() < 0.4 else None
+    common = {"costs": costs, "patches": patches, "patch_capacity": budget}
+    plan = plan_step(
+        lengths, ranks, micro, capacity, cost_model, tolerance=tolerance, start=start,
+        encoder_costs=encoder if even else None, **common,
+    )  # fmt: skip
+    lpt = plan_lpt(lengths, ranks, micro, capacity, cost_model, **common)
+    safe = plan_lpt(lengths, ranks, micro, capacity, cost_model, starvation_safe=True, **common)
+    return _digest(plan.rank, plan.micro, lpt.rank, lpt.micro, safe.rank, safe.micro)
+
+
+def _media_compose_run(index: int, seed: int, steps: int = 5) -> str:
+    """Composed multimodal steps as the constructor makes them (``StepMedia``, ``plan_with_media``)."""
+    families, shares, (ranks, micro, capacity) = COMPOSE_RUNS[index]
+    rng = np.random.default_rng([6, index, seed])
+    budget = int(rng.choice([0, capacity // 2, 2 * capacity]))
+    names = [f"s{k}" for k in range(len(families))]
+    weights = dict(zip(names, shares, strict=True))
+    cost_model = CostModel(alpha=3.0 / capacity, beta=1.0)
+    tokens = ranks * micro * capacity
+    fifo, fifo_patches = {}, {}
+    for s, family, share in zip(names, families, shares, strict=True):
+        chunks = [_lengths(family, rng, 256, capacity)]
+        while sum(int(c.sum()) for c in chunks) < share * (steps + 12) * tokens + 4 * capacity:
+            chunks.append(_lengths(family, rng, 256, capacity))
+        fifo[s] = np.concatenate(chunks)
+        fifo_patches[s] = _patches(rng, len(fifo[s]), budget or capacity)
+        if budget:
+            fifo_patches[s] = np.minimum(fifo_patches[s], budget)
+    deferred = {s: np.zeros(0, np.int64) for s in names}
+    deferred_patches = {s: np.zeros(0, np.int64) for s in names}
+    state = MixerState.initial(names)
+    goal = math.floor(tokens * (1 - HEADROOM))
+    digests = []
+    for _ in range(steps):
+        available, patches = {}, {}
+        for s, share in zip(names, shares, strict=True):
+            ahead = np.cumsum(fifo[s]) - fifo[s]
+            keep = ahead < 10 * share * goal + 2 * capacity
+            available[s], patches[s] = fifo[s][keep], fifo_patches[s][keep]
+        media = StepMedia(
+            patches, {s: 2.0 * p for s, p in patches.items()}, deferred_patches,
+            {s: 2.0 * p for s, p in deferred_patches.items()}, budget,
+        )  # fmt: skip
+        draw = compose_step(
+            state, weights, tokens, available, deferred, ranks=ranks, micro_batches=micro, capacity=capacity,
+            cost_model=cost_model, media=media,
+        )  # fmt: skip
+        assert draw.status is DrawStatus.OK
+        sources = [s for s in names for _ in range(len(draw.lengths[s]))]
+        lengths = np.concatenate([draw.lengths[s] for s in names])
+        step_patches, encoder = media.of_step(names, draw.take)
+        plan = plan_with_media(
+            lengths, (ranks, micro, capacity, budget), cost_model, draw.start_for(sources), step_patches, encoder
+        )
+        placement = None if draw.placement is None else np.concatenate([draw.placement[s] for s in names])
+        digests.append(_digest(*(draw.take[s] for s in names), lengths, placement, plan.rank, plan.micro))
+        codes = np.array([names.index(s) for s in sources], np.int64)
+        waiting = (codes[:, None] == np.arange(len(names))) & ~plan.placed_mask[:, None]
+        deferred = {s: lengths[waiting[:, k]] for k, s in enumerate(names)}
+        deferred_patches = {s: step_patches[waiting[:, k]] for k, s in enumerate(names)}
+        for s in names:
+            fifo[s] = np.delete(fifo[s], draw.take[s])
+            fifo_patches[s] = np.delete(fifo_patches[s], draw.take[s])
+        state = draw.settle(deferred)
+    return _digest(np.frombuffer("".join(digests).encode(), np.uint8))
+
+
 def cases() -> Iterator[tuple[str, Case]]:
     for seed in range(240):
         yield f"plan-{seed}", lambda seed=seed: _plan_case(seed)
@@ -206,20 +323,26 @@ def cases() -> Iterator[tuple[str, Case]]:
     for index in range(len(COMPOSE_RUNS)):
         for seed in range(2):
             yield f"compose-{index}-{seed}", lambda index=index, seed=seed: _compose_run(index, seed)
+    for seed in range(200):
+        yield f"mediaplan-{seed}", lambda seed=seed: _media_plan_case(seed)
+    for index in range(len(COMPOSE_RUNS)):
+        yield f"mediacompose-{index}-0", lambda index=index: _media_compose_run(index, 0)
 
 
 def _kind(name: str) -> str:
     return name.split("-")[0]
 
 
-@pytest.mark.parametrize("kind", ["plan", "groups", "bins", "compose"])
+@pytest.mark.parametrize("kind", ["plan", "groups", "bins", "compose", "mediaplan", "mediacompose"])
 def test_outputs_are_those_recorded(kind: str) -> None:
     recorded = json.loads(GOLDEN.read_text())
     differ = [name for name, case in cases() if _kind(name) == kind and case() != recorded[name]]
     assert not differ, f"{len(differ)} case(s) differ from the recorded outputs, first ones: {differ[:8]}"
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
+if __name__ == "__main__" and sys.argv[1:] in (["--record"], ["--record-new"]):
     GOLDEN.parent.mkdir(exist_ok=True)
-    GOLDEN.write_text(json.dumps(dict((name, case()) for name, case in cases()), indent=0, sort_keys=True) + "\n")
+    kept = json.loads(GOLDEN.read_text()) if sys.argv[1] == "--record-new" and GOLDEN.exists() else {}
+    recorded = {name: kept[name] if name in kept else case() for name, case in cases()}
+    GOLDEN.write_text(json.dumps(recorded, indent=0, sort_keys=True) + "\n")
     print(f"recorded {GOLDEN}")
