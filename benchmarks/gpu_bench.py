@@ -47,8 +47,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def record(job: str, rank: int, bootstrap: str, out: Path) -> None:
-    from topics.log_reader import read_to_end
-    from topics.names import JobTopics
+    from topics.formats.names import JobTopics
+    from topics.kafka.log_reader import read_to_end
 
     messages = read_to_end({"bootstrap.servers": bootstrap}, JobTopics(job).rank(rank))
     rows = [(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers()) for m in messages]

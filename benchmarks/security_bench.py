@@ -42,7 +42,7 @@ from benchmarks._table import add_markdown_flag, print_table
 from benchmarks.throughput_bench import SOURCES, Shape, steps_for, write_data, write_spec
 from pipeline.tools.stack.local_broker import LocalBroker, free_port_block
 from pipeline.tools.stack.secure import broker_security, ensure_secrets
-from topics.admin import delete_job_topics, ensure_job_topics
+from topics.kafka.admin import delete_job_topics, ensure_job_topics
 from trainer_sink import KafkaBatchDataset, ReadOptions
 
 STACKS = ("plaintext", "TLS + SCRAM")

@@ -42,10 +42,10 @@ import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from benchmarks._table import print_table
-from topics.admin import delete_job_topics, ensure_job_topics
-from topics.batch import Batch
-from topics.batch_codec import encode_batch, encode_end_of_data
-from topics.names import JobTopics
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import encode_batch, encode_end_of_data
+from topics.formats.names import JobTopics
+from topics.kafka.admin import delete_job_topics, ensure_job_topics
 from trainer_sink import KafkaBatchDataset, ReadOptions
 from trainer_sink.reader import CONSUMER_SETTINGS
 from trainer_sink.tensors import nbytes

@@ -22,8 +22,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.cli import main
-from pipeline.kafka.acl_admin import AclAdmin
-from pipeline.kafka.acls import (
+from pipeline.spec import load_spec
+from pipeline.tools.stack.scram_users import ensure_users
+from tests.loader_support import REPO, build_example_data, write_spec
+from tests.secure_stack import SecureStack
+from topics.errors import MixflowError
+from topics.formats.names import JobTopics
+from topics.kafka.acl_admin import AclAdmin
+from topics.kafka.acls import (
     EPHEMERAL_GROUP_PREFIX,
     Binding,
     Operation,
@@ -32,16 +38,10 @@ from pipeline.kafka.acls import (
     all_bindings,
     job_bindings,
 )
-from pipeline.kafka.clients import commit_or_abort, produce, transactional_producer
-from pipeline.spec import load_spec
-from pipeline.tools.stack.scram_users import ensure_users
-from tests.loader_support import REPO, build_example_data, write_spec
-from tests.secure_stack import SecureStack
-from topics.admin import ensure_job_topics, ensure_loader_topics, list_jobs
-from topics.authorization import AuthorizationError
-from topics.errors import MixflowError
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.kafka.admin import ensure_job_topics, ensure_loader_topics, list_jobs
+from topics.kafka.authorization import AuthorizationError
+from topics.kafka.clients import commit_or_abort, produce, transactional_producer
+from topics.kafka.log_reader import read_to_end
 from trainer_sink.dataset import KafkaBatchDataset
 from trainer_sink.read_options import ReadOptions
 

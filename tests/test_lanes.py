@@ -42,13 +42,13 @@ from tests.loader_support import (
     write_spec,
 )
 from tests.sink_support import random_batch
-from topics.admin import ensure_job_topics, job_layout
-from topics.batch import Batch
-from topics.batch_codec import encode_batch, encode_end_of_data, end_of_data_steps
 from topics.errors import MixflowError
-from topics.lanes import LaneOrder, first_step_at_or_after, step_lane, unit_partition
-from topics.log_reader import read_to_end
-from topics.names import JobTopics, TopicKind, parse_topic
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import encode_batch, encode_end_of_data, end_of_data_steps
+from topics.formats.lanes import LaneOrder, first_step_at_or_after, step_lane, unit_partition
+from topics.formats.names import JobTopics, TopicKind, parse_topic
+from topics.kafka.admin import ensure_job_topics, job_layout
+from topics.kafka.log_reader import read_to_end
 from trainer_sink import KafkaBatchDataset, ReadOptions
 from trainer_sink.tensors import micro_batch_tensors
 

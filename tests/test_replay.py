@@ -35,11 +35,11 @@ from pipeline.tools.replay import (
 from pipeline.tools.replay.plan import adopted
 from tests.replay_support import Lengths, construct, make_job, steps_of, write_replay_spec
 from tests.sink_support import random_batch
-from topics.batch import Batch
-from topics.batch_codec import encode_batch
 from topics.errors import MixflowError
-from topics.names import JobTopics
-from topics.sample import Sample
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import encode_batch
+from topics.formats.names import JobTopics
+from topics.formats.sample import Sample
 from trainer_sink import KafkaBatchDataset
 
 COST = CostModel(1.0, 100.0)

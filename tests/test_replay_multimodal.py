@@ -40,12 +40,12 @@ from tests.media_support import image_bytes, text_image
 from tests.replay_support import construct, steps_of
 from tests.sink_media_support import media_sample
 from tests.sink_support import random_batch
-from topics.admin import ensure_job_topics
-from topics.batch import Batch
-from topics.batch_codec import encode_batch
-from topics.names import JobTopics
-from topics.sample import Sample
-from topics.sample_codec import encode_sample
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import encode_batch
+from topics.formats.names import JobTopics
+from topics.formats.sample import Sample
+from topics.formats.sample_codec import encode_sample
+from topics.kafka.admin import ensure_job_topics
 from trainer_sink import KafkaBatchDataset, ReadOptions
 
 COST = CostModel(1.0, 100.0)

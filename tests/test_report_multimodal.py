@@ -34,8 +34,8 @@ from pipeline.tools.observe.vision_parts import PATCHES, EncoderWeighing
 from tests.loader_support import REPO
 from tests.media_support import image_bytes, text_image
 from tests.sink_media_support import media_sample
-from topics.batch import Batch
-from topics.sample import Sample
+from topics.formats.batch import Batch
+from topics.formats.sample import Sample
 
 SOURCES = ("vl", "text")
 LLM = CostModel(alpha=1.0, beta=100.0)

@@ -9,7 +9,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from connectors.storage import STORAGE_RETRY, StorageUnavailableError
 from connectors.storage.retry import TransientError
-from topics.retry import KAFKA_RETRY, KafkaUnavailableError, RetryPolicy, is_retriable, kafka_transient
+from topics.kafka.retry import KAFKA_RETRY, KafkaUnavailableError, is_retriable, kafka_transient
+from topics.retry import RetryPolicy
 
 
 def _policy(**changes: object) -> RetryPolicy:

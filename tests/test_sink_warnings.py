@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.sink_support import random_batch, write_steps
-from topics.batch_codec import decode_batch, encode_batch
+from topics.formats.batch_codec import decode_batch, encode_batch
 from trainer_sink import Layout, micro_batch_tensors
 
 REPO = Path(__file__).resolve().parent.parent

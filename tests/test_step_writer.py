@@ -10,16 +10,16 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from pipeline.kafka.clients import (
+from pipeline.kafka.role_protocol import TransactionalRole
+from pipeline.roles.constructor.writer import PreparedStep, Record, StepWriter
+from tests.kafka_support import create_topic, read_to_end
+from topics.kafka.clients import (
     KafkaConfig,
     ProducerFencedError,
     abort,
     read_committed_consumer,
     transactional_producer,
 )
-from pipeline.kafka.role_protocol import TransactionalRole
-from pipeline.roles.constructor.writer import PreparedStep, Record, StepWriter
-from tests.kafka_support import create_topic, read_to_end
 
 
 class AbortingRole(TransactionalRole):

@@ -40,12 +40,12 @@ from pipeline.tools.run.progress import _StepsWritten
 from tests.kafka_support import read_to_end
 from tests.loader_support import REPO, build_example_data, start_constructor, start_loader, wait_all, write_spec
 from tests.observe_support import SOURCES, steps
-from topics.admin import ensure_job_topics
-from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import MixflowError
-from topics.lanes import first_step_at_or_after
-from topics.names import JobTopics
-from topics.progress import encode_progress
+from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.lanes import first_step_at_or_after
+from topics.formats.names import JobTopics
+from topics.formats.progress import encode_progress
+from topics.kafka.admin import ensure_job_topics
 
 COST = CostModel(alpha=1.0, beta=100.0)
 WEIGHTS = np.array([0.5, 0.3, 0.2])

@@ -19,9 +19,9 @@ from pipeline.roles.constructor.lead import lead_allows, slowest_rank
 from pipeline.spec import load_spec
 from tests.replay_support import fill_sources, steps_of, write_replay_spec
 from topics.errors import DecodeError
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
-from topics.progress import decode_progress, encode_progress
+from topics.formats.names import JobTopics
+from topics.formats.progress import decode_progress, encode_progress
+from topics.kafka.log_reader import read_to_end
 from trainer_sink import KafkaBatchDataset, ReadOptions
 
 # -- pure parts ------------------------------------------------------------------------------------

@@ -21,11 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.sink_support import random_batch, write_sink_spec, write_steps
-from topics.batch import Batch
-from topics.batch_codec import encode_batch
 from topics.errors import DecodeError, MixflowError
-from topics.names import JobTopics
-from topics.packing import IGNORE_INDEX
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import encode_batch
+from topics.formats.names import JobTopics
+from topics.formats.packing import IGNORE_INDEX
 from trainer_sink import (
     KafkaBatchDataset,
     Layout,

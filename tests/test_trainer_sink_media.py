@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-import topics.media_packing
+import trainer_sink.vlm.qwen2_vl
 from tests.sink_media_support import media_sample
 from tests.sink_support import write_steps
-from topics.batch import Batch
 from topics.errors import DecodeError
+from topics.formats.batch import Batch
 from trainer_sink import KafkaBatchDataset, Layout, ReadOptions, micro_batch_tensors
 
 RANKS, MICRO_BATCHES, STEPS = 2, 2, 4
@@ -78,13 +78,13 @@ def test_each_micro_batch_carries_its_vision_inputs_decoded_off_the_trainers_thr
 ) -> None:
     job, batches = media_job
     decoding_threads: set[int] = set()
-    patchify = topics.media_packing.patchify
+    patchify = trainer_sink.vlm.qwen2_vl.patchify
 
     def noting_the_thread(*args, **kwargs):
         decoding_threads.add(threading.get_ident())
         return patchify(*args, **kwargs)
 
-    monkeypatch.setattr(topics.media_packing, "patchify", noting_the_thread)
+    monkeypatch.setattr(trainer_sink.vlm.qwen2_vl, "patchify", noting_the_thread)
     dataset = KafkaBatchDataset(
         job=job, bootstrap_servers=kafka_bootstrap, rank=1, read=ReadOptions(layout=layout, wait_timeout_s=30)
     )

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from pipeline.cli import main
 from tests.loader_support import REPO, write_spec
-from topics.admin import ensure_job_topics
+from topics.kafka.admin import ensure_job_topics
 
 NOT_FOUND, USAGE, REFUSED, UNREACHABLE, NO_ANSWER, INTERRUPTED = 4, 2, 5, 6, 7, 130
 
@@ -323,9 +323,9 @@ def test_the_sink_refuses_pixel_options_that_are_not_the_jobs_and_takes_the_jobs
     import yaml
 
     from topics.errors import MixflowError
-    from topics.media_packing import PixelOptions
     from trainer_sink import KafkaBatchDataset, ReadOptions
     from trainer_sink.config import SinkSource
+    from trainer_sink.vlm.qwen2_vl import PixelOptions
 
     body = {"job": "vl", "kafka": {"bootstrap_servers": _dead_servers()}, "step": {"ranks": 1}}
     body["sources"] = [{"name": "text"}, {"name": "pairs", "vision": {"image_token_id": 9, **vision}}]

@@ -6,6 +6,8 @@ from .read_options import ReadOptions as ReadOptions
 from .steps import SinkTimeoutError as SinkTimeoutError
 from .tensors import Layout as Layout
 from .tensors import MicroBatch as MicroBatch
-from .tensors import PixelOptions as PixelOptions
 from .tensors import block_causal_mask as block_causal_mask
 from .tensors import micro_batch_tensors as micro_batch_tensors
+from .vlm.qwen2_vl import PackedMedia as PackedMedia
+from .vlm.qwen2_vl import PixelOptions as PixelOptions
+from .vlm.qwen2_vl import pack_media as pack_media

@@ -14,9 +14,9 @@ import torch
 from prometheus_client import CollectorRegistry
 from torch.utils.data import IterableDataset, get_worker_info
 
-from topics.cluster_probe import require_rank_topic
 from topics.errors import MixflowError
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.cluster_probe import require_rank_topic
 from trainer_sink.config import SinkSource
 from trainer_sink.device import to_device
 from trainer_sink.metrics import SinkMetrics

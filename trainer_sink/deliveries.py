@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from topics.batch import Batch
 from topics.errors import DecodeError
+from topics.formats.batch import Batch
 from trainer_sink.position import SinkPosition
 from trainer_sink.read_options import ReadOptions
 from trainer_sink.tensors import MicroBatch, micro_batch_tensors, nbytes

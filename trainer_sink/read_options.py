@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topics.errors import MixflowError
-from topics.media_packing import PixelOptions
 from trainer_sink.tensors import Layout
+from trainer_sink.vlm.qwen2_vl import PixelOptions
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 
 from topics.errors import MixflowError
-from topics.renewing_consumer import RenewingConsumer
+from topics.kafka.renewing_consumer import RenewingConsumer
 from trainer_sink.buffer import ByteBoundedQueue, Closed
 from trainer_sink.deliveries import Delivery, EndOfData, due_deliveries
 from trainer_sink.position import SinkPosition

@@ -1,5 +1,5 @@
 """Where a rank's reader starts: how many lanes (partitions) its rank topic has, waiting for a topic not
-created yet, and in each partition the offset of the position's step (``topics/step_index.py``)."""
+created yet, and in each partition the offset of the position's step (``topics/kafka/step_index.py``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer
 
 from topics.errors import MixflowError
-from topics.lanes import first_step_at_or_after
-from topics.step_index import locate_step
+from topics.formats.lanes import first_step_at_or_after
+from topics.kafka.step_index import locate_step
 from trainer_sink.position import SinkPosition
 from trainer_sink.read_options import ReadOptions
 from trainer_sink.steps import POLL_S, SinkTimeoutError
@@ -68,7 +68,7 @@ def _lane_offsets(kafka_config: Mapping[str, Any], position: SinkPosition, lanes
 
 def _start_offset(kafka_config: Mapping[str, Any], position: SinkPosition) -> int:
     """Where reading starts: the position's offset, or for a position carried over from another topic the
-    record of its step, found by step number (see ``topics.step_index``)."""
+    record of its step, found by step number (see ``topics.kafka.step_index``)."""
     topic, step = position.topic, position.step
     if position.offset is not None or step is None:
         return OFFSET_BEGINNING if position.offset is None else position.offset

@@ -1,7 +1,7 @@
 """A rank topic's records as the steps a reader hands over: polled (waiting, and saying so, while the
 constructor is behind, up to the wait timeout), decoded, checked against the position and each other, and
 on a topic of several constructor lanes taken from the partitions in step order (step ``k`` from partition
-``k mod lanes``, ``topics/lanes.py``)."""
+``k mod lanes``, ``topics/formats/lanes.py``)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from typing import Any, NamedTuple, cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from topics.authorization import raise_if_read_refused
-from topics.batch import Batch
-from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import DecodeError, MixflowError
-from topics.lanes import LaneOrder
-from topics.renewing_consumer import RenewingConsumer
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.lanes import LaneOrder
+from topics.kafka.authorization import raise_if_read_refused
+from topics.kafka.renewing_consumer import RenewingConsumer
 from trainer_sink.deliveries import EndOfData
 from trainer_sink.position import SinkPosition
 from trainer_sink.read_options import ReadOptions

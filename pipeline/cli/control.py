@@ -11,7 +11,6 @@ from pathlib import Path
 
 from pipeline.cli.arguments import job_name, non_negative_float, non_negative_int
 from pipeline.cli.command import Command
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.kafka.control import (
     change_answer,
     first_changeable_step,
@@ -23,9 +22,10 @@ from pipeline.kafka.control import (
 from pipeline.kafka.state_topic import read_lane_states
 from pipeline.planning.mixing import MixtureChange, refusal
 from pipeline.spec import load_spec
-from topics.cluster_probe import job_on_cluster
 from topics.errors import NoAnswerError, NotFoundError, RefusedError
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.cluster_probe import job_on_cluster
 
 SAY_EVERY_S = 5.0
 

@@ -12,14 +12,14 @@ from functools import cached_property
 
 from confluent_kafka import Message
 
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.planning.step.spec_change import StepShape
 from pipeline.planning.step.state import ConstructorState
-from topics.admin import bootstrap_servers, topic_exists
-from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import DecodeError, NotFoundError
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.names import JobTopics
+from topics.kafka.admin import bootstrap_servers, topic_exists
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.log_reader import read_to_end
 
 # Offsets at the end of the state topic that hold its last record (each step adds a record and a
 # transaction marker; aborted attempts add a few more).

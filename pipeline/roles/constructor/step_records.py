@@ -11,9 +11,9 @@ from confluent_kafka import TopicPartition
 from pipeline.planning.step.assemble import AssembledStep
 from pipeline.planning.step.state import ConstructorState
 from pipeline.roles.constructor.writer import PreparedStep, Record
-from topics.batch_codec import batch_key, encode_batch, encode_end_of_data
-from topics.dead_letter import DeadLetter, encode_dead_letter
-from topics.names import JobTopics
+from topics.formats.batch_codec import batch_key, encode_batch, encode_end_of_data
+from topics.formats.dead_letter import DeadLetter, encode_dead_letter
+from topics.formats.names import JobTopics
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 from confluent_kafka import Producer, TopicPartition
 
-from pipeline.kafka.clients import GroupConsumer, commit_or_abort, produce
 from pipeline.kafka.role_protocol import TransactionalRole
+from topics.kafka.clients import GroupConsumer, commit_or_abort, produce
 
 
 class Record(NamedTuple):

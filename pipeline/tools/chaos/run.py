@@ -23,7 +23,6 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.spec import JobSpec, load_spec
 from pipeline.tools.chaos.audit import audit_job
 from pipeline.tools.chaos.object_store import ChaosObjectStore
@@ -34,8 +33,9 @@ from pipeline.tools.chaos.secured import RunPrincipals, grant_job_acls, secured_
 from pipeline.tools.chaos.sink_state import checkpoint_steps
 from pipeline.tools.chaos.watch import Lease, LeaseWatch, StateWatch
 from pipeline.tools.stack.local_broker import LocalBroker, default_state_dir, free_port_block, free_port_pair
-from topics.admin import ensure_job_topics
 from topics.errors import MixflowError, RefusedError
+from topics.kafka.admin import ensure_job_topics
+from topics.kafka.clients import KafkaConfig
 
 log = logging.getLogger(__name__)
 

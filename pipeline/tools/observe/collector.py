@@ -11,7 +11,6 @@ import numpy as np
 from confluent_kafka import KafkaException, Message
 from confluent_kafka.admin import AdminClient
 
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.kafka.state_topic import STATE_TAIL, decode_state
 from pipeline.metrics.endpoints import Endpoint
 from pipeline.planning.mixing import Schedule
@@ -24,12 +23,13 @@ from pipeline.tools.observe.lanes import LaneStates
 from pipeline.tools.observe.offsets import OffsetProbe
 from pipeline.tools.observe.tally import StepTally
 from pipeline.tools.observe.vision_parts import EncoderWeighing
-from topics.batch_codec import decode_batch_message, end_of_data_steps
-from topics.dead_letter import decode_dead_letter_message
 from topics.errors import DecodeError
-from topics.names import JobTopics
-from topics.progress import decode_progress
-from topics.sample_codec import decode_sample_message
+from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.dead_letter import decode_dead_letter_message
+from topics.formats.names import JobTopics
+from topics.formats.progress import decode_progress
+from topics.formats.sample_codec import decode_sample_message
+from topics.kafka.clients import KafkaConfig
 
 # The latest samples of a source whose mean length turns its record rate into a token rate.
 LENGTH_SAMPLE = 64

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.kafka.state_topic import StateRecord, first_per_step, read_state_records
 from pipeline.planning.mixing import Schedule
 from pipeline.planning.mixing.changes import MixtureTimeline
@@ -23,7 +22,8 @@ from pipeline.tools.observe.rank_topics import read_steps
 from pipeline.tools.observe.step_stats import StepStats, step_stats
 from pipeline.tools.observe.vision_parts import EncoderWeighing
 from topics.errors import MixflowError
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig
 
 # Backlog points looked up by time (one broker round trip per point); more steps are sub-sampled.
 MAX_BACKLOG_POINTS = 200

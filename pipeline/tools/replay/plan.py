@@ -16,7 +16,7 @@ from pipeline.planning.step.spec_change import StepShape
 from pipeline.planning.step.state import ConstructorState
 from pipeline.tools.replay.reshape import default_micro_batches
 from topics.errors import MixflowError, RefusedError
-from topics.names import validate_job_name
+from topics.formats.names import validate_job_name
 
 
 class ReplayMode(StrEnum):

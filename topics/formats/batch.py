@@ -1,7 +1,7 @@
 """One rank's share of one training step: the packed samples the constructor writes to ``<job>.rank.<r>``.
 
 A ``Batch`` holds an Arrow record batch with one row per sample, ordered by micro-batch, and checks
-its invariants when it is made (see ``Batch.__post_init__``). ``topics.batch_codec`` turns it into a
+its invariants when it is made (see ``Batch.__post_init__``). ``topics.formats.batch_codec`` turns it into a
 Kafka message and back; FORMAT.md describes the bytes.
 """
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from topics.media import MediaItem
-from topics.media_checks import check_media
-from topics.media_column import MEDIA_FIELD, MediaTable, media_column
-from topics.sample import Sample
+from topics.formats.media import MediaItem
+from topics.formats.media_checks import check_media
+from topics.formats.media_column import MEDIA_FIELD, MediaTable, media_column
+from topics.formats.sample import Sample
 
 BATCH_SCHEMA = pa.schema(
     [
@@ -30,7 +30,7 @@ BATCH_SCHEMA = pa.schema(
 """The columns every batch has, in this order. Readers ignore columns after these."""
 
 MEDIA_BATCH_SCHEMA = BATCH_SCHEMA.append(MEDIA_FIELD)
-"""The columns of every batch of a job with media: the four, then ``media`` (``topics.media_column``)."""
+"""The columns of every batch of a job with media: the four, then ``media`` (``topics.formats.media_column``)."""
 
 CHECK_TRUSTED_ENV = "MIXFLOW_CHECK_TRUSTED_BATCHES"
 """Set to 1 to check batches made with ``trusted=True`` as fully as any other (tests set it)."""
@@ -50,7 +50,7 @@ class Batch:
     ``records`` has the columns of ``BATCH_SCHEMA``: row ``i`` is one sample, in micro-batch
     ``micro_batch[i]`` (``0 <= micro_batch < micro_batches``, non-decreasing down the rows), and no
     micro-batch holds more than ``capacity`` tokens. A batch of a job with media has the ``media`` column
-    too (``MEDIA_BATCH_SCHEMA``; ``topics.media_checks`` says what it must satisfy), and with
+    too (``MEDIA_BATCH_SCHEMA``; ``topics.formats.media_checks`` says what it must satisfy), and with
     ``patches_per_micro_batch`` no micro-batch holds more vision patches. Making a Batch that breaks these
     raises ``ValueError``.
     """

@@ -7,7 +7,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from topics.admin_client import DEFAULT_TIMEOUT_S, DeadlineAdmin
+from topics.kafka.admin_client import DEFAULT_TIMEOUT_S, DeadlineAdmin
 
 
 def job_groups(

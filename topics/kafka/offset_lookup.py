@@ -20,8 +20,8 @@ from typing import Any, Literal, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from topics.librdkafka_log import logged
-from topics.retry import is_retriable
+from topics.kafka.librdkafka_log import logged
+from topics.kafka.retry import is_retriable
 
 log = logging.getLogger("mixflow.kafka")
 

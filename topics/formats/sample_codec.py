@@ -23,10 +23,10 @@ import numpy as np
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from topics._headers import Headers, find_header
 from topics.errors import DecodeError
-from topics.media import INT_FIELDS, MediaItem
-from topics.sample import Sample
+from topics.formats.headers import Headers, find_header
+from topics.formats.media import INT_FIELDS, MediaItem
+from topics.formats.sample import Sample
 
 SCHEMA_HEADER = "mixflow.schema"
 """Kafka header holding the writer schema's 8-byte CRC-64-AVRO fingerprint."""
@@ -37,7 +37,7 @@ _WIRE_IS_NATIVE = np.little_endian  # "<i4" is the native int32: tokens are a vi
 
 
 def _load_schema(name: str) -> tuple[dict[str, Any], bytes]:
-    text = resources.files("topics").joinpath(name).read_text(encoding="utf-8")
+    text = resources.files("topics.formats").joinpath(name).read_text(encoding="utf-8")
     parsed = cast(dict[str, Any], parse_schema(json.loads(text)))  # a record schema parses to a dict
     # fastavro gives the fingerprint's bytes in little-endian order, as Avro's Java implementation does.
     return parsed, bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))

@@ -16,11 +16,11 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from topics._headers import find_header, parse_decimal
-from topics.batch_codec import STEP_KEY, end_of_data_steps
 from topics.errors import DecodeError
-from topics.librdkafka_log import logged
-from topics.offset_lookup import OffsetLookup
+from topics.formats.batch_codec import STEP_KEY, end_of_data_steps
+from topics.formats.headers import find_header, parse_decimal
+from topics.kafka.librdkafka_log import logged
+from topics.kafka.offset_lookup import OffsetLookup
 
 PROBE_TIMEOUT_S = 30.0
 

@@ -4,7 +4,7 @@ sink starts its work, so that a wrong address, job name or rank is said at once 
 librdkafka logs every failed connection attempt (a ``FAIL`` line every few hundred milliseconds while no
 broker answers); the probe counts those lines instead of printing them, and its error says how many there
 were and gives the last error. A secured cluster's refusal (authentication, or a TLS handshake the client
-cannot complete) is said as such: which listener, and what is wrong (``topics/client_refusals.py``).
+cannot complete) is said as such: which listener, and what is wrong (``topics/kafka/client_refusals.py``).
 The probe is a consumer that joins nothing: asking it about a topic that does not exist never creates one,
 whatever the brokers' ``auto.create.topics.enable``."""
 
@@ -20,12 +20,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
-from topics.admin_client import bootstrap_servers, client_config
-from topics.authorization import is_authorization_error, refused
-from topics.client_refusals import certificate_problem, is_certificate_refusal, listener_of, refusal
 from topics.errors import BrokerUnreachableError, MixflowError, NotFoundError, SecurityRefusedError
-from topics.librdkafka_log import is_benign
-from topics.names import JobTopics, TopicKind, parse_topic
+from topics.formats.names import JobTopics, TopicKind, parse_topic
+from topics.kafka.admin_client import bootstrap_servers, client_config
+from topics.kafka.authorization import is_authorization_error, refused
+from topics.kafka.client_refusals import certificate_problem, is_certificate_refusal, listener_of, refusal
+from topics.kafka.librdkafka_log import is_benign
 
 DEFAULT_TIMEOUT_S = 15.0
 GIVE_UP_AFTER_S = 2.0

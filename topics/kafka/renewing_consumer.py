@@ -1,5 +1,5 @@
 """A consumer of assigned partitions that replaces its librdkafka client when fetching stalls
-(``topics.fetch_stall``): the new client is assigned where the old one stood, so nothing is skipped or
+(``topics.kafka.fetch_stall``): the new client is assigned where the old one stood, so nothing is skipped or
 read twice."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.admin import ClusterMetadata
 
-from topics.fetch_stall import STALL_AFTER_S, FetchStallWatch, is_end_of_partition
-from topics.librdkafka_log import logged
-from topics.offset_lookup import OffsetLookup
+from topics.kafka.fetch_stall import STALL_AFTER_S, FetchStallWatch, is_end_of_partition
+from topics.kafka.librdkafka_log import logged
+from topics.kafka.offset_lookup import OffsetLookup
 
 log = logging.getLogger("mixflow.kafka")
 
@@ -79,7 +79,7 @@ class RenewingConsumer:
         return self._client.position(partitions)
 
     def get_watermark_offsets(self, partition: TopicPartition, timeout: float = 10.0) -> tuple[int, int]:
-        """Asked on a client of its own (``topics.offset_lookup``), which is replaced when it goes stale too."""
+        """Asked on a client of its own (``topics.kafka.offset_lookup``), which is replaced when it goes stale too."""
         return self._watch.ends.watermarks(partition, timeout)
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:

@@ -24,7 +24,7 @@ from dataclasses import MISSING, dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from topics.errors import DecodeError
-from topics.validation import describe_errors
+from topics.formats.validation import describe_errors
 
 if TYPE_CHECKING:
     from pydantic import GetCoreSchemaHandler, TypeAdapter

@@ -1,4 +1,4 @@
-"""The ``media`` column of a batch: each sample's images and clips (``topics.media.MediaItem``) in Arrow.
+"""The ``media`` column of a batch: each sample's images and clips (``topics.formats.media.MediaItem``) in Arrow.
 
 ``MEDIA_FIELD`` is ``list<struct<kind, grid_t, grid_h, grid_w, merge_size, temporal_patch_size, height, width,
 token_offset, encoding, frames: list<binary>>>``, one list per row, nothing nullable (FORMAT.md). ``media_column``
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from topics.media import CHANNELS, INT_FIELDS, MediaItem
+from topics.formats.media import CHANNELS, INT_FIELDS, MediaItem
 
 FRAMES_TYPE = pa.list_(pa.field("item", pa.binary(), nullable=False))
 MEDIA_ITEM_TYPE = pa.struct(

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from topics.media import MediaItem
+from topics.formats.media import MediaItem
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,8 @@
-"""Per micro-batch vision inputs of a batch with media, in the layout Qwen2-VL takes them (numpy only).
+"""Qwen2-VL's conventions, as the sink lays a batch's media out for it: per micro-batch vision inputs in the
+layout Qwen2-VL takes them, and its 3-D rotary positions (M-RoPE); numpy only. Another VLM family's layout is
+a module of its own beside this one.
 
-``pack_media`` gives, next to ``topics.packing.pack_micro_batches``' arrays, each micro-batch's images and
+``pack_media`` gives, next to ``topics.formats.packing.pack_micro_batches``' arrays, each micro-batch's images and
 clips as the vision encoder's patches and the positions of their placeholder tokens:
 
 - ``pixel_values`` float32 [image patches, 3 * temporal_patch_size * patch_size**2]: every image of the
@@ -15,7 +17,7 @@ clips as the vision encoder's patches and the positions of their placeholder tok
   each item (``h * w`` patches each), as Qwen2-VL's vision transformer builds them from the grids.
 - ``mm_token_type_ids`` int32 [T]: 0 on text, 1 on an image's placeholder tokens, 2 on a clip's
   (transformers' ``mm_token_type_ids``).
-- ``mrope_position_ids`` int32 [3, T]: the 3-D rotary positions of each sample alone (``topics.mrope``).
+- ``mrope_position_ids`` int32 [3, T]: the 3-D rotary positions of each sample alone (``mrope_positions``).
 """
 
 from __future__ import annotations
@@ -26,12 +28,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from topics.batch import Batch
 from topics.errors import MixflowError
-from topics.media import CHANNELS
-from topics.media_column import MediaTable
-from topics.media_pixels import frames_array
-from topics.mrope import mrope_positions
+from topics.formats.batch import Batch
+from topics.formats.media import CHANNELS
+from topics.formats.media_column import MediaTable
+from topics.formats.media_pixels import frames_array
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -188,3 +189,43 @@ def patchify(frames: np.ndarray, merge_size: int, options: PixelOptions, out: np
     if frames_per_patch < tp:
         target[..., frames_per_patch:, :, :] = target[..., :frames_per_patch, :, :]
     return out
+
+
+# -- M-RoPE ----------------------------------------------------------------------------------------
+
+
+def mrope_positions(offsets: np.ndarray, media: MediaTable) -> np.ndarray:
+    """int32 [3, total tokens]: each sample's 3-D rotary positions, restarting at every sample, as
+    ``get_rope_index`` of transformers 5.x's ``Qwen2VLModel`` computes them for each sample alone. ``offsets``
+    int64 [samples + 1] into the batch's tokens; ``media`` the batch's items, in placeholder order within a row.
+
+    Within a sample, text tokens count up from 0 on all three rows. An image or clip whose placeholders start
+    where the count stands at ``s`` gives its ``t x h x w`` placeholders (the merged grid: ``grid_t``,
+    ``grid_h / merge_size``, ``grid_w / merge_size``, row-major) the positions ``(s + t_i, s + h_i, s + w_i)``,
+    and the text after it resumes at ``s + max(h, w)``, as that ``get_rope_index`` does (an earlier release
+    resumed at ``s + max(t, h, w)``: they differ only for a clip of more merged frames than rows and columns)."""
+    total = int(offsets[-1])
+    lengths = np.diff(offsets)
+    local = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], lengths)
+    if not len(media):
+        return np.broadcast_to(local.astype(np.int32), (3, total)).copy()
+    merge = media.ints["merge_size"]
+    grid_h, grid_w = media.ints["grid_h"] // merge, media.ints["grid_w"] // merge
+    count = media.tokens
+    first = offsets[media.row] + media.ints["token_offset"]
+    # Each block moves the positions after it by span - count, up to the end of its sample.
+    shrink = count - np.maximum(grid_h, grid_w)
+    change = np.zeros(total + 1, np.int64)
+    np.add.at(change, first + count, -shrink)
+    np.add.at(change, offsets[media.row + 1], shrink)
+    shift = np.cumsum(change[:-1])
+    out = np.broadcast_to(local + shift, (3, total)).copy()
+    start = local[first] + shift[first]  # where the count stands at each block
+    q = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    width, plane = np.repeat(grid_w, count), np.repeat(grid_h * grid_w, count)
+    base = np.repeat(start, count)
+    where = np.repeat(first, count) + q
+    out[0, where] = base + q // plane
+    out[1, where] = base + (q % plane) // width
+    out[2, where] = base + q % width
+    return out.astype(np.int32)

@@ -8,9 +8,9 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from topics._headers import Headers, find_header
 from topics.errors import DecodeError
-from topics.json_record import encode, json_field, json_record, validate
+from topics.formats.headers import Headers, find_header
+from topics.formats.json_record import encode, json_field, json_record, validate
 
 DEAD_LETTER_VERSION = 1
 """Bump on any change that a reader of the previous version would misread."""
@@ -51,7 +51,7 @@ class DeadLetter:
     or a topic, partition and offset. ``payload`` holds the raw bytes when there are any worth keeping.
     ``error_type`` is the qualified name of the exception that rejected the record, if one did.
 
-    The JSON value on ``<job>.dlq`` (FORMAT.md, ``topics.json_record``) is ``{"version":1,"source":...,
+    The JSON value on ``<job>.dlq`` (FORMAT.md, ``topics.formats.json_record``) is ``{"version":1,"source":...,
     "location":...,"reason":...,"error_type":...,"payload":<base64>}``: strings, the last two may be null
     or absent; fields it does not know are ignored."""
 

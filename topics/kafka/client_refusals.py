@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from cryptography.exceptions import InvalidSignature
 
 from topics.errors import MixflowError
-from topics.kafka_settings import certificate_principal, client_certificate
+from topics.kafka.settings import certificate_principal, client_certificate
 
 if TYPE_CHECKING:
     from cryptography import x509

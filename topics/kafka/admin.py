@@ -6,8 +6,9 @@ bootstrap servers, never a hang. Topics go to the cluster in batches of at most 
 a job of 10,240 ranks has over 10,000 topics, and one request for all of them would hold the controller
 (and the call's single deadline) for as long as the whole lot takes.
 
-What a job's topics are is ``topics/topic_layout.py``; the client with its deadline ``topics/admin_client.py``;
-the job's consumer groups ``topics/group_admin.py``. Their public names are importable from here as well.
+What a job's topics are is ``topics/formats/topic_layout.py``; the client with its deadline
+``topics/kafka/admin_client.py``; the job's consumer groups ``topics/kafka/group_admin.py``. Their public names
+are importable from here as well.
 """
 
 from __future__ import annotations
@@ -20,20 +21,9 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import NewTopic
 
-from topics.admin_client import (
-    DEFAULT_BATCH_TOPICS,
-    DEFAULT_TIMEOUT_S,
-    DeadlineAdmin,
-    batched,
-    bootstrap_servers,
-    client_config,
-    error_code,
-)
-from topics.authorization import refused as refusal
 from topics.errors import MixflowError, TopicLayoutError
-from topics.group_admin import delete_groups, job_groups
-from topics.names import JobTopics, parse_topic
-from topics.topic_layout import (
+from topics.formats.names import JobTopics, parse_topic
+from topics.formats.topic_layout import (
     DEFAULT_WORK_PARTITIONS,
     LARGE_MESSAGE_BYTES,
     MAX_DEFAULT_REPLICATION_FACTOR,
@@ -43,6 +33,17 @@ from topics.topic_layout import (
     min_insync_replicas,
     replicated_config,
 )
+from topics.kafka.admin_client import (
+    DEFAULT_BATCH_TOPICS,
+    DEFAULT_TIMEOUT_S,
+    DeadlineAdmin,
+    batched,
+    bootstrap_servers,
+    client_config,
+    error_code,
+)
+from topics.kafka.authorization import refused as refusal
+from topics.kafka.group_admin import delete_groups, job_groups
 
 log = logging.getLogger("mixflow.kafka")
 

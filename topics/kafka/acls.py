@@ -1,7 +1,7 @@
 """The Kafka ACLs a job's roles need, and no more: computed from the spec, pure (no Kafka client).
 
 Each role runs as the principal of its ``kafka.principals`` entry (``User:<sasl.username>``, or on an mTLS
-listener its client certificate's ``User:<CN>``; see ``topics.kafka_settings``). Its bindings allow, on the
+listener its client certificate's ``User:<CN>``; see ``topics.kafka.settings``). Its bindings allow, on the
 job's resources only:
 
 - a source's loader: write ``<job>.src.<source>``, read and write ``<job>.work.<source>`` (the planner
@@ -34,9 +34,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from topics.authorization import EPHEMERAL_GROUP_PREFIX
-from topics.kafka_settings import SOURCE_LOADER_PREFIX, settings_principal
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.authorization import EPHEMERAL_GROUP_PREFIX
+from topics.kafka.settings import SOURCE_LOADER_PREFIX, settings_principal
 
 
 class Resource(StrEnum):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from topics.media_column import MediaTable
+from topics.formats.media_column import MediaTable
 
 MAX_ITEM_PATCHES = 2**40
 """Far above any image or clip (a 16k x 16k image at patch 14 has 1.3 M); keeps every sum exact in int64."""

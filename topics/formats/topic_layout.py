@@ -1,12 +1,12 @@
 """What topics a job needs: their names, partition counts and topic configs, and how many replicas they get.
-Pure: no Kafka client (``topics/admin.py`` creates and checks them)."""
+Pure: no Kafka client (``topics/kafka/admin.py`` creates and checks them)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from topics.names import JobTopics, TopicKind, parse_topic
+from topics.formats.names import JobTopics, TopicKind, parse_topic
 
 DEFAULT_WORK_PARTITIONS = 8
 LARGE_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -53,7 +53,7 @@ def job_layout(
 ) -> list[TopicSpec]:
     """The topics a job needs, in the order of ``JobTopics.all``; ``extra_config`` goes on every topic.
     ``lanes`` (the spec's ``constructor.lanes``) is the partition count of the source, rank and state
-    topics: constructor lane ``j`` reads and writes their partition ``j`` (``topics/lanes.py``)."""
+    topics: constructor lane ``j`` reads and writes their partition ``j`` (``topics/formats/lanes.py``)."""
     if isinstance(work_partitions, bool) or not isinstance(work_partitions, int) or work_partitions < 1:
         msg = f"work_partitions must be a positive int, not {work_partitions!r}"
         raise ValueError(msg)

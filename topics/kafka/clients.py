@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from topics.authorization import AUTHORIZATION_FAILED, is_authorization_error, refused, topics_without
 from topics.errors import MixflowError
-from topics.librdkafka_log import logged
-from topics.renewing_consumer import RenewingConsumer
-from topics.retry import KAFKA_RETRY, KafkaUnavailableError
+from topics.kafka.authorization import AUTHORIZATION_FAILED, is_authorization_error, refused, topics_without
+from topics.kafka.librdkafka_log import logged
+from topics.kafka.renewing_consumer import RenewingConsumer
+from topics.kafka.retry import KAFKA_RETRY, KafkaUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def read_committed_consumer(base: KafkaConfig, group_id: str, **overrides: Any) 
 
 def read_committed_settings(base: KafkaConfig, group_id: str, **overrides: Any) -> dict[str, Any]:
     return {
-        **logged(base),  # librdkafka's lines less its known-benign ones (topics/librdkafka_log.py)
+        **logged(base),  # librdkafka's lines less its known-benign ones (topics/kafka/librdkafka_log.py)
         "group.id": group_id,
         # Offsets are committed inside the producer's transactions, never on their own.
         "enable.auto.commit": False,
@@ -141,7 +141,7 @@ def produce(producer: Producer, topic: str, value: bytes, **kwargs: Any) -> None
 
 
 def retry_retriable(call: Callable[[], T], what: str, timeout_s: float = 60.0) -> T:
-    """``call()`` under the roles' retry policy (``topics.retry``), with a deadline of ``timeout_s``."""
+    """``call()`` under the roles' retry policy (``topics.kafka.retry``), with a deadline of ``timeout_s``."""
     return replace(KAFKA_RETRY, deadline_s=timeout_s).call(call, what)
 
 

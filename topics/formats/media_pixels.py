@@ -7,7 +7,7 @@ import io
 import numpy as np
 
 from topics.errors import DecodeError
-from topics.media import CHANNELS, MediaItem, PixelEncoding
+from topics.formats.media import CHANNELS, MediaItem, PixelEncoding
 
 
 def encode_frames(frames: np.ndarray, encoding: PixelEncoding, *, jpeg_quality: int = 90) -> tuple[bytes, ...]:

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, ResourceType
 
-from topics.authorization import is_authorization_error, refused
 from topics.errors import BrokerUnreachableError, MixflowError
+from topics.kafka.authorization import is_authorization_error, refused
 
 DEFAULT_TIMEOUT_S = 15.0
 # Topics a request: small enough that a batch is answered well within the timeout on a loaded broker.
@@ -27,7 +27,7 @@ _UNREACHED = frozenset(
 )
 T = TypeVar("T")
 Refusal = tuple[str, str, str, str]
-"""How a refusal is said (``topics.authorization.refused``): the operation, the kind of resource, its name, and
+"""How a refusal is said (``topics.kafka.authorization.refused``): the operation, the kind of resource, its name, and
 what was being done."""
 
 

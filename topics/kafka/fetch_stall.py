@@ -16,7 +16,7 @@ from typing import cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from topics.offset_lookup import OffsetLookup
+from topics.kafka.offset_lookup import OffsetLookup
 
 STALL_AFTER_S = 15.0
 # A caller that stopped consuming for this long (it had other work) did not wait on its partitions then:

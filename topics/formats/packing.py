@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from topics.batch import Batch
+from topics.formats.batch import Batch
 
 IGNORE_INDEX = -100
 """The label of a token whose next token belongs to another sample (PyTorch's cross-entropy default)."""

@@ -16,9 +16,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from topics._headers import Headers, decimal, find_header, parse_decimal
-from topics.batch import Batch
 from topics.errors import DecodeError
+from topics.formats.batch import Batch
+from topics.formats.headers import Headers, decimal, find_header, parse_decimal
 
 BATCH_FORMAT_VERSION = 1
 """Bump on any change that a reader of the previous version would misread; see FORMAT.md."""

@@ -1,4 +1,4 @@
-"""Applying a job's ACLs (``pipeline.kafka.acls``) with the admin client: create, list, delete. A principal not
+"""Applying a job's ACLs (``topics.kafka.acls``) with the admin client: create, list, delete. A principal not
 allowed to change ACLs (``ALTER`` on the cluster: a super user's right) is refused in one line naming it, the
 operation and what it asked for (``AuthorizationError``, exit 5), never with Kafka's own message (a dump of
 its request object)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
@@ -20,10 +20,10 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from pipeline.kafka.acls import Binding, Operation, Pattern, Resource
-from topics.authorization import is_authorization_error, refused_on_cluster
-from topics.cluster_probe import cluster_topics
 from topics.errors import MixflowError
+from topics.kafka.acls import Binding, Operation, Pattern, Resource
+from topics.kafka.authorization import is_authorization_error, refused_on_cluster
+from topics.kafka.cluster_probe import cluster_topics
 
 TIMEOUT_S = 30.0
 
@@ -56,8 +56,15 @@ def _exact_filter(binding: Binding) -> AclBindingFilter:
 
 
 def _principal_filter(principal: str) -> AclBindingFilter:
+    # None matches any name and any host (confluent_kafka's documentation; its type stub says str).
     return AclBindingFilter(
-        ResourceType.ANY, None, ResourcePatternType.ANY, principal, None, AclOperation.ANY, AclPermissionType.ANY
+        ResourceType.ANY,
+        None,  # type: ignore[arg-type]
+        ResourcePatternType.ANY,
+        principal,
+        None,  # type: ignore[arg-type]
+        AclOperation.ANY,
+        AclPermissionType.ANY,
     )
 
 
@@ -67,17 +74,15 @@ def _mixflow_binding(acl: AclBinding) -> Binding | None:
     resources = {v: k for k, v in _RESOURCES.items()}
     patterns = {v: k for k, v in _PATTERNS.items()}
     operations = {v: k for k, v in _OPERATIONS.items()}
+    # A binding the cluster lists has its type, pattern and operation as enums (a filter's may be names).
+    restype = cast(ResourceType, acl.restype)
+    pattern = cast(ResourcePatternType, acl.resource_pattern_type)
+    operation = cast(AclOperation, acl.operation)
     allowed = acl.permission_type == AclPermissionType.ALLOW and acl.host == "*"
-    known = acl.restype in resources and acl.resource_pattern_type in patterns and acl.operation in operations
+    known = restype in resources and pattern in patterns and operation in operations
     if not (allowed and known):
         return None
-    return Binding(
-        acl.principal,
-        resources[acl.restype],
-        patterns[acl.resource_pattern_type],
-        acl.name,
-        operations[acl.operation],
-    )
+    return Binding(acl.principal, resources[restype], patterns[pattern], acl.name, operations[operation])
 
 
 def _filter_text(acl_filter: AclBindingFilter) -> str:

@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AclOperation, AdminClient
 
 from topics.errors import MixflowError, RefusedError
-from topics.kafka_settings import settings_principal
+from topics.kafka.settings import settings_principal
 
 EPHEMERAL_GROUP_PREFIX = "mixflow-"
 """Readers that never join a group or commit name theirs ``mixflow-<what>-<random>``: librdkafka still looks up

@@ -10,9 +10,9 @@ from typing import Any, Literal, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from topics.authorization import is_authorization_error, raise_if_read_refused, refused
-from topics.librdkafka_log import logged
-from topics.retry import KAFKA_RETRY, kafka_transient
+from topics.kafka.authorization import is_authorization_error, raise_if_read_refused, refused
+from topics.kafka.librdkafka_log import logged
+from topics.kafka.retry import KAFKA_RETRY, kafka_transient
 
 Isolation = Literal["read_committed", "read_uncommitted"]
 # Answers for a topic created a moment ago, before its partition leaders are known everywhere.
