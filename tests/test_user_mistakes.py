@@ -294,7 +294,6 @@ def test_with_v_a_mistake_shows_its_traceback(offline: dict[str, str], capsys: p
         ({"spec": "{tmp}/none.yaml"}, "MixflowError", "cannot read the job spec"),
         ({"spec": "{spec}", "rank": 2}, "MixflowError", r"rank 2 is not below the job's step.ranks \(2\)"),
         ({"job": "{job}", "rank": -1}, "MixflowError", "rank must be a non-negative int"),
-        ({"job": "{job}", "pad_to_multiple_of": 0}, "MixflowError", "pad_to_multiple_of must be at least 1"),
         ({"job": "a/b"}, "InvalidNameError", "job"),
     ],
 )
@@ -313,6 +312,23 @@ def test_the_sink_refuses_at_once_what_cannot_come(
         KafkaBatchDataset(**kwargs)  # type: ignore[arg-type]
     assert type(raised.value).__name__ == error
     assert "FAIL" not in capfd.readouterr().err, "librdkafka's own lines reached the trainer's stderr"
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"pad_to_multiple_of": 0}, "pad_to_multiple_of must be at least 1, got 0"),
+        ({"pad_to_multiple_of": -64}, "pad_to_multiple_of must be at least 1, got -64"),
+        ({"layout": "rows"}, "layout must be one of packed, padded, not 'rows'"),
+    ],
+)
+def test_read_options_refuse_what_no_sink_can_read_by(options: dict[str, object], says: str) -> None:
+    pytest.importorskip("torch")
+    from topics.errors import MixflowError
+    from trainer_sink import ReadOptions
+
+    with pytest.raises(MixflowError, match=says):
+        ReadOptions(**options)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("vision", [{}, {"patch_size": 16}, {"patch_size": 14, "temporal_patch_size": 1}])
