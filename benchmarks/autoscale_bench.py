@@ -46,8 +46,8 @@ from tests.autoscale_support import (
     run_job,
     write_job_spec,
 )
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.log_reader import read_to_end
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient
 from benchmarks._table import add_markdown_flag, print_table
 from pipeline.tools.stack.local_broker import LocalBroker, free_port_block
 from pipeline.tools.stack.local_cluster import LocalCluster
-from topics.admin import TopicSpec, ensure_topics
+from topics.kafka.admin import TopicSpec, ensure_topics
 
 TOPIC = "bench.writes"
 

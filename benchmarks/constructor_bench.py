@@ -29,7 +29,7 @@ from pipeline.roles.constructor import ConstructorOptions, DataConstructor
 from pipeline.spec import JobSpec
 from pipeline.tools.observe.rank_topics import job_report, read_steps
 from pipeline.tools.run.job import job_spec_file
-from topics.admin import delete_job_topics
+from topics.kafka.admin import delete_job_topics
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -43,9 +43,9 @@ MEDIAN_STEPS = 25
 
 
 def dump(job: str, spec: JobSpec, out: Path) -> None:
-    from topics.log_reader import read_to_end
-    from topics.names import JobTopics
-    from topics.sample_codec import decode_sample_message
+    from topics.formats.names import JobTopics
+    from topics.formats.sample_codec import decode_sample_message
+    from topics.kafka.log_reader import read_to_end
 
     config = {"bootstrap.servers": os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")}
     lengths = {}

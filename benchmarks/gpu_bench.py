@@ -47,8 +47,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def record(job: str, rank: int, bootstrap: str, out: Path) -> None:
-    from topics.log_reader import read_to_end
-    from topics.names import JobTopics
+    from topics.formats.names import JobTopics
+    from topics.kafka.log_reader import read_to_end
 
     messages = read_to_end({"bootstrap.servers": bootstrap}, JobTopics(job).rank(rank))
     rows = [(m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers()) for m in messages]
@@ -64,13 +64,14 @@ def _replay_reader(rows: list[tuple], rank: int) -> Any:
     from confluent_kafka import Message
 
     from trainer_sink.position import SinkPosition
-    from trainer_sink.reader import RankTopicReader, ReadOptions
+    from trainer_sink.read_options import ReadOptions
+    from trainer_sink.reader import RankTopicReader
 
     class ReplayReader(RankTopicReader):
         def _run(self) -> None:
             messages = (Message(topic=t, partition=p, offset=o, key=k, value=v, headers=h) for t, p, o, k, v, h in rows)
             try:
-                self._hand_over_all(messages)
+                self._hand_over_steps(self.steps.one_lane(messages))
             except BaseException as exc:
                 self._hand_over(exc)
 

@@ -34,7 +34,7 @@ import yaml
 from benchmarks._table import add_markdown_flag, print_table
 from benchmarks.constructor_bench import load_sources
 from pipeline.spec import load_spec
-from topics.admin import delete_job_topics
+from topics.kafka.admin import delete_job_topics
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,7 @@ Baselines, for each source of examples/example.yaml (same seed), each pass in a 
 loader instance 0 is (one ``SourceRuntime`` that plans the source, then does its units):
 - "tokenize": read every work unit of the source's plan with the reader and build its samples with the
   builder, in the loader's batches of ``DOCUMENTS_PER_BATCH`` documents; only that is timed;
-- "tok+encode": the same plus ``topics.sample_codec.encode_sample`` of every sample.
+- "tok+encode": the same plus ``topics.formats.sample_codec.encode_sample`` of every sample.
 The baseline does the loader's work under the loader's conditions: in one long-lived process every new
 tokenizer is slower than the one before (memory growing pass after pass), while every loader is a fresh
 process with one tokenizer.
@@ -71,9 +71,9 @@ from pipeline.roles.loader.role import LoaderOptions, SourceLoader
 from pipeline.roles.loader.source_runtime import TARGET_UNIT_SECONDS, SourceRuntime
 from pipeline.roles.loader.unit_loading import DOCUMENTS_PER_BATCH, batches
 from pipeline.spec import JobSpec, load_spec
-from topics.admin import delete_job_topics, ensure_job_topics
-from topics.names import JobTopics
-from topics.sample_codec import encode_sample
+from topics.formats.names import JobTopics
+from topics.formats.sample_codec import encode_sample
+from topics.kafka.admin import delete_job_topics, ensure_job_topics
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SPEC = REPO / "examples" / "example.yaml"
@@ -348,11 +348,11 @@ PROFILE_PARTS: list[tuple[str, str, str]] = [
     ("  units: UnitLoader.load (total)", LOAD, ""),
     ("    read (reader.read, batching)", "pipeline.roles.loader.unit_loading.batches", LOAD),
     ("    tokenize (SampleBuilder.build)", "connectors.samples.SampleBuilder.build", LOAD),
-    ("    encode_sample", "topics.sample_codec.encode_sample", LOAD),
-    ("    produce()", "pipeline.kafka.clients.produce", LOAD),
+    ("    encode_sample", "topics.formats.sample_codec.encode_sample", LOAD),
+    ("    produce()", "topics.kafka.clients.produce", LOAD),
     ("  next unit ready (_next_ready)", f"{TRANSACTIONS}._next_ready", ""),
-    ("  send_offsets", "pipeline.kafka.clients.send_offsets", f"{LOADER}.open_transaction"),
-    ("  commit_or_abort (commit)", "pipeline.kafka.clients.commit_or_abort", f"{LOADER}.transaction"),
+    ("  send_offsets", "topics.kafka.clients.send_offsets", f"{LOADER}.open_transaction"),
+    ("  commit_or_abort (commit)", "topics.kafka.clients.commit_or_abort", f"{LOADER}.transaction"),
     ("close: consumer.close, producer.flush", "pipeline.kafka.role_protocol.closing_unless_stuck", ""),
 ]
 

@@ -25,9 +25,9 @@ Sections, each arm run ``--repeats`` times alternating which goes first, medians
     decoded, the frame on screen at each sampling time converted with ``frame.reformat`` (rgb24, the smart
     size, BICUBIC) and ``to_ndarray``. Frames/s counts the clip's frames (all are decoded).
 (c) **pixel encodings** (raw, jpeg at q90, png): per image class, bytes per image on the topic (the encoded
-    sample's value: ``topics.sample_codec.encode_sample`` when it carries media, else the text record plus
+    sample's value: ``topics.formats.sample_codec.encode_sample`` when it carries media, else the text record plus
     the frames and their length prefixes, marked "estimated"), the loader's CPU per image (the whole build),
-    the trainer's CPU per image to get the pixels back (``topics.media_pixels.frames_array``), and the
+    the trainer's CPU per image to get the pixels back (``topics.formats.media_pixels.frames_array``), and the
     PSNR of the pixels the trainer gets against raw.
 """
 
@@ -58,9 +58,9 @@ from connectors.media.resize import smart_resize
 from connectors.readers.base import Document, MediaRef
 from connectors.samples import SampleBuilder
 from connectors.tokenizer import TextTokenizer
-from topics import sample_codec
-from topics.media_pixels import frames_array
-from topics.sample import Sample
+from topics.formats import sample_codec
+from topics.formats.media_pixels import frames_array
+from topics.formats.sample import Sample
 
 VISION = VisionConfig(image_token_id=1000, video_token_id=1001, vision_start_id=1002, vision_end_id=1003)
 CAPTIONS = ["A photograph.", "A page of rendered text with a heading.", "Shapes over a gradient, with noise."]

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from topics.admin import delete_job_topics
+from topics.kafka.admin import delete_job_topics
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("pipeline", "topics", "connectors", "trainer_sink")

@@ -30,10 +30,10 @@ from pipeline.roles.constructor.metrics import ConstructorMetrics
 from pipeline.roles.loader.metrics import LoaderMetrics
 from pipeline.spec.cost import CostModel
 from pipeline.spec.sections import StepSpec
-from topics.dead_letter import DeadLetter
-from topics.sample import Sample
+from topics.formats.dead_letter import DeadLetter
+from topics.formats.sample import Sample
+from trainer_sink.deliveries import Delivery
 from trainer_sink.metrics import SinkMetrics
-from trainer_sink.reader import Delivery
 
 SOURCES = ("a", "b", "c")
 COST = CostModel(alpha=1.0, beta=100.0)

@@ -49,8 +49,8 @@ from connectors.work_units import WorkUnit
 from tests.kafka_support import TopicGrowth
 from tests.loader_support import build_example_data
 from tests.s3_support import S3Server, running_server, upload
-from topics.admin import delete_job_topics
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.admin import delete_job_topics
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = [

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline.spec import load_spec
 from pipeline.tools.delivery import RECEIVED_FILE, received_line
-from trainer_sink import KafkaBatchDataset
+from trainer_sink import KafkaBatchDataset, ReadOptions
 
 
 def main() -> None:
@@ -29,7 +29,9 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, required=True, help="seconds of compute per step")
     args = parser.parse_args()
     spec = load_spec(args.spec)
-    datasets = [KafkaBatchDataset(args.spec, rank=r, wait_timeout_s=600) for r in range(spec.step.ranks)]
+    datasets = [
+        KafkaBatchDataset(args.spec, rank=r, read=ReadOptions(wait_timeout_s=600)) for r in range(spec.step.ranks)
+    ]
     iterators = [iter(d) for d in datasets]
     args.out.mkdir(parents=True, exist_ok=True)
     received = [(args.out / RECEIVED_FILE.format(rank=r)).open("w") for r in range(spec.step.ranks)]

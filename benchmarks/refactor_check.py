@@ -65,8 +65,8 @@ from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient
 
 from topics.errors import DecodeError
-from topics.log_reader import read_to_end
-from topics.sample_codec import decode_sample_message
+from topics.formats.sample_codec import decode_sample_message
+from topics.kafka.log_reader import read_to_end
 
 REPO = Path(__file__).resolve().parent.parent
 

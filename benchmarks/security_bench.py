@@ -42,8 +42,8 @@ from benchmarks._table import add_markdown_flag, print_table
 from benchmarks.throughput_bench import SOURCES, Shape, steps_for, write_data, write_spec
 from pipeline.tools.stack.local_broker import LocalBroker, free_port_block
 from pipeline.tools.stack.secure import broker_security, ensure_secrets
-from topics.admin import delete_job_topics, ensure_job_topics
-from trainer_sink import KafkaBatchDataset
+from topics.kafka.admin import delete_job_topics, ensure_job_topics
+from trainer_sink import KafkaBatchDataset, ReadOptions
 
 STACKS = ("plaintext", "TLS + SCRAM")
 REPO = Path(__file__).resolve().parent.parent
@@ -107,8 +107,7 @@ def sink_read(config: dict[str, Any], job: str, micro_batches: int) -> dict[str,
         bootstrap_servers=config["bootstrap.servers"],
         kafka_config=security,
         rank=0,
-        attention_mask=False,
-        wait_timeout_s=120,
+        read=ReadOptions(attention_mask=False, wait_timeout_s=120),
     )
     tokens, first = 0, None
     began = time.perf_counter()

@@ -10,7 +10,7 @@ Per size, one batch of ``--images`` samples of one image each is encoded with ``
 
 Arms, each timed as CPU seconds of the process (``time.process_time``) per image, median over the repeats:
 
-- **sink**: ``topics.media_packing.pack_media(batch)``: the frames decoded (JPEG) or viewed in place (raw),
+- **sink**: ``trainer_sink.vlm.qwen2_vl.pack_media(batch)``: the frames decoded (JPEG) or viewed in place (raw),
   normalized and laid out as Qwen2-VL's patches, every micro-batch's ``pixel_values`` and grids.
 - **transformers**: ``Qwen2VLImageProcessorPil(images, do_resize=False)`` over the same images (the numpy
   backend; its torchvision backend needs torchvision), from uint8 arrays for raw and from the JPEG bytes
@@ -34,12 +34,12 @@ from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
 
 from benchmarks._table import add_markdown_flag, print_table
-from topics.batch import Batch
-from topics.batch_codec import decode_batch, encode_batch
-from topics.media import MediaItem
-from topics.media_packing import pack_media
-from topics.media_pixels import encode_frames
-from topics.sample import Sample
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import decode_batch, encode_batch
+from topics.formats.media import MediaItem
+from topics.formats.media_pixels import encode_frames
+from topics.formats.sample import Sample
+from trainer_sink.vlm.qwen2_vl import pack_media
 
 PATCH, MERGE, TEMPORAL = 14, 2, 2
 MIN_PIXELS, MAX_PIXELS = 56 * 56, 28 * 28 * 1280

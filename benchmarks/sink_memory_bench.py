@@ -320,9 +320,9 @@ def child_torch(_: argparse.Namespace) -> dict[str, Any]:
 def child_sink(args: argparse.Namespace) -> dict[str, Any]:
     import torch  # noqa: F401  (a trainer process has it; imported first in both arms)
 
-    from trainer_sink import KafkaBatchDataset
+    from trainer_sink import KafkaBatchDataset, ReadOptions
 
-    dataset = KafkaBatchDataset(args.spec, rank=args.rank, wait_timeout_s=120)
+    dataset = KafkaBatchDataset(args.spec, rank=args.rank, read=ReadOptions(wait_timeout_s=120))
     micro_batches = tokens = 0
     media = {"images": 0, "clips": 0, "pixel_bytes": 0}  # what the vision inputs held, in a job with media
     began = time.perf_counter()
@@ -557,7 +557,7 @@ def prepare(n: int, args: argparse.Namespace, work: Path, data: Path) -> Config:
         seconds, report = run_pipeline(spec, job, args.bootstrap_servers, folder / "state")
     except SystemExit as exc:  # a shared machine: another job may restart the broker under this one
         print(f"  {exc}\n  the pipeline failed; once more under a fresh job name", flush=True)
-        from topics.admin import delete_job_topics
+        from topics.kafka.admin import delete_job_topics
 
         delete_job_topics(args.bootstrap_servers, job)
         job = f"sinkmem-{uuid.uuid4().hex[:6]}-n{n}"
@@ -721,7 +721,7 @@ def prepare_multimodal(n: int, args: argparse.Namespace, work: Path, documents: 
             if attempt:
                 raise
             print(f"  {exc}\n  the pipeline failed; once more under a fresh job name", flush=True)
-            from topics.admin import delete_job_topics
+            from topics.kafka.admin import delete_job_topics
 
             delete_job_topics(args.bootstrap_servers, job)
     print(f"  done in {seconds:.0f} s: {'; '.join(report)}", flush=True)
@@ -763,7 +763,7 @@ def run_multimodal(args: argparse.Namespace) -> int:
                 run_multimodal_repeat(config, repeat, args)
     finally:
         if not args.keep:
-            from topics.admin import delete_job_topics
+            from topics.kafka.admin import delete_job_topics
 
             for config in configs:
                 delete_job_topics(args.bootstrap_servers, config.job)
@@ -876,7 +876,7 @@ def main() -> int:
                 run_repeat(config, repeat, args)
     finally:
         if not args.keep:
-            from topics.admin import delete_job_topics
+            from topics.kafka.admin import delete_job_topics
 
             for config in configs:
                 delete_job_topics(args.bootstrap_servers, config.job)

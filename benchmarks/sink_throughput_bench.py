@@ -42,11 +42,11 @@ import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from benchmarks._table import print_table
-from topics.admin import delete_job_topics, ensure_job_topics
-from topics.batch import Batch
-from topics.batch_codec import encode_batch, encode_end_of_data
-from topics.names import JobTopics
-from trainer_sink import KafkaBatchDataset
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import encode_batch, encode_end_of_data
+from topics.formats.names import JobTopics
+from topics.kafka.admin import delete_job_topics, ensure_job_topics
+from trainer_sink import KafkaBatchDataset, ReadOptions
 from trainer_sink.reader import CONSUMER_SETTINGS
 from trainer_sink.tensors import nbytes
 
@@ -174,7 +174,11 @@ def fill(bootstrap: str, size: Size, steps: int, seed: int) -> Filled:
 
 def run_sink(bootstrap: str, filled: Filled, kafka_config: dict[str, Any] | None = None) -> Run:
     dataset = KafkaBatchDataset(
-        job=filled.job, bootstrap_servers=bootstrap, kafka_config=kafka_config, rank=0, wait_timeout_s=60
+        job=filled.job,
+        bootstrap_servers=bootstrap,
+        kafka_config=kafka_config,
+        rank=0,
+        read=ReadOptions(wait_timeout_s=60),
     )
     micro_batches = tensor_bytes = 0
     first = None

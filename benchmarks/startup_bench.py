@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks._table import add_markdown_flag, print_table
-from topics.admin import delete_job_topics
+from topics.kafka.admin import delete_job_topics
 
 REPO = Path(__file__).resolve().parent.parent
 HELP_CASES: dict[str, tuple[str, ...]] = {

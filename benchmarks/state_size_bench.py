@@ -36,7 +36,7 @@ from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.state import ConstructorState, SourcePosition
 from pipeline.spec import OnExhausted
 from pipeline.spec.cost import CostModel
-from topics.sample import Sample
+from topics.formats.sample import Sample
 
 COST_MODEL = CostModel(8.78e-8, 1.92e-3)  # the H200 block fit of balance_sim_bench.py
 SHARES = {"web": 0.70, "code": 0.25, "long": 0.05}

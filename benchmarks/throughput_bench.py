@@ -60,19 +60,19 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from benchmarks._table import add_markdown_flag, print_table
-from pipeline.kafka.clients import (
+from topics.errors import MixflowError
+from topics.formats.names import JobTopics
+from topics.formats.sample import Sample
+from topics.formats.sample_codec import encode_sample
+from topics.kafka.admin import TopicSpec, delete_job_topics, ensure_job_topics, ensure_topics
+from topics.kafka.clients import (
     commit_or_abort,
     produce,
     read_committed_consumer,
     send_offsets,
     transactional_producer,
 )
-from topics.admin import TopicSpec, delete_job_topics, ensure_job_topics, ensure_topics
-from topics.errors import MixflowError
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
-from topics.sample import Sample
-from topics.sample_codec import encode_sample
+from topics.kafka.log_reader import read_to_end
 
 REPO = Path(__file__).resolve().parent.parent
 

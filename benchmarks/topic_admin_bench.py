@@ -32,7 +32,9 @@ import uuid
 from confluent_kafka.admin import AdminClient
 
 from benchmarks._table import add_markdown_flag, print_table
-from topics.admin import (
+from topics.errors import MixflowError
+from topics.formats.names import JobTopics
+from topics.kafka.admin import (
     DEFAULT_BATCH_TOPICS,
     TopicSpec,
     delete_job_topics,
@@ -40,8 +42,6 @@ from topics.admin import (
     ensure_topics,
     job_layout,
 )
-from topics.errors import MixflowError
-from topics.names import JobTopics
 
 TIMEOUT_S = 300.0
 MAX_PARTITIONS_PER_REQUEST = 10_000  # KRaft's limit on one CreateTopics request

@@ -35,9 +35,9 @@ import yaml
 
 from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import load_spec
-from topics.admin import ensure_job_topics
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.admin import ensure_job_topics
+from topics.kafka.log_reader import read_to_end
 
 REPO = Path(__file__).resolve().parent.parent
 

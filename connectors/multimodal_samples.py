@@ -13,9 +13,9 @@ from connectors.media.errors import MediaError
 from connectors.media.placeholders import placeholder_block
 from connectors.readers.base import Document, MediaRef, location
 from connectors.sample_ids import with_suffixes
-from topics.dead_letter import DeadLetter
-from topics.media import MediaItem
-from topics.sample import Sample
+from topics.formats.dead_letter import DeadLetter
+from topics.formats.media import MediaItem
+from topics.formats.sample import Sample
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,8 @@ from connectors.readers.base import Document, location
 from connectors.sample_ids import with_suffixes
 from connectors.storage import Storage
 from connectors.tokenizer import TextTokenizer
-from topics.dead_letter import DeadLetter
-from topics.sample import Sample
+from topics.formats.dead_letter import DeadLetter
+from topics.formats.sample import Sample
 
 if TYPE_CHECKING:
     from connectors.multimodal_samples import InterleavedBuilder

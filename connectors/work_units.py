@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from topics.json_record import decode, encode, json_field, json_record
+from topics.formats.json_record import decode, encode, json_field, json_record
 
 UnitKind = Literal["file", "row_group", "rows"]
 UNIT_KINDS: tuple[str, ...] = get_args(UnitKind)
@@ -24,7 +24,7 @@ class WorkUnit:
     another version (or none) is refused. They are left out of the JSON while empty, so a local source's
     units carry neither.
 
-    The JSON form (:meth:`to_json`, ``topics.json_record``) is an object of exactly these fields, keys
+    The JSON form (:meth:`to_json`, ``topics.formats.json_record``) is an object of exactly these fields, keys
     sorted. :meth:`from_json` validates it with a pydantic model made from them at the first decode (planning
     and reading units need no pydantic): strict types (an int is not a bool or a float), no unknown
     fields, then the checks below.

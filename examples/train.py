@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpt  # examples/ is not a package: its folder goes on sys.path
 import vlm
 
-from trainer_sink import KafkaBatchDataset, MicroBatch
+from trainer_sink import KafkaBatchDataset, MicroBatch, ReadOptions
 from trainer_sink.config import SinkSource
 
 log = logging.getLogger("train")
@@ -413,9 +413,8 @@ def train(args: argparse.Namespace, group: Group) -> dict[str, Any]:
         kafka_config=source.kafka_config,
         global_rank=group.rank,
         world_size=group.world,
-        wait_timeout_s=args.wait_timeout_s,
-        pad_to_multiple_of=args.pad_to_multiple_of,
         metrics_port=args.metrics_port + int(os.environ.get("LOCAL_RANK", "0")) if args.metrics_port else None,
+        read=ReadOptions(wait_timeout_s=args.wait_timeout_s, pad_to_multiple_of=args.pad_to_multiple_of),
     )
 
     args.out.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ echo "test: Kafka at $KAFKA_BOOTSTRAP_SERVERS"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports
+.venv/bin/mypy  # topics and trainer_sink: [tool.mypy] in pyproject.toml
 # The Kafka tests mostly wait on the broker and on role processes, so several workers share the cores
 # well; a test file stays on one worker (module fixtures build a job once). MIXFLOW_TEST_WORKERS=0: serial.
 # --durations: the slowest tests, to see where the suite's time goes.

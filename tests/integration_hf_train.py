@@ -15,7 +15,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, TrainingArguments
 
 from tests.integration_support import MICRO_BATCHES, SAVE_EVERY, STEPS, record_line
-from trainer_sink import KafkaBatchDataset
+from trainer_sink import KafkaBatchDataset, ReadOptions
 from trainer_sink.integrations.hf_trainer import MixflowTrainer, last_complete_checkpoint
 
 
@@ -85,7 +85,7 @@ def main() -> None:
         disable_tqdm=True,
         seed=0,
     )
-    sink = KafkaBatchDataset(job=args.job, bootstrap_servers=args.bootstrap, wait_timeout_s=60)
+    sink = KafkaBatchDataset(job=args.job, bootstrap_servers=args.bootstrap, read=ReadOptions(wait_timeout_s=60))
     trainer = LoggingTrainer(model=model, args=training, sink=sink)
     trainer.add_callback(ReceivedLog(trainer, args.out / f"received-rank{sink.rank}.jsonl"))
     resume = args.resume_from or (args.resume and last_complete_checkpoint(training.output_dir) is not None)

@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn import functional
 
 from tests.integration_support import MICRO_BATCHES, SAVE_EVERY, STEPS, record_line
+from trainer_sink import ReadOptions
 from trainer_sink.integrations.lightning_data import MixflowDataModule
 
 
@@ -68,7 +69,7 @@ def main() -> None:
     torch.set_num_threads(1)
     pl.seed_everything(0, verbose=False)
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    data = MixflowDataModule(job=args.job, bootstrap_servers=args.bootstrap, wait_timeout_s=60)
+    data = MixflowDataModule(job=args.job, bootstrap_servers=args.bootstrap, read=ReadOptions(wait_timeout_s=60))
     checkpoints = ModelCheckpoint(
         dirpath=args.out / "checkpoints", every_n_train_steps=SAVE_EVERY, save_top_k=-1, save_last=True
     )

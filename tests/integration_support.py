@@ -21,9 +21,9 @@ import pytest
 
 from tests.kafka_support import read_to_end
 from tests.sink_support import write_steps
-from topics.batch import Batch
-from topics.batch_codec import decode_batch_message
-from topics.names import JobTopics
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import decode_batch_message
+from topics.formats.names import JobTopics
 
 REPO = Path(__file__).resolve().parent.parent
 MICRO_BATCHES, CAPACITY, STEPS = 2, 128, 12

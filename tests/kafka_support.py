@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from topics.log_reader import read_to_end as _read_to_end
+from topics.kafka.log_reader import read_to_end as _read_to_end
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 1, timeout_s: float = 30.0) -> None:

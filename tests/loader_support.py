@@ -15,10 +15,10 @@ from connectors import Document, WorkUnit
 from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import JobSpec
 from tests.kafka_support import TopicGrowth
-from topics.dead_letter import DeadLetter, decode_dead_letter_message
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
-from topics.sample_codec import decode_sample_message
+from topics.formats.dead_letter import DeadLetter, decode_dead_letter_message
+from topics.formats.names import JobTopics
+from topics.formats.sample_codec import decode_sample_message
+from topics.kafka.log_reader import read_to_end
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = ("code", "docstrings", "topics")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from topics.batch import Batch
+from topics.formats.batch import Batch
 
 SOURCES = ("code", "docstrings", "topics")
 

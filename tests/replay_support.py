@@ -13,13 +13,13 @@ from confluent_kafka import Producer
 from pipeline.kafka.work_plan import publish_work_plan
 from pipeline.roles.constructor import ConstructorOptions, ConstructorStats, DataConstructor
 from pipeline.spec import JobSpec, load_spec
-from topics.admin import ensure_job_topics
-from topics.batch import Batch
-from topics.batch_codec import decode_batch_message, end_of_data_steps
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
-from topics.sample import Sample
-from topics.sample_codec import encode_sample
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.names import JobTopics
+from topics.formats.sample import Sample
+from topics.formats.sample_codec import encode_sample
+from topics.kafka.admin import ensure_job_topics
+from topics.kafka.log_reader import read_to_end
 
 SOURCES = ("a", "b", "c")
 Lengths = Callable[[np.random.Generator, int], np.ndarray]

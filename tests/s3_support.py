@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from connectors.storage import RetryPolicy
+from connectors.storage import STORAGE_RETRY
 from connectors.storage.s3 import S3Settings
 from pipeline.tools.stack.local_broker import free_port_block
 from pipeline.tools.stack.object_store import REGION, LocalObjectStore
@@ -49,7 +50,7 @@ class S3Server:
             "addressing_style": "path",
             "access_key_id": self.access_key,
             "secret_access_key": self.secret_key,
-            "retry": RetryPolicy(deadline_s=20.0),
+            "retry": replace(STORAGE_RETRY, deadline_s=20.0),
         }
         values.update(changes)
         return S3Settings(**values)  # type: ignore[arg-type]

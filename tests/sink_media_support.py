@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import numpy as np
 from hypothesis import strategies as st
 
-from topics.batch import Batch
-from topics.media import MediaItem
-from topics.media_pixels import encode_frames
-from topics.sample import Sample
+from topics.formats.batch import Batch
+from topics.formats.media import MediaItem
+from topics.formats.media_pixels import encode_frames
+from topics.formats.sample import Sample
 
 VOCAB = 300
 IMAGE_TOKEN, VIDEO_TOKEN, VISION_START, VISION_END = 290, 291, 292, 293

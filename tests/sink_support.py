@@ -9,10 +9,10 @@ import numpy as np
 import yaml
 from confluent_kafka import Producer
 
-from topics.admin import ensure_job_topics
-from topics.batch import Batch
-from topics.batch_codec import encode_batch, encode_end_of_data
-from topics.names import JobTopics
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import encode_batch, encode_end_of_data
+from topics.formats.names import JobTopics
+from topics.kafka.admin import ensure_job_topics
 
 
 def random_batch(

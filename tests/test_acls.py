@@ -12,7 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.cli import main
-from pipeline.kafka.acls import (
+from topics.formats.names import JobTopics
+from topics.formats.topic_layout import job_layout
+from topics.kafka.acls import (
     EPHEMERAL_GROUP_PREFIX,
     Binding,
     JobNames,
@@ -22,8 +24,6 @@ from pipeline.kafka.acls import (
     allowed,
     job_bindings,
 )
-from topics.names import JobTopics
-from topics.topic_layout import job_layout
 
 R, W, D = Operation.READ, Operation.WRITE, Operation.DESCRIBE
 TOPIC, GROUP, TXN = Resource.TOPIC, Resource.GROUP, Resource.TRANSACTIONAL_ID

@@ -22,8 +22,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.cli import main
-from pipeline.kafka.acl_admin import AclAdmin
-from pipeline.kafka.acls import (
+from pipeline.spec import load_spec
+from pipeline.tools.stack.scram_users import ensure_users
+from tests.loader_support import REPO, build_example_data, write_spec
+from tests.secure_stack import SecureStack
+from topics.errors import MixflowError
+from topics.formats.names import JobTopics
+from topics.kafka.acl_admin import AclAdmin
+from topics.kafka.acls import (
     EPHEMERAL_GROUP_PREFIX,
     Binding,
     Operation,
@@ -32,17 +38,12 @@ from pipeline.kafka.acls import (
     all_bindings,
     job_bindings,
 )
-from pipeline.kafka.clients import commit_or_abort, produce, transactional_producer
-from pipeline.spec import load_spec
-from pipeline.tools.stack.scram_users import ensure_users
-from tests.loader_support import REPO, build_example_data, write_spec
-from tests.secure_stack import SecureStack
-from topics.admin import ensure_job_topics, ensure_loader_topics, list_jobs
-from topics.authorization import AuthorizationError
-from topics.errors import MixflowError
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.kafka.admin import ensure_job_topics, ensure_loader_topics, list_jobs
+from topics.kafka.authorization import AuthorizationError
+from topics.kafka.clients import commit_or_abort, produce, transactional_producer
+from topics.kafka.log_reader import read_to_end
 from trainer_sink.dataset import KafkaBatchDataset
+from trainer_sink.read_options import ReadOptions
 
 SENTINEL = "S3ntinel-acl"
 PRINCIPALS = ("loader", "loader.topics", "constructor", "trainer", "observer", "operator")
@@ -188,7 +189,9 @@ def test_a_sink_cannot_read_another_jobs_rank_topic(secured_job: SecuredJob) -> 
     other = f"{secured_job.job}-c"
     ensure_job_topics(secured_job.stack.admin_config, other, ["code"], 2)
     with pytest.raises(AuthorizationError) as info:
-        KafkaBatchDataset(job=other, kafka_config=secured_job.config("trainer"), rank=0, wait_timeout_s=30)
+        KafkaBatchDataset(
+            job=other, kafka_config=secured_job.config("trainer"), rank=0, read=ReadOptions(wait_timeout_s=30)
+        )
     principal = f"User:{secured_job.job}-trainer"
     assert f"refused {principal} DESCRIBE on topic {other}.rank.0 (asking for its metadata)" in str(info.value)
 
@@ -462,7 +465,9 @@ def test_a_sink_whose_rights_are_revoked_while_it_waits_raises_the_refusal_withi
     job = f"{secured_job.job}-t"
     secured_job.admin(job)
     ensure_job_topics(secured_job.config("operator"), job, ["code", "docstrings", "topics"], 2)
-    sink = KafkaBatchDataset(job=job, kafka_config=secured_job.config("trainer"), rank=0, wait_timeout_s=120)
+    sink = KafkaBatchDataset(
+        job=job, kafka_config=secured_job.config("trainer"), rank=0, read=ReadOptions(wait_timeout_s=120)
+    )
     batches = iter(sink)
     outcome: list[BaseException] = []
     reading = threading.Thread(target=lambda: outcome.append(_raised(lambda: next(batches))), daemon=True)

@@ -39,8 +39,8 @@ from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import SpecError, load_spec
 from tests.autoscale_support import REPO, SOURCES, build_job_data, decisions, job_folder, run_job, write_job_spec
 from tests.loader_support import committed_sample_ids, expected_sample_ids
-from topics.admin import ensure_job_topics
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.admin import ensure_job_topics
 
 BOUNDS = {"min": 1, "max": 6}
 SETTINGS = PolicySettings(headroom=1.2, low_watermark_s=10, high_watermark_s=60, scale_down_after_s=30)

@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from topics.batch import BATCH_SCHEMA, Batch
-from topics.batch_codec import (
+from topics.errors import DecodeError
+from topics.formats.batch import BATCH_SCHEMA, Batch
+from topics.formats.batch_codec import (
     VERSION_KEY,
     batch_key,
     decode_batch,
@@ -24,9 +25,8 @@ from topics.batch_codec import (
     encode_end_of_data,
     end_of_data_steps,
 )
-from topics.errors import DecodeError
-from topics.packing import IGNORE_INDEX, pack_micro_batches
-from topics.sample import Sample
+from topics.formats.packing import IGNORE_INDEX, pack_micro_batches
+from topics.formats.sample import Sample
 
 INT32 = np.iinfo(np.int32)
 token_arrays = arrays(

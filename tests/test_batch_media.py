@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from tests.sink_media_support import IMAGE_TOKEN, media_batches, media_sample
 from tests.test_batch_codec import assert_invariants, assert_same
-from topics.batch import BATCH_SCHEMA, MEDIA_BATCH_SCHEMA, Batch
-from topics.batch_codec import PATCHES_KEY, decode_batch, encode_batch
 from topics.errors import DecodeError
-from topics.media_column import MEDIA_FIELD
-from topics.sample import Sample
+from topics.formats.batch import BATCH_SCHEMA, MEDIA_BATCH_SCHEMA, Batch
+from topics.formats.batch_codec import PATCHES_KEY, decode_batch, encode_batch
+from topics.formats.media_column import MEDIA_FIELD
+from topics.formats.sample import Sample
 
 
 def assert_same_media(a: Batch, b: Batch) -> None:

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from pipeline.planning.scheduler import CostModel, plan_step
 from pipeline.planning.step.assemble import build_batches
 from tests.length_families import FAMILIES, draw_lengths
-from topics.batch import CHECK_TRUSTED_ENV, Batch
-from topics.batch_codec import decode_batch, encode_batch
-from topics.sample import Sample
+from topics.formats.batch import CHECK_TRUSTED_ENV, Batch
+from topics.formats.batch_codec import decode_batch, encode_batch
+from topics.formats.sample import Sample
 
 FIELDS = ("step", "rank", "ranks", "micro_batches", "capacity")
 

@@ -17,7 +17,7 @@ from pipeline.planning.step.state import ConstructorState, SourcePosition, encod
 from pipeline.planning.step.used_bitmap import BITMAP_ABOVE_BYTES, encode_used, pack, unpack
 from pipeline.roles.constructor.stats import ConstructorStats, StepRecord
 from pipeline.roles.loader.stats import EPOCHS_KEPT, LoaderStats
-from topics.sample import Sample
+from topics.formats.sample import Sample
 
 SOURCES = ("a", "b", "c", "d")
 

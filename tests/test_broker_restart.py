@@ -21,7 +21,7 @@ from tests.loader_support import (
     wait_all,
     write_spec,
 )
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
 
 
 @pytest.mark.kafka  # starts a broker of its own (not the session's), so not part of the pure suite

@@ -29,9 +29,9 @@ from pipeline.tools.delivery import RECEIVED_FILE, rank_micro_batches, sample_sh
 from tests.caption_shards import caption_source, write_caption_shards
 from tests.loader_support import REPO, build_example_data, write_spec
 from tests.sink_support import random_batch, write_sink_spec, write_steps
-from topics.batch import Batch
-from topics.media import MediaItem
-from topics.sample import Sample
+from topics.formats.batch import Batch
+from topics.formats.media import MediaItem
+from topics.formats.sample import Sample
 
 TARGETS = Targets(loaders=("load-a-0", "load-b-0", "load-b-1"), sinks=("sink-0", "sink-1"), shadows=1, broker=True)
 

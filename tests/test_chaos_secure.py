@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.kafka.acls import all_bindings, job_bindings
 from pipeline.spec import load_spec
 from pipeline.tools.chaos import ChaosOptions, FaultKind, run_chaos
 from pipeline.tools.chaos.roles import RoleKind, Supervisor
 from pipeline.tools.chaos.secured import PRINCIPALS_FOLDER, principal_keys
 from tests.loader_support import build_example_data, write_spec
 from topics.errors import MixflowError
+from topics.kafka.acls import all_bindings, job_bindings
 
 KINDS = (
     FaultKind.RESTART_BROKER,

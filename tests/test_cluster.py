@@ -26,11 +26,11 @@ from tests.kafka_support import TopicGrowth
 from tests.loader_support import REPO, SOURCES, build_example_data, committed_sample_ids, write_spec
 from tests.test_compose import read_properties
 from tests.test_job_broker_restart import _role_logs, _without_librdkafka_lines
-from topics.admin import default_replication_factor, describe_job_topics, min_insync_replicas
-from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import MixflowError
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.names import JobTopics
+from topics.kafka.admin import default_replication_factor, describe_job_topics, min_insync_replicas
+from topics.kafka.log_reader import read_to_end
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 KEYS = st.builds(str.__add__, st.sampled_from(_LETTERS), st.text(alphabet=_LETTERS + ".", max_size=12))

@@ -31,14 +31,14 @@ from tests.loader_support import (
     start_constructor,
     write_spec,
 )
-from topics.admin import ensure_job_topics
-from topics.batch import Batch
-from topics.batch_codec import decode_batch_message, end_of_data_steps
-from topics.dead_letter import decode_dead_letter_message
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
-from topics.sample import Sample
-from topics.sample_codec import encode_sample
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.dead_letter import decode_dead_letter_message
+from topics.formats.names import JobTopics
+from topics.formats.sample import Sample
+from topics.formats.sample_codec import encode_sample
+from topics.kafka.admin import ensure_job_topics
+from topics.kafka.log_reader import read_to_end
 
 RANKS = 2
 KILLS = 4

@@ -21,11 +21,11 @@ from pipeline.planning.step.assemble import build_batches
 from pipeline.planning.step.pool import SamplePool, SourceFifo
 from pipeline.planning.step.state import ConstructorState, SourcePosition
 from tests.length_families import FAMILIES, draw_lengths
-from topics.batch import Batch
-from topics.batch_codec import encode_batch
 from topics.errors import DecodeError
-from topics.sample import Sample
-from topics.sample_codec import (
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import encode_batch
+from topics.formats.sample import Sample
+from topics.formats.sample_codec import (
     SAMPLE_FINGERPRINT,
     SAMPLE_SCHEMA,
     SCHEMA_HEADER,

@@ -30,9 +30,9 @@ from pipeline.planning.mixing import MixerState, MixtureChange, MixtureTimeline,
 from pipeline.planning.step.state import ConstructorState
 from tests.loader_support import REPO, build_example_data, load_sources, start_constructor, write_spec
 from topics.errors import DecodeError, MixflowError
-from topics.lanes import first_step_at_or_after
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.formats.lanes import first_step_at_or_after
+from topics.formats.names import JobTopics
+from topics.kafka.log_reader import read_to_end
 
 RANKS = 2
 STEP = {"ranks": RANKS, "micro_batches": 1, "tokens_per_micro_batch": 512}

@@ -14,14 +14,14 @@ from confluent_kafka import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topics.dead_letter import (
+from topics.errors import DecodeError
+from topics.formats.dead_letter import (
     DLQ_SOURCE_HEADER,
     DeadLetter,
     decode_dead_letter,
     decode_dead_letter_message,
     encode_dead_letter,
 )
-from topics.errors import DecodeError
 
 letters = st.builds(
     DeadLetter,

@@ -25,8 +25,8 @@ from connectors.work_units import WorkUnit
 from pipeline.tools.dead_letters import over_share, report_lines, tally, verdict_line
 from pipeline.tools.delivery import check_sources, lost_records, records_per_file
 from tests.kafka_support import create_topic
-from topics.dead_letter import DeadLetter, decode_dead_letter, encode_dead_letter
-from topics.names import JobTopics
+from topics.formats.dead_letter import DeadLetter, decode_dead_letter, encode_dead_letter
+from topics.formats.names import JobTopics
 
 # -- every planned row is a document or counted in a letter -------------------------------------------------
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from pipeline.tools.delivery import RECEIVED_FILE, check_trainer, tokens_sha256, trained_sequence
 from tests.sink_support import random_batch
-from topics.packing import pack_micro_batches
+from topics.formats.packing import pack_micro_batches
 
 
 def _lines(steps: list, rank: int) -> list[dict]:

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.fake_clock import FakeClock
-from topics.fetch_stall import FetchStallWatch
+from topics.kafka.fetch_stall import FetchStallWatch
 
 STALL_S = 10.0
 

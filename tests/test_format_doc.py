@@ -12,13 +12,13 @@ import numpy as np
 from confluent_kafka import Producer
 
 from tests.sink_media_support import media_sample
-from topics.admin import delete_job_topics, ensure_job_topics
-from topics.batch import Batch
-from topics.batch_codec import encode_batch
-from topics.media_packing import pack_media
-from topics.names import JobTopics
-from topics.sample import Sample
-from topics.sample_codec import SAMPLE_FINGERPRINT
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import encode_batch
+from topics.formats.names import JobTopics
+from topics.formats.sample import Sample
+from topics.formats.sample_codec import SAMPLE_FINGERPRINT
+from topics.kafka.admin import delete_job_topics, ensure_job_topics
+from trainer_sink.vlm.qwen2_vl import pack_media
 
 FORMAT_MD = Path(__file__).resolve().parent.parent / "topics" / "FORMAT.md"
 TIMEOUT_S = 30.0

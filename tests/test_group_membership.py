@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.kafka.group_membership import MembershipWatch
 from tests.fake_clock import FakeClock
+from topics.kafka.group_membership import MembershipWatch
 
 EVENTS = st.lists(
     st.tuples(st.sampled_from(["assigned", "lost", "joining", "wait"]), st.floats(0.0, 30.0)), max_size=40

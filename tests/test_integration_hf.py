@@ -53,7 +53,7 @@ def test_padding_free_batches_are_what_transformers_flattening_collator_makes(sa
     import torch
     from transformers import DataCollatorWithFlattening
 
-    from topics.batch import Batch
+    from topics.formats.batch import Batch
     from trainer_sink.tensors import micro_batch_tensors
 
     ids = [f"s/{i}" for i in range(len(samples))]

@@ -67,6 +67,7 @@ def _fit(
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from tests.integration_lightning_train import TinyLanguageModel
+    from trainer_sink import ReadOptions
     from trainer_sink.integrations.lightning_data import MixflowDataModule
 
     class Recording(TinyLanguageModel):
@@ -79,7 +80,9 @@ def _fit(
     trained: list[tuple[int, int, int]] = []
     pl.seed_everything(0, verbose=False)
     model = Recording()
-    data = (module or MixflowDataModule)(job=jobs.names[ranks], bootstrap_servers=jobs.bootstrap, wait_timeout_s=60)
+    data = (module or MixflowDataModule)(
+        job=jobs.names[ranks], bootstrap_servers=jobs.bootstrap, read=ReadOptions(wait_timeout_s=60)
+    )
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_steps=max_steps, accumulate_grad_batches=MICRO_BATCHES,
         callbacks=[ModelCheckpoint(dirpath=out, every_n_train_steps=SAVE_EVERY, save_last=True)],

@@ -22,7 +22,7 @@ import torch
 
 from tests.integration_base import TrainerIntegration
 from tests.integration_support import MICRO_BATCHES, SAVE_EVERY, STEPS, Jobs, write_jobs
-from topics.batch import Batch
+from topics.formats.batch import Batch
 from trainer_sink.integrations.megatron_batch import megatron_batch
 from trainer_sink.integrations.megatron_data import TRACKER_FILE, iteration_folder, latest_iteration
 from trainer_sink.tensors import micro_batch_tensors

@@ -156,7 +156,7 @@ def test_batches_give_torchtitan_the_sample_boundaries_as_its_document_masks(
         get_document_mask_mod,
     )
 
-    from topics.batch import Batch
+    from topics.formats.batch import Batch
     from trainer_sink.integrations.torchtitan_data import IGNORE_INDEX, titan_batch
     from trainer_sink.tensors import micro_batch_tensors
 

@@ -15,9 +15,9 @@ import pytest
 from pipeline.tools.stack.local_broker import LocalBroker
 from tests.kafka_support import TopicGrowth
 from tests.loader_support import REPO, SOURCES, build_example_data, committed_sample_ids, write_spec
-from topics.batch_codec import decode_batch_message, end_of_data_steps
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.names import JobTopics
+from topics.kafka.log_reader import read_to_end
 
 
 # What a restart does to the roles' clients: one can forget a partition (_UNKNOWN_PARTITION on an end-offset

@@ -47,15 +47,15 @@ from tests.loader_support import (
     write_spec,
 )
 from tests.sink_support import random_batch
-from topics.admin import ensure_job_topics, job_layout
-from topics.batch import Batch
-from topics.batch_codec import encode_batch, encode_end_of_data, end_of_data_steps
 from topics.errors import MixflowError
-from topics.lanes import LaneOrder, first_step_at_or_after, step_lane, unit_partition
-from topics.log_reader import read_to_end
-from topics.names import JobTopics, TopicKind, parse_topic
-from topics.sample_codec import decode_sample_message
-from trainer_sink import KafkaBatchDataset
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import encode_batch, encode_end_of_data, end_of_data_steps
+from topics.formats.lanes import LaneOrder, first_step_at_or_after, step_lane, unit_partition
+from topics.formats.names import JobTopics, TopicKind, parse_topic
+from topics.formats.sample_codec import decode_sample_message
+from topics.kafka.admin import ensure_job_topics, job_layout
+from topics.kafka.log_reader import read_to_end
+from trainer_sink import KafkaBatchDataset, ReadOptions
 from trainer_sink.tensors import micro_batch_tensors
 
 RANKS = 2
@@ -263,7 +263,10 @@ def test_the_sink_reads_lanes_in_step_order_and_resumes_anywhere(
 
     def dataset() -> KafkaBatchDataset:
         return KafkaBatchDataset(
-            job=unique_name, bootstrap_servers=kafka_bootstrap, rank=rank, wait_timeout_s=30, prefetch_bytes=2048
+            job=unique_name,
+            bootstrap_servers=kafka_bootstrap,
+            rank=rank,
+            read=ReadOptions(wait_timeout_s=30, prefetch_bytes=2048),
         )
 
     expected = [_fingerprint(mb) for b in by_rank[rank] for mb in micro_batch_tensors(b)]
@@ -383,7 +386,9 @@ def _check_job(bootstrap: str, loaded: LoadedLanes, job: str) -> None:
     assert set(delivered) == every and max(delivered.values()) == 1
     # The sink: steps in order, every written step once; below the first lane's end, no step is skipped.
     for rank in range(RANKS):
-        dataset = KafkaBatchDataset(job=job, bootstrap_servers=bootstrap, rank=rank, wait_timeout_s=30)
+        dataset = KafkaBatchDataset(
+            job=job, bootstrap_servers=bootstrap, rank=rank, read=ReadOptions(wait_timeout_s=30)
+        )
         got = [mb["step"] for mb in dataset if mb["micro_batch"] == 0]
         assert got == sorted(b.step for b in per_rank[rank])
         assert got[: min(ends)] == list(range(min(ends)))

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.roles.constructor.lease import ConstructorLease
 from tests.kafka_support import create_topic
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
 
 TIMEOUT_S = 60.0
 

@@ -27,7 +27,7 @@ from tests.loader_support import (
     wait_all_restarting,
     write_spec,
 )
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
 
 LOADERS_PER_SOURCE = 2
 KILLS = 4

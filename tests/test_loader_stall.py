@@ -16,8 +16,8 @@ from pipeline.roles.loader.role import LoaderOptions, SourceLoader
 from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import load_spec
 from tests.loader_support import build_example_data, committed_sample_ids, expected_sample_ids, write_spec
-from topics.admin import ensure_job_topics
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.admin import ensure_job_topics
 
 TIMEOUT_S = 120.0
 

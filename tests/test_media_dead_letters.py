@@ -19,9 +19,9 @@ from tests.autoscale_support import train_tokenizer
 from tests.caption_shards import VISION_SECTION, WORDS, caption_image, write_shard
 from tests.loader_support import dead_letters, start_loader, wait_all
 from tests.media_support import clip_bytes, image_bytes, png_with_header, text_image, unknown_codec_clip
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
-from topics.sample_codec import decode_sample_message
+from topics.formats.names import JobTopics
+from topics.formats.sample_codec import decode_sample_message
+from topics.kafka.log_reader import read_to_end
 
 SHARD_SOURCE, ROWS_SOURCE = "pairs", "rows"
 

@@ -33,8 +33,8 @@ from tests.media_support import (
     unknown_codec_clip,
 )
 from topics.errors import MixflowError
-from topics.media import MediaItem
-from topics.media_pixels import frames_array
+from topics.formats.media import MediaItem
+from topics.formats.media_pixels import frames_array
 
 QWEN = {"factor": 28, "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280}
 

@@ -28,10 +28,14 @@ from tests.sink_media_support import (
     media_batches,
     media_sample,
 )
-from topics.batch import Batch
-from topics.batch_codec import decode_batch, encode_batch
 from topics.errors import MixflowError
-from topics.media_packing import (
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import decode_batch, encode_batch
+from topics.formats.media_pixels import frames_array
+from topics.formats.packing import pack_micro_batches
+from topics.formats.sample import Sample
+from trainer_sink import Layout, micro_batch_tensors
+from trainer_sink.vlm.qwen2_vl import (
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
     PixelOptions,
@@ -39,10 +43,6 @@ from topics.media_packing import (
     pack_media,
     patchify,
 )
-from topics.media_pixels import frames_array
-from topics.packing import pack_micro_batches
-from topics.sample import Sample
-from trainer_sink import Layout, micro_batch_tensors
 
 
 @functools.cache

@@ -37,7 +37,7 @@ from connectors.readers import (
 )
 from connectors.readers._tar_members import TarShard
 from connectors.work_units import WorkUnit
-from topics.dead_letter import DeadLetter
+from topics.formats.dead_letter import DeadLetter
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from topics.errors import DecodeError
-from topics.media import MediaItem
-from topics.sample import Sample
-from topics.sample_codec import (
+from topics.formats.media import MediaItem
+from topics.formats.sample import Sample
+from topics.formats.sample_codec import (
     MEDIA_SAMPLE_FINGERPRINT,
     SAMPLE_FINGERPRINT,
     SCHEMA_HEADER,

@@ -40,16 +40,16 @@ from pipeline.spec.cost import CostModel
 from pipeline.spec.sections import StepSpec
 from pipeline.tools.stack.local_broker import free_port_block
 from tests.loader_support import REPO, build_example_data, start_constructor, write_spec
-from topics.batch_codec import decode_batch_message
-from topics.dead_letter import DeadLetter, decode_dead_letter_message
 from topics.errors import MixflowError
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
-from topics.sample import Sample
-from topics.sample_codec import decode_sample_message
+from topics.formats.batch_codec import decode_batch_message
+from topics.formats.dead_letter import DeadLetter, decode_dead_letter_message
+from topics.formats.names import JobTopics
+from topics.formats.sample import Sample
+from topics.formats.sample_codec import decode_sample_message
+from topics.kafka.log_reader import read_to_end
 from trainer_sink import KafkaBatchDataset
+from trainer_sink.deliveries import Delivery
 from trainer_sink.metrics import SinkMetrics
-from trainer_sink.reader import Delivery
 
 SHAPE = StepSpec(ranks=2, micro_batches=2, tokens_per_micro_batch=64)
 COST = CostModel(alpha=1.0, beta=100.0)

@@ -21,7 +21,6 @@ from cryptography import x509
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.kafka.acls import job_bindings
 from pipeline.tools.stack.client_certs import issue_client_certificate
 from pipeline.tools.stack.local_cluster import ClusterLayout
 from pipeline.tools.stack.secure import (
@@ -35,12 +34,14 @@ from pipeline.tools.stack.secure import (
 )
 from tests.loader_support import REPO, build_example_data, write_spec
 from tests.secure_stack import SecureStack
-from topics.authorization import AuthorizationError
-from topics.client_refusals import refusal
-from topics.cluster_probe import ClusterProbe, cluster_topics
 from topics.errors import RefusedError
-from topics.kafka_settings import certificate_principal, client_certificate, settings_principal
+from topics.kafka.acls import job_bindings
+from topics.kafka.authorization import AuthorizationError
+from topics.kafka.client_refusals import refusal
+from topics.kafka.cluster_probe import ClusterProbe, cluster_topics
+from topics.kafka.settings import certificate_principal, client_certificate, settings_principal
 from trainer_sink.dataset import KafkaBatchDataset
+from trainer_sink.read_options import ReadOptions
 
 MIXFLOW = [sys.executable, "-m", "pipeline.cli"]
 ROLES = ("loader", "constructor", "trainer", "observer", "operator")
@@ -268,7 +269,9 @@ def test_a_job_with_a_certificate_per_role_runs_exactly_once(
 
     monkeypatch.setenv("MTLS_KEY_PASSWORD", password)  # the sink resolves the trainer's reference from it
     sinks = [
-        KafkaBatchDataset(str(spec), bootstrap_servers=secure_stack.mtls_bootstrap, rank=rank, wait_timeout_s=60)
+        KafkaBatchDataset(
+            str(spec), bootstrap_servers=secure_stack.mtls_bootstrap, rank=rank, read=ReadOptions(wait_timeout_s=60)
+        )
         for rank in (0, 1)
     ]
     every_micro_batch = int(steps.group(1)) * step["micro_batches"]

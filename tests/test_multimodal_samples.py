@@ -24,8 +24,8 @@ from connectors.readers.base import Document, MediaRef
 from connectors.samples import SampleBuilder
 from connectors.tokenizer import TextTokenizer
 from tests.media_support import VISION, clip_bytes, image_bytes, text_image
-from topics.media import MediaItem
-from topics.sample import Sample
+from topics.formats.media import MediaItem
+from topics.formats.sample import Sample
 
 EOD = "<|endoftext|>"
 TEXTS = ["A photo of a cat.", "def f(x):\n    return x\n", "Two images follow:", "héllo wörld", "", "and a clip"]

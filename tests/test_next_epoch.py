@@ -14,10 +14,10 @@ import yaml
 
 from pipeline.kafka.work_plan import WorkPlan
 from tests.loader_support import REPO, build_example_data, start_loader, write_spec
-from topics.batch_codec import decode_batch_message, end_of_data_steps
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
-from topics.sample_codec import decode_sample_message
+from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.names import JobTopics
+from topics.formats.sample_codec import decode_sample_message
+from topics.kafka.log_reader import read_to_end
 
 STEPS = 40
 
@@ -88,7 +88,7 @@ def test_work_units_a_broker_never_took_are_a_retriable_error_not_a_failure(uniq
     from connectors.work_units import WorkUnit
     from pipeline.kafka.work_plan import produce_units
     from pipeline.tools.stack.local_broker import free_port_pair
-    from topics.retry import KafkaUnavailableError
+    from topics.kafka.retry import KafkaUnavailableError
 
     nobody = f"127.0.0.1:{free_port_pair()}"
     producer = Producer({"bootstrap.servers": nobody, "message.timeout.ms": 500, "log_level": 0})

@@ -24,7 +24,7 @@ from pipeline.planning.mixing import DrawStatus, MixerState
 from pipeline.planning.mixing.compose import compose_step
 from pipeline.planning.scheduler import DEFAULT_COST_MODEL, plan_step
 from tests.sink_support import random_batch
-from topics.batch_codec import encode_batch
+from topics.formats.batch_codec import encode_batch
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "planning.json"
 STEPS = 8

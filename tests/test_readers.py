@@ -23,8 +23,8 @@ from connectors.readers import (
     make_reader,
 )
 from connectors.work_units import WorkUnit
-from topics.dead_letter import DeadLetter
 from topics.errors import MixflowError
+from topics.formats.dead_letter import DeadLetter
 
 
 def read_source(reader: Reader, max_bytes: int = 1 << 30) -> list[Document | DeadLetter]:
@@ -251,10 +251,10 @@ def test_reader_arguments_checked_at_construction(tmp_path: Path) -> None:
 
 def test_the_file_formats_are_listed_once() -> None:
     """The spec's readers, their default globs and fields, and the readers' table all come from
-    ``topics.file_formats``."""
+    ``topics.formats.file_formats``."""
     from connectors.readers import READERS, reader_class
     from pipeline.spec.sources import COLUMNAR_READERS, DEFAULT_GLOBS, ReaderKind
-    from topics.file_formats import FILE_FORMATS
+    from topics.formats.file_formats import FILE_FORMATS
 
     assert [r.value for r in ReaderKind] == list(FILE_FORMATS) == list(READERS)
     for name, file_format in FILE_FORMATS.items():

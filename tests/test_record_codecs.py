@@ -25,8 +25,8 @@ from pipeline.kafka.work_plan import WorkPlan
 from pipeline.planning.mixing import MixtureChange
 from pipeline.planning.mixing.state import MixerState
 from pipeline.planning.step.state import ConstructorState, SampleRef, SourcePosition
-from topics.dead_letter import DeadLetter, decode_dead_letter, encode_dead_letter
 from topics.errors import DecodeError
+from topics.formats.dead_letter import DeadLetter, decode_dead_letter, encode_dead_letter
 
 # -- the encoders as they were: the reference for the bytes ------------------------------------------------
 

@@ -16,8 +16,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from tests.fake_clock import FakeClock
 from tests.kafka_support import create_topic
-from topics.offset_lookup import OffsetLookup
-from topics.renewing_consumer import RenewingConsumer
+from topics.kafka.offset_lookup import OffsetLookup
+from topics.kafka.renewing_consumer import RenewingConsumer
 
 STALL_S = 5.0
 TIMEOUT_S = 60.0

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli import main
+from pipeline.kafka.state_topic import JobHistory, StateRecord, require_history
 from pipeline.planning.mixing import MixerState
 from pipeline.planning.scheduler import CostModel
 from pipeline.planning.step.spec_change import StepShape
@@ -31,14 +32,14 @@ from pipeline.tools.replay import (
     reshape_step,
     verify,
 )
-from pipeline.tools.replay.history import JobHistory, StateRecord, adopted, require_history
+from pipeline.tools.replay.plan import adopted
 from tests.replay_support import Lengths, construct, make_job, steps_of, write_replay_spec
 from tests.sink_support import random_batch
-from topics.batch import Batch
-from topics.batch_codec import encode_batch
 from topics.errors import MixflowError
-from topics.names import JobTopics
-from topics.sample import Sample
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import encode_batch
+from topics.formats.names import JobTopics
+from topics.formats.sample import Sample
 from trainer_sink import KafkaBatchDataset
 
 COST = CostModel(1.0, 100.0)

@@ -40,13 +40,13 @@ from tests.media_support import image_bytes, text_image
 from tests.replay_support import construct, steps_of
 from tests.sink_media_support import media_sample
 from tests.sink_support import random_batch
-from topics.admin import ensure_job_topics
-from topics.batch import Batch
-from topics.batch_codec import encode_batch
-from topics.names import JobTopics
-from topics.sample import Sample
-from topics.sample_codec import encode_sample
-from trainer_sink import KafkaBatchDataset
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import encode_batch
+from topics.formats.names import JobTopics
+from topics.formats.sample import Sample
+from topics.formats.sample_codec import encode_sample
+from topics.kafka.admin import ensure_job_topics
+from trainer_sink import KafkaBatchDataset, ReadOptions
 
 COST = CostModel(1.0, 100.0)
 VISION = VisionCostModel(2.0, 300.0)
@@ -225,7 +225,9 @@ def test_an_elastic_replay_of_a_multimodal_job_delivers_every_sample_once_with_i
     assert delivered == Counter(samples.keys())  # every sample of the sources, each once, media and all
     audit = verify(config, spec.job, unique_name, 0)
     assert audit.mismatch is None and audit.steps == len(after) and audit.end
-    sink = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=ranks - 1, wait_timeout_s=30)
+    sink = KafkaBatchDataset(
+        job=unique_name, bootstrap_servers=kafka_bootstrap, rank=ranks - 1, read=ReadOptions(wait_timeout_s=30)
+    )
     images = sum(len(mb["image_grid_thw"]) for mb in sink if "image_grid_thw" in mb)
     assert images == sum(len(s.media) for step in after for s in step[ranks - 1].samples())
 

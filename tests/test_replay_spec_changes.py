@@ -21,7 +21,7 @@ from pipeline.tools.replay import ReplayRequest, replay, verify
 from pipeline.tools.replay.specs import replay_specs
 from tests.replay_support import construct, fill_sources, write_replay_spec
 from topics.errors import MixflowError
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
 
 FOUR = {
     "sources": [{"name": s, "reader": "jsonl", "path": ".", "pretokenized": True} for s in "abcd"],

@@ -24,18 +24,18 @@ from tokenizers import AddedToken, ByteLevelBPETokenizer, Tokenizer
 from pipeline.spec import load_spec
 from pipeline.spec.cost import CostModel, VisionCostModel
 from pipeline.tools.observe.frame import JobFacts, build_frame, render_frame
-from pipeline.tools.observe.history import JobHistory
 from pipeline.tools.observe.plots import write_plots
 from pipeline.tools.observe.rank_topics import StepBalance, read_steps
 from pipeline.tools.observe.series import report_series
 from pipeline.tools.observe.step_stats import first_fit, imbalance, naive_loading, step_stats
 from pipeline.tools.observe.summary import summary_markdown
+from pipeline.tools.observe.timeline import JobTimeline
 from pipeline.tools.observe.vision_parts import PATCHES, EncoderWeighing
 from tests.loader_support import REPO
 from tests.media_support import image_bytes, text_image
 from tests.sink_media_support import media_sample
-from topics.batch import Batch
-from topics.sample import Sample
+from topics.formats.batch import Batch
+from topics.formats.sample import Sample
 
 SOURCES = ("vl", "text")
 LLM = CostModel(alpha=1.0, beta=100.0)
@@ -217,10 +217,10 @@ def test_naive_loading_without_vision_is_the_text_packing() -> None:
 # -- the report's rows, its plot, top's table ---------------------------------------------------------
 
 
-def history_of(job, weighing: EncoderWeighing | None) -> JobHistory:
+def timeline_of(job, weighing: EncoderWeighing | None) -> JobTimeline:
     stats = [step_stats(batches, SOURCES, LLM, weighing) for batches in job]
     k = len(stats)
-    return JobHistory(
+    return JobTimeline(
         job="mm",
         sources=list(SOURCES),
         stats=stats,
@@ -256,14 +256,14 @@ def assert_row(row: tuple[float, ...], balanced, naive) -> None:
 @settings(max_examples=4, deadline=None)
 @given(job=multimodal_steps(max_steps=6), weighing=WEIGHINGS)
 def test_report_rows_plot_and_top_show_each_part(tmp_path_factory, job, weighing: EncoderWeighing) -> None:
-    history = history_of(job, weighing)
-    series = report_series(history)
+    timeline = timeline_of(job, weighing)
+    series = report_series(timeline)
     out: Path = tmp_path_factory.mktemp("report")
-    images = write_plots(series, history, out)
-    summary = summary_markdown(series, history, images)
+    images = write_plots(series, timeline, out)
+    summary = summary_markdown(series, timeline, images)
     rows = part_rows_of(summary)
     assert list(rows) == [weighing.label, "LLM", weighing.total_label], summary
-    stats = history.stats
+    stats = timeline.stats
     assert_row(rows[weighing.label], [s.encoder_imbalance for s in stats], [s.naive_encoder_imbalance for s in stats])
     assert_row(rows["LLM"], [s.llm_imbalance for s in stats], [s.naive_llm_imbalance for s in stats])
     assert_row(rows[weighing.total_label], [s.imbalance for s in stats], [s.naive_imbalance for s in stats])
@@ -271,7 +271,7 @@ def test_report_rows_plot_and_top_show_each_part(tmp_path_factory, job, weighing
     # Three panels, one above the other: total, encoder, LLM.
     assert imread(images["imbalance"]).shape[0] > 2 * imread(images["shares"]).shape[0]
 
-    text = summary_markdown(report_series(history_of(job, None)), history_of(job, None), {})
+    text = summary_markdown(report_series(timeline_of(job, None)), timeline_of(job, None), {})
     assert not part_rows_of(text) and "patch budget" not in text
 
     facts = JobFacts("mm", 10.0, [], {}, len(job), 0, True, stats, None)
@@ -283,7 +283,7 @@ def test_report_rows_plot_and_top_show_each_part(tmp_path_factory, job, weighing
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(render_frame(frame))
     assert f"rank cost by part: the last {len(stats)} steps" in console.export_text()
-    text_frame = build_frame(JobFacts("t", 10.0, [], {}, len(job), 0, True, history_of(job, None).stats, None))
+    text_frame = build_frame(JobFacts("t", 10.0, [], {}, len(job), 0, True, timeline_of(job, None).stats, None))
     assert text_frame.parts == [] and "parts" not in text_frame.to_dict()
 
 

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from matplotlib.image import imread
 
 from pipeline.spec.cost import CostModel
-from pipeline.tools.observe.history import JobHistory
 from pipeline.tools.observe.plots import write_plots
 from pipeline.tools.observe.series import rate_over_time, report_series, rolling_median
 from pipeline.tools.observe.step_stats import (
@@ -25,6 +24,7 @@ from pipeline.tools.observe.step_stats import (
     step_stats,
 )
 from pipeline.tools.observe.summary import summary_markdown
+from pipeline.tools.observe.timeline import JobTimeline
 from tests.observe_support import LENGTH_FAMILIES, SOURCES, steps
 
 COSTS = st.builds(
@@ -169,11 +169,11 @@ def test_rate_over_time_keeps_every_amount(times: list[float], bins: int, seed: 
     assert (np.diff(centres) > 0).all()
 
 
-def synthetic_history(job, cost: CostModel, seed: int = 0) -> JobHistory:
+def synthetic_timeline(job, cost: CostModel, seed: int = 0) -> JobTimeline:
     stats = [step_stats(batches, SOURCES, cost) for batches in job]
     k = len(stats)
     rng = np.random.default_rng(seed)
-    return JobHistory(
+    return JobTimeline(
         job="synthetic",
         sources=list(SOURCES),
         stats=stats,
@@ -189,27 +189,27 @@ def synthetic_history(job, cost: CostModel, seed: int = 0) -> JobHistory:
 @given(job=steps(max_steps=12), cost=COSTS)
 def test_plots_are_png_images_and_the_summary_links_them(tmp_path_factory, job, cost: CostModel) -> None:
     out: Path = tmp_path_factory.mktemp("report")
-    history = synthetic_history(job, cost)
-    series = report_series(history)
-    images = write_plots(series, history, out)
+    timeline = synthetic_timeline(job, cost)
+    series = report_series(timeline)
+    images = write_plots(series, timeline, out)
     assert set(images) == {"shares", "imbalance", "fill", "throughput"}
     for path in images.values():
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         pixels = imread(path)
         assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
-    summary = summary_markdown(series, history, images)
+    summary = summary_markdown(series, timeline, images)
     for path in images.values():
         assert f"]({path.name})" in summary
     assert f"| steps | {len(job)} " in summary
-    tokens = sum(s.tokens for s in history.stats)
+    tokens = sum(s.tokens for s in timeline.stats)
     assert f"{tokens:,}" in summary
 
 
 def test_a_job_without_steps_gets_a_summary_and_no_plots(tmp_path: Path) -> None:
-    history = synthetic_history([], CostModel(1.0, 1.0))
-    series = report_series(history)
-    assert write_plots(series, history, tmp_path) == {}
-    assert "No steps written yet." in summary_markdown(series, history, {})
+    timeline = synthetic_timeline([], CostModel(1.0, 1.0))
+    series = report_series(timeline)
+    assert write_plots(series, timeline, tmp_path) == {}
+    assert "No steps written yet." in summary_markdown(series, timeline, {})
 
 
 @given(values=st.lists(st.floats(-1e6, 1e6), max_size=60), window=st.integers(1, 30))

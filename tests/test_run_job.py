@@ -15,7 +15,7 @@ import pytest
 
 from tests.kafka_support import TopicGrowth
 from tests.loader_support import REPO, build_example_data, write_spec
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
 
 TRAINER = (
     "{python} -m torch.distributed.run --standalone --nproc_per_node 2 examples/train.py --spec {spec} "

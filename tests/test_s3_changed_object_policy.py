@@ -37,9 +37,9 @@ from tests.loader_support import (
 from tests.s3_support import S3Server, running_server, upload
 from tests.test_s3_job import object_store_spec
 from tests.test_s3_readers import write_source
-from topics.admin import ensure_job_topics
 from topics.errors import RefusedError
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.admin import ensure_job_topics
 
 
 @pytest.fixture

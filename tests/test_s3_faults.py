@@ -12,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from connectors.storage import (
     storage_for,
 )
 from connectors.storage.faults import classify
-from connectors.storage.retry import RetryPolicy, TransientError
+from connectors.storage.retry import STORAGE_RETRY, TransientError
 from connectors.storage.s3 import FIRST_CONTACT_S, S3Settings, S3Storage
 from pipeline.cli import main
 from pipeline.kafka.work_plan import publish_work_plan
@@ -51,8 +52,8 @@ from tests.loader_support import (
 from tests.s3_support import S3Server, running_server, storage_section, upload
 from tests.test_s3_job import object_store_spec
 from tests.test_s3_readers import write_source
-from topics.admin import ensure_job_topics
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.admin import ensure_job_topics
 
 
 @pytest.fixture
@@ -76,7 +77,7 @@ def planned_parquet(server: S3Server, tmp_path: Path, deadline_s: float):
     folder = tmp_path / "src"
     write_source(folder, "parquet", [40, 40])
     root = upload(server, folder, "faults")
-    storage = storage_for(root, server.settings(retry=RetryPolicy(deadline_s=deadline_s)))
+    storage = storage_for(root, server.settings(retry=replace(STORAGE_RETRY, deadline_s=deadline_s)))
     reader = make_reader("parquet", "web", root, storage=storage)
     units = [u for layout in reader.layouts() for u in split_file("web", layout, 1 << 30)]
     return reader, units, root
@@ -396,7 +397,7 @@ def test_a_404_for_a_key_the_listing_shows_is_asked_again() -> None:
             region="us-east-1",
             access_key_id="k",
             secret_access_key="s",
-            retry=RetryPolicy(deadline_s=30, first_backoff_s=0.01),
+            retry=replace(STORAGE_RETRY, deadline_s=30, backoff_s=0.01),
         ),
     )
     shown = {"Contents": [{"Key": "x", "Size": 3, "ETag": '"e"'}], "KeyCount": 1}

@@ -26,8 +26,8 @@ from tests.loader_support import (
     write_spec,
 )
 from tests.s3_support import S3Server, running_server, storage_section, upload
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.log_reader import read_to_end
 
 RANKS = 2
 STEP = {"ranks": RANKS, "micro_batches": 2, "tokens_per_micro_batch": 1024}

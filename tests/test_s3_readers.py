@@ -25,7 +25,7 @@ from connectors.readers.jsonl import lines
 from connectors.storage import storage_for
 from connectors.work_units import WorkUnit
 from tests.s3_support import S3Server, running_server, upload
-from topics.dead_letter import DeadLetter
+from topics.formats.dead_letter import DeadLetter
 
 FORMATS = ("jsonl", "parquet", "arrow", "text")
 

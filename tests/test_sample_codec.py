@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from topics.errors import DecodeError
-from topics.sample import Sample
-from topics.sample_codec import (
+from topics.formats.sample import Sample
+from topics.formats.sample_codec import (
     SAMPLE_FINGERPRINT,
     SAMPLE_SCHEMA,
     SCHEMA_HEADER,

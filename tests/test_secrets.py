@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pipeline.cli import main
 from pipeline.spec import SpecError, load_spec
 from topics.errors import MixflowError
-from topics.kafka_settings import is_secret_key, redacted, resolve_settings, setting_problems
+from topics.kafka.settings import is_secret_key, redacted, resolve_settings, setting_problems
 from trainer_sink.config import SinkSource
 
 SENTINEL = "s3ntinel-PASSWORD-never-shown"

@@ -25,8 +25,6 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.kafka.acl_admin import AclAdmin
-from pipeline.kafka.acls import Binding, Operation, Pattern, Resource
 from pipeline.tools.stack import storage_format
 from pipeline.tools.stack.jars import resolve_broker_jars
 from pipeline.tools.stack.local_broker import LocalBroker, checked_java
@@ -41,8 +39,10 @@ from pipeline.tools.stack.secure import (
 )
 from pipeline.tools.stack.storage_format import java_argument_file
 from tests.secure_stack import REAUTH_LISTENER_S, SecureStack
-from topics.librdkafka_log import LOGGER, is_benign
-from topics.log_reader import read_to_end
+from topics.kafka.acl_admin import AclAdmin
+from topics.kafka.acls import Binding, Operation, Pattern, Resource
+from topics.kafka.librdkafka_log import LOGGER, is_benign
+from topics.kafka.log_reader import read_to_end
 
 MIXFLOW = [sys.executable, "-m", "pipeline.cli"]
 ECHO = """public class Echo {

@@ -46,9 +46,9 @@ from pipeline.tools.stack.secure import (
 )
 from pipeline.tools.stack.tls import new_ca
 from tests.secure_stack import SecureStack
-from topics.client_refusals import refusal
-from topics.cluster_probe import cluster_topics
 from topics.errors import RefusedError, SecurityRefusedError
+from topics.kafka.client_refusals import refusal
+from topics.kafka.cluster_probe import cluster_topics
 
 MIXFLOW = [sys.executable, "-m", "pipeline.cli"]
 REFUSED_EXIT = RefusedError.exit_code

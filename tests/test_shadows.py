@@ -26,8 +26,8 @@ from tests.loader_support import (
     wait_all,
     write_spec,
 )
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.log_reader import read_to_end
 
 RANKS = 2
 
@@ -125,7 +125,7 @@ def _check_against_an_undisturbed_run(spec: Path, bootstrap: str, folder: Path) 
         assert len(disturbed[rank]) == len(undisturbed[rank]), f"rank {rank}: step counts differ"
         for step, (got, want) in enumerate(zip(disturbed[rank], undisturbed[rank], strict=True)):
             assert got == want, f"rank {rank}, message {step}: differs from the undisturbed run"
-    from topics.batch_codec import decode_batch_message, end_of_data_steps
+    from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
 
     delivered: Counter[str] = Counter()
     for rank in range(RANKS):

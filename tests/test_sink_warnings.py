@@ -16,18 +16,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.sink_support import random_batch, write_steps
-from topics.batch_codec import decode_batch, encode_batch
+from topics.formats.batch_codec import decode_batch, encode_batch
 from trainer_sink import Layout, micro_batch_tensors
 
 REPO = Path(__file__).resolve().parent.parent
 
 _ITERATE_THE_SINK = """
 import json, sys, warnings
-from trainer_sink import KafkaBatchDataset
+from trainer_sink import KafkaBatchDataset, ReadOptions
 # A trainer's own filters, added after the import: they come first in the process's list.
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    dataset = KafkaBatchDataset(job=sys.argv[1], bootstrap_servers=sys.argv[2], rank=0, wait_timeout_s=60)
+    read = ReadOptions(wait_timeout_s=60)
+    dataset = KafkaBatchDataset(job=sys.argv[1], bootstrap_servers=sys.argv[2], rank=0, read=read)
     micro_batches = sum(1 for _ in dataset)
 print(json.dumps({"micro_batches": micro_batches, "warnings": [str(w.message) for w in caught]}))
 """

@@ -15,9 +15,9 @@ from pipeline.planning.mixing import MixerState
 from pipeline.planning.step.spec_change import carry_over
 from pipeline.planning.step.state import ConstructorState, SampleRef, SourcePosition
 from tests.loader_support import build_example_data, committed_sample_ids, load_sources, start_constructor, write_spec
-from topics.batch_codec import decode_batch_message, end_of_data_steps
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.names import JobTopics
+from topics.kafka.log_reader import read_to_end
 
 RANKS = 2
 

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Consumer
 
 from pipeline.tools.stack.local_broker import LocalBroker, free_port_pair
-from topics.admin import ensure_job_topics
+from topics.kafka.admin import ensure_job_topics
 
 MIXFLOW = [sys.executable, "-m", "pipeline.cli"]
 

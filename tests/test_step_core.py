@@ -19,7 +19,7 @@ from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.spec_change import StepShape
 from pipeline.planning.step.state import ConstructorState
 from tests.length_families import FAMILIES, draw_lengths
-from topics.sample import Sample
+from topics.formats.sample import Sample
 
 drawn_lengths = st.lists(st.lists(st.integers(1, 50), max_size=12).map(np.asarray), max_size=4)
 

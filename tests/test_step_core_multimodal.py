@@ -24,8 +24,8 @@ from pipeline.planning.step.state import ConstructorState
 from pipeline.spec.cost import VisionCostModel
 from tests.multimodal_families import FAMILIES, Multimodal, draw_multimodal
 from topics.errors import MixflowError
-from topics.media import MediaItem
-from topics.sample import Sample
+from topics.formats.media import MediaItem
+from topics.formats.sample import Sample
 
 VISION = VisionCostModel(alpha=1e-3, beta=0.5)
 

@@ -1,4 +1,4 @@
-"""Finding a step in a rank topic by its number (``topics.step_index``), against the real broker."""
+"""Finding a step in a rank topic by its number (``topics.kafka.step_index``), against the real broker."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tests.sink_support import random_batch, write_steps
-from topics.names import JobTopics
-from topics.step_index import locate_step
+from topics.formats.names import JobTopics
+from topics.kafka.step_index import locate_step
 
 
 @pytest.mark.kafka

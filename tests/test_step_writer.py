@@ -10,16 +10,16 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from pipeline.kafka.clients import (
+from pipeline.kafka.role_protocol import TransactionalRole
+from pipeline.roles.constructor.writer import PreparedStep, Record, StepWriter
+from tests.kafka_support import create_topic, read_to_end
+from topics.kafka.clients import (
     KafkaConfig,
     ProducerFencedError,
     abort,
     read_committed_consumer,
     transactional_producer,
 )
-from pipeline.kafka.role_protocol import TransactionalRole
-from pipeline.roles.constructor.writer import PreparedStep, StepWriter
-from tests.kafka_support import create_topic, read_to_end
 
 
 class AbortingRole(TransactionalRole):
@@ -57,7 +57,8 @@ def _steps_named(what: str) -> set[str]:
 
 
 def _step(topic: str, source: str, k: int, records: int, done: list[int]) -> PreparedStep:
-    values = [(topic, f"{k}:{i}".encode(), str(k).encode(), [("step", str(k).encode())], 0) for i in range(records)]
+    headers = [("step", str(k).encode())]
+    values = [Record(topic, f"{k}:{i}".encode(), str(k).encode(), headers, 0) for i in range(records)]
     return PreparedStep(f"step {k}", values, [TopicPartition(source, 0, k + 1)], done=lambda: done.append(k))
 
 

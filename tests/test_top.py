@@ -32,20 +32,20 @@ from pipeline.tools.dead_letters import REASONS_SHOWN, reason_kind
 from pipeline.tools.observe.collector import JobCollector
 from pipeline.tools.observe.endpoints import run_endpoints, scrape_sink_steps, sink_steps_in
 from pipeline.tools.observe.frame import Frame, JobFacts, SourceFacts, build_frame, render_frame
-from pipeline.tools.observe.history import read_history
 from pipeline.tools.observe.lanes import LaneStates
 from pipeline.tools.observe.step_stats import step_stats
 from pipeline.tools.observe.tally import StepTally
+from pipeline.tools.observe.timeline import read_timeline
 from pipeline.tools.run.progress import _StepsWritten
 from tests.kafka_support import read_to_end
 from tests.loader_support import REPO, build_example_data, start_constructor, start_loader, wait_all, write_spec
 from tests.observe_support import SOURCES, steps
-from topics.admin import ensure_job_topics
-from topics.batch_codec import decode_batch_message, end_of_data_steps
 from topics.errors import MixflowError
-from topics.lanes import first_step_at_or_after
-from topics.names import JobTopics
-from topics.progress import encode_progress
+from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.lanes import first_step_at_or_after
+from topics.formats.names import JobTopics
+from topics.formats.progress import encode_progress
+from topics.kafka.admin import ensure_job_topics
 
 COST = CostModel(alpha=1.0, beta=100.0)
 WEIGHTS = np.array([0.5, 0.3, 0.2])
@@ -459,12 +459,12 @@ def test_top_and_set_mixture_follow_every_lane_of_a_job(kafka_bootstrap: str, un
         assert facts.schedule_now == {"code": 1.0, "docstrings": 0.0, "topics": 0.0}
         # The report's backlog at the last step counts every lane's deliveries, as top does (less a commit
         # marker after each partition's last sample, which top leaves out).
-        history = read_history(config, spec)
+        timeline = read_timeline(config, spec)
         rank_0 = read_to_end(kafka_bootstrap, JobTopics(unique_name).rank(0))
         steps = sorted(decode_batch_message(m).step for m in rank_0 if end_of_data_steps(m.headers()) is None)
-        assert [s.step for s in history.stats] == steps
+        assert [s.step for s in timeline.stats] == steps
         for i, row in enumerate(frame.sources):
-            assert 0 <= history.backlog[-1][i] - row.backlog <= LANES, (history.backlog[-1], frame.sources)
+            assert 0 <= timeline.backlog[-1][i] - row.backlog <= LANES, (timeline.backlog[-1], frame.sources)
         steps_written = frame.constructor.steps_written
         assert _progress_steps(config, unique_name, steps_written) == steps_written
         finished = _set_mixture(spec_path, 10**6, "code=1")

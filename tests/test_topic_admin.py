@@ -9,7 +9,9 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from topics.admin import (
+from topics.errors import MixflowError, TopicLayoutError
+from topics.formats.names import JobTopics
+from topics.kafka.admin import (
     LARGE_MESSAGE_BYTES,
     client_config,
     delete_job_topics,
@@ -18,8 +20,6 @@ from topics.admin import (
     job_layout,
     topic_exists,
 )
-from topics.errors import MixflowError, TopicLayoutError
-from topics.names import JobTopics
 
 TIMEOUT_S = 20.0
 

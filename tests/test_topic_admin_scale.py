@@ -1,4 +1,4 @@
-"""Topic administration in batches (topics/admin.py ``batch_topics``): a job of 1,195 ranks (1,200 topics) in
+"""Topic administration in batches (topics/kafka/admin.py ``batch_topics``): a job of 1,195 ranks (1,200 topics) in
 batches of 500 against the real broker, and ``batched`` over families of sizes."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topics.admin import batched, delete_job_topics, describe_job_topics, ensure_job_topics, job_layout
 from topics.errors import TopicLayoutError
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.admin import batched, delete_job_topics, describe_job_topics, ensure_job_topics, job_layout
 
 SOURCES = ["web", "code"]
 RANKS = 1195  # 2 sources x (src, work) + 1,195 rank topics + state, control, dlq, progress = 1,203 topics

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from topics.errors import InvalidNameError
-from topics.names import (
+from topics.formats.names import (
     MAX_JOB_LENGTH,
     MAX_SOURCE_LENGTH,
     MAX_TOPIC_LENGTH,

@@ -9,8 +9,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from pipeline.cli import main
-from topics.admin import ensure_job_topics, job_groups, list_jobs
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.admin import ensure_job_topics, job_groups, list_jobs
 
 TIMEOUT_S = 60.0
 

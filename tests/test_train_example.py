@@ -23,9 +23,9 @@ import yaml
 
 from tests.kafka_support import read_to_end
 from tests.sink_support import write_steps
-from topics.batch import Batch
-from topics.batch_codec import decode_batch_message
-from topics.names import JobTopics
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import decode_batch_message
+from topics.formats.names import JobTopics
 
 pytestmark = pytest.mark.kafka
 

@@ -19,10 +19,10 @@ from pipeline.roles.constructor.lead import lead_allows, slowest_rank
 from pipeline.spec import load_spec
 from tests.replay_support import fill_sources, steps_of, write_replay_spec
 from topics.errors import DecodeError
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
-from topics.progress import decode_progress, encode_progress
-from trainer_sink import KafkaBatchDataset
+from topics.formats.names import JobTopics
+from topics.formats.progress import decode_progress, encode_progress
+from topics.kafka.log_reader import read_to_end
+from trainer_sink import KafkaBatchDataset, ReadOptions
 
 # -- pure parts ------------------------------------------------------------------------------------
 
@@ -74,7 +74,8 @@ def test_the_constructor_stays_within_its_lead_of_a_slow_trainer(
 
     def trainer() -> None:
         """Both ranks in lockstep, a step at a time; after each, what the constructor has written."""
-        datasets = [KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=r, wait_timeout_s=60)
+        read = ReadOptions(wait_timeout_s=60)
+        datasets = [KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=r, read=read)
                     for r in range(RANKS)]  # fmt: skip
         iterators = [iter(d) for d in datasets]
         step = 0
@@ -148,7 +149,8 @@ def test_a_resumed_trainer_reports_the_steps_its_checkpoint_holds_before_taking_
 
     def trainers() -> None:
         try:
-            lost = [KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=r, wait_timeout_s=60,
+            read = ReadOptions(wait_timeout_s=60)
+            lost = [KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=r, read=read,
                                       report_progress=False) for r in range(RANKS)]  # fmt: skip
             for dataset in lost:
                 iterator = iter(dataset)
@@ -159,7 +161,7 @@ def test_a_resumed_trainer_reports_the_steps_its_checkpoint_holds_before_taking_
             iterators = []
             for rank, checkpoint in enumerate(checkpoints):
                 resumed = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=rank,
-                                            wait_timeout_s=60)  # fmt: skip
+                                            read=read)  # fmt: skip
                 resumed.load_state_dict(checkpoint)
                 iterators.append(iter(resumed))
             taken = [0] * RANKS

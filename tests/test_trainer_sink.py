@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import re
 import subprocess
 import sys
 import time
@@ -20,15 +21,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.sink_support import random_batch, write_sink_spec, write_steps
-from topics.batch import Batch
-from topics.batch_codec import encode_batch
 from topics.errors import DecodeError, MixflowError
-from topics.names import JobTopics
-from topics.packing import IGNORE_INDEX
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import encode_batch
+from topics.formats.names import JobTopics
+from topics.formats.packing import IGNORE_INDEX
 from trainer_sink import (
     KafkaBatchDataset,
     Layout,
     ParallelLayout,
+    ReadOptions,
     SinkPosition,
     SinkTimeoutError,
     block_causal_mask,
@@ -223,7 +225,9 @@ def test_every_micro_batch_arrives_once_in_order_and_the_iteration_ends(
 ) -> None:
     job, batches = written_job
     for rank in range(RANKS):
-        dataset = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=rank, wait_timeout_s=30)
+        dataset = KafkaBatchDataset(
+            job=job, bootstrap_servers=kafka_bootstrap, rank=rank, read=ReadOptions(wait_timeout_s=30)
+        )
         got = [_fingerprint(mb) for mb in dataset]
         expected = [_fingerprint(mb) for step in batches for mb in micro_batch_tensors(step[rank])]
         assert got == expected
@@ -237,11 +241,33 @@ def test_the_dataset_pads_micro_batches_when_asked(
 ) -> None:
     job, batches = written_job
     with pytest.raises(MixflowError, match="pad_to_multiple_of"):
-        KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, pad_to_multiple_of=0)
-    dataset = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, pad_to_multiple_of=16)
+        KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, read=ReadOptions(pad_to_multiple_of=0))
+    dataset = KafkaBatchDataset(
+        job=job, bootstrap_servers=kafka_bootstrap, rank=0, read=ReadOptions(pad_to_multiple_of=16)
+    )
     got = [_fingerprint(mb) for mb in dataset]
     assert got == [_fingerprint(mb) for step in batches for mb in micro_batch_tensors(step[0], pad_to_multiple_of=16)]
     assert all(len(fingerprint[3]) % (16 * 4) == 0 for fingerprint in got)  # int32 input_ids
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize(
+    "keywords",
+    [{"pad_to_multiple_of": 16}, {"wait_timeout_s": 30, "layout": "padded"}, {"prefetch_bytes": 1 << 20}],
+    ids=lambda keywords: ",".join(keywords),
+)
+def test_read_options_given_as_the_datasets_own_keywords_still_work_with_a_warning(
+    kafka_bootstrap: str, written_job: tuple[str, list[list[Batch]]], keywords: dict[str, object]
+) -> None:
+    job, _ = written_job
+    given = ", ".join(f"{name}=..." for name in keywords)
+    with pytest.warns(DeprecationWarning, match=rf"pass read=ReadOptions\({re.escape(given)}\)"):
+        old = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, **keywords)  # type: ignore[arg-type]
+    new = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, read=ReadOptions(**keywords))  # type: ignore[arg-type]
+    assert old.options == new.options
+    assert [_fingerprint(mb) for mb in old] == [_fingerprint(mb) for mb in new]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'pad_to'"):
+        KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, pad_to=16)  # type: ignore[call-arg]
 
 
 @pytest.mark.kafka
@@ -252,7 +278,7 @@ def test_resuming_from_any_point_yields_exactly_what_followed_it(
 
     def dataset() -> KafkaBatchDataset:
         return KafkaBatchDataset(
-            job=job, bootstrap_servers=kafka_bootstrap, rank=1, wait_timeout_s=30, prefetch_bytes=4096
+            job=job, bootstrap_servers=kafka_bootstrap, rank=1, read=ReadOptions(wait_timeout_s=30, prefetch_bytes=4096)
         )
 
     reference = [_fingerprint(mb) for mb in dataset()]
@@ -276,13 +302,13 @@ def test_state_survives_torch_distributed_checkpoint(
     import torch.distributed.checkpoint as dcp
 
     job, _ = written_job
-    first = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    first = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, read=ReadOptions(wait_timeout_s=30))
     iterator = iter(first)
     _take(iterator, 7)
     iterator.close()
     with pytest.warns(UserWarning, match="single process"):
         dcp.save({"sink": first}, checkpoint_id=tmp_path)
-    resumed = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    resumed = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, read=ReadOptions(wait_timeout_s=30))
     with pytest.warns(UserWarning, match="single process"):
         dcp.load({"sink": resumed}, checkpoint_id=tmp_path)
     assert resumed.state_dict() == first.state_dict()
@@ -293,7 +319,7 @@ def test_state_survives_torch_distributed_checkpoint(
 def test_under_a_dataloader(kafka_bootstrap: str, written_job: tuple[str, list[list[Batch]]], tmp_path: Path) -> None:
     job, batches = written_job
     spec = write_sink_spec(tmp_path, job, kafka_bootstrap, RANKS, MICRO_BATCHES, CAPACITY)
-    dataset = KafkaBatchDataset(spec, rank=0, wait_timeout_s=30)
+    dataset = KafkaBatchDataset(spec, rank=0, read=ReadOptions(wait_timeout_s=30))
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, pin_memory=torch.cuda.is_available())
     expected = [_fingerprint(mb) for step in batches for mb in micro_batch_tensors(step[0])]
     assert [_fingerprint(mb) for mb in loader] == expected
@@ -314,7 +340,7 @@ def test_a_spec_and_a_job_name_read_that_job_under_the_specs_settings(
     spec = tmp_path / "spec.yaml"
     kafka = {"bootstrap_servers": kafka_bootstrap, "config": {"client.id": "from-the-spec"}}
     spec.write_text(yaml.safe_dump({"job": unique_name, "kafka": kafka, "step": {"ranks": 1}}))
-    dataset = KafkaBatchDataset(spec, job=job, rank=RANKS - 1, wait_timeout_s=30)
+    dataset = KafkaBatchDataset(spec, job=job, rank=RANKS - 1, read=ReadOptions(wait_timeout_s=30))
     assert dataset.topic == JobTopics(job).rank(RANKS - 1) and dataset.kafka_config["client.id"] == "from-the-spec"
     expected = [_fingerprint(mb) for step in batches for mb in micro_batch_tensors(step[RANKS - 1])]
     assert [_fingerprint(mb) for mb in dataset] == expected
@@ -335,7 +361,7 @@ def test_peers_of_one_data_parallel_rank_read_the_same_batches(
     streams = []
     for global_rank in (2, 3, 6):
         monkeypatch.setenv("RANK", str(global_rank))
-        dataset = KafkaBatchDataset(spec, tensor_parallel=2, pipeline_parallel=2, wait_timeout_s=30)
+        dataset = KafkaBatchDataset(spec, tensor_parallel=2, pipeline_parallel=2, read=ReadOptions(wait_timeout_s=30))
         assert dataset.topic == JobTopics(job).rank(1)
         streams.append([_fingerprint(mb) for mb in dataset])
     assert streams[0] == streams[1] == streams[2]
@@ -350,7 +376,9 @@ def test_waits_for_the_constructor_then_times_out_naming_the_step(
 ) -> None:
     batches = _steps(3, 6)
     write_steps(kafka_bootstrap, unique_name, batches[:2], end=False)
-    dataset = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=20)
+    dataset = KafkaBatchDataset(
+        job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, read=ReadOptions(wait_timeout_s=20)
+    )
     iterator = iter(dataset)
     assert len(_take(iterator, 2 * MICRO_BATCHES)) == 2 * MICRO_BATCHES
     # The sink has everything written so far; the next steps arrive while it waits for them.
@@ -361,7 +389,10 @@ def test_waits_for_the_constructor_then_times_out_naming_the_step(
     stalled = f"{unique_name}-stalled"
     write_steps(kafka_bootstrap, stalled, batches[:1], end=False)
     waiting = KafkaBatchDataset(
-        job=stalled, bootstrap_servers=kafka_bootstrap, rank=1, wait_timeout_s=1.0, wait_log_interval_s=0.2
+        job=stalled,
+        bootstrap_servers=kafka_bootstrap,
+        rank=1,
+        read=ReadOptions(wait_timeout_s=1.0, wait_log_interval_s=0.2),
     )
     iterator = iter(waiting)
     _take(iterator, MICRO_BATCHES)
@@ -389,7 +420,9 @@ def test_a_corrupt_batch_names_topic_partition_and_offset(kafka_bootstrap: str, 
         on_delivery=lambda _err, message: offsets.append(message.offset()),
     )
     producer.flush(30)
-    dataset = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    dataset = KafkaBatchDataset(
+        job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, read=ReadOptions(wait_timeout_s=30)
+    )
     iterator = iter(dataset)
     assert len(_take(iterator, MICRO_BATCHES)) == MICRO_BATCHES  # what came before is delivered
     where = rf"topic={topic}, partition=0, offset={offsets[0]}\): not a readable Arrow"
@@ -401,7 +434,9 @@ def test_a_corrupt_batch_names_topic_partition_and_offset(kafka_bootstrap: str, 
 def test_a_gap_in_the_steps_is_an_error_not_a_silent_skip(kafka_bootstrap: str, unique_name: str) -> None:
     batches = _steps(5, 4)
     write_steps(kafka_bootstrap, unique_name, [batches[0], batches[1], batches[3]], end=False)
-    dataset = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    dataset = KafkaBatchDataset(
+        job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, read=ReadOptions(wait_timeout_s=30)
+    )
     with pytest.raises(DecodeError, match="step 3 follows step 1: steps are missing or repeated"):
         list(dataset)
 
@@ -409,7 +444,7 @@ def test_a_gap_in_the_steps_is_an_error_not_a_silent_skip(kafka_bootstrap: str, 
 @pytest.mark.kafka
 def test_one_iterator_at_a_time(kafka_bootstrap: str, written_job: tuple[str, list[list[Batch]]]) -> None:
     job, _ = written_job
-    dataset = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    dataset = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, read=ReadOptions(wait_timeout_s=30))
     first = iter(dataset)
     with pytest.raises(MixflowError, match="already being iterated"):
         iter(dataset)
@@ -437,7 +472,7 @@ def test_a_state_saved_on_another_rank_count_resumes_at_its_step(
     job, _ = written_job
     wider = _other_shape(8, range(24))
     write_steps(kafka_bootstrap, unique_name, wider)
-    old = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=1, wait_timeout_s=30)
+    old = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=1, read=ReadOptions(wait_timeout_s=30))
     iterator = iter(old)
     _take(iterator, 4 * MICRO_BATCHES)  # steps 0-3, whole
     at_boundary = old.state_dict()
@@ -448,28 +483,34 @@ def test_a_state_saved_on_another_rank_count_resumes_at_its_step(
 
     for new_rank in range(3):  # any old rank's state will do for any new rank
         dataset = KafkaBatchDataset(
-            job=unique_name, bootstrap_servers=kafka_bootstrap, rank=new_rank, wait_timeout_s=30
+            job=unique_name, bootstrap_servers=kafka_bootstrap, rank=new_rank, read=ReadOptions(wait_timeout_s=30)
         )
         dataset.load_state_dict(at_boundary)
         assert dataset.state_dict()["topic"] == JobTopics(unique_name).rank(new_rank)
         expected = [_fingerprint(mb) for step in wider[4:] for mb in micro_batch_tensors(step[new_rank])]
         assert [_fingerprint(mb) for mb in dataset] == expected
 
-    refused = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    refused = KafkaBatchDataset(
+        job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, read=ReadOptions(wait_timeout_s=30)
+    )
     refused.load_state_dict(mid_step)
     with pytest.raises(MixflowError, match=r"middle of step 4 .* 3 micro-batches on 2 ranks, here it has 2 on 3"):
         next(iter(refused))
 
     later = f"{unique_name}-later"  # a replay from step 10
     write_steps(kafka_bootstrap, later, _other_shape(9, range(10, 24)))
-    missing = KafkaBatchDataset(job=later, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    missing = KafkaBatchDataset(
+        job=later, bootstrap_servers=kafka_bootstrap, rank=0, read=ReadOptions(wait_timeout_s=30)
+    )
     missing.load_state_dict(at_boundary)
     with pytest.raises(MixflowError, match=rf"resume at step 4 on {later}\.rank\.0: it holds no step 4; .* step 10"):
         next(iter(missing))
 
-    ended = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    ended = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=0, read=ReadOptions(wait_timeout_s=30))
     list(ended)
-    at_end = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=2, wait_timeout_s=30)
+    at_end = KafkaBatchDataset(
+        job=unique_name, bootstrap_servers=kafka_bootstrap, rank=2, read=ReadOptions(wait_timeout_s=30)
+    )
     at_end.load_state_dict(ended.state_dict())
     assert list(at_end) == [] and at_end.state_dict()["step"] == 24
 
@@ -480,9 +521,11 @@ def test_a_state_carried_to_a_topic_not_written_that_far_waits_for_its_step(
 ) -> None:
     wider = _other_shape(10, range(8))
     write_steps(kafka_bootstrap, unique_name, wider[:3], end=False)
-    dataset = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=1, wait_timeout_s=30)
+    dataset = KafkaBatchDataset(
+        job=unique_name, bootstrap_servers=kafka_bootstrap, rank=1, read=ReadOptions(wait_timeout_s=30)
+    )
     dataset.load_state_dict(SinkPosition("old.rank.0", 0, 40, 5, 0, ranks=2, micro_batches=3).to_dict())
-    with caplog.at_level("INFO", logger="trainer_sink.reader"):
+    with caplog.at_level("INFO", logger="trainer_sink.start"):
         iterator = iter(dataset)
         deadline = time.monotonic() + 30
         while not any("holds no step 5 yet" in r.getMessage() for r in caplog.records):
@@ -520,8 +563,9 @@ def readers_alive_at_the_end():  # registered first, so it runs after the sink's
     print("alive:", alive, flush=True)
 
 atexit.register(readers_alive_at_the_end)
-from trainer_sink import KafkaBatchDataset
-iterator = iter(KafkaBatchDataset(job=sys.argv[1], bootstrap_servers=sys.argv[2], rank=0, wait_timeout_s=30))
+from trainer_sink import KafkaBatchDataset, ReadOptions
+read = ReadOptions(wait_timeout_s=30)
+iterator = iter(KafkaBatchDataset(job=sys.argv[1], bootstrap_servers=sys.argv[2], rank=0, read=read))
 next(iterator)
 keep = iterator  # left open, as a trainer stopping at max_steps leaves it
 """

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-import topics.media_packing
+import trainer_sink.vlm.qwen2_vl
 from tests.sink_media_support import media_sample
 from tests.sink_support import write_steps
-from topics.batch import Batch
 from topics.errors import DecodeError
-from trainer_sink import KafkaBatchDataset, Layout, micro_batch_tensors
+from topics.formats.batch import Batch
+from trainer_sink import KafkaBatchDataset, Layout, ReadOptions, micro_batch_tensors
 
 RANKS, MICRO_BATCHES, STEPS = 2, 2, 4
 KINDS = [[], [("image", (1, 2, 4))], [("video", (2, 2, 2))], [("image", (1, 4, 2)), ("image", (1, 2, 2))]]
@@ -78,14 +78,16 @@ def test_each_micro_batch_carries_its_vision_inputs_decoded_off_the_trainers_thr
 ) -> None:
     job, batches = media_job
     decoding_threads: set[int] = set()
-    patchify = topics.media_packing.patchify
+    patchify = trainer_sink.vlm.qwen2_vl.patchify
 
     def noting_the_thread(*args, **kwargs):
         decoding_threads.add(threading.get_ident())
         return patchify(*args, **kwargs)
 
-    monkeypatch.setattr(topics.media_packing, "patchify", noting_the_thread)
-    dataset = KafkaBatchDataset(job=job, bootstrap_servers=kafka_bootstrap, rank=1, layout=layout, wait_timeout_s=30)
+    monkeypatch.setattr(trainer_sink.vlm.qwen2_vl, "patchify", noting_the_thread)
+    dataset = KafkaBatchDataset(
+        job=job, bootstrap_servers=kafka_bootstrap, rank=1, read=ReadOptions(layout=layout, wait_timeout_s=30)
+    )
     got = [_fingerprint(mb) for mb in dataset]
     assert decoding_threads and threading.get_ident() not in decoding_threads
     expected = [_fingerprint(mb) for step in batches for mb in micro_batch_tensors(step[1], layout)]
@@ -103,7 +105,7 @@ def test_resuming_yields_exactly_what_followed(kafka_bootstrap: str, media_job: 
 
     def dataset() -> KafkaBatchDataset:
         return KafkaBatchDataset(
-            job=job, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30, prefetch_bytes=1
+            job=job, bootstrap_servers=kafka_bootstrap, rank=0, read=ReadOptions(wait_timeout_s=30, prefetch_bytes=1)
         )
 
     reference = [_fingerprint(mb) for mb in dataset()]
@@ -129,7 +131,9 @@ def test_a_frame_that_does_not_decode_names_its_step_and_topic(kafka_bootstrap: 
         with_media=True,
     )  # fmt: skip
     write_steps(kafka_bootstrap, unique_name, [[batch]])
-    dataset = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, wait_timeout_s=30)
+    dataset = KafkaBatchDataset(
+        job=unique_name, bootstrap_servers=kafka_bootstrap, rank=0, read=ReadOptions(wait_timeout_s=30)
+    )
     with pytest.raises(
         DecodeError, match=rf"topic={unique_name}\.rank\.0.*step 0: jpeg frame 0 of a image does not decode"
     ):

@@ -27,18 +27,18 @@ from hypothesis import strategies as st
 from connectors import Document, ParquetReader, WorkUnit
 from connectors.planning import split_unit, unit_bytes
 from connectors.readers import FileLayout, JsonlReader
-from pipeline.kafka.clients import transactional_producer
 from pipeline.kafka.control import UnitCost, read_unit_cost
 from pipeline.kafka.work_plan import WorkPlan, plan_is_complete, produce_units, publish_work_plan, read_work_plan
 from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.roles.loader.unit_sizing import SPLIT_SLACK, UnitSizer
 from pipeline.spec import load_spec
 from tests.loader_support import start_loader, wait_all
-from topics.admin import ensure_job_topics
 from topics.errors import DecodeError, MixflowError
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
-from topics.sample_codec import decode_sample_message
+from topics.formats.names import JobTopics
+from topics.formats.sample_codec import decode_sample_message
+from topics.kafka.admin import ensure_job_topics
+from topics.kafka.clients import transactional_producer
+from topics.kafka.log_reader import read_to_end
 
 
 def layout(path: str, sizes: list[int], groups: list[int] | None = None) -> FileLayout:

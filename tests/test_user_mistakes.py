@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from pipeline.cli import main
 from tests.loader_support import REPO, write_spec
-from topics.admin import ensure_job_topics
+from topics.kafka.admin import ensure_job_topics
 
 NOT_FOUND, USAGE, REFUSED, UNREACHABLE, NO_ANSWER, INTERRUPTED = 4, 2, 5, 6, 7, 130
 
@@ -294,7 +294,6 @@ def test_with_v_a_mistake_shows_its_traceback(offline: dict[str, str], capsys: p
         ({"spec": "{tmp}/none.yaml"}, "MixflowError", "cannot read the job spec"),
         ({"spec": "{spec}", "rank": 2}, "MixflowError", r"rank 2 is not below the job's step.ranks \(2\)"),
         ({"job": "{job}", "rank": -1}, "MixflowError", "rank must be a non-negative int"),
-        ({"job": "{job}", "pad_to_multiple_of": 0}, "MixflowError", "pad_to_multiple_of must be at least 1"),
         ({"job": "a/b"}, "InvalidNameError", "job"),
     ],
 )
@@ -315,6 +314,23 @@ def test_the_sink_refuses_at_once_what_cannot_come(
     assert "FAIL" not in capfd.readouterr().err, "librdkafka's own lines reached the trainer's stderr"
 
 
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"pad_to_multiple_of": 0}, "pad_to_multiple_of must be at least 1, got 0"),
+        ({"pad_to_multiple_of": -64}, "pad_to_multiple_of must be at least 1, got -64"),
+        ({"layout": "rows"}, "layout must be one of packed, padded, not 'rows'"),
+    ],
+)
+def test_read_options_refuse_what_no_sink_can_read_by(options: dict[str, object], says: str) -> None:
+    pytest.importorskip("torch")
+    from topics.errors import MixflowError
+    from trainer_sink import ReadOptions
+
+    with pytest.raises(MixflowError, match=says):
+        ReadOptions(**options)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("vision", [{}, {"patch_size": 16}, {"patch_size": 14, "temporal_patch_size": 1}])
 def test_the_sink_refuses_pixel_options_that_are_not_the_jobs_and_takes_the_jobs_by_default(
     vision: dict[str, int], tmp_path: Path
@@ -323,9 +339,9 @@ def test_the_sink_refuses_pixel_options_that_are_not_the_jobs_and_takes_the_jobs
     import yaml
 
     from topics.errors import MixflowError
-    from topics.media_packing import PixelOptions
-    from trainer_sink import KafkaBatchDataset
+    from trainer_sink import KafkaBatchDataset, ReadOptions
     from trainer_sink.config import SinkSource
+    from trainer_sink.vlm.qwen2_vl import PixelOptions
 
     body = {"job": "vl", "kafka": {"bootstrap_servers": _dead_servers()}, "step": {"ranks": 1}}
     body["sources"] = [{"name": "text"}, {"name": "pairs", "vision": {"image_token_id": 9, **vision}}]
@@ -342,7 +358,9 @@ def test_the_sink_refuses_pixel_options_that_are_not_the_jobs_and_takes_the_jobs
         with pytest.raises(
             MixflowError, match=rf"differ from the job vl's vision sections \(patch_size {patch}, "
         ) as raised:
-            KafkaBatchDataset(spec, rank=0, pixels=other)  # refused before the broker is asked anything
+            KafkaBatchDataset(
+                spec, rank=0, read=ReadOptions(pixels=other)
+            )  # refused before the broker is asked anything
         assert "\n" not in str(raised.value)
     body["sources"].append({"name": "clips", "vision": {"patch_size": patch + 2}})
     (spec := tmp_path / "two.yaml").write_text(yaml.safe_dump(body))

@@ -32,11 +32,11 @@ from tests.sink_media_support import (
     media_sample,
 )
 from tests.test_media_packing import image_processor, reference_video_patches
-from topics.batch import Batch
-from topics.batch_codec import decode_batch, encode_batch
-from topics.media_pixels import frames_array
-from topics.packing import IGNORE_INDEX
-from topics.sample import Sample
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import decode_batch, encode_batch
+from topics.formats.media_pixels import frames_array
+from topics.formats.packing import IGNORE_INDEX
+from topics.formats.sample import Sample
 from trainer_sink import Layout, micro_batch_tensors
 
 PAD_TOKEN = 0

@@ -1,5 +1,9 @@
 """The error types every mixflow package raises for problems a user can cause."""
 
+from __future__ import annotations
+
+from typing import Protocol
+
 STUCK_CLIENT_EXIT = 3
 """The exit code of a role whose Kafka client got stuck (librdkafka#5456): it asks to be started again, as
 ``mixflow run`` and the chaos supervisor do."""
@@ -83,6 +87,21 @@ class DecodeError(MixflowError):
             else (f"cannot decode record: {self.reason}")
         )
 
-    def at(self, topic: str, partition: int, offset: int) -> "DecodeError":
+    def at(self, topic: str, partition: int, offset: int) -> DecodeError:
         """The same error, located at a Kafka record."""
         return DecodeError(self.reason, topic=topic, partition=partition, offset=offset)
+
+    @classmethod
+    def of_record(cls, reason: str, record: Located) -> DecodeError:
+        """The error ``reason`` about ``record`` (a Kafka message), located at its topic, partition and offset."""
+        return cls(reason, topic=record.topic(), partition=record.partition(), offset=record.offset())
+
+
+class Located(Protocol):
+    """A record that says where it was read (a Kafka message)."""
+
+    def topic(self) -> str | None: ...
+
+    def partition(self) -> int | None: ...
+
+    def offset(self) -> int | None: ...

@@ -5,14 +5,6 @@ This package imports ``topics`` only: never ``pipeline`` or ``connectors``."""
 
 import lazy_loader
 
-# Each name is imported from its module on first use: a process loads only the modules it touches.
-__getattr__, __dir__, __all__ = lazy_loader.attach(
-    __name__,
-    submod_attrs={
-        "dataset": ["KafkaBatchDataset"],
-        "parallel": ["ParallelLayout", "rank_from_environment"],
-        "position": ["SinkPosition"],
-        "reader": ["SinkTimeoutError"],
-        "tensors": ["Layout", "MicroBatch", "PixelOptions", "block_causal_mask", "micro_batch_tensors"],
-    },
-)
+# Each name is imported from its module on first use: a process loads only the modules it touches. The
+# names and their modules are listed once, in __init__.pyi, which also gives them their types.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -8,11 +8,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 
 @functools.cache
-def causal_varlen_attn() -> tuple[Callable[..., torch.Tensor], dict[str, Any]] | None:
+def causal_varlen_attn() -> tuple[Callable[..., Any], dict[str, Any]] | None:
     """``varlen_attn`` and the keyword arguments that make it causal on this torch; ``None`` when this
     torch has no ``varlen_attn`` or it takes neither argument."""
     try:

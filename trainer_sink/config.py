@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 from topics.errors import MixflowError
-from topics.kafka_settings import resolve_role_settings, setting_problems
-from topics.media_packing import PixelOptions
+from topics.kafka.settings import resolve_role_settings, setting_problems
+from trainer_sink.vlm.qwen2_vl import PixelOptions
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 DEFAULT_BOOTSTRAP_SERVERS = "localhost:9092"
@@ -44,7 +44,7 @@ class SinkSource:
         """From a job spec file. Bootstrap servers: ``bootstrap_servers`` if given, else
         ``$KAFKA_BOOTSTRAP_SERVERS``, else the spec's ``kafka.bootstrap_servers`` (as every role does).
         Settings: ``kafka.config`` with the ``trainer`` principal over it, secrets' references resolved from
-        ``environ`` (default ``os.environ``) or their files (``topics.kafka_settings``)."""
+        ``environ`` (default ``os.environ``) or their files (``topics.kafka.settings``)."""
         path = Path(path)
         try:
             body = yaml.safe_load(path.read_text())

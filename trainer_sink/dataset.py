@@ -5,25 +5,27 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
 from prometheus_client import CollectorRegistry
 from torch.utils.data import IterableDataset, get_worker_info
 
-from topics.cluster_probe import require_rank_topic
 from topics.errors import MixflowError
-from topics.media_packing import PixelOptions
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.cluster_probe import require_rank_topic
 from trainer_sink.config import SinkSource
 from trainer_sink.device import to_device
 from trainer_sink.metrics import SinkMetrics
 from trainer_sink.parallel import ParallelLayout, rank_from_environment
 from trainer_sink.position import SinkPosition
 from trainer_sink.progress import ProgressReporter
-from trainer_sink.reader import RankTopicReader, ReadOptions
-from trainer_sink.tensors import Layout, MicroBatch
+from trainer_sink.read_options import READ_OPTION_NAMES, ReadOptions
+from trainer_sink.reader import RankTopicReader
+from trainer_sink.tensors import MicroBatch
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +58,20 @@ class KafkaBatchDataset(IterableDataset):
     the dataset reads step ``k`` from partition ``k mod lanes`` and yields the steps in order, and its
     state holds the next step and micro-batch, found again in each partition by step number.
 
-    ``pad_to_multiple_of`` pads each packed micro-batch with one padding segment to a multiple of that many
-    tokens, which makes a GPU's matrix products faster (``trainer_sink.tensors``).
+    ``read=ReadOptions(...)`` says how: the tensors' layout and padding (``pad_to_multiple_of`` pads each
+    packed micro-batch with one padding segment to a multiple of that many tokens, which makes a GPU's matrix
+    products faster: ``trainer_sink.tensors``), the read-ahead, and the patience. Its fields given as
+    keywords of the dataset's own (``pad_to_multiple_of=64``) still work, with a ``DeprecationWarning``, for
+    this release.
 
     A job with media (its batches have the ``media`` column) also yields each micro-batch's images and clips
     as a vision-language model takes them (``pixel_values``, ``image_grid_thw``, ``mrope_position_ids`` ...:
-    ``trainer_sink.media_tensors``); ``pixels`` sets the normalization and the encoder's patch sizes
-    (Qwen2-VL's by default; made from a spec, the spec's vision sections' patch sizes, and ``pixels`` with
-    others is refused at once). Frames are decoded and normalized on the reading thread, ahead of the trainer.
+    ``trainer_sink.media_tensors``); ``ReadOptions.pixels`` sets the normalization and the encoder's patch
+    sizes (Qwen2-VL's by default; made from a spec, the spec's vision sections' patch sizes, and ``pixels``
+    with others is refused at once). Frames are decoded and normalized on the reading thread, ahead of the trainer.
 
-    A background thread reads and decodes ahead, up to ``prefetch_bytes``, pinning memory when CUDA is
-    present. With ``device`` a CUDA device, the next micro-batch is copied there on a side stream while
+    A background thread reads and decodes ahead, up to ``ReadOptions.prefetch_bytes``, pinning memory when
+    CUDA is present. With ``device`` a CUDA device, the next micro-batch is copied there on a side stream while
     the current one trains. Use it without a DataLoader or under ``DataLoader(dataset,
     batch_size=None, pin_memory=True)`` with ``num_workers=0``: worker processes would each read the
     topic, and their positions would not reach ``state_dict()``.
@@ -81,8 +86,8 @@ class KafkaBatchDataset(IterableDataset):
     at most that many steps ahead; a failure to report is logged, never raised.
 
     When the constructor is behind (or not running), the reader waits, logging at WARNING (shown by Python's
-    default logging) every ``wait_log_interval_s`` which step it waits for, and raises ``SinkTimeoutError``
-    after ``wait_timeout_s``. A batch that does not decode
+    default logging) every ``ReadOptions.wait_log_interval_s`` which step it waits for, and raises
+    ``SinkTimeoutError`` after ``ReadOptions.wait_timeout_s``. A batch that does not decode
     raises ``DecodeError`` naming topic, partition and offset.
     """
 
@@ -99,19 +104,12 @@ class KafkaBatchDataset(IterableDataset):
         tensor_parallel: int = 1,
         context_parallel: int = 1,
         pipeline_parallel: int = 1,
-        layout: Layout | str = Layout.PACKED,
-        pad_token_id: int = 0,
-        attention_mask: bool = True,
-        pad_to_multiple_of: int = 1,
-        pixels: PixelOptions | None = None,
+        read: ReadOptions | None = None,
         device: torch.device | str | None = None,
-        pin_memory: bool | None = None,
-        prefetch_bytes: int = 64 * 1024 * 1024,
-        wait_timeout_s: float = 600.0,
-        wait_log_interval_s: float = 30.0,
         metrics_port: int | None = None,
         metrics_registry: CollectorRegistry | None = None,
         report_progress: bool = True,
+        **read_options: Any,
     ) -> None:
         super().__init__()
         source = _source(spec, job, bootstrap_servers, kafka_config)
@@ -128,25 +126,12 @@ class KafkaBatchDataset(IterableDataset):
         if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
             msg = f"device {self.device} was asked for, but CUDA is not available"
             raise MixflowError(msg)
-        if pad_to_multiple_of < 1:
-            msg = f"pad_to_multiple_of must be at least 1, got {pad_to_multiple_of}"
-            raise MixflowError(msg)
-        pixels = source.pixel_options(pixels)
+        read = _with_deprecated(read or ReadOptions(), read_options)
+        pixels = source.pixel_options(read.pixels)
         # Fails fast, in one line: no broker answering (BrokerUnreachableError), no such job or rank (NotFoundError).
         require_rank_topic(self.kafka_config, self.job, self.rank)
-        if pin_memory is None:
-            pin_memory = torch.cuda.is_available()
-        self.options = ReadOptions(
-            layout=Layout(layout),
-            pad_token_id=pad_token_id,
-            attention_mask=attention_mask,
-            pad_to_multiple_of=pad_to_multiple_of,
-            pixels=pixels,
-            pin_memory=bool(pin_memory),
-            prefetch_bytes=prefetch_bytes,
-            wait_timeout_s=wait_timeout_s,
-            wait_log_interval_s=wait_log_interval_s,
-        )
+        pin_memory = torch.cuda.is_available() if read.pin_memory is None else read.pin_memory
+        self.options = replace(read, pixels=pixels, pin_memory=pin_memory)
         self._position = SinkPosition(self.topic)
         self._reader: RankTopicReader | None = None
         self._past_peak_bytes = 0
@@ -184,7 +169,7 @@ class KafkaBatchDataset(IterableDataset):
 
     # -- iteration -----------------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[MicroBatch]:
+    def __iter__(self) -> SinkIterator:
         worker = get_worker_info()
         if worker is not None:
             msg = (
@@ -203,7 +188,7 @@ class KafkaBatchDataset(IterableDataset):
             # Resumed: the checkpoint holds the steps before its own. Their report may have been lost with
             # the trainer that took them, and the constructor may wait for it before writing the next.
             progress.holds(self._position.step - 1)
-        return _SinkIterator(self, self._reader, progress)
+        return SinkIterator(self, self._reader, progress)
 
     @property
     def peak_prefetch_bytes(self) -> int:
@@ -217,7 +202,7 @@ class KafkaBatchDataset(IterableDataset):
             self._reader = None
 
 
-class _SinkIterator(Iterator[MicroBatch]):
+class SinkIterator(Iterator[MicroBatch]):
     """One pass over the stream. It moves the dataset's position as it hands micro-batches out, and
     stops the reader when it ends, is closed, or is dropped."""
 
@@ -308,3 +293,20 @@ def _data_parallel_rank(
         layout = ParallelLayout(world_size, tensor, context, pipeline)
         return layout.data_parallel_rank(global_rank), layout.data_parallel
     return rank_from_environment(tensor=tensor, context=context, pipeline=pipeline)
+
+
+def _with_deprecated(read: ReadOptions, keywords: Mapping[str, Any]) -> ReadOptions:
+    """``read`` with the options given as ``KafkaBatchDataset``'s own keywords, as before ``read=``."""
+    if not keywords:
+        return read
+    unknown = sorted(set(keywords) - READ_OPTION_NAMES)
+    if unknown:
+        msg = f"KafkaBatchDataset() got an unexpected keyword argument {unknown[0]!r}"
+        raise TypeError(msg)
+    given = ", ".join(f"{name}=..." for name in keywords)
+    warnings.warn(
+        f"KafkaBatchDataset({given}) is deprecated and goes in the next release: pass read=ReadOptions({given})",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return replace(read, **keywords)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import torch
 
-from trainer_sink.reader import Delivery
+from trainer_sink.deliveries import Delivery
 
 
 def to_device(deliveries: Iterator[Delivery], device: torch.device) -> Iterator[Delivery]:

@@ -13,7 +13,7 @@ media. Pure: no Kafka, no threads; the reader's thread runs it, so frames are de
 | ``mm_token_type_ids`` | int32 [T] | 0 text, 1 an image's placeholder token, 2 a clip's |
 | ``mrope_position_ids`` | int32 [3, T] | each sample's 3-D rotary positions (temporal, height, width), as if alone |
 
-``topics/media_packing.py`` says how each is made. Both layouts have every key; the token-aligned ones follow
+``trainer_sink/vlm/qwen2_vl.py`` says how each is made. Both layouts have every key; the token-aligned ones follow
 the layout (padding: type 0, positions as ``position_ids`` pads them); the vision ones are never padded.
 Qwen2-VL (transformers 5.x) takes a packed micro-batch as ``input_ids[None]``, ``pixel_values``,
 ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw`` and
@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from topics.media_packing import TEXT, PackedMedia
+from trainer_sink.vlm.qwen2_vl import TEXT, PackedMedia
 
 VISION_KEYS = (
     "pixel_values",

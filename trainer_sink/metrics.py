@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from topics.errors import MixflowError
 
 if TYPE_CHECKING:
-    from trainer_sink.reader import Delivery
+    from trainer_sink.deliveries import Delivery
 
 # From an item already prefetched (microseconds) to a constructor that is far behind (minutes).
 WAIT_BUCKETS = (0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)

@@ -99,8 +99,9 @@ class SinkPosition:
         )
         for name, optional, least in fields:
             value = state.get(name)
-            is_int = isinstance(value, int) and not isinstance(value, bool)
-            if (value is None and optional) or (is_int and value >= least):
+            if (value is None and optional) or (
+                isinstance(value, int) and not isinstance(value, bool) and value >= least
+            ):
                 continue
             kind = "a non-negative int" if least == 0 else "a positive int"
             msg = f"sink state field {name!r} must be {kind}{' or None' if optional else ''}, not {value!r}"
@@ -108,5 +109,5 @@ class SinkPosition:
         if not isinstance(state.get("topic"), str):
             msg = f"sink state field 'topic' must be a string, not {state.get('topic')!r}"
             raise MixflowError(msg)
-        names = ("partition", "offset", "step", "micro_batch", "ranks", "micro_batches")
-        return cls(state["topic"], *(state.get(name) for name in names))
+        checked: dict[str, Any] = {name: state.get(name) for name, _, _ in fields}
+        return cls(state["topic"], **checked)

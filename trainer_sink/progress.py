@@ -1,4 +1,4 @@
-"""A sink's reports of how far its trainer has got, on ``<job>.progress`` (``topics/progress.py``).
+"""A sink's reports of how far its trainer has got, on ``<job>.progress`` (``topics/formats/progress.py``).
 
 A constructor with ``constructor.max_lead_steps`` reads them to stay at most that many steps ahead of the
 slowest rank. A report goes out at the end of each step the trainer takes, at most every
@@ -17,8 +17,8 @@ from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from topics.names import JobTopics
-from topics.progress import encode_progress
+from topics.formats.names import JobTopics
+from topics.formats.progress import encode_progress
 
 log = logging.getLogger(__name__)
 

@@ -44,10 +44,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from topics.batch import Batch
-from topics.media_packing import PixelOptions, pack_media
-from topics.packing import IGNORE_INDEX, PackedMicroBatch, pack_micro_batches
+from topics.formats.batch import Batch
+from topics.formats.packing import IGNORE_INDEX, PackedMicroBatch, pack_micro_batches
 from trainer_sink.media_tensors import media_tensors
+from trainer_sink.vlm.qwen2_vl import PixelOptions, pack_media
 
 MicroBatch = dict[str, Any]
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from topics.media import PIXEL_ENCODINGS, MediaItem, MediaKind, PixelEncoding
-from topics.media_pixels import encode_frames
+from topics.formats.media import PIXEL_ENCODINGS, MediaItem, MediaKind, PixelEncoding
+from topics.formats.media_pixels import encode_frames
 
 TOKEN_ID_LIMIT = 2**31
 

@@ -8,7 +8,7 @@ from connectors.media.config import VisionConfig
 from connectors.media.refs import media_input
 from connectors.readers.base import MediaRef
 from connectors.storage import Storage
-from topics.media import MediaItem
+from topics.formats.media import MediaItem
 
 
 class MediaDecoder:

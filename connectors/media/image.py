@@ -11,7 +11,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from connectors.media.config import VisionConfig
 from connectors.media.errors import MediaError
 from connectors.media.resize import smart_resize
-from topics.media import MediaItem
+from topics.formats.media import MediaItem
 
 _ORIENTATION = 0x0112  # the EXIF tag saying how the camera was held
 _TURNED = frozenset({5, 6, 7, 8})  # orientations that swap width and height

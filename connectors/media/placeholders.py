@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from connectors.media.config import VisionConfig
-from topics.media import MediaItem
+from topics.formats.media import MediaItem
 
 
 def placeholder_block(item: MediaItem, config: VisionConfig) -> np.ndarray:

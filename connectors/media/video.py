@@ -14,7 +14,7 @@ from connectors.media.config import VisionConfig
 from connectors.media.errors import MediaError
 from connectors.media.frame_sampling import FramePicker, clip_span, padded_count, sample_times
 from connectors.media.resize import smart_resize
-from topics.media import MediaItem
+from topics.formats.media import MediaItem
 
 _FALLBACK_RATE = Fraction(25)  # frames per second of a stream that states none and has no timestamps
 

@@ -1,4 +1,4 @@
-"""Readers for source files, one class per format of ``topics.file_formats``, and a table to pick one by name.
+"""Readers for source files, one class per format of ``topics.formats.file_formats``, and a table to pick one by name.
 
 Each reader's module is imported on first use: a loader of Parquet files loads ``pyarrow.parquet`` and
 not ``pyarrow.compute``, which only the Arrow reader needs."""
@@ -23,7 +23,7 @@ from connectors.readers.base import (
     location,
 )
 from connectors.storage import Storage
-from topics.file_formats import FILE_FORMATS
+from topics.formats.file_formats import FILE_FORMATS
 
 if TYPE_CHECKING:
     from connectors.readers.arrow_ipc import ArrowReader
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from connectors.readers.webdataset_shards import WebDatasetReader
 
 ReaderFormat = str
-"""A name of ``topics.file_formats.FILE_FORMATS``."""
+"""A name of ``topics.formats.file_formats.FILE_FORMATS``."""
 # The reader class of each format, (module, class name), whose ``file_format`` names the format.
 READERS: dict[str, tuple[str, str]] = {
     "jsonl": ("connectors.readers.jsonl", "JsonlReader"),
@@ -43,7 +43,7 @@ READERS: dict[str, tuple[str, str]] = {
     "webdataset": ("connectors.readers.webdataset_shards", "WebDatasetReader"),
 }
 if missing := FILE_FORMATS.keys() - READERS.keys():
-    raise ImportError(f"no reader for the file formats {sorted(missing)} of topics.file_formats")
+    raise ImportError(f"no reader for the file formats {sorted(missing)} of topics.formats.file_formats")
 
 
 def reader_class(file_format: str) -> type[Reader]:

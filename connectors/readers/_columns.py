@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from connectors.readers.base import INT32_LIMIT, Document, MediaFields, Reader, location
 from connectors.readers.media_parts import media_document
-from topics.dead_letter import DeadLetter
+from topics.formats.dead_letter import DeadLetter
 
 
 def is_text_type(kind: pa.DataType) -> bool:

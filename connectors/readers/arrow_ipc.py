@@ -13,8 +13,8 @@ import pyarrow.compute as pc
 from connectors.readers._columns import column_documents, is_text_type, is_token_type, media_columns, media_documents
 from connectors.readers.base import Document, FileLayout, Reader, location
 from connectors.work_units import WorkUnit
-from topics.dead_letter import DeadLetter
-from topics.file_formats import FILE_FORMATS
+from topics.formats.dead_letter import DeadLetter
+from topics.formats.file_formats import FILE_FORMATS
 
 
 def read_ipc(full: Path | BinaryIO) -> pa.Table:

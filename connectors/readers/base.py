@@ -15,10 +15,10 @@ import numpy as np
 from connectors.sample_ids import document_id
 from connectors.storage import ObjectInfo, Storage, glob_matches, storage_for
 from connectors.work_units import WorkUnit
-from topics.dead_letter import DeadLetter
 from topics.errors import MixflowError
-from topics.file_formats import FileFormat
-from topics.media import MediaKind
+from topics.formats.dead_letter import DeadLetter
+from topics.formats.file_formats import FileFormat
+from topics.formats.media import MediaKind
 
 ContentKind = Literal["text", "tokens", "media"]
 CONTENT_KINDS: tuple[str, ...] = get_args(ContentKind)
@@ -157,7 +157,7 @@ class Reader(ABC):
     """
 
     file_format: ClassVar[FileFormat]
-    """The format it reads (``topics.file_formats``): its name and default glob."""
+    """The format it reads (``topics.formats.file_formats``): its name and default glob."""
     supported_content: ClassVar[tuple[str, ...]] = TEXT_CONTENT
 
     def __init__(

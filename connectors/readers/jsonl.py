@@ -11,8 +11,8 @@ import numpy as np
 from connectors.readers.base import Document, FileLayout, Reader, location
 from connectors.readers.media_parts import media_document
 from connectors.work_units import WorkUnit
-from topics.dead_letter import DeadLetter
-from topics.file_formats import FILE_FORMATS
+from topics.formats.dead_letter import DeadLetter
+from topics.formats.file_formats import FILE_FORMATS
 
 _SCAN_BYTES = 8 << 20
 # An object in a store of at most this many bytes is planned from the listing alone, as one unit: its lines

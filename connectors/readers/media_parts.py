@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from connectors.readers.base import Document, MediaFields, MediaRef, Part, location
-from topics.dead_letter import DeadLetter
-from topics.media import MediaKind
+from topics.formats.dead_letter import DeadLetter
+from topics.formats.media import MediaKind
 
 if TYPE_CHECKING:
     from connectors.readers.base import Reader

@@ -14,8 +14,8 @@ from connectors.readers._columns import column_documents, media_columns, media_d
 from connectors.readers.base import Document, FileLayout, Reader, location
 from connectors.storage import ObjectChangedError, ObjectMissingError
 from connectors.work_units import WorkUnit
-from topics.dead_letter import DeadLetter
-from topics.file_formats import FILE_FORMATS
+from topics.formats.dead_letter import DeadLetter
+from topics.formats.file_formats import FILE_FORMATS
 
 # Read-ahead of an object's file: small, for pyarrow asks for the footer and each column chunk in one read.
 _OBJECT_BUFFER_BYTES = 64 << 10

@@ -8,8 +8,8 @@ import numpy as np
 
 from connectors.readers.base import Document, FileLayout, Reader, location
 from connectors.work_units import WorkUnit
-from topics.dead_letter import DeadLetter
-from topics.file_formats import FILE_FORMATS
+from topics.formats.dead_letter import DeadLetter
+from topics.formats.file_formats import FILE_FORMATS
 
 
 class TextReader(Reader):

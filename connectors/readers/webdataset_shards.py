@@ -32,9 +32,9 @@ from connectors.readers.base import ContentKind, Document, FileLayout, MediaFiel
 from connectors.readers.media_parts import BadRecord, MediaResolver, first_present, record_parts
 from connectors.storage import Storage
 from connectors.work_units import WorkUnit
-from topics.dead_letter import DeadLetter
-from topics.file_formats import FILE_FORMATS
-from topics.media import MediaKind
+from topics.formats.dead_letter import DeadLetter
+from topics.formats.file_formats import FILE_FORMATS
+from topics.formats.media import MediaKind
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
 VIDEO_EXTENSIONS = frozenset({"mp4", "webm", "mkv", "avi", "mov"})

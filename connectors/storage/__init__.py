@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lazy_loader
 
@@ -16,8 +17,11 @@ from connectors.storage.errors import (
     StorageNotFoundError,
     StorageUnavailableError,
 )
-from connectors.storage.retry import RetryPolicy
+from connectors.storage.retry import STORAGE_RETRY
 from connectors.storage.uri import ObjectUri, is_object_uri
+
+if TYPE_CHECKING:  # the lazy names' types, for a type checker
+    from connectors.storage.s3 import S3Settings, S3Storage
 
 
 def storage_for(root: str | Path, settings: object | None = None) -> Storage:
@@ -31,13 +35,13 @@ def storage_for(root: str | Path, settings: object | None = None) -> Storage:
 
 __getattr__, _, _ = lazy_loader.attach(__name__, submod_attrs={"s3": ["S3Settings", "S3Storage"]})
 __all__ = [
+    "STORAGE_RETRY",
     "LocalStorage",
     "ObjectChangedError",
     "ObjectInfo",
     "ObjectMissingError",
     "ObjectRefusedError",
     "ObjectUri",
-    "RetryPolicy",
     "S3Settings",
     "S3Storage",
     "Storage",

@@ -1,19 +1,13 @@
-"""One retry policy for storage requests: transient errors are retried with backoff until a deadline,
-then reported; the others are raised at once, as the storage error they are."""
+"""The storage's retry policy (``topics.retry.RetryPolicy``): a request that failed with a
+``TransientError`` is tried again with jittered backoff until the deadline, then reported as
+``StorageUnavailableError``; the others are raised at once, as the storage error they are."""
 
 from __future__ import annotations
 
 import logging
-import random
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
 
 from connectors.storage.errors import StorageUnavailableError
-
-log = logging.getLogger(__name__)
-T = TypeVar("T")
+from topics.retry import GaveUp, RetryPolicy
 
 
 class TransientError(Exception):
@@ -24,33 +18,23 @@ class TransientError(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """``deadline_s``: how long one request may keep failing transiently before it is reported; the wait
-    between tries doubles from ``first_backoff_s`` up to ``max_backoff_s``, with jitter."""
+def _transient(exc: Exception) -> str | None:
+    return exc.reason if isinstance(exc, TransientError) else None
 
-    deadline_s: float = 60.0
-    first_backoff_s: float = 0.1
-    max_backoff_s: float = 4.0
 
-    def run(self, what: str, call: Callable[[], T], deadline_s: float | None = None) -> T:
-        """``call()``, tried again while it raises ``TransientError`` and ``deadline_s`` (default the
-        policy's) has not passed; then ``StorageUnavailableError`` naming ``what`` and the last reason."""
-        limit = self.deadline_s if deadline_s is None else deadline_s
-        began = time.monotonic()
-        deadline = began + limit
-        backoff = self.first_backoff_s
-        tries = 0
-        while True:
-            tries += 1
-            try:
-                return call()
-            except TransientError as exc:
-                wait = backoff * random.uniform(0.5, 1.0)
-                if time.monotonic() + wait > deadline:
-                    took = time.monotonic() - began
-                    msg = f"{what}: {exc.reason} ({tries} tr{'y' if tries == 1 else 'ies'} in {took:.0f} s)"
-                    raise StorageUnavailableError(msg) from exc
-                log.warning("%s: %s; trying again in %.2f s", what, exc.reason, wait)
-                time.sleep(wait)  # a backoff between requests, not a wait for an event
-                backoff = min(2 * backoff, self.max_backoff_s)
+def _unavailable(gave_up: GaveUp) -> StorageUnavailableError:
+    tries = f"{gave_up.tries} tr{'y' if gave_up.tries == 1 else 'ies'}"
+    return StorageUnavailableError(f"{gave_up.what}: {gave_up.reason} ({tries} in {gave_up.took_s:.0f} s)")
+
+
+STORAGE_RETRY = RetryPolicy(
+    transient=_transient,
+    unavailable=_unavailable,
+    log=logging.getLogger(__name__),
+    deadline_s=60.0,
+    backoff_s=0.1,
+    max_backoff_s=4.0,
+    jitter=True,
+)
+"""How long and how often a storage request is tried; a source's spec sets ``deadline_s``
+(``storage.retry_deadline_s``)."""

@@ -21,8 +21,9 @@ from connectors.storage.errors import (
 )
 from connectors.storage.faults import classify
 from connectors.storage.object_file import open_object
-from connectors.storage.retry import RetryPolicy, TransientError
+from connectors.storage.retry import STORAGE_RETRY, TransientError
 from connectors.storage.uri import ObjectUri
+from topics.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client  # type: ignore[import-not-found]
@@ -54,7 +55,7 @@ class S3Settings:
     session_token: str | None = field(default=None, repr=False)
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 30.0
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryPolicy = STORAGE_RETRY
     first_contact_s: float = FIRST_CONTACT_S
     stop_on_changed: bool = False
 
@@ -179,7 +180,7 @@ class S3Storage(Storage):
                 raise known from exc
 
         if self._reached:
-            return self.settings.retry.run(f"reading {where}", attempt)
+            return self.settings.retry.call(attempt, f"reading {where}")
         # Until the store first answers, a wait longer than a moment says what it waits for (a store that accepts
         # connections and never answers is otherwise silent for up to a request's timeout).
         limit = self.settings.first_contact_s
@@ -188,7 +189,7 @@ class S3Storage(Storage):
         timer.daemon = True
         timer.start()
         try:
-            result = self.settings.retry.run(f"reading {where}", attempt, limit)
+            result = self.settings.retry.call(attempt, f"reading {where}", limit)
         finally:
             timer.cancel()
         self._reached = True

@@ -1,4 +1,4 @@
-"""`mixflow acl plan|apply|revoke --spec SPEC`: the ACLs each role of a job needs (``pipeline.kafka.acls``),
+"""`mixflow acl plan|apply|revoke --spec SPEC`: the ACLs each role of a job needs (``topics.kafka.acls``),
 printed, created or removed with an admin's client settings."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 from pipeline.cli.arguments import job_name
 from pipeline.cli.command import Command
-from pipeline.kafka.acls import Binding, all_bindings, job_bindings
 from pipeline.spec import load_spec
 from topics.errors import MixflowError, NotFoundError
+from topics.kafka.acls import Binding, all_bindings, job_bindings
 
 
 def _add_spec_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +88,7 @@ def _admin_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _apply(args: argparse.Namespace) -> int:
-    from pipeline.kafka.acl_admin import AclAdmin
+    from topics.kafka.acl_admin import AclAdmin
 
     job, by_key = _planned(args)
     bindings = all_bindings(by_key)
@@ -108,7 +108,7 @@ def _revoke(args: argparse.Namespace) -> int:
     """The job's bindings: those plan prints and any other of its principals on the job's resources (one an
     older spec granted). The principals' DESCRIBE on the groups ``mixflow-`` stays: it is on no job's
     resource, and another job of the same principals needs it."""
-    from pipeline.kafka.acl_admin import AclAdmin
+    from topics.kafka.acl_admin import AclAdmin
 
     job, by_key = _planned(args)
     bindings = all_bindings(by_key)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from topics.errors import MixflowError, NotFoundError
-from topics.names import validate_job_name
+from topics.formats.names import validate_job_name
 
 MAX_PORT = 65535
 

@@ -106,7 +106,7 @@ def _codes(kafka_error: type, *names: str) -> set[int]:
 def _is_stuck_client(exc: MixflowError) -> bool:
     # Only a command that loaded the Kafka clients can raise it; importing them here would load
     # confluent_kafka for every command.
-    clients = sys.modules.get("pipeline.kafka.clients")
+    clients = sys.modules.get("topics.kafka.clients")
     return clients is not None and isinstance(exc, clients.KafkaClientStuckError)
 
 

@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.roles.constructor import ConstructorOptions, DataConstructor
     from pipeline.roles.constructor.metrics import ConstructorMetrics, SourceBacklog
     from pipeline.spec import load_spec
-    from topics.cluster_probe import require_reachable
-    from topics.names import JobTopics
+    from topics.formats.names import JobTopics
+    from topics.kafka.cluster_probe import require_reachable
 
     spec = load_spec(args.spec)
     options = ConstructorOptions(

@@ -9,11 +9,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from confluent_kafka import Message
-
 from pipeline.cli.arguments import job_name, non_negative_float, non_negative_int
 from pipeline.cli.command import Command
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.kafka.control import (
     change_answer,
     first_changeable_step,
@@ -22,14 +19,13 @@ from pipeline.kafka.control import (
     publish_mixture_change,
     shares_from_arguments,
 )
-from pipeline.kafka.state_topic import STATE_TAIL
+from pipeline.kafka.state_topic import read_lane_states
 from pipeline.planning.mixing import MixtureChange, refusal
-from pipeline.planning.step.state import ConstructorState
 from pipeline.spec import load_spec
-from topics.cluster_probe import job_on_cluster
-from topics.errors import DecodeError, NoAnswerError, NotFoundError, RefusedError
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.errors import NoAnswerError, NotFoundError, RefusedError
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.cluster_probe import job_on_cluster
 
 SAY_EVERY_S = 5.0
 
@@ -104,21 +100,6 @@ def _require_sources(pairs: list[str], sources: Sequence[str]) -> None:
 
 def _say(line: str) -> None:
     print(f"mixflow control: {line}", file=sys.stderr, flush=True)
-
-
-def read_lane_states(config: KafkaConfig, topics: JobTopics, lanes: int) -> list[ConstructorState | None]:
-    """The last committed state of each of the job's ``lanes`` constructor lanes (None: none yet)."""
-    last: dict[int, Message] = {}
-    for record in read_to_end(config, topics.state, tail=STATE_TAIL):
-        last[record.partition()] = record  # in offset order: the last of each partition wins
-    states: list[ConstructorState | None] = []
-    for lane in range(lanes):
-        record = last.get(lane)
-        try:
-            states.append(ConstructorState.from_bytes(record.value()) if record is not None else None)
-        except DecodeError as exc:
-            raise exc.at(record.topic(), record.partition(), record.offset()) from exc
-    return states
 
 
 def _wait_for_answer(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pipeline.cli.arguments import non_negative_int, positive_float, positive_int
 from pipeline.cli.command import add_metrics_port
-from pipeline.kafka.group_membership import DEFAULT_REJOIN_AFTER_S
 from pipeline.roles.loader.defaults import TARGET_UNIT_SECONDS
+from topics.kafka.group_membership import DEFAULT_REJOIN_AFTER_S
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,10 +63,10 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.roles.loader.role import LoaderOptions, SourceLoader
     from pipeline.roles.loader.source_runtime import SourceRuntime
     from pipeline.spec import OnExhausted, load_spec
-    from topics.admin import ensure_loader_topics
-    from topics.cluster_probe import require_reachable
     from topics.errors import NotFoundError
-    from topics.names import JobTopics
+    from topics.formats.names import JobTopics
+    from topics.kafka.admin import ensure_loader_topics
+    from topics.kafka.cluster_probe import require_reachable
 
     spec = load_spec(args.spec)
     if args.source not in spec.source_names:

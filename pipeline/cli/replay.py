@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeline.spec import load_spec
     from pipeline.tools.replay import ReplayRequest, replay, verify
-    from topics.cluster_probe import job_on_cluster
+    from topics.kafka.cluster_probe import job_on_cluster
 
     spec = load_spec(args.spec)
     config = spec.kafka.client_config(args.bootstrap_servers, role="constructor")

@@ -24,9 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.spec import load_spec
-    from topics.cluster_probe import job_on_cluster
     from topics.errors import NotFoundError
-    from topics.names import JobTopics
+    from topics.formats.names import JobTopics
+    from topics.kafka.cluster_probe import job_on_cluster
 
     spec = load_spec(args.spec)
     config = spec.kafka.client_config(args.bootstrap_servers, role="observer")

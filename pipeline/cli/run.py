@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.spec import load_spec
     from pipeline.tools.run.exclusive import RunLock, refuse_if_running
     from pipeline.tools.run.job import trainer_command
-    from topics.cluster_probe import cluster_topics
+    from topics.kafka.cluster_probe import cluster_topics
 
     spec = load_spec(args.spec)
     folder = run_folder(args, spec.job)
@@ -75,7 +75,7 @@ def _run_job(args: argparse.Namespace, config: dict, folder: Path) -> int:
     from pipeline.tools.observe.rank_topics import job_report
     from pipeline.tools.run.job import job_spec_file, run_local_job, trainer_command
     from pipeline.tools.run.progress import JobProgress
-    from topics.admin import ensure_job_topics
+    from topics.kafka.admin import ensure_job_topics
 
     train_folder = folder / "train"
     spec, spec_path = job_spec_file(args.spec, args.job, folder)

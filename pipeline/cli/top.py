@@ -41,9 +41,9 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.tools.observe.frame import build_frame, render_frame
     from pipeline.tools.run.folders import job_folder
     from pipeline.tools.stack.local_broker import default_state_dir
-    from topics.cluster_probe import job_on_cluster
     from topics.errors import MixflowError, NotFoundError
-    from topics.names import JobTopics
+    from topics.formats.names import JobTopics
+    from topics.kafka.cluster_probe import job_on_cluster
 
     if args.json and not args.once:
         msg = "--json prints one frame: give --once with it"

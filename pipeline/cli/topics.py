@@ -12,9 +12,9 @@ from typing import Any
 from pipeline.cli.arguments import job_name
 from pipeline.cli.command import Command
 from pipeline.spec import BOOTSTRAP_ENV, load_spec
-from topics.admin import delete_groups, delete_job_topics, job_groups, list_jobs
-from topics.cluster_probe import cluster_topics, job_on_cluster
 from topics.errors import MixflowError, RefusedError
+from topics.kafka.admin import delete_groups, delete_job_topics, job_groups, list_jobs
+from topics.kafka.cluster_probe import cluster_topics, job_on_cluster
 
 
 def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:

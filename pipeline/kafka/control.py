@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from pipeline.kafka.clients import KafkaConfig, produce, read_committed_settings
 from pipeline.planning.mixing import MixtureChange
 from topics.errors import DecodeError, MixflowError
-from topics.json_record import decode, encode, json_record
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
-from topics.renewing_consumer import RenewingConsumer
+from topics.formats.json_record import decode, encode, json_record
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig, produce, read_committed_settings
+from topics.kafka.log_reader import read_to_end
+from topics.kafka.renewing_consumer import RenewingConsumer
 
 if TYPE_CHECKING:  # pipeline.roles.constructor imports this module
     from pipeline.planning.step.state import ConstructorState

@@ -17,7 +17,7 @@ from types import FrameType
 
 from confluent_kafka import KafkaException, Producer, TopicPartition
 
-from pipeline.kafka.clients import (
+from topics.kafka.clients import (
     GroupConsumer,
     KafkaClientStuckError,
     KafkaConfig,

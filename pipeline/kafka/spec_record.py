@@ -14,16 +14,16 @@ import logging
 
 from confluent_kafka import Producer, TopicPartition
 
-from pipeline.kafka.clients import KafkaConfig, produce
 from pipeline.kafka.control import SPEC_KEY
 from pipeline.kafka.role_protocol import TransactionalRole
 from pipeline.planning.step.spec_in_force import SpecRecord
 from pipeline.spec import JobSpec
-from topics.admin import topic_exists
 from topics.errors import DecodeError, MixflowError
-from topics.json_record import decode, encode
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.formats.json_record import decode, encode
+from topics.formats.names import JobTopics
+from topics.kafka.admin import topic_exists
+from topics.kafka.clients import KafkaConfig, produce
+from topics.kafka.log_reader import read_to_end
 
 log = logging.getLogger(__name__)
 

@@ -23,14 +23,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from pydantic import StrictInt
 
 from connectors.work_units import WorkUnit
-from pipeline.kafka.clients import KafkaConfig, commit_or_abort, produce, transactional_producer
 from pipeline.kafka.control import UnitCost, plan_records, unit_cost_key
 from topics.errors import DecodeError, MixflowError
-from topics.json_record import decode, encode, json_field, json_record
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
-from topics.offset_lookup import OffsetLookup
-from topics.retry import KAFKA_RETRY, KafkaUnavailableError
+from topics.formats.json_record import decode, encode, json_field, json_record
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig, commit_or_abort, produce, transactional_producer
+from topics.kafka.log_reader import read_to_end
+from topics.kafka.offset_lookup import OffsetLookup
+from topics.kafka.retry import KAFKA_RETRY, KafkaUnavailableError
 
 # Delivery errors of a broker that went away for a while: publishing again later may succeed.
 _BROKERS_AWAY = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT})

@@ -10,12 +10,6 @@ metrics in a private registry nobody serves, so tests and replays in one process
 
 import lazy_loader
 
-# Each name is imported from its module on first use: a process loads only the modules it touches.
-__getattr__, __dir__, __all__ = lazy_loader.attach(
-    __name__,
-    submod_attrs={
-        "endpoints": ["METRICS_FILE", "Endpoint", "RunMetrics", "read_endpoints"],
-        "reasons": ["DeadLetterReason", "reason_class"],
-        "serving": ["MetricsServer", "role_registry", "serve_metrics"],
-    },
-)
+# Each name is imported from its module on first use: a process loads only the modules it touches. The
+# names and their modules are listed once, in __init__.pyi, which also gives them their types.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

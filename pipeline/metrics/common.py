@@ -10,7 +10,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from pipeline.metrics.reasons import DeadLetterReason
-from topics.offset_lookup import OffsetLookup
+from topics.kafka.offset_lookup import OffsetLookup
 
 # Seconds of one transaction: from a few milliseconds (a constructor step) to minutes (a big work unit).
 TRANSACTION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)

@@ -22,7 +22,7 @@ from pipeline.spec.sections import (
 )
 from pipeline.spec.sources import SourceSpec
 from pipeline.spec.storage import StorageSpec
-from topics.kafka_settings import principal_key_problem
+from topics.kafka.settings import principal_key_problem
 
 
 class JobSpec(BaseModel):

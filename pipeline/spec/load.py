@@ -14,7 +14,7 @@ from pipeline.spec._locate import duplicate_keys, field_path, known_keys, line_o
 from pipeline.spec._problems import NO_VALUE
 from pipeline.spec.job import JobSpec
 from topics.errors import MixflowError
-from topics.kafka_settings import is_secret_key
+from topics.kafka.settings import is_secret_key
 
 _MAX_VALUE_CHARS = 80
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 from topics.errors import InvalidNameError
-from topics.names import MAX_JOB_LENGTH, MAX_SOURCE_LENGTH, validate_job_name, validate_source_name
+from topics.formats.names import MAX_JOB_LENGTH, MAX_SOURCE_LENGTH, validate_job_name, validate_source_name
 
 NAME_PATTERN = r"^[a-zA-Z0-9_-]+$"
 

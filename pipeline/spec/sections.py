@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validat
 
 from pipeline.spec._problems import NO_VALUE, Problems
 from pipeline.spec.cost import CostModel, VisionCostModel
-from topics.kafka_settings import resolve_role_settings, setting_problems
+from topics.kafka.settings import resolve_role_settings, setting_problems
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 DEFAULT_BOOTSTRAP_SERVERS = "localhost:9092"
@@ -29,7 +29,7 @@ SettingValue = Annotated[
     WithJsonSchema({"anyOf": [{"type": ["string", "integer", "boolean"]}, _REFERENCE_SCHEMA]}),
 ]
 """A librdkafka setting as a spec gives it: a value, or a secret's reference (``{env: NAME}``, ``{file: PATH}``);
-checked by ``topics.kafka_settings.setting_problems``, whose messages never show a value."""
+checked by ``topics.kafka.settings.setting_problems``, whose messages never show a value."""
 
 
 class KafkaSpec(BaseModel):
@@ -81,7 +81,7 @@ class KafkaSpec(BaseModel):
         source: str | None = None,
     ) -> dict[str, ConfigValue]:
         """The librdkafka settings of every client of ``role`` (``source``: a loader's): ``config`` with the
-        role's principal over it (``topics.kafka_settings.role_principal``; no role: ``config`` alone), its
+        role's principal over it (``topics.kafka.settings.role_principal``; no role: ``config`` alone), its
         secrets' references resolved from ``environ`` (default ``os.environ``) or their files, plus
         ``bootstrap.servers`` (see ``resolved_bootstrap_servers``). Roles add their own settings.
 
@@ -261,7 +261,7 @@ RANKS_PER_TRANSACTION_STEP = 256
 
 class ConstructorSpec(BaseModel):
     """How the job's steps are built: ``lanes`` constructors side by side, lane ``j`` building the steps
-    ``k`` with ``k mod lanes == j`` from partition ``j`` of every source topic (``topics/lanes.py``)."""
+    ``k`` with ``k mod lanes == j`` from partition ``j`` of every source topic (``topics/formats/lanes.py``)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -15,7 +15,7 @@ from pipeline.spec.autoscaling import SourceAutoscaleSpec
 from pipeline.spec.names import SourceName
 from pipeline.spec.storage import S3_SCHEME, ObjectUri, StorageSpec, check_object_uri
 from pipeline.spec.vision import MediaFieldsSpec, VisionSpec
-from topics.file_formats import FILE_FORMATS
+from topics.formats.file_formats import FILE_FORMATS
 
 
 def _listed(names: Iterable[str]) -> str:
@@ -25,7 +25,7 @@ def _listed(names: Iterable[str]) -> str:
     return ", ".join(ordered[:-1]) + " and " + ordered[-1] if len(ordered) > 1 else "".join(ordered)
 
 
-# The file formats of topics.file_formats, as ReaderKind.JSONL == "jsonl", ...
+# The file formats of topics.formats.file_formats, as ReaderKind.JSONL == "jsonl", ...
 ReaderKind = StrEnum("ReaderKind", [(name.upper(), name) for name in FILE_FORMATS], module=__name__)  # type: ignore[misc]
 ReaderKind.__doc__ = "File formats a source loader can read."
 

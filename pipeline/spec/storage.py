@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from pipeline.spec._paths import resolve_path
-from topics.kafka_settings import resolve_reference
+from topics.kafka.settings import resolve_reference
 
 S3_SCHEME = "s3://"
 _S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?")

@@ -16,16 +16,16 @@ from typing import Any
 import numpy as np
 
 from connectors import Document, WorkUnit
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import JobSpec
 from pipeline.tools.dead_letters import SourceLetters, tally
-from topics.batch import Batch
-from topics.dead_letter import DeadLetter, decode_dead_letter_message
-from topics.log_reader import read_to_end
-from topics.media import MediaItem
-from topics.names import JobTopics
-from topics.packing import pack_micro_batches
+from topics.formats.batch import Batch
+from topics.formats.dead_letter import DeadLetter, decode_dead_letter_message
+from topics.formats.media import MediaItem
+from topics.formats.names import JobTopics
+from topics.formats.packing import pack_micro_batches
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.log_reader import read_to_end
 
 # A sample id's chunk suffix (connectors/sample_ids.py): what tells a document's chunks apart.
 _CHUNK = re.compile(r"#(0|[1-9][0-9]*)(?=(@e[1-9][0-9]*)?$)")

@@ -39,12 +39,13 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 from transformers import Trainer, TrainingArguments
+from transformers.trainer_pt_utils import AcceleratorConfig
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from topics.errors import MixflowError
@@ -130,9 +131,11 @@ class PaddingFreeBatches(IterableDataset):
             )
 
 
-def last_complete_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
+def last_complete_checkpoint(output_dir: str | os.PathLike[str] | None) -> str | None:
     """The ``checkpoint-<step>`` folder of ``output_dir`` with the highest step that transformers finished
-    writing (its ``trainer_state.json`` is written last), or ``None``."""
+    writing (its ``trainer_state.json`` is written last), or ``None`` (as without ``output_dir``)."""
+    if output_dir is None:
+        return None
     root = Path(output_dir)
     if not root.is_dir():
         return None
@@ -219,8 +222,9 @@ def _configure(args: TrainingArguments) -> None:
     if not args.ignore_data_skip:
         log.info("MixflowTrainer sets ignore_data_skip=True: the sink resumes at its checkpointed position")
         args.ignore_data_skip = True
-    args.accelerator_config.dispatch_batches = False
-    args.accelerator_config.split_batches = False
+    accelerator = cast(AcceleratorConfig, args.accelerator_config)  # made one by TrainingArguments
+    accelerator.dispatch_batches = False
+    accelerator.split_batches = False
     if args.dataloader_num_workers:
         log.warning("MixflowTrainer reads the sink in the training process: dataloader_num_workers is ignored")
     if args.max_steps <= 0:

@@ -84,8 +84,7 @@ class _PositionedBatches(IterableDataset):
 class MixflowDataModule(pl.LightningDataModule):
     """A job's micro-batches for ``trainer.fit`` (see the module's docstring). ``spec`` or ``job=`` (with
     ``bootstrap_servers=`` or ``kafka_config=``) name the job, or both (the spec's settings for that job);
-    other keyword arguments go to ``KafkaBatchDataset`` (``layout``, ``pad_to_multiple_of``,
-    ``tensor_parallel`` ...)."""
+    other keyword arguments go to ``KafkaBatchDataset`` (``read=ReadOptions(...)``, ``tensor_parallel`` ...)."""
 
     def __init__(self, spec: str | os.PathLike[str] | None = None, **sink_options: Any) -> None:
         super().__init__()
@@ -102,12 +101,20 @@ class MixflowDataModule(pl.LightningDataModule):
         self._loaded = False  # whether a checkpoint gave this module its state
         self._aligned = False  # whether Lightning's accumulation was checked against the stream's steps
 
+    @property
+    def _fitting(self) -> pl.Trainer:
+        """The trainer this module is attached to."""
+        if self.trainer is None:
+            msg = "MixflowDataModule is not attached to a Lightning Trainer: give it to trainer.fit(datamodule=...)"
+            raise MixflowError(msg)
+        return self.trainer
+
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.sink is None:
             self.sink = KafkaBatchDataset(
                 self.spec,
-                global_rank=self.trainer.global_rank,
-                world_size=self.trainer.world_size,
+                global_rank=self._fitting.global_rank,
+                world_size=self._fitting.world_size,
                 **self.sink_options,
             )
             if self._trained is not None:
@@ -117,7 +124,7 @@ class MixflowDataModule(pl.LightningDataModule):
         if self.sink is None:
             msg = "MixflowDataModule.train_dataloader before setup('fit')"
             raise MixflowError(msg)
-        checkpoint = self.trainer.ckpt_path
+        checkpoint = self._fitting.ckpt_path
         if checkpoint is not None and not self._loaded:
             msg = (
                 f"checkpoint {checkpoint} holds no state of this data module (Lightning keeps it under the class "
@@ -129,7 +136,7 @@ class MixflowDataModule(pl.LightningDataModule):
             self._trained = self.sink.state_dict()
         self._read.clear()
         self._aligned = False
-        data_parallel_size = self.sink.data_parallel_size or self.trainer.world_size
+        data_parallel_size = self.sink.data_parallel_size or self._fitting.world_size
         return DataLoader(_PositionedBatches(self, self.sink, data_parallel_size), batch_size=None, num_workers=0)
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

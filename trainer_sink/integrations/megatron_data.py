@@ -62,12 +62,13 @@ import torch
 from megatron.core import num_microbatches_calculator, parallel_state
 
 from topics.errors import MixflowError
-from trainer_sink.dataset import KafkaBatchDataset
+from trainer_sink.dataset import KafkaBatchDataset, SinkIterator
 from trainer_sink.integrations.job_shape import require_data_parallel_size
 from trainer_sink.integrations.megatron_batch import megatron_batch
 from trainer_sink.integrations.sink_checkpoint import read_sink_state, write_sink_state
 from trainer_sink.media_tensors import VISION_KEYS
 from trainer_sink.parallel import rank_from_environment
+from trainer_sink.read_options import ReadOptions
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # Megatron-LM's: the last whole checkpoint's iteration
 INFO_KEYS = ("step", "micro_batch", "micro_batches", "sample_ids")
@@ -160,7 +161,7 @@ class MixflowDataIterator(Iterator[dict[str, Any]]):
         if sink is None:
             sink = _sink(spec, job, bootstrap_servers, kafka_config, self.ranks, device, wait_timeout_s)
         self.sink = sink
-        self.layout = {
+        self.layout: dict[str, Any] = {  # megatron_batch's keywords
             "pad_token_id": pad_token_id,
             "context_parallel": self.ranks.context_parallel,
             "seq_length": seq_length,
@@ -171,7 +172,7 @@ class MixflowDataIterator(Iterator[dict[str, Any]]):
         self.save, self.save_interval, self.train_iters = save, save_interval, train_iters
         self.iteration = start_iteration
         self.micro_batch_info: dict[str, Any] | None = None
-        self._batches: Iterator[dict[str, Any]] | None = None
+        self._batches: SinkIterator | None = None
 
     def __iter__(self) -> MixflowDataIterator:
         return self
@@ -316,8 +317,10 @@ def _sink(
         bootstrap_servers=bootstrap_servers,
         kafka_config=kafka_config,
         rank=ranks.data_parallel_rank,
-        attention_mask=False,
-        pad_to_multiple_of=1,  # megatron_batch pads, for context parallelism as well
+        read=ReadOptions(
+            attention_mask=False,
+            pad_to_multiple_of=1,  # megatron_batch pads, for context parallelism as well
+            wait_timeout_s=wait_timeout_s,
+        ),
         device=device,
-        wait_timeout_s=wait_timeout_s,
     )

@@ -58,6 +58,7 @@ from topics.errors import MixflowError
 from trainer_sink.dataset import KafkaBatchDataset
 from trainer_sink.integrations.job_shape import require_data_parallel_size
 from trainer_sink.media_tensors import VISION_KEYS
+from trainer_sink.read_options import ReadOptions
 from trainer_sink.tensors import Layout, MicroBatch
 
 log = logging.getLogger(__name__)
@@ -268,9 +269,11 @@ def _sink(config: MixflowDataLoader.Config, dp_rank: int) -> KafkaBatchDataset:
         job=config.job,
         bootstrap_servers=config.bootstrap_servers,
         rank=dp_rank,
-        layout=layout,
-        pad_token_id=config.pad_token_id,
-        attention_mask=False,  # torchtitan builds its masks from the positions
-        pad_to_multiple_of=config.pad_to_multiple_of if layout is Layout.PACKED else 1,
-        wait_timeout_s=config.wait_timeout_s,
+        read=ReadOptions(
+            layout=layout,
+            pad_token_id=config.pad_token_id,
+            attention_mask=False,  # torchtitan builds its masks from the positions
+            pad_to_multiple_of=config.pad_to_multiple_of if layout is Layout.PACKED else 1,
+            wait_timeout_s=config.wait_timeout_s,
+        ),
     )

@@ -16,7 +16,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, NonNegativeInt
 
 from pipeline.planning.mixing.schedule import Schedule
-from topics.json_record import json_record, record_dict
+from topics.formats.json_record import json_record, record_dict
 
 
 def _some_share(shares: Mapping[str, float]) -> Mapping[str, float]:
@@ -34,7 +34,7 @@ Share = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 class MixtureChange:
     """Shares from ``from_step`` on; a source not named has share 0. ``id`` names the change in acks.
 
-    Its JSON form (``topics.json_record``): ``{"id": "...", "from_step": 12, "shares": {"code": 0.5, ...}}``,
+    Its JSON form (``topics.formats.json_record``): ``{"id": "...", "from_step": 12, "shares": {"code": 0.5, ...}}``,
     in the state record and, led by its kind, on the control topic (``pipeline.kafka.control``)."""
 
     id: str

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pydantic import FiniteFloat, NonNegativeInt
 
-from topics.json_record import decode, encode, json_field, json_record
+from topics.formats.json_record import decode, encode, json_field, json_record
 
 STATE_VERSION = 1
 
@@ -19,7 +19,7 @@ class MixerState:
     or has had in advance (negative) against its share of what was delivered so far; the credits sum
     to about 0. ``long_credit`` is the same for long-context tokens. Missing sources have credit 0.
 
-    Its JSON form (``topics.json_record``), about 20 bytes plus 25 per source, floats exact:
+    Its JSON form (``topics.formats.json_record``), about 20 bytes plus 25 per source, floats exact:
     ``{"v":1,"step":12,"credit":{"a":0.5},"long":-3.0}``. Decoding is strict: ``step`` a non-negative int,
     the credits and ``long`` finite numbers (ints are taken as floats; bools are refused); unknown fields
     are ignored."""

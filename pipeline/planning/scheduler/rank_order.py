@@ -22,7 +22,7 @@ def rank_order(plan: StepPlan, rank: int) -> tuple[np.ndarray, np.ndarray]:
     """The samples ``plan`` gives to ``rank``, micro-batch after micro-batch and oldest first within each:
     ``(indices, micro_batch)``, int64 sample indices and the int32 micro-batch of each. The packed arrays
     of each micro-batch (``cu_seqlens``, ``position_ids``, labels) are derived from the batch on the
-    trainer side (``topics.packing``), not here. One pass over the whole plan: for every rank of a step,
+    trainer side (``topics.formats.packing``), not here. One pass over the whole plan: for every rank of a step,
     ``rank_orders`` does them all in one."""
     rank = _check_rank(plan.ranks, rank)
     mine = np.flatnonzero(plan.rank == rank)  # ascending: oldest first

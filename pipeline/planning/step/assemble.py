@@ -14,8 +14,8 @@ from pipeline.planning.scheduler import CostModel, StepPlan, plan_step, rank_ord
 from pipeline.planning.step.core import PlannedStep
 from pipeline.planning.step.pool import Candidate
 from pipeline.spec import JobSpec, StepSpec
-from topics.batch import Batch
-from topics.sample import Sample
+from topics.formats.batch import Batch
+from topics.formats.sample import Sample
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pipeline.planning.order import candidate_order
 from pipeline.planning.step.core import StepWindow
 from pipeline.planning.step.state import ConstructorState, SampleRef, SourcePosition
 from pipeline.spec.cost import VisionCostModel
-from topics.sample import Sample
+from topics.formats.sample import Sample
 
 
 @dataclass(frozen=True)

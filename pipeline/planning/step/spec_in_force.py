@@ -18,7 +18,7 @@ from pydantic import NonNegativeInt, ValidationError
 
 from pipeline.spec import JobSpec
 from topics.errors import MixflowError
-from topics.json_record import json_record
+from topics.formats.json_record import json_record
 
 SECTIONS = ("mixture", "step", "cost", "composition", "long_context", "seed", "on_exhausted")
 """The spec's top-level sections that decide what the constructor writes, besides its sources."""

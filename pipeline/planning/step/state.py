@@ -18,7 +18,7 @@ from pydantic_core import CoreSchema
 
 from pipeline.planning.mixing import MixerState, MixtureChange
 from pipeline.planning.step.used_bitmap import encode_used, unpack
-from topics.json_record import decode, encode, json_field, json_record, shaped_schema
+from topics.formats.json_record import decode, encode, json_field, json_record, shaped_schema
 
 STATE_VERSION = 1
 MAX_REFUSED = 16
@@ -70,7 +70,7 @@ class SourcePosition:
 class ConstructorState:
     """The state after step ``step - 1``: the next step to write is ``step`` (``mixer.step``).
 
-    Its JSON form (``topics.json_record``)::
+    Its JSON form (``topics.formats.json_record``)::
 
         {"v":1,"mixer":{<MixerState>},"sources":{"code":[<low>,[<used offset or run>,...]],...},
          "deferred":[["code",<offset>],...],"exhausted":["code",...],"finished":false,"control":<offset>,

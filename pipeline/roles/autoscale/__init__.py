@@ -4,14 +4,6 @@ autoscaler that turns one into the other every interval. ``mixflow run`` acts on
 
 import lazy_loader
 
-# Each name is imported from its module on first use: a process loads only the modules it touches.
-__getattr__, __dir__, __all__ = lazy_loader.attach(
-    __name__,
-    submod_attrs={
-        "autoscaler": ["Autoscaler"],
-        "demand": ["horizon_shares", "source_demands"],
-        "measure": ["JobProbe", "JobSnapshot", "SourceSnapshot"],
-        "policy": ["Decision", "PolicySettings", "PolicyState", "SourceReading", "decide"],
-        "rates": ["SmoothedRate"],
-    },
-)
+# Each name is imported from its module on first use: a process loads only the modules it touches. The
+# names and their modules are listed once, in __init__.pyi, which also gives them their types.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from pipeline.kafka.clients import KafkaConfig
-from pipeline.kafka.state_topic import STATE_TAIL
+from pipeline.kafka.state_topic import decode_state, last_records
 from pipeline.kafka.work_plan import WorkPlan, read_work_plan
 from pipeline.planning.step.state import ConstructorState
 from topics.errors import DecodeError
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
-from topics.offset_lookup import OffsetLookup
-from topics.sample_codec import decode_sample_message
+from topics.formats.names import JobTopics
+from topics.formats.sample_codec import decode_sample_message
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.log_reader import read_to_end
+from topics.kafka.offset_lookup import OffsetLookup
 
 # Records at the end of each source topic read for its tokens per offset.
 LENGTH_TAIL = 64
@@ -73,13 +73,10 @@ class JobProbe:
 
     def _last_states(self) -> list[ConstructorState]:
         """The last committed state of every constructor lane (one partition of the state topic each)."""
-        last: dict[int, object] = {}
-        for record in read_to_end(self.config, self.topics.state, tail=STATE_TAIL):
-            last[record.partition()] = record
         states = []
-        for record in last.values():
+        for record in last_records(self.config, self.topics).values():
             with contextlib.suppress(DecodeError):  # a broken record: the constructor reports it on restart
-                states.append(ConstructorState.from_bytes(record.value()))  # type: ignore[attr-defined]
+                states.append(decode_state(record))
         return states
 
     def _end_offset(self, topic: str) -> int:

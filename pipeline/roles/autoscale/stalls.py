@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.planning.mixing import Mixer
 from pipeline.planning.mixing.compose import HEADROOM
 from pipeline.planning.step.state import ConstructorState
 from pipeline.spec import JobSpec
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
-from topics.sample_codec import decode_sample_message
+from topics.formats.names import JobTopics
+from topics.formats.sample_codec import decode_sample_message
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.log_reader import read_to_end
 
 
 @dataclass(frozen=True)

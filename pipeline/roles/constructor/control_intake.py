@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.kafka.control import ControlReader
 from pipeline.planning.mixing import Mixer, MixtureChange, refusal
 from pipeline.planning.step.state import MAX_REFUSED, ConstructorState
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig
 
 log = logging.getLogger(__name__)
 

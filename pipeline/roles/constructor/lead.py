@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from confluent_kafka import KafkaError, TopicPartition
 
 from topics.errors import DecodeError
-from topics.names import JobTopics
-from topics.progress import decode_progress
-from topics.renewing_consumer import RenewingConsumer
+from topics.formats.names import JobTopics
+from topics.formats.progress import decode_progress
+from topics.kafka.renewing_consumer import RenewingConsumer
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ import time
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from pipeline.kafka.clients import KafkaConfig
-from topics.authorization import is_authorization_error, refused
 from topics.errors import MixflowError
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.authorization import is_authorization_error, refused
+from topics.kafka.clients import KafkaConfig
 
 log = logging.getLogger(__name__)
 

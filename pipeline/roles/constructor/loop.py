@@ -17,7 +17,6 @@ from pipeline.planning.step.core import PlannedStep, StepCore, StepOutcome
 from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.state import ConstructorState, SourcePosition
 from pipeline.roles.constructor.control_intake import ControlIntake
-from pipeline.roles.constructor.finish import finish
 from pipeline.roles.constructor.lead import TrainerPacing
 from pipeline.roles.constructor.metrics import ConstructorMetrics
 from pipeline.roles.constructor.sources import SourceTopicFeed
@@ -75,7 +74,7 @@ class StepLoop:
         """Steps from ``state`` on, until the job is finished, this instance stops or loses the lease, or a
         transaction aborts (the caller then resumes from the last committed state)."""
         mixer_state, exhausted = state.mixer, set(state.exhausted)
-        if not self.read_to_end(exhausted):
+        if not self._read_to_end(exhausted):
             return
         while self.host.running():
             if not self.writer.poll():  # the step in flight was aborted: what is prepared since is dropped
@@ -83,10 +82,10 @@ class StepLoop:
                 return
             self.metrics.look_at_pool(self.pool)
             if self.host.at_max_steps(self.writer.in_flight):
-                self.end_at_max_steps()
+                self._end_at_max_steps()
                 return
             if (held_back_for := self._held_back(mixer_state.step)) is not None:
-                if not self.flush():  # what is prepared goes out while this one waits
+                if not self._flush():  # what is prepared goes out while this one waits
                     return
                 if held_back_for:
                     self.feed.fill(held_back_for)
@@ -101,12 +100,36 @@ class StepLoop:
         state to go on from; None when the loop ends (the job finished, or a transaction aborted)."""
         outcome = self._next_step(state, exhausted)
         if outcome.planned is not None:
-            return outcome.planned.next_state if self.write_planned(outcome.planned, exhausted) else None
+            return outcome.planned.next_state if self._write_planned(outcome.planned, exhausted) else None
         if outcome.status is DrawStatus.WAITING:
             return state if self._wait_for(outcome.waiting_for, state.step, exhausted) else None
         # STOP: an exhausted source cannot fill its share (stop), or every source ran out.
-        finish(self, state, exhausted)
+        self._finish(state, exhausted)
         return None
+
+    def _finish(self, mixer_state: MixerState, exhausted: set[str]) -> None:
+        """End the job. Unless the policy is ``stop``, and once every source has run out, what is left goes out
+        in final steps, so every sample of finite sources is delivered exactly once."""
+        pool, feed = self.pool, self.feed
+        all_out = set(exhausted) >= set(pool.sources) or all(feed.is_exhausted(s) for s in pool.sources)
+        if self.spec.on_exhausted is not OnExhausted.STOP and all_out:
+            if not self._read_to_end(pool.sources):
+                return
+            while not pool.empty():
+                if self.host.at_max_steps(self.writer.in_flight):
+                    self._end_at_max_steps()
+                    return
+                while not self.pacing.allows(mixer_state.step):
+                    if not self.host.running() or not self._flush():
+                        return
+                planned = self.core.final_step(mixer_state, pool.window())
+                if not self._write_planned(planned, exhausted):
+                    return
+                mixer_state = planned.next_state
+        last = mixer_state.step - self.core.lanes
+        if self._write(None, mixer_state, exhausted, finished=True) and self.writer.wait():
+            self.host.job_finished()
+            log.info("job %s finished after step %d", self.records.out.job, last)
 
     def _held_back(self, step: int) -> Collection[str] | None:
         """None when ``step`` may be drawn now; otherwise the sources to read meanwhile: none while the
@@ -125,7 +148,7 @@ class StepLoop:
     def _wait_for(self, sources: tuple[str, ...], step: int, exhausted: set[str]) -> bool:
         """Read more of ``sources``, which the draw of ``step`` waits for; a source that ran out joins
         ``exhausted``, or with ``next_epoch`` starts another pass. False when a transaction aborted."""
-        if not self.flush():  # steps of a group not yet full go out while this one waits
+        if not self._flush():  # steps of a group not yet full go out while this one waits
             return False
         if self.spec.on_exhausted is OnExhausted.NEXT_EPOCH:
             # A source that ran out starts another pass: its loaders plan the next epoch.
@@ -143,7 +166,7 @@ class StepLoop:
             self._last_lag_log = time.monotonic()
         return True
 
-    def read_to_end(self, sources: Iterable[str]) -> bool:
+    def _read_to_end(self, sources: Iterable[str]) -> bool:
         """Read ``sources``, which ran out, to their ends; False when stopped or the lease is lost first.
 
         A source that ran out is drawn from as a whole (all that is left of it), and its leftovers go out in
@@ -156,7 +179,7 @@ class StepLoop:
             self.feed.fill(behind)
         return True
 
-    def end_at_max_steps(self) -> None:
+    def _end_at_max_steps(self) -> None:
         """Write what is handed over and stop; an aborted last step is redone (from the last committed one)
         before stopping."""
         if self.writer.wait():
@@ -164,7 +187,7 @@ class StepLoop:
         else:
             log.warning("the last step was aborted; resuming from the last committed step")
 
-    def flush(self) -> bool:
+    def _flush(self) -> bool:
         """Write the steps handed over while this one waits; False (logged) when a transaction aborted."""
         if self.writer.flush():
             return True
@@ -173,13 +196,13 @@ class StepLoop:
 
     # -- handing steps to the writer --------------------------------------------------------------
 
-    def write_planned(self, planned: PlannedStep, exhausted: Collection[str]) -> bool:
+    def _write_planned(self, planned: PlannedStep, exhausted: Collection[str]) -> bool:
         """Take the ``planned`` step's samples from the pool, build its batches and hand it to the writer."""
         assembled = assemble_planned(planned, self.pool.take(planned.taken, planned.order), self.batch_format)
         self.pool.settle(assembled.delivered, assembled.deferred)
-        return self.write(assembled, planned.next_state, exhausted)
+        return self._write(assembled, planned.next_state, exhausted)
 
-    def write(
+    def _write(
         self, assembled: AssembledStep | None, mixer: MixerState, exhausted: Collection[str], finished: bool = False
     ) -> bool:
         """Hand one step (or, with ``assembled`` None, only the final state) to the writer, whose thread

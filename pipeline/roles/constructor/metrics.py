@@ -13,7 +13,6 @@ from confluent_kafka import TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import Metric
 
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.metrics.common import (
     TRANSACTION_BUCKETS,
     SourceGaugeAtScrape,
@@ -21,9 +20,10 @@ from pipeline.metrics.common import (
     dead_letters_counter,
 )
 from pipeline.metrics.reasons import DeadLetterReason
-from topics.dead_letter import DeadLetter
-from topics.names import JobTopics
-from topics.offset_lookup import OffsetLookup
+from topics.formats.dead_letter import DeadLetter
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.offset_lookup import OffsetLookup
 
 if TYPE_CHECKING:
     from pipeline.planning.step.assemble import AssembledStep

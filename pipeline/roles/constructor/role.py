@@ -18,7 +18,7 @@ mixer's step is the global step ``k``: schedules, random choices and mixture cha
 
 This module holds the role's life (shadow or active, one attempt after another) and its bookkeeping; the
 parts live beside it: ``shadow.py`` (following the job without the lease), ``loop.py`` (an attempt's step
-loop around the step core of ``pipeline.planning.step.core``), ``finish.py`` (the job's last steps),
+loop around the step core of ``pipeline.planning.step.core``, and the job's last steps),
 ``control_intake.py`` (mixture changes), ``lead.py`` (pacing by the trainers), ``step_records.py`` (what a
 step's transaction writes) and ``writer.py`` (the transactions, on a thread).
 """
@@ -35,7 +35,6 @@ import numpy as np
 from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
-from pipeline.kafka.clients import KafkaConfig, ProducerFencedError, read_committed_settings
 from pipeline.kafka.role_protocol import TransactionalRole, closing_unless_stuck
 from pipeline.kafka.spec_record import record_spec
 from pipeline.kafka.state_topic import read_last_state, written_shape
@@ -58,12 +57,13 @@ from pipeline.roles.constructor.stats import DEFAULT_RECENT_STEPS, ConstructorSt
 from pipeline.roles.constructor.step_records import StepRecords
 from pipeline.roles.constructor.writer import StepWriter
 from pipeline.spec import JobSpec
-from topics.admin import ensure_job_topics
-from topics.batch_codec import encode_batch
 from topics.errors import MixflowError
-from topics.names import JobTopics
-from topics.renewing_consumer import RenewingConsumer
-from topics.sample import Sample
+from topics.formats.batch_codec import encode_batch
+from topics.formats.names import JobTopics
+from topics.formats.sample import Sample
+from topics.kafka.admin import ensure_job_topics
+from topics.kafka.clients import KafkaConfig, ProducerFencedError, read_committed_settings
+from topics.kafka.renewing_consumer import RenewingConsumer
 
 log = logging.getLogger(__name__)
 

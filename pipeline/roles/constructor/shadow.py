@@ -12,8 +12,8 @@ from confluent_kafka import KafkaException
 
 from pipeline.planning.step.state import ConstructorState
 from pipeline.roles.constructor.lease import ConstructorLease
-from topics.authorization import is_authorization_error, refused
-from topics.retry import KafkaUnavailableError
+from topics.kafka.authorization import is_authorization_error, refused
+from topics.kafka.retry import KafkaUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -8,17 +8,17 @@ from collections.abc import Collection
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.kafka.work_plan import WorkPlan, plan_is_complete, read_work_plan, request_epoch
 from pipeline.planning.step.pool import SamplePool
-from topics.authorization import raise_if_read_refused
-from topics.dead_letter import DeadLetter
 from topics.errors import DecodeError
-from topics.names import JobTopics, parse_topic
-from topics.offset_lookup import OffsetLookup
-from topics.renewing_consumer import RenewingConsumer
-from topics.retry import KAFKA_RETRY
-from topics.sample_codec import decode_sample_message
+from topics.formats.dead_letter import DeadLetter
+from topics.formats.names import JobTopics, parse_topic
+from topics.formats.sample_codec import decode_sample_message
+from topics.kafka.authorization import raise_if_read_refused
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.offset_lookup import OffsetLookup
+from topics.kafka.renewing_consumer import RenewingConsumer
+from topics.kafka.retry import KAFKA_RETRY
 
 log = logging.getLogger(__name__)
 

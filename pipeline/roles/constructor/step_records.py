@@ -11,9 +11,9 @@ from confluent_kafka import TopicPartition
 from pipeline.planning.step.assemble import AssembledStep
 from pipeline.planning.step.state import ConstructorState
 from pipeline.roles.constructor.writer import PreparedStep, Record
-from topics.batch_codec import batch_key, encode_batch, encode_end_of_data
-from topics.dead_letter import DeadLetter, encode_dead_letter
-from topics.names import JobTopics
+from topics.formats.batch_codec import batch_key, encode_batch, encode_end_of_data
+from topics.formats.dead_letter import DeadLetter, encode_dead_letter
+from topics.formats.names import JobTopics
 
 
 @dataclass(frozen=True)
@@ -43,15 +43,15 @@ class StepRecords:
         if assembled is not None:
             for batch in assembled.batches:
                 key, value, headers = encode_batch(batch)
-                records.append((self.out.rank(batch.rank), value, key, headers, self.lane))
+                records.append(Record(self.out.rank(batch.rank), value, key, headers, self.lane))
         step = state.mixer.step
         if state.finished:
             # Readers of a finished job (lane) stop at this record instead of waiting for more steps.
             key, value, headers = encode_end_of_data(step)
-            records += [(self.out.rank(rank), value, key, headers, self.lane) for rank in range(self.ranks)]
+            records += [Record(self.out.rank(rank), value, key, headers, self.lane) for rank in range(self.ranks)]
         for letter in letters:
             key, value, headers = encode_dead_letter(letter)
-            records.append((self.out.dlq, value, key, headers, 0))
-        records.append((self.out.state, state_bytes, batch_key(max(step - self.lanes, 0)), None, self.lane))
+            records.append(Record(self.out.dlq, value, key, headers, 0))
+        records.append(Record(self.out.state, state_bytes, batch_key(max(step - self.lanes, 0)), None, self.lane))
         offsets = [TopicPartition(self.sources.src(s), self.lane, p.low) for s, p in state.positions.items()]
         return PreparedStep(f"step {step - self.lanes}", records, offsets, lambda: done(len(state_bytes)), committed)

@@ -20,13 +20,22 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from confluent_kafka import Producer, TopicPartition
 
-from pipeline.kafka.clients import GroupConsumer, commit_or_abort, produce
 from pipeline.kafka.role_protocol import TransactionalRole
+from topics.kafka.clients import GroupConsumer, commit_or_abort, produce
 
-Record = tuple[str, bytes, bytes, list[tuple[str, bytes]] | None, int]  # topic, value, key, headers, partition
+
+class Record(NamedTuple):
+    """One record of a step's transaction: where it goes and what it holds."""
+
+    topic: str
+    value: bytes
+    key: bytes
+    headers: list[tuple[str, bytes]] | None
+    partition: int
 
 
 @dataclass

@@ -10,7 +10,6 @@ from confluent_kafka import TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import Metric
 
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.kafka.work_plan import WorkPlan, read_work_plan
 from pipeline.metrics.common import (
     TRANSACTION_BUCKETS,
@@ -19,9 +18,10 @@ from pipeline.metrics.common import (
     dead_letters_counter,
 )
 from pipeline.metrics.reasons import DeadLetterReason, reason_class
-from topics.dead_letter import DeadLetter
-from topics.names import JobTopics
-from topics.offset_lookup import OffsetLookup
+from topics.formats.dead_letter import DeadLetter
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.offset_lookup import OffsetLookup
 
 log = logging.getLogger(__name__)
 

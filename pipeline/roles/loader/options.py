@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.kafka.group_membership import DEFAULT_REJOIN_AFTER_S
 from pipeline.roles.loader.source_runtime import TARGET_UNIT_SECONDS
-from topics.fetch_stall import STALL_AFTER_S
+from topics.kafka.fetch_stall import STALL_AFTER_S
+from topics.kafka.group_membership import DEFAULT_REJOIN_AFTER_S
 
 
 @dataclass(frozen=True)
@@ -18,9 +18,10 @@ class LoaderOptions:
     # back to a restarted instance at once, but a static member cannot leave the group when it exits,
     # so every clean exit would stall the others for this long, and a broker restart fences it.)
     session_timeout_ms: int = 10_000
-    # A loader without an assignment this long replaces its consumer (see pipeline.kafka.group_membership).
+    # A loader without an assignment this long replaces its consumer (see topics.kafka.group_membership).
     rejoin_after_s: float = DEFAULT_REJOIN_AFTER_S
-    # A loader whose work partition delivers nothing this long while units lie past it rejoins (topics.fetch_stall).
+    # A loader whose work partition delivers nothing this long while units lie past it rejoins
+    # (topics.kafka.fetch_stall).
     stall_after_s: float = STALL_AFTER_S
     poll_timeout_s: float = 1.0
     plan_wait_s: float = 600.0

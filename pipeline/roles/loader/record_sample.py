@@ -17,7 +17,7 @@ from connectors import WorkUnit
 from connectors.media.decode import MediaDecoder
 from connectors.media.errors import MediaError
 from connectors.readers import Document, MediaRef, Reader
-from topics.dead_letter import DeadLetter
+from topics.formats.dead_letter import DeadLetter
 
 FILES_SAMPLED = 4
 RECORDS_PER_FILE = 16

@@ -21,7 +21,6 @@ import time
 from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
-from pipeline.kafka.clients import KafkaConfig, ProducerFencedError, ProducerUnusableError
 from pipeline.kafka.role_protocol import TransactionalRole, closing_unless_stuck
 from pipeline.roles.loader.metrics import LoaderMetrics
 from pipeline.roles.loader.options import LoaderOptions
@@ -31,7 +30,8 @@ from pipeline.roles.loader.unit_loading import UnitLoader
 from pipeline.roles.loader.unit_transaction import UnitTransactions
 from pipeline.roles.loader.work_group import WorkGroup
 from pipeline.roles.loader.work_planning import SourcePlanning
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig, ProducerFencedError, ProducerUnusableError
 
 __all__ = ["LoaderOptions", "LoaderStats", "SourceLoader"]
 

@@ -3,7 +3,9 @@ of its ``storage`` section (credentials resolved from their references here, hel
 
 from __future__ import annotations
 
-from connectors.storage import RetryPolicy, Storage, storage_for
+from dataclasses import replace
+
+from connectors.storage import STORAGE_RETRY, Storage, storage_for
 from connectors.storage.s3 import FIRST_CONTACT_S, S3Settings
 from pipeline.spec import SourceSpec
 from pipeline.spec.storage import StorageSpec
@@ -37,7 +39,7 @@ def s3_settings(storage: StorageSpec, what: str, *, patient: bool = False) -> S3
         profile=storage.profile,
         connect_timeout_s=storage.connect_timeout_s,
         read_timeout_s=storage.read_timeout_s,
-        retry=RetryPolicy(deadline_s=storage.retry_deadline_s),
+        retry=replace(STORAGE_RETRY, deadline_s=storage.retry_deadline_s),
         first_contact_s=storage.retry_deadline_s if patient else FIRST_CONTACT_S,
         stop_on_changed=storage.on_changed_object == "stop",
         **keys,  # type: ignore[arg-type]

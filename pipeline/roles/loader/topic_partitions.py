@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from confluent_kafka.admin import AdminClient
 
-from pipeline.kafka.clients import KafkaConfig
-from topics.retry import KAFKA_RETRY
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.retry import KAFKA_RETRY
 
 
 def partition_count(config: KafkaConfig, topic: str) -> int:

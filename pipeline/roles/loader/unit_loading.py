@@ -9,16 +9,16 @@ from collections.abc import Iterator
 from confluent_kafka import Message, Producer
 
 from connectors import Document, WorkUnit
-from pipeline.kafka.clients import KafkaConfig, produce
 from pipeline.roles.loader.metrics import LoaderMetrics
 from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.roles.loader.stats import UnitCounts
 from pipeline.roles.loader.topic_partitions import partition_count
-from topics.dead_letter import DeadLetter, encode_dead_letter
 from topics.errors import DecodeError
-from topics.lanes import unit_partition
-from topics.names import JobTopics
-from topics.sample_codec import encode_sample
+from topics.formats.dead_letter import DeadLetter, encode_dead_letter
+from topics.formats.lanes import unit_partition
+from topics.formats.names import JobTopics
+from topics.formats.sample_codec import encode_sample
+from topics.kafka.clients import KafkaConfig, produce
 
 log = logging.getLogger(__name__)
 

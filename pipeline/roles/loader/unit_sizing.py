@@ -18,11 +18,11 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from connectors import Reader, WorkUnit
 from connectors.planning import split_unit, unit_bytes
-from pipeline.kafka.clients import produce
 from pipeline.kafka.control import UnitCost, unit_cost_key
 from pipeline.kafka.work_plan import WorkPlan, produce_units
 from topics.errors import MixflowError
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.clients import produce
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """A source loader's membership of its source's work group ``<job>.loaders.<source>``: the consumer that
 takes the source's work units, and its replacement when the group has left it without partitions for
 ``rejoin_after_s`` (librdkafka can fail to rejoin after its session lapsed while the broker was away, and
-would then poll forever; ``pipeline.kafka.group_membership``) or when its fetching stalled
-(``topics.fetch_stall``)."""
+would then poll forever; ``topics.kafka.group_membership``) or when its fetching stalled
+(``topics.kafka.fetch_stall``)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from collections.abc import Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from pipeline.kafka.clients import KafkaConfig, close_within, read_committed_consumer
-from pipeline.kafka.group_membership import MembershipWatch
 from pipeline.roles.loader.options import LoaderOptions
 from pipeline.roles.loader.stats import LoaderStats
-from topics.authorization import raise_if_read_refused, refused
 from topics.errors import MixflowError
-from topics.fetch_stall import FetchStallWatch
-from topics.names import JobTopics
-from topics.offset_lookup import OffsetLookup
+from topics.formats.names import JobTopics
+from topics.kafka.authorization import raise_if_read_refused, refused
+from topics.kafka.clients import KafkaConfig, close_within, read_committed_consumer
+from topics.kafka.fetch_stall import FetchStallWatch
+from topics.kafka.group_membership import MembershipWatch
+from topics.kafka.offset_lookup import OffsetLookup
 
 log = logging.getLogger(__name__)
 

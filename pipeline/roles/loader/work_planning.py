@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 
 from connectors import WorkUnit
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.kafka.control import UnitCost, read_unit_cost
 from pipeline.kafka.work_plan import (
     WorkPlan,
@@ -24,9 +23,10 @@ from pipeline.roles.loader.source_runtime import COST_SAMPLE_BYTES, SourceRuntim
 from pipeline.roles.loader.topic_partitions import partition_count
 from pipeline.roles.loader.unit_sizing import UnitSizer
 from topics.errors import MixflowError
-from topics.names import JobTopics
-from topics.offset_lookup import OffsetLookup
-from topics.retry import KafkaUnavailableError
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.offset_lookup import OffsetLookup
+from topics.kafka.retry import KafkaUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,6 @@ item, in the same unit, and written as that section's ``vision:`` part.
 
 import lazy_loader
 
-# Each name is imported from its module on first use: a process loads only the modules it touches.
-__getattr__, __dir__, __all__ = lazy_loader.attach(
-    __name__,
-    submod_attrs={
-        "fit": ["CostFit", "Timing", "fit_cost"],
-        "grid": ["MicroBatchShape", "calibration_grid", "default_lengths"],
-        "section": ["Provenance", "VisionPart", "cost_section", "fit_table"],
-    },
-)
+# Each name is imported from its module on first use: a process loads only the modules it touches. The
+# names and their modules are listed once, in __init__.pyi, which also gives them their types.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

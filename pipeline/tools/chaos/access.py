@@ -14,11 +14,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from pipeline.kafka.acl_admin import AclAdmin
-from pipeline.kafka.acls import Binding, job_bindings, principal_name
 from pipeline.spec import JobSpec
 from pipeline.tools.chaos.object_store import ChaosObjectStore
-from topics.kafka_settings import SOURCE_LOADER_PREFIX
+from topics.kafka.acl_admin import AclAdmin
+from topics.kafka.acls import Binding, job_bindings, principal_name
+from topics.kafka.settings import SOURCE_LOADER_PREFIX
 
 # The refusal of a storage key, as connectors.storage.faults words it (403, or a 404 about the key).
 STORAGE_REFUSAL = re.compile(r"s3://\S+.*(access denied|refuses these credentials)")

@@ -16,7 +16,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.spec import JobSpec, StepSpec
 from pipeline.tools.delivery import (
     RECEIVED_FILE,
@@ -27,12 +26,13 @@ from pipeline.tools.delivery import (
     rank_micro_batches,
     received_micro_batches,
 )
-from topics.batch import Batch
-from topics.batch_codec import decode_batch_message, end_of_data_steps
-from topics.dead_letter import DeadLetter, decode_dead_letter_message
 from topics.errors import DecodeError
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.dead_letter import DeadLetter, decode_dead_letter_message
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.log_reader import read_to_end
 
 SHOWN = 3  # examples named per kind of problem
 

@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.kafka.acl_admin import AclAdmin
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.spec import JobSpec
 from pipeline.tools.chaos.access import Access, KafkaRights, StorageKey
 from pipeline.tools.chaos.object_store import ChaosObjectStore
@@ -31,6 +29,8 @@ from pipeline.tools.chaos.schedule import ACCESS_KINDS, OBJECT_STORE_KINDS, Faul
 from pipeline.tools.chaos.sink_state import checkpoint_steps
 from pipeline.tools.chaos.watch import Lease, LeaseWatch, StateWatch
 from pipeline.tools.stack.local_broker import LocalBroker
+from topics.kafka.acl_admin import AclAdmin
+from topics.kafka.clients import KafkaConfig
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.kafka.acl_admin import AclAdmin
 from pipeline.spec import JobSpec, load_spec
 from pipeline.tools.chaos.access import revocable_principals
 from pipeline.tools.chaos.audit import audit_job
@@ -30,8 +29,9 @@ from pipeline.tools.chaos.report import ChaosReport
 from pipeline.tools.chaos.schedule import DEFAULT_WEIGHTS, Fault, Targets, plan_faults
 from pipeline.tools.chaos.secured import RunPrincipals, grant_job_acls, principal_keys, secured_broker
 from pipeline.tools.stack.local_broker import LocalBroker, default_state_dir, free_port_block, free_port_pair
-from topics.admin import ensure_job_topics
 from topics.errors import MixflowError, RefusedError
+from topics.kafka.acl_admin import AclAdmin
+from topics.kafka.admin import ensure_job_topics
 
 __all__ = ["ChaosError", "ChaosOptions", "run_chaos"]
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.kafka.acl_admin import AclAdmin
-from pipeline.kafka.acls import all_bindings, job_bindings
 from pipeline.spec import JobSpec
 from pipeline.tools.stack.local_broker import LocalBroker
 from pipeline.tools.stack.scram_users import ensure_users
 from pipeline.tools.stack.secure import SCRAM_MECHANISM, broker_security, ensure_secrets
-from topics.kafka_settings import SOURCE_LOADER_PREFIX
+from topics.kafka.acl_admin import AclAdmin
+from topics.kafka.acls import all_bindings, job_bindings
+from topics.kafka.settings import SOURCE_LOADER_PREFIX
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def run_sink(spec: Path, rank: int, out: Path, bootstrap: str | None, wait_timeout_s: float) -> int:
     """Receive until the end of data; the number of steps received, over every restart."""
-    from trainer_sink import KafkaBatchDataset  # torch: only in the sink's own process
+    from trainer_sink import KafkaBatchDataset, ReadOptions  # torch: only in the sink's own process
 
     out.mkdir(parents=True, exist_ok=True)
     checkpoint_path = out / CHECKPOINT_FILE.format(rank=rank)
@@ -44,7 +44,9 @@ def run_sink(spec: Path, rank: int, out: Path, bootstrap: str | None, wait_timeo
         # Lines of a step after the last checkpoint are received again: they must not stay twice.
         os.ftruncate(fd, checkpoint.received_bytes)
         os.lseek(fd, checkpoint.received_bytes, os.SEEK_SET)
-        dataset = KafkaBatchDataset(spec, bootstrap_servers=bootstrap, rank=rank, wait_timeout_s=wait_timeout_s)
+        dataset = KafkaBatchDataset(
+            spec, bootstrap_servers=bootstrap, rank=rank, read=ReadOptions(wait_timeout_s=wait_timeout_s)
+        )
         if checkpoint.state is not None:
             dataset.load_state_dict(checkpoint.state)
         size, steps, lines = checkpoint.received_bytes, checkpoint.steps, []

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from pipeline.kafka.clients import KafkaConfig
-from topics.names import JobTopics
-from topics.offset_lookup import OffsetLookup
-from topics.renewing_consumer import RenewingConsumer
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.offset_lookup import OffsetLookup
+from topics.kafka.renewing_consumer import RenewingConsumer
 
 # The run's own clients. Connection errors while the broker restarts are expected. Without
 # metadata.recovery.strategy=none, librdkafka forgets a single broker that went away ("re-bootstrap") and

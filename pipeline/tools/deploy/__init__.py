@@ -2,12 +2,6 @@
 
 import lazy_loader
 
-# Each name is imported from its module on first use: a process loads only the modules it touches.
-__getattr__, __dir__, __all__ = lazy_loader.attach(
-    __name__,
-    submod_attrs={
-        "links": ["check_links"],
-        "manifests": ["DeployOptions", "Manifest", "render_job"],
-        "write": ["dump", "write_manifests"],
-    },
-)
+# Each name is imported from its module on first use: a process loads only the modules it touches. The
+# names and their modules are listed once, in __init__.pyi, which also gives them their types.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

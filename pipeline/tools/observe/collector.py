@@ -11,12 +11,10 @@ import numpy as np
 from confluent_kafka import KafkaException, Message
 from confluent_kafka.admin import AdminClient
 
-from pipeline.kafka.clients import KafkaConfig
-from pipeline.kafka.state_topic import STATE_TAIL
+from pipeline.kafka.state_topic import STATE_TAIL, decode_state
 from pipeline.metrics.endpoints import Endpoint
 from pipeline.planning.mixing import Schedule
 from pipeline.planning.mixing.changes import MixtureTimeline
-from pipeline.roles.constructor import ConstructorState
 from pipeline.spec import JobSpec
 from pipeline.tools.observe.endpoints import run_endpoints, scrape_sink_steps
 from pipeline.tools.observe.follow import TopicFollower
@@ -25,12 +23,13 @@ from pipeline.tools.observe.lanes import LaneStates
 from pipeline.tools.observe.offsets import OffsetProbe
 from pipeline.tools.observe.tally import StepTally
 from pipeline.tools.observe.vision_parts import EncoderWeighing
-from topics.batch_codec import decode_batch_message, end_of_data_steps
-from topics.dead_letter import decode_dead_letter_message
 from topics.errors import DecodeError
-from topics.names import JobTopics
-from topics.progress import decode_progress
-from topics.sample_codec import decode_sample_message
+from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.dead_letter import decode_dead_letter_message
+from topics.formats.names import JobTopics
+from topics.formats.progress import decode_progress
+from topics.formats.sample_codec import decode_sample_message
+from topics.kafka.clients import KafkaConfig
 
 # The latest samples of a source whose mean length turns its record rate into a token rate.
 LENGTH_SAMPLE = 64
@@ -143,12 +142,7 @@ class JobCollector:
         window = max(end - firsts.get(p, end) for p, end in ends.items())
         records = self.probe.tail(topic, max(STATE_TAIL, window))
         last = {r.partition(): r for r in records}  # in offset order: the last record of each partition wins
-        states = {}
-        for p, record in last.items():
-            try:
-                states[p] = ConstructorState.from_bytes(record.value())
-            except DecodeError as exc:
-                raise exc.at(record.topic(), record.partition(), record.offset()) from exc
+        states = {p: decode_state(record) for p, record in last.items()}
         recent = {r.key() for r in records if r.timestamp()[1] >= since_ms}
         return LaneStates(lanes, states), len(recent)
 

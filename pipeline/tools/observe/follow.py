@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
-from pipeline.kafka.clients import KafkaConfig
-from topics.renewing_consumer import RenewingConsumer
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.renewing_consumer import RenewingConsumer
 
 
 class TopicFollower:

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from pipeline.kafka.clients import KafkaConfig
 from topics.errors import MixflowError
-from topics.librdkafka_log import logged
-from topics.offset_lookup import OffsetLookup
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.librdkafka_log import logged
+from topics.kafka.offset_lookup import OffsetLookup
 
 
 class OffsetProbe:

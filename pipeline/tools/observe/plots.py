@@ -9,8 +9,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from pipeline.tools.observe.history import JobHistory
 from pipeline.tools.observe.series import ReportSeries, rate_over_time, rolling_median
+from pipeline.tools.observe.timeline import JobTimeline
 
 DPI = 100
 THROUGHPUT_BINS = 60
@@ -38,16 +38,16 @@ def _per_step(ax: Axes, steps: np.ndarray, values: np.ndarray, label: str) -> No
     )
 
 
-def plot_shares(series: ReportSeries, history: JobHistory, path: Path) -> Path:
+def plot_shares(series: ReportSeries, timeline: JobTimeline, path: Path) -> Path:
     figure = Figure(figsize=(8, 4.5))
     ax = figure.add_subplot()
-    for i, source in enumerate(history.sources):
+    for i, source in enumerate(timeline.sources):
         (line,) = ax.plot(series.steps, series.shares[:, i], label=f"{source}")
         ax.plot(series.steps, series.scheduled_shares[:, i], linestyle="--", color=line.get_color())
-    if history.steps_with_all_sources < len(series.steps):
-        ax.axvline(history.steps_with_all_sources, color="grey", linestyle=":", label="a source ran out")
+    if timeline.steps_with_all_sources < len(series.steps):
+        ax.axvline(timeline.steps_with_all_sources, color="grey", linestyle=":", label="a source ran out")
     ax.plot([], [], linestyle="--", color="black", label="schedule")
-    ax.set(xlabel="step", ylabel="share of tokens so far", ylim=(0, 1), title=f"{history.job}: cumulative shares")
+    ax.set(xlabel="step", ylabel="share of tokens so far", ylim=(0, 1), title=f"{timeline.job}: cumulative shares")
     ax.legend(loc="best", fontsize="small")
     ax.grid(alpha=0.3)
     return _save(figure, path)
@@ -62,10 +62,10 @@ def _imbalance_panel(ax: Axes, steps: np.ndarray, balanced: np.ndarray, naive: n
     ax.grid(alpha=0.3)
 
 
-def plot_imbalance(series: ReportSeries, history: JobHistory, path: Path) -> Path:
+def plot_imbalance(series: ReportSeries, timeline: JobTimeline, path: Path) -> Path:
     """Per step, largest / mean rank cost as written and under naive loading; a multimodal job's in three
     panels: both parts together, the vision encoder's and the LLM's."""
-    title = f"{history.job}: per-step imbalance (1 = every rank equally costly)"
+    title = f"{timeline.job}: per-step imbalance (1 = every rank equally costly)"
     parts = series.parts
     if parts is None:
         figure = Figure(figsize=(8, 4.5))
@@ -82,41 +82,41 @@ def plot_imbalance(series: ReportSeries, history: JobHistory, path: Path) -> Pat
     return _save(figure, path)
 
 
-def plot_fill(series: ReportSeries, history: JobHistory, path: Path) -> Path:
+def plot_fill(series: ReportSeries, timeline: JobTimeline, path: Path) -> Path:
     figure = Figure(figsize=(8, 4.5))
     ax = figure.add_subplot()
     _per_step(ax, series.steps, series.naive_fill, "naive per-rank loading")
     _per_step(ax, series.steps, series.fill, "as written")
-    ax.set(xlabel="step", ylabel="tokens / step capacity", ylim=(0, 1.02), title=f"{history.job}: fill per step")
+    ax.set(xlabel="step", ylabel="tokens / step capacity", ylim=(0, 1.02), title=f"{timeline.job}: fill per step")
     ax.legend(loc="lower left", fontsize="small")
     ax.grid(alpha=0.3)
     return _save(figure, path)
 
 
-def plot_throughput(series: ReportSeries, history: JobHistory, path: Path) -> Path:
+def plot_throughput(series: ReportSeries, timeline: JobTimeline, path: Path) -> Path:
     figure = Figure(figsize=(8, 6))
     rate_ax, lag_ax = figure.subplots(2, 1, sharex=True)
     centres, rates = rate_over_time(series.elapsed_s, series.tokens, THROUGHPUT_BINS)
     rate_ax.plot(centres, rates)
-    rate_ax.set(ylabel="tokens/s into the rank topics", title=f"{history.job}: throughput and backlog")
+    rate_ax.set(ylabel="tokens/s into the rank topics", title=f"{timeline.job}: throughput and backlog")
     rate_ax.grid(alpha=0.3)
-    start = history.step_times[0] if len(history.step_times) else 0.0
-    for i, source in enumerate(history.sources):
-        lag_ax.plot(history.backlog_times - start, history.backlog[:, i], label=source)
+    start = timeline.step_times[0] if len(timeline.step_times) else 0.0
+    for i, source in enumerate(timeline.sources):
+        lag_ax.plot(timeline.backlog_times - start, timeline.backlog[:, i], label=source)
     lag_ax.set(xlabel="seconds since the first step", ylabel="source records not yet delivered")
     lag_ax.legend(loc="best", fontsize="small")
     lag_ax.grid(alpha=0.3)
     return _save(figure, path)
 
 
-def write_plots(series: ReportSeries, history: JobHistory, out: Path) -> dict[str, Path]:
+def write_plots(series: ReportSeries, timeline: JobTimeline, out: Path) -> dict[str, Path]:
     """Every plot, into ``out``; by name."""
     out.mkdir(parents=True, exist_ok=True)
     if len(series.steps) == 0:
         return {}
     return {
-        "shares": plot_shares(series, history, out / SHARES_PNG),
-        "imbalance": plot_imbalance(series, history, out / IMBALANCE_PNG),
-        "fill": plot_fill(series, history, out / FILL_PNG),
-        "throughput": plot_throughput(series, history, out / THROUGHPUT_PNG),
+        "shares": plot_shares(series, timeline, out / SHARES_PNG),
+        "imbalance": plot_imbalance(series, timeline, out / IMBALANCE_PNG),
+        "fill": plot_fill(series, timeline, out / FILL_PNG),
+        "throughput": plot_throughput(series, timeline, out / THROUGHPUT_PNG),
     }

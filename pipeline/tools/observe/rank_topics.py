@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.planning.mixing import Schedule
 from pipeline.roles.constructor import ConstructorState
 from pipeline.spec import JobSpec, OnExhausted
@@ -35,10 +34,11 @@ from pipeline.tools.observe.step_stats import (
     written_parts,
 )
 from pipeline.tools.observe.vision_parts import EncoderWeighing, RankParts, step_vision
-from topics.batch import Batch
-from topics.batch_codec import decode_batch_message, end_of_data_steps
-from topics.log_reader import read_to_end
-from topics.names import JobTopics
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.log_reader import read_to_end
 
 
 @dataclass(frozen=True)

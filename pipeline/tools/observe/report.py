@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.spec import JobSpec
-from pipeline.tools.observe.history import read_history
 from pipeline.tools.observe.plots import FILL_PNG, IMBALANCE_PNG, SHARES_PNG, THROUGHPUT_PNG, write_plots
 from pipeline.tools.observe.series import report_series
 from pipeline.tools.observe.summary import REPORT_MD, summary_markdown
+from pipeline.tools.observe.timeline import read_timeline
 from topics.errors import RefusedError
+from topics.kafka.clients import KafkaConfig
 
 REPORT_FILES = (REPORT_MD, SHARES_PNG, IMBALANCE_PNG, FILL_PNG, THROUGHPUT_PNG)
 
@@ -19,11 +19,11 @@ def write_report(config: KafkaConfig, spec: JobSpec, out: Path, job: str | None 
     """Write the plots and ``report.md`` of ``job`` (the spec's by default) into ``out``; the summary's path.
     A folder holding another job's report (or report files it cannot tell the job of) is refused first."""
     check_report_folder(out, job or spec.job)
-    history = read_history(config, spec, job)
-    series = report_series(history)
-    images = write_plots(series, history, out)
+    timeline = read_timeline(config, spec, job)
+    series = report_series(timeline)
+    images = write_plots(series, timeline, out)
     summary = out / REPORT_MD
-    summary.write_text(summary_markdown(series, history, images))
+    summary.write_text(summary_markdown(series, timeline, images))
     return summary
 
 

@@ -1,4 +1,4 @@
-"""The series ``mixflow report`` plots and sums up, computed from a ``JobHistory``. Pure: no Kafka, no
+"""The series ``mixflow report`` plots and sums up, computed from a ``JobTimeline``. Pure: no Kafka, no
 matplotlib."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.tools.observe.history import JobHistory
 from pipeline.tools.observe.step_stats import cumulative_shares, schedule_drift, scheduled_tokens
+from pipeline.tools.observe.timeline import JobTimeline
 from pipeline.tools.observe.vision_parts import EncoderWeighing
 
 
@@ -65,12 +65,12 @@ class ReportSeries:
     parts: PartSeries | None = None  # a multimodal job's: imbalance and naive above are of both parts together
 
 
-def part_series(history: JobHistory) -> PartSeries | None:
-    if history.encoder is None:
+def part_series(timeline: JobTimeline) -> PartSeries | None:
+    if timeline.encoder is None:
         return None
-    stats = history.stats
+    stats = timeline.stats
     return PartSeries(
-        weighing=history.encoder,
+        weighing=timeline.encoder,
         encoder=np.array([s.encoder_imbalance for s in stats], dtype=np.float64),
         naive_encoder=np.array([s.naive_encoder_imbalance for s in stats], dtype=np.float64),
         llm=np.array([s.llm_imbalance for s in stats], dtype=np.float64),
@@ -78,23 +78,23 @@ def part_series(history: JobHistory) -> PartSeries | None:
     )
 
 
-def report_series(history: JobHistory) -> ReportSeries:
-    per_step = history.tokens_per_step  # (K, S)
-    scheduled = scheduled_tokens(per_step, history.weights)  # (K, S)
-    full = history.steps_with_all_sources
-    stats = history.stats
-    start = history.step_times[0] if len(history.step_times) else 0.0
+def report_series(timeline: JobTimeline) -> ReportSeries:
+    per_step = timeline.tokens_per_step  # (K, S)
+    scheduled = scheduled_tokens(per_step, timeline.weights)  # (K, S)
+    full = timeline.steps_with_all_sources
+    stats = timeline.stats
+    start = timeline.step_times[0] if len(timeline.step_times) else 0.0
     return ReportSeries(
         steps=np.array([s.step for s in stats], dtype=np.int64),
         shares=cumulative_shares(per_step),
         scheduled_shares=scheduled / np.maximum(scheduled.sum(axis=1, keepdims=True), 1e-12),
-        drift=schedule_drift(per_step[:full], history.weights[:full]),
+        drift=schedule_drift(per_step[:full], timeline.weights[:full]),
         imbalance=np.array([s.imbalance for s in stats]),
         naive_imbalance=np.array([s.naive_imbalance for s in stats]),
         fill=np.array([s.fill for s in stats]),
         naive_fill=np.array([s.naive_fill for s in stats]),
         naive_left_out=sum(s.naive.left_out for s in stats),
-        elapsed_s=history.step_times - start,
+        elapsed_s=timeline.step_times - start,
         tokens=np.array([s.tokens for s in stats], dtype=np.int64),
-        parts=part_series(history),
+        parts=part_series(timeline),
     )

@@ -15,7 +15,7 @@ import numpy as np
 
 from pipeline.spec.cost import CostModel
 from pipeline.tools.observe.vision_parts import EncoderWeighing, RankParts, StepVision, rank_sums, step_vision
-from topics.batch import Batch
+from topics.formats.batch import Batch
 
 HIGH_PERCENTILE = 95
 """Where the reports give more than the median of a per-step number over steps, this percentile too."""

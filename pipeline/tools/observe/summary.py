@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.tools.observe.history import JobHistory
 from pipeline.tools.observe.series import PartSeries, ReportSeries
 from pipeline.tools.observe.step_stats import HIGH_PERCENTILE, median_and_high
+from pipeline.tools.observe.timeline import JobTimeline
 
 REPORT_MD = "report.md"
 
@@ -53,13 +53,13 @@ def _part_note(parts: PartSeries) -> str:
     )
 
 
-def summary_markdown(series: ReportSeries, history: JobHistory, images: Mapping[str, Path]) -> str:
+def summary_markdown(series: ReportSeries, timeline: JobTimeline, images: Mapping[str, Path]) -> str:
     steps = len(series.steps)
-    lines = [f"# Job `{history.job}`", ""]
+    lines = [f"# Job `{timeline.job}`", ""]
     if steps == 0:
         return "\n".join([*lines, "No steps written yet.", ""])
     tokens = int(series.tokens.sum())
-    samples = sum(s.samples for s in history.stats)
+    samples = sum(s.samples for s in timeline.stats)
     span = float(series.elapsed_s[-1]) if steps > 1 else 0.0
     rate = f"{(steps - 1) / span:.2f} steps/s, {tokens / span:,.0f} tokens/s" if span > 0 else "n/a (one step)"
     speedup = _median(series.naive_imbalance / series.imbalance)
@@ -86,16 +86,16 @@ def summary_markdown(series: ReportSeries, history: JobHistory, images: Mapping[
         "| source | tokens | share | scheduled share | largest drift (tokens) | largest backlog (records) |",
         "|---|---|---|---|---|---|",
     ]
-    per_source = history.tokens_per_step.sum(axis=0)
-    for i, source in enumerate(history.sources):
-        backlog = int(history.backlog[:, i].max()) if len(history.backlog) else 0
+    per_source = timeline.tokens_per_step.sum(axis=0)
+    for i, source in enumerate(timeline.sources):
+        backlog = int(timeline.backlog[:, i].max()) if len(timeline.backlog) else 0
         lines.append(
             f"| {source} | {int(per_source[i]):,} | {series.shares[-1, i]:.1%} | "
             f"{series.scheduled_shares[-1, i]:.1%} | {series.drift[i]:,.0f} | {backlog:,} |"
         )
     lines += [
         "",
-        f"Drift: over the {history.steps_with_all_sources} steps before a source ran out, the largest "
+        f"Drift: over the {timeline.steps_with_all_sources} steps before a source ran out, the largest "
         "|tokens delivered so far - tokens the schedule asks for so far|.",
         "",
     ]

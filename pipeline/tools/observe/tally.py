@@ -12,7 +12,7 @@ import numpy as np
 from pipeline.spec.cost import CostModel
 from pipeline.tools.observe.step_stats import StepStats, step_stats
 from pipeline.tools.observe.vision_parts import EncoderWeighing
-from topics.batch import Batch
+from topics.formats.batch import Batch
 
 
 class StepTally:

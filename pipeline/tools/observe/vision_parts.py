@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.spec import JobSpec
 from pipeline.spec.cost import VisionCostModel
-from topics.batch import Batch
+from topics.formats.batch import Batch
 
 PATCHES = VisionCostModel(alpha=0.0, beta=1.0)
 """The encoder's part of a spec without ``cost.vision``: one per patch."""

@@ -9,13 +9,6 @@ replay is one transaction per step and continues where an earlier run of it stop
 
 import lazy_loader
 
-# Each name is imported from its module on first use: a process loads only the modules it touches.
-__getattr__, __dir__, __all__ = lazy_loader.attach(
-    __name__,
-    submod_attrs={
-        "audit": ["Audit"],
-        "plan": ["ReplayMode", "ReplayPlan", "ReplayRequest", "plan_replay"],
-        "reshape": ["ReshapeError", "default_micro_batches", "reshape_step"],
-        "run": ["ReplaySummary", "replay", "verify"],
-    },
-)
+# Each name is imported from its module on first use: a process loads only the modules it touches. The
+# names and their modules are listed once, in __init__.pyi, which also gives them their types.
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -12,11 +12,11 @@ import contextlib
 from collections import Counter
 from dataclasses import dataclass
 
-from pipeline.kafka.clients import KafkaConfig
-from pipeline.tools.replay.history import JobHistory
+from pipeline.kafka.state_topic import JobHistory
 from pipeline.tools.replay.steps import StepMessages, read_steps
-from topics.batch_codec import decode_batch_message
-from topics.media import MediaItem
+from topics.formats.batch_codec import decode_batch_message
+from topics.formats.media import MediaItem
+from topics.kafka.clients import KafkaConfig
 
 
 @dataclass(frozen=True)

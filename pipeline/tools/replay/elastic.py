@@ -14,19 +14,20 @@ import logging
 
 from confluent_kafka import Producer, TopicPartition
 
-from pipeline.kafka.clients import KafkaConfig, produce
 from pipeline.kafka.role_protocol import TransactionalRole
+from pipeline.kafka.state_topic import JobHistory, StateRecord
 from pipeline.planning.scheduler import CostModel
 from pipeline.planning.step.spec_change import StepShape
 from pipeline.spec.cost import VisionCostModel
-from pipeline.tools.replay.history import JobHistory, StateRecord, adopted
+from pipeline.tools.replay.plan import adopted
 from pipeline.tools.replay.reshape import reshape_step
 from pipeline.tools.replay.steps import read_steps
-from topics.admin import ensure_job_topics
-from topics.batch import Batch
-from topics.batch_codec import decode_batch_message, encode_batch, encode_end_of_data
 from topics.errors import MixflowError
-from topics.names import JobTopics
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import decode_batch_message, encode_batch, encode_end_of_data
+from topics.formats.names import JobTopics
+from topics.kafka.admin import ensure_job_topics
+from topics.kafka.clients import KafkaConfig, produce
 
 log = logging.getLogger(__name__)
 

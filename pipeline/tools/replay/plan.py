@@ -7,16 +7,16 @@ something other than this replay's earlier progress.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from pipeline.kafka.state_topic import JobHistory
 from pipeline.planning.mixing import MixtureChange
 from pipeline.planning.step.spec_change import StepShape
 from pipeline.planning.step.state import ConstructorState
-from pipeline.tools.replay.history import JobHistory, adopted
 from pipeline.tools.replay.reshape import default_micro_batches
 from topics.errors import MixflowError, RefusedError
-from topics.names import validate_job_name
+from topics.formats.names import validate_job_name
 
 
 class ReplayMode(StrEnum):
@@ -165,3 +165,9 @@ def _progress(state: ConstructorState) -> tuple[object, ...]:
 
 def _describe(shape: StepShape) -> str:
     return f"{shape.ranks} ranks x {shape.micro_batches} micro-batches of {shape.tokens_per_micro_batch} tokens"
+
+
+def adopted(state: ConstructorState) -> ConstructorState:
+    """``state`` of the original job as a state of the replayed one: everything that decides the samples
+    stays, but its control topic is the replayed job's own, read from its start."""
+    return replace(state, control_offset=0, refused=())

@@ -26,9 +26,9 @@ from pipeline.planning.scheduler import CostModel, StepPlan, plan_step
 from pipeline.planning.step.assemble import BatchFormat, build_batches
 from pipeline.planning.step.pool import encoder_cost
 from pipeline.spec.cost import VisionCostModel
-from topics.batch import Batch
 from topics.errors import MixflowError
-from topics.sample import Sample
+from topics.formats.batch import Batch
+from topics.formats.sample import Sample
 
 
 class ReshapeError(MixflowError):

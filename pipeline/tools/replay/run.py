@@ -6,20 +6,20 @@ import logging
 import time
 from dataclasses import dataclass
 
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.kafka.control import broken_control_records
 from pipeline.kafka.spec_record import read_spec_records
+from pipeline.kafka.state_topic import JobHistory, read_history, require_history
 from pipeline.planning.step.spec_change import StepShape
 from pipeline.roles.constructor import ConstructorOptions, DataConstructor
 from pipeline.spec import JobSpec
 from pipeline.tools.replay.audit import Audit, audit
 from pipeline.tools.replay.elastic import ElasticReplay
-from pipeline.tools.replay.history import JobHistory, read_history, require_history
 from pipeline.tools.replay.plan import ReplayMode, ReplayPlan, ReplayRequest, plan_replay
 from pipeline.tools.replay.specs import replay_specs
 from topics.errors import MixflowError
-from topics.names import JobTopics
-from topics.step_index import locate_step
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.step_index import locate_step
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
-from pipeline.kafka.clients import KafkaConfig
 from topics.errors import DecodeError, MixflowError
-from topics.librdkafka_log import logged
-from topics.names import JobTopics
-from topics.step_index import locate_step, step_record
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig
+from topics.kafka.librdkafka_log import logged
+from topics.kafka.step_index import locate_step, step_record
 
 READ_AHEAD_BYTES = 64 * 1024 * 1024
 """Bytes read ahead on one rank topic, while another's next record has not come, before it is paused."""

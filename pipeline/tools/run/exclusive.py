@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from topics.errors import RefusedError
-from topics.group_admin import job_groups
+from topics.kafka.group_admin import job_groups
 
 LOCK_FILE = "run.lock"
 

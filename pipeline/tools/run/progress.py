@@ -12,9 +12,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from pipeline.kafka.clients import KafkaConfig
 from pipeline.tools.delivery import RECEIVED_FILE
-from topics.names import JobTopics
+from topics.formats.names import JobTopics
+from topics.kafka.clients import KafkaConfig
 
 # How long one redraw may wait for the state topic's partitions before it exists.
 LOOKUP_TIMEOUT_S = 1.0

@@ -35,8 +35,8 @@ from pipeline.tools.stack.local_broker import (
     port_is_free,
 )
 from pipeline.tools.stack.secure import BrokerSecurity, node_mtls_port, recorded_security
-from topics.admin import default_replication_factor, min_insync_replicas
 from topics.errors import MixflowError
+from topics.kafka.admin import default_replication_factor, min_insync_replicas
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from confluent_kafka import ConsumerGroupState, KafkaException
 
-from topics.admin import list_jobs
-from topics.admin_client import DeadlineAdmin
+from topics.kafka.admin import list_jobs
+from topics.kafka.admin_client import DeadlineAdmin
 
 DEFAULT_TIMEOUT_S = 5.0
 _IDLE = frozenset({ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD, ConsumerGroupState.UNKNOWN})

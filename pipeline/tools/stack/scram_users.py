@@ -22,10 +22,10 @@ from confluent_kafka.admin import (
 )
 
 from pipeline.tools.stack.secure import check_user_name
-from topics.admin_client import bootstrap_servers
-from topics.authorization import cluster_operations, may_on_cluster, refused_on_cluster
-from topics.cluster_probe import cluster_topics
 from topics.errors import MixflowError, NotFoundError
+from topics.kafka.admin_client import bootstrap_servers
+from topics.kafka.authorization import cluster_operations, may_on_cluster, refused_on_cluster
+from topics.kafka.cluster_probe import cluster_topics
 
 MECHANISM = ScramMechanism.SCRAM_SHA_512
 ITERATIONS = 4096
@@ -35,7 +35,7 @@ _NOT_ALLOWED = frozenset({KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.TO
 
 def _admin(admin_config: Mapping[str, Any]) -> AdminClient:
     """An admin client, once the cluster has answered it (so that an unreachable cluster, or one that refuses
-    these credentials, is said in one line: ``topics/cluster_probe.py``)."""
+    these credentials, is said in one line: ``topics/kafka/cluster_probe.py``)."""
     cluster_topics(admin_config)
     return AdminClient({**admin_config, "log_level": 0})
 

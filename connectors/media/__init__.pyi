@@ -1,0 +1,15 @@
+from .config import VisionConfig as VisionConfig
+from .decode import MediaDecoder as MediaDecoder
+from .errors import MediaError as MediaError
+from .frame_sampling import FramePicker as FramePicker
+from .frame_sampling import clip_span as clip_span
+from .frame_sampling import padded_count as padded_count
+from .frame_sampling import pick_frames as pick_frames
+from .frame_sampling import sample_times as sample_times
+from .image import decode_image as decode_image
+from .placeholders import block_length as block_length
+from .placeholders import placeholder_block as placeholder_block
+from .refs import media_input as media_input
+from .resize import MAX_ASPECT_RATIO as MAX_ASPECT_RATIO
+from .resize import smart_resize as smart_resize
+from .video import decode_video as decode_video

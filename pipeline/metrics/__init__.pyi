@@ -1,0 +1,9 @@
+from .endpoints import METRICS_FILE as METRICS_FILE
+from .endpoints import Endpoint as Endpoint
+from .endpoints import RunMetrics as RunMetrics
+from .endpoints import read_endpoints as read_endpoints
+from .reasons import DeadLetterReason as DeadLetterReason
+from .reasons import reason_class as reason_class
+from .serving import MetricsServer as MetricsServer
+from .serving import role_registry as role_registry
+from .serving import serve_metrics as serve_metrics

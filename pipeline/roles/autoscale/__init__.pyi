@@ -1,0 +1,12 @@
+from .autoscaler import Autoscaler as Autoscaler
+from .demand import horizon_shares as horizon_shares
+from .demand import source_demands as source_demands
+from .measure import JobProbe as JobProbe
+from .measure import JobSnapshot as JobSnapshot
+from .measure import SourceSnapshot as SourceSnapshot
+from .policy import Decision as Decision
+from .policy import PolicySettings as PolicySettings
+from .policy import PolicyState as PolicyState
+from .policy import SourceReading as SourceReading
+from .policy import decide as decide
+from .rates import SmoothedRate as SmoothedRate

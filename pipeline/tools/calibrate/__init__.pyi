@@ -1,0 +1,10 @@
+from .fit import CostFit as CostFit
+from .fit import Timing as Timing
+from .fit import fit_cost as fit_cost
+from .grid import MicroBatchShape as MicroBatchShape
+from .grid import calibration_grid as calibration_grid
+from .grid import default_lengths as default_lengths
+from .section import Provenance as Provenance
+from .section import VisionPart as VisionPart
+from .section import cost_section as cost_section
+from .section import fit_table as fit_table

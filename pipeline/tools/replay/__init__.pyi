@@ -1,0 +1,11 @@
+from .audit import Audit as Audit
+from .plan import ReplayMode as ReplayMode
+from .plan import ReplayPlan as ReplayPlan
+from .plan import ReplayRequest as ReplayRequest
+from .plan import plan_replay as plan_replay
+from .reshape import ReshapeError as ReshapeError
+from .reshape import default_micro_batches as default_micro_batches
+from .reshape import reshape_step as reshape_step
+from .run import ReplaySummary as ReplaySummary
+from .run import replay as replay
+from .run import verify as verify

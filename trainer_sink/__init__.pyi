@@ -1,0 +1,13 @@
+from .dataset import KafkaBatchDataset as KafkaBatchDataset
+from .parallel import ParallelLayout as ParallelLayout
+from .parallel import rank_from_environment as rank_from_environment
+from .position import SinkPosition as SinkPosition
+from .read_options import ReadOptions as ReadOptions
+from .steps import SinkTimeoutError as SinkTimeoutError
+from .tensors import Layout as Layout
+from .tensors import MicroBatch as MicroBatch
+from .tensors import block_causal_mask as block_causal_mask
+from .tensors import micro_batch_tensors as micro_batch_tensors
+from .vlm.qwen2_vl import PackedMedia as PackedMedia
+from .vlm.qwen2_vl import PixelOptions as PixelOptions
+from .vlm.qwen2_vl import pack_media as pack_media
