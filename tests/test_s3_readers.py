@@ -146,7 +146,7 @@ def test_vanished_object_is_refused_as_a_dead_letter(server: S3Server, tmp_path:
     storage = storage_for(root, server.settings())
     storage.client.delete_object(Bucket="corpus", Key=f"{root.removeprefix('s3://corpus/')}/{unit.path}")  # type: ignore[attr-defined]
     [letter] = letters(reader, unit)
-    assert f"{root}/{unit.path}: no such object (404)" in letter.reason
+    assert f"{root}/{unit.path}: no such object (404" in letter.reason and "vanished since planning" in letter.reason
 
 
 def test_unchanged_objects_beside_a_changed_one_are_read(server: S3Server, tmp_path: Path) -> None:
