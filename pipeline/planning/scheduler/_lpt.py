@@ -15,7 +15,7 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import first_fit, least_with_room, room_trees, update_rank
-from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, Samples, rooms
+from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, Samples, on_base, rooms
 from pipeline.planning.scheduler._sort import costliest_first, longest_first
 
 
@@ -83,12 +83,11 @@ def lpt_place(cands: Candidates, plan: Placement, grid: Grid) -> None:
 
 
 @kernel
-def lpt_kernel(samples: Samples, grid: Grid, at: np.ndarray) -> tuple[Candidates, Placement]:
+def lpt_kernel(samples: Samples, grid: Grid, at: np.ndarray, base: Placement) -> tuple[Candidates, Placement]:
     """LPT over the candidates (the longest prefix that fits the step; the rest deferred). ``at`` is scratch
     of the samples' size: int32 where ``rank << shift | micro_batch`` fits (``at_dtype``), else int64.
     Returns the candidates in sorted order (``longest_first``, or ``costliest_first`` with two capacities)
     and their placement."""
-    n_ranks, n_micro = grid.ranks, grid.micro
     limit, longest = candidates(samples, grid)
     if grid.patch_capacity > 0:
         cands = Candidates(*costliest_first(samples, limit))
@@ -96,13 +95,7 @@ def lpt_kernel(samples: Samples, grid: Grid, at: np.ndarray) -> tuple[Candidates
         cands = Candidates(
             *longest_first(samples.lengths, samples.costs, limit, longest), samples.patches, samples.encoder
         )
-    plan = Placement(
-        at[:limit],
-        np.zeros(n_ranks, np.float64),
-        np.zeros(n_ranks * n_micro, np.int64),
-        np.zeros(n_ranks * n_micro, np.float64),
-        np.zeros(n_ranks * n_micro, np.int64),
-    )
+    plan = on_base(at[:limit], base)
     lpt_place(cands, plan, grid)
     return cands, plan
 

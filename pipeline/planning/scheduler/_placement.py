@@ -58,6 +58,22 @@ class Placement(NamedTuple):
 
 
 @kernel
+def on_base(at: np.ndarray, base: Placement) -> Placement:
+    """A placement with ``at`` as its positions (not read) over what the step holds before its candidates:
+    ``base``'s totals, copied (all 0 for a step of its candidates alone; the context-parallel blocks placed
+    first otherwise). ``base.at`` is not read."""
+    return Placement(at, base.rank_cost.copy(), base.tokens.copy(), base.micro_cost.copy(), base.patches.copy())
+
+
+def empty_base(ranks: int, micro: int) -> Placement:
+    """The base of a step that holds nothing but its candidates."""
+    slots = ranks * micro
+    return Placement(
+        np.zeros(0, np.int64), np.zeros(ranks), np.zeros(slots, np.int64), np.zeros(slots), np.zeros(slots, np.int64)
+    )
+
+
+@kernel
 def copy_of(plan: Placement) -> Placement:
     return Placement(
         plan.at.copy(), plan.rank_cost.copy(), plan.tokens.copy(), plan.micro_cost.copy(), plan.patches.copy()

@@ -18,33 +18,23 @@ import numpy as np
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import ROOM, least_with_room, room_trees, update_rank
 from pipeline.planning.scheduler._lpt import lpt_place
-from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, least_costly_fit, place, rooms
+from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, least_costly_fit, on_base, place, rooms
 
 # LPT runs spent on finding the prefix, at most.
 PREFIX_TRIES = 24
 
 
 @kernel
-def _empty_placement(like: np.ndarray, grid: Grid) -> Placement:
-    slots = grid.ranks * grid.micro
-    return Placement(
-        np.full_like(like, -1),
-        np.zeros(grid.ranks, np.float64),
-        np.zeros(slots, np.int64),
-        np.zeros(slots, np.float64),
-        np.zeros(slots, np.int64),
-    )
-
-
-@kernel
-def _lpt_of_prefix(cands: Candidates, grid: Grid, like: np.ndarray, prefix: int) -> tuple[Placement, bool]:
+def _lpt_of_prefix(
+    cands: Candidates, grid: Grid, like: np.ndarray, prefix: int, base: Placement
+) -> tuple[Placement, bool]:
     """LPT over the candidates of the ``prefix`` oldest samples (the others deferred), and whether it
     placed all of them."""
     inside = np.flatnonzero(cands.order < prefix)
     sub = Candidates(cands.order[inside], cands.length[inside], cands.cost[inside], cands.patches, cands.encoder)
-    sub_plan = _empty_placement(like[: inside.shape[0]], grid)
+    sub_plan = on_base(np.full_like(like[: inside.shape[0]], -1), base)
     lpt_place(sub, sub_plan, grid)
-    plan = _empty_placement(like, grid)
+    plan = on_base(np.full_like(like, -1), base)
     whole = True
     for j in range(inside.shape[0]):
         plan.at[inside[j]] = sub_plan.at[j]
@@ -73,16 +63,16 @@ def _place_later(cands: Candidates, plan: Placement, grid: Grid, prefix: int) ->
 
 
 @kernel
-def prefix_plan(cands: Candidates, grid: Grid, like: np.ndarray) -> Placement:
+def prefix_plan(cands: Candidates, grid: Grid, like: np.ndarray, base: Placement) -> Placement:
     """The prefix plan (the module's docstring) of the candidates (one capacity), which LPT does not place
     whole; ``at`` of ``like``'s type."""
     low, high = 0, cands.order.shape[0] - 1  # a prefix of ``low`` is placed whole (or empty), of ``high + 1`` not
-    best = _empty_placement(like, grid)
+    best = on_base(np.full_like(like, -1), base)
     tries = 0
     step = 1
     while low < high and tries < PREFIX_TRIES:  # from the top down, doubling, then halving
         probe = max(high - step + 1, low + 1) if step > 0 else (low + high + 1) // 2
-        plan, whole = _lpt_of_prefix(cands, grid, like, probe)
+        plan, whole = _lpt_of_prefix(cands, grid, like, probe, base)
         tries += 1
         if whole:
             low, best = probe, plan

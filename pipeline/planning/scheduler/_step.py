@@ -52,6 +52,7 @@ from pipeline.planning.scheduler._placement import (
     flat_slot,
     move_patches,
     move_tokens,
+    on_base,
 )
 from pipeline.planning.scheduler._prefix import prefix_plan
 from pipeline.planning.scheduler._refine import move_from_costliest
@@ -103,16 +104,10 @@ def balance_fill(plan: Placement, capacity: int) -> float:
 
 
 @kernel
-def _started(start: np.ndarray, cands: Candidates, like: np.ndarray, grid: Grid) -> Placement:
+def _started(start: np.ndarray, cands: Candidates, like: np.ndarray, grid: Grid, base: Placement) -> Placement:
     """The plan ``start`` gives (``rank * micro + m`` per sample, -1 for none) in sorted order, ``at`` of
     ``like``'s type."""
-    plan = Placement(
-        np.full_like(like, -1),
-        np.zeros(grid.ranks, np.float64),
-        np.zeros(grid.ranks * grid.micro, np.int64),
-        np.zeros(grid.ranks * grid.micro, np.float64),
-        np.zeros(grid.ranks * grid.micro, np.int64),
-    )
+    plan = on_base(np.full_like(like, -1), base)
     for k in range(cands.order.shape[0]):
         slot = start[cands.order[k]]
         if slot >= 0:
@@ -180,22 +175,22 @@ def _held_back(lengths: np.ndarray, cands: Candidates, lpt: Placement, grid: Gri
 
 @kernel
 def plan_kernel(
-    samples: Samples, grid: Grid, tolerance: float, at: np.ndarray, start: np.ndarray
+    samples: Samples, grid: Grid, tolerance: float, at: np.ndarray, start: np.ndarray, base: Placement
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rank and micro-batch of every sample (int32, -1 when deferred). ``samples`` are checked already (their
     costs ``CostModel.costs`` or the caller's); ``at`` is scratch for ``lpt_kernel``; ``start`` a checked
     placement to start from (step 5), or empty."""
-    cands, plan = lpt_kernel(samples, grid, at)
+    cands, plan = lpt_kernel(samples, grid, at, base)
     lpt_whole = (plan.at >= 0).all()
     held = _held_back(samples.lengths, cands, plan, grid)  # from LPT's plan, before the repair below changes it
     make_safe(cands, plan, grid)
     plan = held if at_least_as_good(score(cands, held), score(cands, plan)) else _filled(cands, plan, grid)
     if grid.patch_capacity == 0 and not lpt_whole and plan.at.shape[0] <= PREFIX_CANDIDATES:
-        prefixed = prefix_plan(cands, grid, plan.at)
+        prefixed = prefix_plan(cands, grid, plan.at, base)
         if _better(score(cands, prefixed), score(cands, plan)):
             plan = prefixed
     if start.shape[0] > 0:
-        started = _started(start, cands, plan.at, grid)
+        started = _started(start, cands, plan.at, grid, base)
         _fill(cands, started, grid, started.rank_cost.max())
         if balance_fill(started, grid.capacity) > balance_fill(plan, grid.capacity):
             plan = started

@@ -7,6 +7,7 @@ import numpy as np
 from pipeline.planning.scheduler._args import check_step
 from pipeline.planning.scheduler._inputs import step_inputs
 from pipeline.planning.scheduler._lpt import at_dtype, by_index, lpt_kernel
+from pipeline.planning.scheduler._placement import empty_base
 from pipeline.planning.scheduler._step import make_safe
 from pipeline.planning.scheduler.plan import StepPlan
 from pipeline.spec.cost import DEFAULT_COST_MODEL, CostModel
@@ -42,7 +43,8 @@ def plan_lpt(
     lengths, ranks, micro_batches, capacity = check_step(lengths, ranks, micro_batches, capacity)
     shape = (ranks, micro_batches, capacity)
     samples, grid = step_inputs(lengths, shape, cost_model, costs, patches, patch_capacity)
-    cands, plan = lpt_kernel(samples, grid, np.empty(lengths.size, at_dtype(ranks, micro_batches)))
+    at = np.empty(lengths.size, at_dtype(ranks, micro_batches))
+    cands, plan = lpt_kernel(samples, grid, at, empty_base(ranks, micro_batches))
     if starvation_safe:
         make_safe(cands, plan, grid)
     rank, micro = by_index(lengths.size, cands.order, plan.at, grid.shift)

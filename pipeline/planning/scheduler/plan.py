@@ -9,7 +9,7 @@ import numpy as np
 from pipeline.planning.scheduler._args import check_step
 from pipeline.planning.scheduler._inputs import step_inputs
 from pipeline.planning.scheduler._lpt import at_dtype
-from pipeline.planning.scheduler._placement import Grid, Samples
+from pipeline.planning.scheduler._placement import Grid, Placement, Samples, empty_base
 from pipeline.planning.scheduler._step import plan_kernel
 from pipeline.spec.cost import DEFAULT_COST_MODEL, CostModel
 
@@ -158,6 +158,40 @@ def plan_step(
     evened out over the ranks as far as that lifts no rank above the costliest (``_swap.py``). Without
     them (text) the plan is the one described above, bit for bit.
     """
+    return _plan(lengths, ranks, micro_batches, capacity, cost_model, None, tolerance, start, costs, patches,
+                 patch_capacity, encoder_costs)  # fmt: skip
+
+
+def plan_step_on(
+    lengths: np.ndarray,
+    ranks: int,
+    micro_batches: int,
+    capacity: int,
+    cost_model: CostModel,
+    base: Placement,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> StepPlan:
+    """``plan_step`` (text) of a step that holds ``base`` before its candidates: each rank's cost
+    ``base.rank_cost`` and each micro-batch's tokens ``base.tokens`` (a micro-batch it fills takes none of
+    them), such as the context-parallel blocks ``plan_cp_step`` placed first."""
+    return _plan(lengths, ranks, micro_batches, capacity, cost_model, base, tolerance, None, None, None, 0, None)
+
+
+def _plan(
+    lengths: np.ndarray,
+    ranks: int,
+    micro_batches: int,
+    capacity: int,
+    cost_model: CostModel,
+    base: Placement | None,
+    tolerance: float,
+    start: np.ndarray | None,
+    costs: np.ndarray | None,
+    patches: np.ndarray | None,
+    patch_capacity: int,
+    encoder_costs: np.ndarray | None,
+) -> StepPlan:
     lengths, ranks, micro_batches, capacity = check_step(lengths, ranks, micro_batches, capacity)
     if not isinstance(tolerance, float | int) or not 0 <= tolerance < 1:
         msg = f"tolerance must be a number in [0, 1), got {tolerance!r}"
@@ -166,7 +200,8 @@ def plan_step(
     samples, grid = step_inputs(lengths, shape, cost_model, costs, patches, patch_capacity, encoder_costs)
     start = _check_start(start, samples, grid)
     scratch = np.empty(lengths.size, at_dtype(ranks, micro_batches))
-    rank, micro = plan_kernel(samples, grid, float(tolerance), scratch, start)
+    base = empty_base(ranks, micro_batches) if base is None else base
+    rank, micro = plan_kernel(samples, grid, float(tolerance), scratch, start, base)
     return StepPlan(rank, micro, ranks, micro_batches, capacity, int(patch_capacity))
 
 
