@@ -45,18 +45,18 @@ def test_delete_removes_one_finished_job_and_only_it(
 
     assert main(["topics", "list", *cluster]) == 0
     listed = capsys.readouterr().out
-    assert all(any(line.split()[:2] == [job, "8"] for line in listed.splitlines()) for job in (finished, other))
+    assert all(any(line.split()[:2] == [job, "9"] for line in listed.splitlines()) for job in (finished, other))
 
     assert main(["topics", "delete", "--job", finished, *cluster]) == 0  # a dry run
     said = capsys.readouterr().out
-    assert f"8 topics and 1 consumer groups of job {finished}" in said and "--yes" in said
+    assert f"9 topics and 1 consumer groups of job {finished}" in said and "--yes" in said
     assert set(list_jobs(kafka_bootstrap)[finished]) == set(JobTopics(finished).all(["web"], 2))
 
     assert main(["topics", "delete", "--job", finished, "--yes", *cluster]) == 0
-    assert f"deleted from {kafka_bootstrap}: 8 topics and 1 consumer groups" in capsys.readouterr().out
+    assert f"deleted from {kafka_bootstrap}: 9 topics and 1 consumer groups" in capsys.readouterr().out
     assert finished not in list_jobs(kafka_bootstrap)
     assert job_groups(kafka_bootstrap, finished) == {}
-    assert len(list_jobs(kafka_bootstrap)[other]) == 8
+    assert len(list_jobs(kafka_bootstrap)[other]) == 9
     assert job_groups(kafka_bootstrap, other) == {f"{other}.loaders.web": 0}
 
     assert main(["topics", "delete", "--job", finished, "--yes", *cluster]) == 0  # again: nothing left
@@ -75,7 +75,7 @@ def test_a_running_job_is_not_deleted_unless_forced(
         assert main(["topics", "delete", "--job", unique_name, "--yes", *cluster]) == 5
         err = capsys.readouterr().err
         assert f"job {unique_name} is running" in err and f"{group} (1 members)" in err and "--force" in err
-        assert len(list_jobs(kafka_bootstrap)[unique_name]) == 7
+        assert len(list_jobs(kafka_bootstrap)[unique_name]) == 8
 
         assert main(["topics", "delete", "--job", unique_name, "--yes", "--force", *cluster]) == 0
         assert unique_name not in list_jobs(kafka_bootstrap)

@@ -366,7 +366,7 @@ def _wait_for_a_split(config: dict, topics: JobTopics, still_running, timeout_s:
     deadline = time.monotonic() + timeout_s
     key = b"work-plan/big"
     while still_running():
-        if sum(m.key() == key for m in read_to_end(config, topics.control)) > 1:
+        if sum(m.key() == key for m in read_to_end(config, topics.plan("big"))) > 1:
             return
         if time.monotonic() > deadline:
             msg = f"no unit of {topics.work('big')} was split within {timeout_s} s"

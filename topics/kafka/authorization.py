@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AclOperation, AdminClient
 
 from topics.errors import MixflowError, RefusedError
+from topics.kafka.librdkafka_log import logged
 from topics.kafka.settings import settings_principal
 
 EPHEMERAL_GROUP_PREFIX = "mixflow-"
@@ -70,7 +71,7 @@ def topics_without(
     names = sorted(set(topics))
     if not names:
         return []
-    client = AdminClient(dict(config))
+    client = AdminClient(logged(config))
     wanted = AclOperation[operation]
     try:
         futures = client.describe_topics(
@@ -117,7 +118,7 @@ def refused_on_cluster(config: Mapping[str, Any], operation: str, doing: str) ->
 def cluster_operations(config: Mapping[str, Any], timeout_s: float = 10.0) -> set[AclOperation]:
     """The operations on the cluster itself that ``config``'s principal is granted, as the cluster says (none when
     it says nothing)."""
-    client = AdminClient(dict(config))
+    client = AdminClient(logged(config))
     described = client.describe_cluster(include_authorized_operations=True, request_timeout=timeout_s)
     return set(described.result(timeout=timeout_s).authorized_operations or ())
 
