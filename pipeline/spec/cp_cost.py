@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.spec.cost import CostModel
+from pipeline.spec.cost import DEFAULT_COST_MODEL, CostModel
 
 TRAINING_FACTOR = 3.0
 """Forward and backward together, as a multiple of the forward pass (both compute and ring traffic)."""
@@ -35,7 +35,7 @@ class ContextParallelCost:
     (hidden 4096: 32 heads, 8 KV heads of 128, 32 layers, bf16), 400 TFLOP/s sustained a GPU, NVLink 400 GB/s
     inside nodes of 8 ranks, 50 GB/s between them."""
 
-    model: CostModel = CostModel.from_transformer(4096, 32)
+    model: CostModel = DEFAULT_COST_MODEL
     layers: int = 32
     hidden_size: int = 4096
     kv_heads: int = 8

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validat
 
 from pipeline.spec._problems import NO_VALUE, Problems
 from pipeline.spec.cost import CostModel, VisionCostModel
+from pipeline.spec.cp_cost import ContextParallelCost
 from topics.kafka.settings import resolve_role_settings, setting_problems
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
@@ -177,6 +178,28 @@ def _check_one_form(section: BaseModel, problems: Problems, direct: list[str], s
                 problems.add((key,), f"required with {with_}")
 
 
+class ContextParallelCostSpec(BaseModel):
+    """What a sample costs each rank of a context-parallel block (``pipeline.spec.cp_cost``): the LLM's FLOPs
+    (the section around it, in FLOPs: ``hidden_size``/``num_layers``, or alpha/beta as FLOPs) split over the
+    block, and the ring attention's K/V traffic that the attention cannot hide, over NVLink within a node and the
+    network across nodes. Defaults: 8 KV heads of 128 in bf16, 400 TFLOP/s, 400 and 50 GB/s, 8 ranks a node."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kv_heads: int = Field(8, ge=1, description="Key/value heads of the attention (grouped-query attention).")
+    head_dim: int = Field(128, ge=1, description="Width of one head.")
+    dtype_bytes: int = Field(2, ge=1, description="Bytes of one value of the keys and values (2: bf16).")
+    tflops: float = Field(400.0, gt=0, allow_inf_nan=False, description="Sustained TFLOP/s of one rank.")
+    nvlink_gb_s: float = Field(400.0, gt=0, allow_inf_nan=False, description="GB/s between ranks of one node.")
+    network_gb_s: float = Field(50.0, gt=0, allow_inf_nan=False, description="GB/s between ranks of two nodes.")
+    ranks_per_node: int = Field(
+        8, ge=1, description="Consecutive ranks on one node (GPUs a node over tensor parallel)."
+    )
+    gamma_s: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="Seconds a sample costs a rank, whatever its length."
+    )
+
+
 class CostSpec(BaseModel):
     """Cost of a sample of length L, ``alpha * L**2 + beta * L + gamma``, for balancing ranks.
 
@@ -199,6 +222,11 @@ class CostSpec(BaseModel):
     causal: bool | None = Field(None, description="Causal attention; default true.")
     vision: VisionCostSpec | None = Field(
         None, description="Cost of the images and clips in the vision encoder (unset: only the LLM's cost counts)."
+    )
+    context_parallel: ContextParallelCostSpec | None = Field(
+        None,
+        description="Cost of a sample split over a block of ranks, ring traffic included (unset: the defaults, "
+        "where context-parallel steps are planned).",
     )
 
     @model_validator(mode="after")
@@ -228,6 +256,24 @@ class CostSpec(BaseModel):
     def cost_model(self) -> CostModel:
         """The scheduler's ``CostModel``: ``alpha_beta()`` and ``gamma`` (0 unless given)."""
         return CostModel(*self.alpha_beta(), gamma=float(self.gamma or 0.0))
+
+    def context_parallel_cost(self) -> ContextParallelCost:
+        """The ``ContextParallelCost`` of a block: this section's LLM FLOPs, and the ``context_parallel`` terms."""
+        terms = self.context_parallel or ContextParallelCostSpec()
+        hidden = self.hidden_size or terms.kv_heads * terms.head_dim
+        return ContextParallelCost(
+            model=self.cost_model(),
+            layers=self.num_layers or 1,
+            hidden_size=hidden,
+            kv_heads=terms.kv_heads,
+            head_dim=terms.head_dim,
+            dtype_bytes=terms.dtype_bytes,
+            flops_per_s=terms.tflops * 1e12,
+            nvlink_bytes_per_s=terms.nvlink_gb_s * 1e9,
+            network_bytes_per_s=terms.network_gb_s * 1e9,
+            ranks_per_node=terms.ranks_per_node,
+            gamma_s=terms.gamma_s,
+        )
 
     def vision_cost_model(self) -> VisionCostModel | None:
         """The vision encoder's ``VisionCostModel``, or None without a ``vision`` section."""
