@@ -1,4 +1,5 @@
-"""`mixflow plan`: plan one step from a file of sample lengths and write the assignment."""
+"""`mixflow plan`: plan one step from a file of sample lengths and write the assignment (with
+``--context-parallel``, each sample's block of ranks too: ``pipeline.cli.plan_context_parallel``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.cli.arguments import output_file, positive_int
+from pipeline.cli.plan_context_parallel import context_parallel, read_cost_section
 from pipeline.spec.cost import DEFAULT_COST_MODEL, CostModel
 from topics.errors import MixflowError, NotFoundError
 
@@ -17,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lengths", type=Path, required=True, help=".npy file of int64 sample lengths")
     parser.add_argument("--ranks", type=positive_int, required=True, help="data-parallel ranks")
     parser.add_argument("--micro-batches", type=positive_int, required=True, help="micro-batches per rank")
-    parser.add_argument("--capacity", type=positive_int, required=True, help="tokens per micro-batch")
+    parser.add_argument("--capacity", type=positive_int, help="tokens per micro-batch (a rank's)")
     parser.add_argument(
         "--alpha",
         type=float,
@@ -25,7 +27,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="quadratic cost per sample, alpha*L^2 (default: hidden 4096, 32 layers, causal)",
     )
     parser.add_argument("--beta", type=float, default=DEFAULT_COST_MODEL.beta, help="linear cost, beta*L")
-    parser.add_argument("--out", type=output_file, required=True, help="output .npz with int32 arrays rank, micro")
+    parser.add_argument(
+        "--cost",
+        type=Path,
+        help="YAML file with a spec's cost section (or a whole spec): alpha/beta or hidden_size/num_layers, and "
+        "its context_parallel terms (instead of --alpha/--beta)",
+    )
+    parser.add_argument(
+        "--context-parallel",
+        type=context_parallel,
+        metavar="{static:C,aligned[:C],free[:C]}",
+        help="long samples span blocks of ranks: one size C for all (static), a power of two a sample on blocks "
+        "aligned to it (aligned, Megatron-Core's hybrid CP), any size on any consecutive ranks (free); C: the "
+        "largest block (default: all the ranks); writes cp, the block size, with rank its first rank",
+    )
+    parser.add_argument(
+        "--max-tokens-per-rank",
+        type=positive_int,
+        help="with --context-parallel: the tokens a rank holds in a micro-batch, slices padded to 2*cp "
+        "(default: --capacity)",
+    )
+    parser.add_argument(
+        "--max-micro-batches",
+        type=positive_int,
+        help="with --context-parallel: the most micro-batches a rank may run (default: twice --micro-batches; "
+        "static: --micro-batches)",
+    )
+    parser.add_argument(
+        "--out", type=output_file, required=True, help="output .npz with int32 arrays rank, micro (and cp)"
+    )
 
 
 def _load_lengths(path: Path) -> np.ndarray:
@@ -44,12 +74,31 @@ def _load_lengths(path: Path) -> np.ndarray:
     return lengths
 
 
+def _check_arguments(args: argparse.Namespace) -> None:
+    if args.capacity is None and (args.context_parallel is None or args.max_tokens_per_rank is None):
+        msg = "give --capacity (or --max-tokens-per-rank with --context-parallel)"
+        raise MixflowError(msg)
+    if args.context_parallel is None and (args.max_tokens_per_rank or args.max_micro_batches):
+        msg = "--max-tokens-per-rank and --max-micro-batches plan context parallelism: give --context-parallel"
+        raise MixflowError(msg)
+    default = DEFAULT_COST_MODEL
+    if args.cost is not None and (args.alpha != default.alpha or args.beta != default.beta):
+        msg = "give --cost or --alpha/--beta, not both"
+        raise MixflowError(msg)
+
+
 def run(args: argparse.Namespace) -> int:
     from pipeline.planning.scheduler import plan_step, validate_plan
 
+    _check_arguments(args)
     lengths = _load_lengths(args.lengths)
+    if args.context_parallel is not None:
+        from pipeline.cli import plan_context_parallel
+
+        return plan_context_parallel.run(args, lengths)
+    cost_model = read_cost_section(args.cost).cost_model() if args.cost else None
     try:
-        cost_model = CostModel(alpha=args.alpha, beta=args.beta)
+        cost_model = cost_model or CostModel(alpha=args.alpha, beta=args.beta)
         plan_step(np.array([1, 2, 3], np.int64), 2, 1, 4, cost_model)  # compile (or load) the kernels
         start = time.perf_counter()
         plan = plan_step(lengths, args.ranks, args.micro_batches, args.capacity, cost_model)
