@@ -9,8 +9,12 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 from confluent_kafka import Producer
 
+from pipeline.planning.scheduler.context_parallel import CPMode, CPShape, plan_cp_step
+from pipeline.planning.step.assemble_cp import build_cp_batches
+from pipeline.spec.cp_cost import ContextParallelCost
 from tests.sink_media_support import media_sample
 from topics.formats.batch import Batch
 from topics.formats.batch_codec import encode_batch
@@ -26,8 +30,8 @@ TIMEOUT_S = 30.0
 
 def _blocks() -> list[str]:
     blocks = re.findall(r"```python\n(.*?)```", FORMAT_MD.read_text(encoding="utf-8"), flags=re.DOTALL)
-    assert len(blocks) == 3, "FORMAT.md should hold three python blocks: decode(), the consumer, patches()"
-    allowed = [{"pyarrow", "confluent_kafka"}] * 2 + [{"io", "numpy", "PIL"}]
+    assert len(blocks) == 4, "FORMAT.md should hold four python blocks: decode_cp(), decode(), the consumer, patches()"
+    allowed = [{"pyarrow"}] + [{"pyarrow", "confluent_kafka"}] * 2 + [{"io", "numpy", "PIL"}]
     for block, modules in zip(blocks, allowed, strict=True):
         imported = re.findall(r"^\s*(?:from|import)\s+([\w.]+)", block, flags=re.MULTILINE)
         assert set(imported) <= modules, imported
@@ -36,7 +40,7 @@ def _blocks() -> list[str]:
 
 def _snippets() -> tuple[str, str]:
     blocks = _blocks()
-    return blocks[0], blocks[1]
+    return blocks[1], blocks[2]
 
 
 def _batch() -> Batch:
@@ -82,7 +86,7 @@ def _media_batch(encoding: str) -> Batch:
 
 
 def test_snippets_decode_a_batch_with_media() -> None:
-    decode_block, _, pixels_block = _blocks()
+    _, decode_block, _, pixels_block = _blocks()
     namespace: dict = {}
     exec(compile(decode_block + "\n" + pixels_block, str(FORMAT_MD), "exec"), namespace)
     for encoding in ("raw", "jpeg", "png"):
@@ -135,3 +139,28 @@ def test_snippet_reads_a_batch_from_kafka(kafka_bootstrap: str, unique_name: str
         _assert_matches(namespace["batch"], batch)
     finally:
         delete_job_topics(kafka_bootstrap, unique_name, timeout_s=TIMEOUT_S)
+
+
+def test_the_context_parallel_snippet_decodes_a_version_2_batch_and_the_version_1_one_refuses_it() -> None:
+    namespace: dict = {}
+    cp_block, decode_block = _blocks()[:2]
+    exec(compile(cp_block + "\n" + decode_block, str(FORMAT_MD), "exec"), namespace)
+    rng = np.random.default_rng(5)
+    samples = [Sample(f"s/{i}", "web", rng.integers(0, 9000, n).astype(np.int32)) for i, n in enumerate([9, 3, 30, 4])]
+    lengths = np.array([s.length for s in samples])
+    plan = plan_cp_step(lengths, CPShape(4, 2, 8, CPMode.ALIGNED, 4), ContextParallelCost())
+    assert (plan.cp > 1).any() and plan.placed_mask.all()
+    for batch in build_cp_batches(11, plan, samples):
+        _, value, headers = encode_batch(batch)
+        decoded = namespace["decode_cp"](value, headers)
+        for name in ("step", "rank", "ranks", "micro_batches", "max_micro_batches", "capacity", "loss_tokens"):
+            assert decoded[name] == getattr(batch, name), name
+        assert decoded["mode"] == "aligned" and decoded["sample_id"] == batch.sample_ids
+        for name in ("tokens", "labels", "positions"):
+            np.testing.assert_array_equal(decoded[name], getattr(batch, name))
+        for name, attr in (("micro_batch", "micro_batch"), ("length", "lengths"), ("cp_size", "cp_size")):
+            assert decoded[name] == getattr(batch, attr).tolist(), name
+        assert decoded["cp_rank"] == batch.cp_rank.tolist()
+        np.testing.assert_array_equal(decoded["slice_lengths"], np.diff(batch.offsets))
+        with pytest.raises(ValueError, match="unknown batch format version b'2'"):
+            namespace["decode"](value, headers)

@@ -18,10 +18,13 @@ import pyarrow as pa
 
 from topics.errors import DecodeError
 from topics.formats.batch import Batch
+from topics.formats.cp_batch import CPBatch
 from topics.formats.headers import Headers, decimal, find_header, parse_decimal
 
 BATCH_FORMAT_VERSION = 1
 """Bump on any change that a reader of the previous version would misread; see FORMAT.md."""
+CP_BATCH_FORMAT_VERSION = 2
+"""The batches of a context-parallel job (``CPBatch``): slices, labels and positions; see FORMAT.md."""
 
 VERSION_KEY = "mixflow.batch.version"
 STEP_KEY = "mixflow.step"
@@ -32,6 +35,9 @@ CAPACITY_KEY = "mixflow.capacity"
 SAMPLES_KEY = "mixflow.samples"
 PATCHES_KEY = "mixflow.patches_per_micro_batch"
 """The vision-patch budget of a micro-batch; only in batches of a job that sets one."""
+MAX_MICRO_BATCHES_KEY = "mixflow.max_micro_batches"
+CONTEXT_PARALLEL_KEY = "mixflow.context_parallel"
+LOSS_TOKENS_KEY = "mixflow.loss_tokens"
 END_KEY = "mixflow.end"
 """Header of the end-of-data record: the number of steps the job wrote, in decimal ASCII."""
 END_RECORD_KEY = b"end"
@@ -56,17 +62,25 @@ def batch_key(step: int) -> bytes:
     return decimal(step)
 
 
-def _metadata(batch: Batch) -> dict[str, bytes]:
-    meta = {VERSION_KEY: decimal(BATCH_FORMAT_VERSION)}
-    meta.update({key: decimal(getattr(batch, attr)) for key, attr in _FIELDS.items()})
+_CP_FIELDS = _FIELDS | {MAX_MICRO_BATCHES_KEY: "max_micro_batches", LOSS_TOKENS_KEY: "loss_tokens"}
+"""A context-parallel batch's decimal metadata keys (``mixflow.micro_batches``: this rank's count this step)."""
+
+
+def _metadata(batch: Batch | CPBatch) -> dict[str, bytes]:
+    cp = isinstance(batch, CPBatch)
+    meta = {VERSION_KEY: decimal(CP_BATCH_FORMAT_VERSION if cp else BATCH_FORMAT_VERSION)}
+    meta.update({key: decimal(getattr(batch, attr)) for key, attr in (_CP_FIELDS if cp else _FIELDS).items()})
     meta[SAMPLES_KEY] = decimal(batch.num_samples)
-    if batch.patches_per_micro_batch is not None:
+    if isinstance(batch, CPBatch):
+        meta[CONTEXT_PARALLEL_KEY] = batch.mode.encode()
+    elif batch.patches_per_micro_batch is not None:
         meta[PATCHES_KEY] = decimal(batch.patches_per_micro_batch)
     return meta
 
 
-def encode_batch(batch: Batch) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
-    """Encode a batch as ``(key, value, headers)`` for a produce call to ``<job>.rank.<rank>``."""
+def encode_batch(batch: Batch | CPBatch) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """Encode a batch (a context-parallel one as version 2) as ``(key, value, headers)`` for a produce call to
+    ``<job>.rank.<rank>``."""
     meta = _metadata(batch)
     records = batch.records.replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
@@ -104,64 +118,104 @@ def decode_batch(
     partition: int | None = None,
     offset: int | None = None,
 ) -> Batch:
-    """Decode a message written by ``encode_batch``; raise ``DecodeError`` saying where and why if not.
+    """Decode a message written by ``encode_batch`` (version 1); raise ``DecodeError`` saying where and why if
+    not. A context-parallel batch (version 2) is refused: ``decode_any_batch`` reads both.
 
     With ``headers`` (as ``Message.headers()`` gives them), each ``mixflow.*`` header must agree with
     the schema metadata; with ``None`` the value alone is decoded. Token arrays are views into ``value``.
     """
+    batch = decode_any_batch(value, headers, topic=topic, partition=partition, offset=offset, versions=(1,))
+    assert isinstance(batch, Batch)
+    return batch
+
+
+def decode_any_batch(
+    value: bytes | None,
+    headers: Headers = None,
+    *,
+    topic: str | None = None,
+    partition: int | None = None,
+    offset: int | None = None,
+    versions: tuple[int, ...] = (BATCH_FORMAT_VERSION, CP_BATCH_FORMAT_VERSION),
+) -> Batch | CPBatch:
+    """``decode_batch`` for any of ``versions``: a ``Batch`` (version 1) or a ``CPBatch`` (version 2)."""
 
     def error(reason: str) -> DecodeError:
         return DecodeError(reason, topic=topic, partition=partition, offset=offset)
 
+    known = " and ".join(str(v) for v in versions)
     if value is None:
         raise error("the message has no value")
     try:
         version = find_header(headers, VERSION_KEY)
-        if headers is not None and version != decimal(BATCH_FORMAT_VERSION):
+        if headers is not None and version not in {decimal(v) for v in versions}:
             shown = "missing" if version is None else repr(version[:40])
-            raise error(f"batch format version header {VERSION_KEY} is {shown}; this reader knows 1")
+            raise error(
+                f"batch format version header {VERSION_KEY} is {shown}; this reader knows {known}"
+                + _cp_hint(version, versions)
+            )
         records = _read_stream(value)
     except DecodeError:
         raise
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... on truncated or foreign bytes
         raise error(f"not a readable Arrow IPC stream ({type(exc).__name__}: {exc})") from exc
     try:
-        return _to_batch(records, headers)
+        return _to_batch(records, headers, versions)
     except ValueError as exc:
         raise error(str(exc)) from exc
 
 
-def _to_batch(records: pa.RecordBatch, headers: Headers) -> Batch:
+def _cp_hint(version: bytes | None, versions: tuple[int, ...]) -> str:
+    if version == decimal(CP_BATCH_FORMAT_VERSION) and CP_BATCH_FORMAT_VERSION not in versions:
+        return " (a context-parallel job's batch: each rank's slices; read it with decode_any_batch)"
+    return ""
+
+
+def _to_batch(records: pa.RecordBatch, headers: Headers, versions: tuple[int, ...]) -> Batch | CPBatch:
     meta: dict[bytes, bytes] = records.schema.metadata or {}
     version = meta.get(VERSION_KEY.encode())
-    if version != decimal(BATCH_FORMAT_VERSION):
+    if version not in {decimal(v) for v in versions}:
         shown = "missing" if version is None else repr(version[:40])
-        msg = f"batch format version {VERSION_KEY} in the schema metadata is {shown}; this reader knows 1"
-        raise ValueError(msg)
+        known = " and ".join(str(v) for v in versions)
+        msg = f"batch format version {VERSION_KEY} in the schema metadata is {shown}; this reader knows {known}"
+        raise ValueError(msg + _cp_hint(version, versions))
+    cp = version == decimal(CP_BATCH_FORMAT_VERSION)
+    fields = _CP_FIELDS if cp else _FIELDS
     values: dict[str, Any] = {}
-    for key in (*_FIELDS, SAMPLES_KEY):
+    for key in (*fields, SAMPLES_KEY):
         raw = meta.get(key.encode())
         values[key] = parse_decimal(f"schema metadata {key}", raw)
-        header = find_header(headers, key)
-        if headers is not None and header != raw:
-            msg = f"header {key} is {header!r} but the schema metadata says {raw!r}"
-            raise ValueError(msg)
+        _agree(headers, key, raw)
     if values[SAMPLES_KEY] != records.num_rows:
         msg = f"{SAMPLES_KEY} says {values[SAMPLES_KEY]} rows but the record batch holds {records.num_rows}"
         raise ValueError(msg)
+    if cp:
+        mode = meta.get(CONTEXT_PARALLEL_KEY.encode())
+        _agree(headers, CONTEXT_PARALLEL_KEY, mode)
+        if mode is None:
+            raise ValueError(f"schema metadata {CONTEXT_PARALLEL_KEY} is missing")
+        return CPBatch(
+            **{attr: values[key] for key, attr in fields.items()},
+            mode=mode.decode("utf-8", "replace"),
+            records=records,
+        )
     return Batch(
-        **{attr: values[key] for key, attr in _FIELDS.items()},
+        **{attr: values[key] for key, attr in fields.items()},
         records=records,
         patches_per_micro_batch=_patch_budget(meta, headers),
     )
 
 
+def _agree(headers: Headers, key: str, raw: bytes | None) -> None:
+    header = find_header(headers, key)
+    if headers is not None and header != raw:
+        msg = f"header {key} is {header!r} but the schema metadata says {raw!r}"
+        raise ValueError(msg)
+
+
 def _patch_budget(meta: dict[bytes, bytes], headers: Headers) -> int | None:
     raw = meta.get(PATCHES_KEY.encode())
-    header = find_header(headers, PATCHES_KEY)
-    if headers is not None and header != raw:
-        msg = f"header {PATCHES_KEY} is {header!r} but the schema metadata says {raw!r}"
-        raise ValueError(msg)
+    _agree(headers, PATCHES_KEY, raw)
     return None if raw is None else parse_decimal(f"schema metadata {PATCHES_KEY}", raw)
 
 

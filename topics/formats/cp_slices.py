@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-IGNORE_INDEX = -100
-"""The label of a position that takes no loss (padding, and the last token of a sample)."""
+from topics.formats.packing import IGNORE_INDEX
 
 
 def padded_length(length: int, cp: int) -> int:
