@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.planning.scheduler.context_parallel import CPMode, CPShape, plan_cp_step
@@ -51,7 +51,7 @@ def _check_trusted() -> Iterator[None]:
         yield
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps())
 def test_every_sample_comes_back_exactly_from_its_blocks_slices(step: tuple[list[Sample], CPShape]) -> None:
     samples, shape = step

@@ -16,7 +16,8 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from topics.errors import DecodeError, MixflowError
 from topics.formats.batch import Batch
-from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.batch_codec import decode_any_batch_message, end_of_data_steps
+from topics.formats.cp_batch import CPBatch
 from topics.formats.lanes import LaneOrder
 from topics.kafka.authorization import raise_if_read_refused
 from topics.kafka.renewing_consumer import RenewingConsumer
@@ -38,7 +39,7 @@ class SinkTimeoutError(MixflowError):
 class StepBatch(NamedTuple):
     """A step's batch for this rank, and the offset to resume from (None on a topic of several lanes)."""
 
-    batch: Batch
+    batch: Batch | CPBatch
     offset: int | None
 
 
@@ -74,7 +75,7 @@ class RankTopicSteps:
                 self._check_end(message, steps, last_step)
                 yield EndOfData(steps)
                 return
-            batch = decode_batch_message(message)
+            batch = decode_any_batch_message(message)
             self._check_step(message, batch.step, batch.rank, last_step)
             self._check_shape(message, batch)
             last_step = self.last_step = batch.step
@@ -111,7 +112,7 @@ class RankTopicSteps:
                 if problem := order.end(due, steps):
                     raise DecodeError.of_record(problem, message)
                 continue
-            batch = decode_batch_message(message)
+            batch = decode_any_batch_message(message)
             if batch.rank != self.rank:
                 raise DecodeError.of_record(
                     f"the batch is for rank {batch.rank}, this reader is rank {self.rank}", message
@@ -197,7 +198,7 @@ class RankTopicSteps:
         if last_step is not None and step != last_step + 1:
             raise DecodeError.of_record(f"step {step} follows step {last_step}: steps are missing or repeated", message)
 
-    def _check_shape(self, message: Message, batch: Batch) -> None:
+    def _check_shape(self, message: Message, batch: Batch | CPBatch) -> None:
         """A position in the middle of a step, carried over from another topic, needs the step to have the
         same shape here: otherwise the micro-batches trained already hold other samples than this topic's."""
         position = self.position

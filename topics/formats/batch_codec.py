@@ -223,13 +223,22 @@ def decode_batch_message(message: Any) -> Batch:
     """Decode a ``confluent_kafka.Message`` and check its key; errors name topic, partition, offset.
 
     An end-of-data record is not a batch: check ``end_of_data_steps(message.headers())`` first."""
+    batch = decode_any_batch_message(message, versions=(BATCH_FORMAT_VERSION,))
+    assert isinstance(batch, Batch)
+    return batch
+
+
+def decode_any_batch_message(
+    message: Any, versions: tuple[int, ...] = (BATCH_FORMAT_VERSION, CP_BATCH_FORMAT_VERSION)
+) -> Batch | CPBatch:
+    """``decode_batch_message`` for any of ``versions`` (a context-parallel job's batches are version 2)."""
     where = {"topic": message.topic(), "partition": message.partition(), "offset": message.offset()}
     if message.error() is not None:
         msg = f"the consumer returned an error event, not a message: {message.error()}"
         raise DecodeError(msg, **where)
     if find_header(message.headers(), END_KEY) is not None:
         raise DecodeError("an end-of-data record, not a batch", **where)
-    batch = decode_batch(message.value(), message.headers(), **where)
+    batch = decode_any_batch(message.value(), message.headers(), versions=versions, **where)
     key = message.key()
     if key is not None and key != batch_key(batch.step):
         msg = f"message key {key[:40]!r} does not match step {batch.step}"
