@@ -15,7 +15,8 @@ from confluent_kafka import Message
 from pipeline.planning.step.spec_change import StepShape
 from pipeline.planning.step.state import ConstructorState
 from topics.errors import DecodeError, NotFoundError
-from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.batch_codec import decode_any_batch_message, end_of_data_steps
+from topics.formats.cp_batch import CPBatch
 from topics.formats.names import JobTopics
 from topics.kafka.admin import bootstrap_servers, topic_exists
 from topics.kafka.clients import KafkaConfig
@@ -113,7 +114,9 @@ def written_shape(config: KafkaConfig, topics: JobTopics, lane: int = 0) -> Step
     ]
     if not records:
         return None
-    last = decode_batch_message(records[-1])
+    last = decode_any_batch_message(records[-1])
+    if isinstance(last, CPBatch):
+        return StepShape(last.ranks, last.micro_batches, last.capacity, context_parallel=last.mode)
     return StepShape(last.ranks, last.micro_batches, last.capacity)
 
 

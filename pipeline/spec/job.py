@@ -66,8 +66,15 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _cross_check(self) -> JobSpec:
         problems = Problems("JobSpec")
-        if self.long_context is not None and "composition" not in self.model_fields_set:
-            self.composition = None  # a long-context quota draws in order unless composition is asked for too
+        cp = self.step.context_parallel is not None
+        if (self.long_context is not None or cp) and "composition" not in self.model_fields_set:
+            self.composition = None  # a long-context quota or CP draws in order unless composition is asked for
+        if cp and self.composition is not None:
+            problems.add(
+                ("composition",),
+                "packs whole samples into micro-batches; with step.context_parallel steps are drawn in order and "
+                "planned per sample (drop composition)",
+            )
         self._check_sources(problems)
         for source in self.sources:
             if source.in_object_store and source.storage is None:
@@ -85,7 +92,7 @@ class JobSpec(BaseModel):
 
     def _check_sources(self, problems: Problems) -> None:
         first: dict[str, int] = {}
-        capacity = self.step.tokens_per_micro_batch
+        capacity = self.step.longest_sample
         for i, source in enumerate(self.sources):
             if source.name in first:
                 problems.add(
@@ -106,7 +113,10 @@ class JobSpec(BaseModel):
             elif source.max_sample_length > capacity:
                 problems.add(
                     ("sources", i, "max_sample_length"),
-                    f"must be at most step.tokens_per_micro_batch ({capacity})",
+                    f"must be at most step.tokens_per_micro_batch ({capacity})"
+                    if self.step.context_parallel is None
+                    else f"must be at most the longest sample a block of step.context_parallel.size ranks holds "
+                    f"({capacity})",
                     source.max_sample_length,
                 )
 

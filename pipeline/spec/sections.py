@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
@@ -97,20 +97,82 @@ class KafkaSpec(BaseModel):
         }
 
 
+class ContextParallelSpec(BaseModel):
+    """Long samples split over blocks of ranks (``docs/balancing.md``, *Context parallelism*): ``static``, one
+    block size for every sample; ``aligned``, a power of two a sample on blocks aligned to it (Megatron-Core's
+    hybrid context parallelism); ``free``, any size on any consecutive ranks (ByteScale's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["static", "aligned", "free"] = Field(description="Which blocks a sample may span.")
+    size: int = Field(ge=1, description="The largest block, in ranks (static: every block).")
+    max_micro_batches: int | None = Field(
+        None,
+        ge=1,
+        description="The most micro-batches a rank runs in a step (default: twice micro_batches; static: "
+        "micro_batches).",
+    )
+
+    def longest_sample(self, tokens_per_micro_batch: int) -> int:
+        """The longest sample a block of ``size`` ranks holds: its slices, padded to ``2 * size``, each within a
+        rank's ``tokens_per_micro_batch``."""
+        if self.size == 1:
+            return tokens_per_micro_batch
+        return 2 * self.size * (tokens_per_micro_batch // 2)
+
+
 class StepSpec(BaseModel):
     """The shape of one global training step."""
 
     model_config = ConfigDict(extra="forbid")
 
-    ranks: int = Field(ge=1, description="Data-parallel ranks; one batch topic each.")
+    ranks: int = Field(
+        ge=1, description="Data-parallel ranks (with context_parallel: every rank, data x context); one topic each."
+    )
     micro_batches: int = Field(ge=1, description="Micro-batches per rank per step.")
-    tokens_per_micro_batch: int = Field(ge=1, description="Packed length of one micro-batch.")
+    tokens_per_micro_batch: int = Field(
+        ge=1, description="Packed length of one micro-batch (with context_parallel: the slice tokens a rank holds)."
+    )
     patches_per_micro_batch: int | None = Field(
         None,
         ge=1,
         description="The vision encoder's budget: the most image and video patches one micro-batch holds "
         "(unset: no limit).",
     )
+    context_parallel: ContextParallelSpec | None = Field(
+        None, description="Long samples over blocks of ranks, decided per sample and step (unset: none)."
+    )
+
+    @model_validator(mode="after")
+    def _check_context_parallel(self) -> StepSpec:
+        cp = self.context_parallel
+        if cp is None:
+            return self
+        problems = Problems("StepSpec")
+        if cp.size > self.ranks:
+            problems.add(("context_parallel", "size"), f"must be at most ranks ({self.ranks})", cp.size)
+        elif cp.mode != "free" and cp.size & (cp.size - 1):
+            problems.add(("context_parallel", "size"), f"must be a power of two in {cp.mode} mode", cp.size)
+        elif cp.mode == "static" and self.ranks % cp.size:
+            problems.add(("context_parallel", "size"), f"must divide ranks ({self.ranks}) in static mode", cp.size)
+        if cp.max_micro_batches is not None and cp.max_micro_batches < self.micro_batches:
+            problems.add(
+                ("context_parallel", "max_micro_batches"),
+                f"must be at least micro_batches ({self.micro_batches})",
+                cp.max_micro_batches,
+            )
+        if self.patches_per_micro_batch is not None:
+            problems.add(
+                ("context_parallel",), "cannot be set with patches_per_micro_batch (multimodal steps)", NO_VALUE
+            )
+        problems.raise_if_any()
+        return self
+
+    @property
+    def longest_sample(self) -> int:
+        """The longest sample a step holds: a micro-batch's tokens, or with context parallelism a block's."""
+        cp = self.context_parallel
+        return self.tokens_per_micro_batch if cp is None else cp.longest_sample(self.tokens_per_micro_batch)
 
     @property
     def tokens_per_step(self) -> int:

@@ -34,6 +34,7 @@ from pipeline.planning.scheduler._placement import Placement
 from pipeline.planning.scheduler.plan import plan_step_on
 from pipeline.spec.cost import CostModel
 from pipeline.spec.cp_cost import TRAINING_FACTOR, ContextParallelCost
+from pipeline.spec.sections import StepSpec
 
 RESERVE_SLACK = 1.1
 """Room kept for the older samples not split, over their tokens: LPT leaves a little of every micro-batch."""
@@ -89,6 +90,15 @@ class CPShape:
         if self.mode is CPMode.ALIGNED:
             return [1 << k for k in range(self.size.bit_length()) if (1 << k) <= self.size]
         return list(range(1, self.size + 1))
+
+
+def cp_shape_of(step: StepSpec) -> CPShape | None:
+    """The context-parallel shape of a spec's step (None without ``step.context_parallel``)."""
+    cp = step.context_parallel
+    if cp is None:
+        return None
+    extra = cp.max_micro_batches or 0
+    return CPShape(step.ranks, step.micro_batches, step.tokens_per_micro_batch, CPMode(cp.mode), cp.size, extra)
 
 
 def padded(lengths: np.ndarray, cp: np.ndarray) -> np.ndarray:
@@ -164,6 +174,26 @@ class CPPlan:
     @property
     def placed_mask(self) -> np.ndarray:
         return self.rank >= 0
+
+    @property
+    def ranks(self) -> int:
+        return self.shape.ranks
+
+    def rank_totals(self, values: np.ndarray) -> np.ndarray:
+        """Per rank, the sum of ``values`` (one per sample) over its samples, each split evenly over its block."""
+        placed = np.flatnonzero(self.placed_mask)
+        first, cp = self.rank[placed].astype(np.int64), self.cp[placed].astype(np.int64)
+        share = np.asarray(values, np.float64)[placed] / cp
+        totals = np.zeros(self.shape.ranks)
+        for offset in range(int(cp.max(initial=1))):
+            inside = offset < cp
+            np.add.at(totals, first[inside] + offset, share[inside])
+        return totals
+
+    def rank_costs(self, lengths: np.ndarray, cost_model: CostModel) -> np.ndarray:
+        """Each rank's share of its samples' compute under ``cost_model`` (a sample's cost split over its block;
+        ``rank_times`` adds the ring traffic)."""
+        return self.rank_totals(cost_model.costs(np.asarray(lengths)))
 
     def rank_times(self, lengths: np.ndarray, cost: ContextParallelCost) -> np.ndarray:
         """Seconds of every rank's samples (each of its block's ranks pays a sample's per-rank cost)."""

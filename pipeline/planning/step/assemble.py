@@ -11,10 +11,13 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.planning.scheduler import CostModel, StepPlan, plan_step, rank_orders
+from pipeline.planning.scheduler.context_parallel import CPPlan
+from pipeline.planning.step.assemble_cp import build_cp_batches
 from pipeline.planning.step.core import PlannedStep
 from pipeline.planning.step.pool import Candidate
 from pipeline.spec import JobSpec, StepSpec
 from topics.formats.batch import Batch
+from topics.formats.cp_batch import CPBatch
 from topics.formats.sample import Sample
 
 
@@ -38,10 +41,10 @@ TEXT = BatchFormat()
 @dataclass(frozen=True)
 class AssembledStep:
     step: int
-    batches: list[Batch]
+    batches: list[Batch] | list[CPBatch]
     delivered: list[Candidate]
     deferred: list[Candidate]
-    plan: StepPlan
+    plan: StepPlan | CPPlan
     lengths: np.ndarray
     started: bool = False  # planned from a placement of composition's too (it packed the holes)
     encoder_costs: np.ndarray | None = None  # each candidate's cost in the vision encoder (None: text)
@@ -82,13 +85,19 @@ def assemble_planned(
 def _assembled(
     step: int,
     candidates: Sequence[Candidate],
-    plan: StepPlan,
+    plan: StepPlan | CPPlan,
     lengths: np.ndarray,
     started: bool,
     batch_format: BatchFormat = TEXT,
 ) -> AssembledStep:
-    """Each rank's batch of ``plan`` of ``candidates`` (``lengths`` theirs); the unplaced ones as deferred."""
-    batches = build_batches(step, plan, [c.sample for c in candidates], lengths, batch_format)
+    """Each rank's batch of ``plan`` of ``candidates`` (``lengths`` theirs); the unplaced ones as deferred. A
+    context-parallel plan gives each rank its slices (``build_cp_batches``)."""
+    samples = [c.sample for c in candidates]
+    batches: list[Batch] | list[CPBatch]
+    if isinstance(plan, CPPlan):
+        batches = build_cp_batches(step, plan, samples)
+    else:
+        batches = build_batches(step, plan, samples, lengths, batch_format)
     placed = plan.placed_mask.tolist()
     delivered = [c for c, p in zip(candidates, placed, strict=True) if p]
     deferred = [c for c, p in zip(candidates, placed, strict=True) if not p]

@@ -28,9 +28,11 @@ import numpy as np
 from pipeline.planning.mixing import Draw, DrawStatus, Mixer, MixerState, StepMedia
 from pipeline.planning.order import candidate_order
 from pipeline.planning.scheduler import CostModel, StepPlan
+from pipeline.planning.scheduler.context_parallel import CPPlan, CPShape, plan_cp_step
 from pipeline.planning.scheduler.media import plan_with_media
 from pipeline.planning.step.spec_change import StepShape
 from pipeline.spec.cost import VisionCostModel
+from pipeline.spec.cp_cost import ContextParallelCost
 from topics.errors import MixflowError
 
 
@@ -73,7 +75,7 @@ class PlannedStep:
     taken: dict[str, np.ndarray]
     order: np.ndarray
     lengths: np.ndarray
-    plan: StepPlan
+    plan: StepPlan | CPPlan
     started: bool
     next_state: MixerState
     patches: np.ndarray | None = None  # the candidates' vision patches in the order planned (None: text)
@@ -121,7 +123,9 @@ class StepCore:
     comparison for the simulator). ``vision``: the vision encoder's cost model, with which whoever builds
     the windows (the constructor's ``SamplePool``, the simulator) computes their ``encoder_costs``; None
     where the job counts only the LLM's cost. ``even_encoder`` False balances multimodal steps on their
-    total cost alone, not the encoder's part too (a comparison for the simulator)."""
+    total cost alone, not the encoder's part too (a comparison for the simulator). ``context_parallel``: the
+    step's blocks of ranks (``plan_cp_step``, under ``cp_cost``), for a job whose long samples span several
+    ranks; its steps are drawn in order (no composition)."""
 
     shape: StepShape
     cost_model: CostModel
@@ -129,6 +133,8 @@ class StepCore:
     from_placement: bool = True
     vision: VisionCostModel | None = None
     even_encoder: bool = True
+    context_parallel: CPShape | None = None
+    cp_cost: ContextParallelCost | None = None
 
     def next_step(
         self, mixer: Mixer, state: MixerState, window: StepWindow, exhausted: Collection[str] = ()
@@ -187,7 +193,9 @@ class StepCore:
         next_state = MixerState(state.step + self.lanes, state.credit, state.long_credit)
         return ordered.planned(state.step, taken, plan, False, next_state)
 
-    def _plan(self, ordered: _Ordered, start: np.ndarray | None) -> StepPlan:
+    def _plan(self, ordered: _Ordered, start: np.ndarray | None) -> StepPlan | CPPlan:
+        if self.context_parallel is not None:
+            return plan_cp_step(ordered.lengths, self.context_parallel, self.cp_cost)
         shape = self.shape
         full = (shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, shape.patches_per_micro_batch)
         return plan_with_media(
@@ -223,7 +231,7 @@ class _Ordered:
         return cls(order, lengths[order], source[order], patches[order], encoder_costs[order])
 
     def planned(
-        self, step: int, taken: dict[str, np.ndarray], plan: StepPlan, started: bool, next_state: MixerState
+        self, step: int, taken: dict[str, np.ndarray], plan: StepPlan | CPPlan, started: bool, next_state: MixerState
     ) -> PlannedStep:
         return PlannedStep(
             step, taken, self.order, self.lengths, plan, started, next_state, self.patches, self.encoder_costs

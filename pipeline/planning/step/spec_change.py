@@ -49,23 +49,27 @@ def carry_over(state: ConstructorState, sources: Sequence[str]) -> CarriedState:
 @dataclass(frozen=True)
 class StepShape:
     """A step's ranks, micro-batches a rank and tokens a micro-batch, and the vision patches a micro-batch
-    holds at most (0: no limit)."""
+    holds at most (0: no limit); ``context_parallel`` its mode (empty: none)."""
 
     ranks: int
     micro_batches: int
     tokens_per_micro_batch: int
     patches_per_micro_batch: int = 0
+    context_parallel: str = ""
 
 
-_WRITTEN = ("ranks", "micro_batches", "tokens_per_micro_batch")
-"""What the trainers' batches are shaped by; the patch budget may change between runs."""
+_WRITTEN = ("ranks", "micro_batches", "tokens_per_micro_batch", "context_parallel")
+"""What the trainers' batches are shaped by; the patch budget may change between runs, and so may the
+micro-batches of a context-parallel job (its ranks learn their count every step)."""
 
 
 def check_step_shape(written: StepShape | None, spec: StepShape, job: str) -> None:
     """Refuse to resume ``job`` under a step shape other than the one its steps were written with."""
+    fields = [n for n in _WRITTEN if not (n == "micro_batches" and spec.context_parallel)]
     changed = [
-        f"step.{name} is {getattr(spec, name)} in the spec but {getattr(written, name)} in the steps written"
-        for name in _WRITTEN
+        f"step.{name} is {getattr(spec, name) or 'unset'} in the spec but {getattr(written, name) or 'unset'} in "
+        "the steps written"
+        for name in fields
         if written is not None and getattr(spec, name) != getattr(written, name)
     ]
     if not changed:

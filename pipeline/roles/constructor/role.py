@@ -40,6 +40,7 @@ from pipeline.kafka.spec_record import record_spec
 from pipeline.kafka.state_topic import read_last_state, written_shape
 from pipeline.planning.mixing import Mixer, MixtureChange
 from pipeline.planning.scheduler import plan_step
+from pipeline.planning.scheduler.context_parallel import cp_shape_of
 from pipeline.planning.step.assemble import AssembledStep, build_batches
 from pipeline.planning.step.core import StepCore
 from pipeline.planning.step.pool import SamplePool
@@ -114,8 +115,16 @@ class DataConstructor(TransactionalRole):
         self.cost_model = spec.cost.cost_model()
         shape = spec.step
         patches = shape.patches_per_micro_batch or 0
-        self.shape = StepShape(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, patches)
-        self.core = StepCore(self.shape, self.cost_model, self.lanes, vision=spec.cost.vision_cost_model())
+        cp_mode = shape.context_parallel.mode if shape.context_parallel is not None else ""
+        self.shape = StepShape(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, patches, cp_mode)
+        self.core = StepCore(
+            self.shape,
+            self.cost_model,
+            self.lanes,
+            vision=spec.cost.vision_cost_model(),
+            context_parallel=cp_shape_of(shape),
+            cp_cost=spec.cost.context_parallel_cost(),
+        )
         self.stats = ConstructorStats(options.recent_steps)
         self.metrics = metrics or ConstructorMetrics(CollectorRegistry(), self.out.job, spec)
         self.instance = options.instance or f"{socket.gethostname()}-{os.getpid()}"
