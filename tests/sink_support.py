@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -13,6 +15,7 @@ from topics.formats.batch import Batch
 from topics.formats.batch_codec import encode_batch, encode_end_of_data
 from topics.formats.names import JobTopics
 from topics.kafka.admin import ensure_job_topics
+from topics.kafka.admin_client import client_config
 
 
 def random_batch(
@@ -46,7 +49,7 @@ def random_batch(
 
 
 def write_steps(
-    bootstrap: str,
+    bootstrap: str | Mapping[str, Any],
     job: str,
     batches: list[list[Batch]],
     *,
@@ -56,11 +59,12 @@ def write_steps(
 ) -> None:
     """Write ``batches[step][rank]`` to the job's rank topics, one transaction per step, as the
     constructor does; with ``aborted_every`` k, every k-th step is first written in a transaction that is
-    aborted (readers must never see it); with ``end``, close with the end-of-data record."""
+    aborted (readers must never see it); with ``end``, close with the end-of-data record. ``bootstrap``: the
+    servers, or a client's settings (a secured cluster's admin)."""
     ranks = batches[0][0].ranks
     ensure_job_topics(bootstrap, job, ["s0"], ranks)
     topics = JobTopics(job)
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{job}-{uuid.uuid4().hex[:6]}"})
+    producer = Producer(client_config(bootstrap, {"transactional.id": f"{job}-{uuid.uuid4().hex[:6]}"}))
     producer.init_transactions(30)
     for i, step_batches in enumerate(batches):
         attempts = [False, True] if aborted_every and i % aborted_every == 0 else [True]

@@ -4,9 +4,11 @@ the ranks."""
 
 from __future__ import annotations
 
+import json
 import string
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,6 +21,7 @@ from topics.kafka.acls import (
     Binding,
     JobNames,
     Operation,
+    Pattern,
     Resource,
     all_bindings,
     allowed,
@@ -244,3 +247,67 @@ def test_an_authorization_refusal_no_caller_named_exits_as_refused(capsys) -> No
     err = capsys.readouterr().err
     assert err.startswith("mixflow construct: error: Kafka refused an operation this client's ACLs do not grant: ")
     assert err.count("\n") == 1
+
+
+def _per_rank(principals: dict[str, dict[str, str]]) -> dict[str, dict[str, object]]:
+    trainer = {"sasl.username": "u-trainer-{rank}", "sasl.password": {"env": "PW_TRAINER_{rank}"}}
+    return {**principals, "trainer": trainer}
+
+
+@given(_jobs)
+def test_a_trainer_per_rank_reads_its_own_rank_topic_and_no_other(case: dict) -> None:
+    job, sources, ranks, lanes = case["job"], case["sources"], case["ranks"], case["lanes"]
+    by_key = job_bindings(job, sources, _per_rank(_principals(sources, [])), ranks)
+    bindings = all_bindings(by_key)
+    t = JobTopics(job)
+    assert {b.principal for b in by_key["trainer"]} == {f"User:u-trainer-{r}" for r in range(ranks)}
+    reads = [b for b in by_key["trainer"] if b.resource is TOPIC and b.operation is R]
+    assert sorted((b.principal, b.pattern, b.name) for b in reads) == sorted(
+        (f"User:u-trainer-{r}", Pattern.LITERAL, t.rank(r)) for r in range(ranks)
+    )
+    for rank in {0, ranks // 2, ranks - 1}:
+        principal = f"User:u-trainer-{rank}"
+        assert _uncovered(bindings, principal, _touched_by_trainer(job, rank)) == []
+        others = [(TOPIC, t.rank(r), R) for r in range(ranks) if r != rank] + [(TOPIC, t.rank(ranks), R)]
+        refused = [*others, (TOPIC, t.rank(rank), W), (TOPIC, t.state, R), (TOPIC, t.src(sources[0]), R)]
+        assert _uncovered(bindings, principal, refused) == refused
+    # The other roles are granted as with one trainer principal; the shared one is gone.
+    assert _uncovered(bindings, "User:u-constructor", _touched_by_constructor(job, sources, ranks, lanes)) == []
+    assert "User:u-trainer" not in {b.principal for b in bindings}
+    shared = all_bindings(job_bindings(job, sources, _principals(sources, [])))
+    assert len(bindings) == len(shared) - 4 + 4 * ranks
+
+
+def test_a_trainer_per_rank_needs_the_ranks_and_a_user() -> None:
+    per_rank = {"trainer": {"sasl.username": "t-{rank}"}}
+    with pytest.raises(ValueError, match=r"a principal per rank \(\{rank\}\): give the job's ranks"):
+        job_bindings("j", ["a"], per_rank)
+    # {rank} in a password alone: one principal, granted each rank topic by name.
+    one = job_bindings("j", ["a"], {"trainer": {"sasl.username": "t", "sasl.password": {"env": "P_{rank}"}}}, 2)
+    assert [b.name for b in one["trainer"] if b.operation is R] == ["j.rank.0", "j.rank.1"]
+    assert job_bindings("j", ["a"], {"trainer": {"sasl.password": {"env": "P_{rank}"}}}, 2) == {}
+
+
+def test_plan_of_a_job_with_a_trainer_per_rank_lists_each_ranks_literal_bindings(tmp_path: Path, capsys) -> None:
+    path = _spec(tmp_path, 3, 4)
+    body = yaml.safe_load(path.read_text())
+    body["kafka"]["principals"]["trainer"] = {
+        "sasl.username": "big-trainer-{rank}",
+        "sasl.password": {"env": "P{rank}"},
+    }
+    path.write_text(yaml.safe_dump(body))
+    assert main(["acl", "plan", "--spec", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"job big: {83 - 4 + 4 * 4} bindings for 8 principals"
+    for rank in range(4):
+        assert f"trainer (User:big-trainer-{rank}): 4 bindings\n" in out
+        assert f"  allow read             topic            literal  big.rank.{rank}\n" in out
+    assert "big.rank.4" not in out
+    reads = [line for line in out.splitlines() if line.startswith("  allow read ") and "big.rank." in line]
+    assert [line for line in reads if "prefixed" in line] == [
+        "  allow read             topic            prefixed big.rank."
+    ]
+    assert main(["acl", "plan", "--spec", str(path), "--json"]) == 0
+    planned = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    trainer_reads = [p for p in planned if p["principal"].startswith("User:big-trainer-") and p["operation"] == "read"]
+    assert [(p["pattern"], p["name"]) for p in trainer_reads] == [("literal", f"big.rank.{r}") for r in range(4)]

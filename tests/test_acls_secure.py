@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -26,6 +27,7 @@ from pipeline.spec import load_spec
 from pipeline.tools.stack.scram_users import ensure_users
 from tests.loader_support import REPO, build_example_data, write_spec
 from tests.secure_stack import SecureStack
+from tests.sink_support import random_batch, write_steps
 from topics.errors import MixflowError
 from topics.formats.names import JobTopics
 from topics.kafka.acl_admin import AclAdmin
@@ -492,3 +494,54 @@ def _raised(call: Callable[[], object]) -> BaseException | None:
     except BaseException as exc:  # handed to the test's thread to check
         return exc
     return None
+
+
+def test_a_trainer_per_rank_reads_its_own_rank_topic_and_is_refused_anothers(
+    secured_job: SecuredJob, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``{rank}`` in the trainer's principal: each rank's sink, made from the spec, runs as its own user and reads
+    its rank topic; rank 0's user is refused rank 1's topic in one line (exit 5); `acl revoke` takes it all back."""
+    stack, job = secured_job.stack, f"{secured_job.job}-p"
+    passwords = {rank: f"{SENTINEL}-rank{rank}-{uuid.uuid4().hex[:6]}" for rank in range(2)}
+    ensure_users(stack.admin_config, {f"{job}-trainer-{rank}": pw for rank, pw in passwords.items()})
+    body = yaml.safe_load(secured_job.spec.read_text())
+    body["job"] = job
+    body["kafka"]["principals"]["trainer"] = {
+        "sasl.username": f"{job}-trainer-{{rank}}",
+        "sasl.password": {"env": "PW_TRAINER_{rank}"},
+    }
+    spec = secured_job.folder / f"{job}.yaml"
+    spec.write_text(yaml.safe_dump(body, sort_keys=False))
+    for rank, password in passwords.items():
+        monkeypatch.setenv(f"PW_TRAINER_{rank}", password)
+    rng = np.random.default_rng(7)
+    step = body["step"]
+    batches = [
+        [random_batch(rng, s, r, 2, step["micro_batches"], step["tokens_per_micro_batch"]) for r in range(2)]
+        for s in range(3)
+    ]
+    write_steps(stack.admin_config, job, batches)
+    properties = str(stack.secrets.admin_properties)
+    assert main(["acl", "apply", "--spec", str(spec), "--admin-config", properties]) == 0
+    read = ReadOptions(wait_timeout_s=30)
+    for rank in range(2):
+        sink = KafkaBatchDataset(spec, bootstrap_servers=stack.bootstrap, rank=rank, read=read)
+        assert sink.kafka_config["sasl.username"] == f"{job}-trainer-{rank}"
+        got = [(m["step"], m["rank"], m["sample_ids"]) for m in sink]
+        expected = [
+            (b.step, rank, [i for i, m in zip(b.sample_ids, b.micro_batch, strict=True) if m == k])
+            for b in (steps[rank] for steps in batches)
+            for k in range(b.micro_batches)
+        ]
+        assert got == expected
+    rank_0 = load_spec(spec).kafka.client_config(stack.bootstrap, role="trainer", rank=0)
+    refused = KafkaBatchDataset(job=job, kafka_config=rank_0, rank=1, read=read, report_progress=False)
+    with pytest.raises(AuthorizationError) as info:
+        next(iter(refused))
+    said = str(info.value)
+    assert f"refused User:{job}-trainer-0 READ on topic {job}.rank.1 (reading it)" in said, said
+    assert "\n" not in said and info.value.exit_code == REFUSED_EXIT
+    assert SENTINEL not in said
+    assert main(["acl", "revoke", "--spec", str(spec), "--admin-config", properties]) == 0
+    principals = {f"User:{job}-trainer-{rank}" for rank in range(2)}
+    assert {b for b in AclAdmin(stack.admin_config).granted(principals) if b.name.startswith(f"{job}.")} == set()

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from topics.errors import MixflowError
+from topics.kafka.rank_principals import TRAINER, placeholder_problems
 from topics.kafka.settings import resolve_role_settings, setting_problems
 from trainer_sink.vlm.qwen2_vl import PixelOptions
 
@@ -40,10 +41,12 @@ class SinkSource:
         path: str | os.PathLike[str],
         bootstrap_servers: str | None = None,
         environ: Mapping[str, str] | None = None,
+        rank: int | None = None,
     ) -> SinkSource:
         """From a job spec file. Bootstrap servers: ``bootstrap_servers`` if given, else
         ``$KAFKA_BOOTSTRAP_SERVERS``, else the spec's ``kafka.bootstrap_servers`` (as every role does).
-        Settings: ``kafka.config`` with the ``trainer`` principal over it, secrets' references resolved from
+        Settings: ``kafka.config`` with the ``trainer`` principal over it, ``{rank}`` in it replaced by ``rank``
+        (a principal per rank: ``topics.kafka.rank_principals``), secrets' references resolved from
         ``environ`` (default ``os.environ``) or their files (``topics.kafka.settings``)."""
         path = Path(path)
         try:
@@ -59,7 +62,7 @@ class SinkSource:
             msg = f"job spec {path}: field 'job' must be a non-empty string, not {job!r}"
             raise MixflowError(msg)
         kafka = body.get("kafka") or {}
-        settings = _trainer_settings(path, kafka, environ)
+        settings = _trainer_settings(path, kafka, environ, rank)
         step = body.get("step") or {}
         ranks = step.get("ranks") if isinstance(step, dict) else None
         if ranks is not None and (isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1):
@@ -106,8 +109,8 @@ def _patch_sizes(sources: object) -> tuple[tuple[int, int], ...]:
     return tuple(found)
 
 
-def _trainer_settings(path: Path, kafka: object, environ: Mapping[str, str] | None) -> dict[str, Any]:
-    """The spec's ``kafka.config`` with the ``trainer`` principal over it, references resolved."""
+def _trainer_settings(path: Path, kafka: object, environ: Mapping[str, str] | None, rank: int | None) -> dict[str, Any]:
+    """The spec's ``kafka.config`` with the ``trainer`` principal over it, for ``rank``, references resolved."""
     if not isinstance(kafka, dict):
         msg = f"job spec {path}: field 'kafka' must be a mapping"
         raise MixflowError(msg)
@@ -120,8 +123,8 @@ def _trainer_settings(path: Path, kafka: object, environ: Mapping[str, str] | No
     if not isinstance(trainer, dict):
         msg = f"job spec {path}: field 'kafka.principals.trainer' must be a mapping"
         raise MixflowError(msg)
-    for where, settings in (("kafka.config", config), ("kafka.principals.trainer", trainer)):
-        for key, problem in setting_problems(settings):
+    for where, settings, role in (("kafka.config", config, None), ("kafka.principals.trainer", trainer, TRAINER)):
+        for key, problem in [*setting_problems(settings), *placeholder_problems(settings, role)]:
             msg = f"job spec {path}: {where} {key}: {problem}"
             raise MixflowError(msg)
-    return resolve_role_settings(config, {"trainer": trainer}, "trainer", environ=environ)
+    return resolve_role_settings(config, {TRAINER: trainer}, TRAINER, environ=environ, rank=rank)

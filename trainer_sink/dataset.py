@@ -112,10 +112,10 @@ class KafkaBatchDataset(IterableDataset):
         **read_options: Any,
     ) -> None:
         super().__init__()
-        source = _source(spec, job, bootstrap_servers, kafka_config)
         self.rank, self.data_parallel_size = _data_parallel_rank(
             rank, global_rank, world_size, tensor_parallel, context_parallel, pipeline_parallel
         )
+        source = _source(spec, job, bootstrap_servers, kafka_config, self.rank)
         if source.ranks is not None and self.rank >= source.ranks:
             msg = f"data-parallel rank {self.rank} is not below the job's step.ranks ({source.ranks})"
             raise MixflowError(msg)
@@ -248,10 +248,14 @@ class SinkIterator(Iterator[MicroBatch]):
 
 
 def _source(
-    spec: str | os.PathLike[str] | None, job: str | None, bootstrap: str | None, config: Mapping[str, Any] | None
+    spec: str | os.PathLike[str] | None,
+    job: str | None,
+    bootstrap: str | None,
+    config: Mapping[str, Any] | None,
+    rank: int,
 ) -> SinkSource:
     if spec is not None:
-        source = SinkSource.from_spec(spec, bootstrap)
+        source = SinkSource.from_spec(spec, bootstrap, rank=rank)
         kafka = {**source.kafka_config, **(config or {})}
         if job is None or job == source.job:
             return SinkSource(source.job, kafka, source.ranks, source.patch_sizes)

@@ -39,7 +39,7 @@ def _add_admin_arguments(parser: argparse.ArgumentParser) -> None:
 def _planned(args: argparse.Namespace) -> tuple[str, dict[str, list[Binding]]]:
     spec = load_spec(args.spec)
     job = args.job or spec.job
-    by_key = job_bindings(job, spec.source_names, spec.kafka.principals)
+    by_key = job_bindings(job, spec.source_names, spec.kafka.principals, spec.step.ranks)
     if not any(by_key.values()):
         msg = (
             f"{args.spec}: kafka.principals names no user (sasl.username) and no client certificate "
@@ -58,9 +58,12 @@ def _plan(args: argparse.Namespace) -> int:
             print(json.dumps({**fields, "operation": b.operation, "permission": "allow", "host": "*"}))
         return 0
     for key, listed in by_key.items():
-        if listed:
-            print(f"{key} ({listed[0].principal}): {len(listed)} bindings")
-            for b in listed:
+        by_principal: dict[str, list[Binding]] = {}
+        for b in listed:  # one principal a key, but a trainer per rank has one a rank
+            by_principal.setdefault(b.principal, []).append(b)
+        for principal, own in by_principal.items():
+            print(f"{key} ({principal}): {len(own)} bindings")
+            for b in own:
                 print(f"  allow {b.operation.value:<16} {b.resource.value:<16} {b.pattern.value:<8} {b.name}")
     print(f"job {job}: {len(bindings)} bindings for {len({b.principal for b in bindings})} principals")
     return 0

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validat
 from pipeline.spec._problems import NO_VALUE, Problems
 from pipeline.spec.cost import CostModel, VisionCostModel
 from pipeline.spec.cp_cost import ContextParallelCost
+from topics.kafka.rank_principals import placeholder_problems
 from topics.kafka.settings import resolve_role_settings, setting_problems
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
@@ -52,7 +53,9 @@ class KafkaSpec(BaseModel):
         default_factory=dict,
         description="Settings per role laid over config, each role its own credentials (sasl.username and a "
         "sasl.password reference; or, on an mTLS listener, ssl.certificate.location and ssl.key.location, the "
-        "certificate's CN the user): loader (or loader.<source>), constructor, trainer, observer, operator.",
+        "certificate's CN the user): loader (or loader.<source>), constructor, trainer, observer, operator. "
+        "The trainer's values may name {rank} (a principal per data-parallel rank: sasl.username: job-trainer-{rank}, "
+        "sasl.password: {env: PW_TRAINER_{rank}}), replaced with the rank's number by its sink.",
     )
 
     @model_validator(mode="after")
@@ -63,6 +66,8 @@ class KafkaSpec(BaseModel):
             if "bootstrap.servers" in settings:
                 problems.add((*loc, "bootstrap.servers"), "set kafka.bootstrap_servers instead")
             for key, message in setting_problems(settings):
+                problems.add((*loc, key), message, NO_VALUE)
+            for key, message in placeholder_problems(settings, loc[1] if len(loc) > 1 else None):
                 problems.add((*loc, key), message, NO_VALUE)
         problems.raise_if_any()
         return self
@@ -80,9 +85,11 @@ class KafkaSpec(BaseModel):
         *,
         role: str | None = None,
         source: str | None = None,
+        rank: int | None = None,
     ) -> dict[str, ConfigValue]:
-        """The librdkafka settings of every client of ``role`` (``source``: a loader's): ``config`` with the
-        role's principal over it (``topics.kafka.settings.role_principal``; no role: ``config`` alone), its
+        """The librdkafka settings of every client of ``role`` (``source``: a loader's; ``rank``: a trainer's, for
+        a trainer principal that names ``{rank}``): ``config`` with the role's principal over it
+        (``topics.kafka.settings.role_principal``; no role: ``config`` alone), its
         secrets' references resolved from ``environ`` (default ``os.environ``) or their files, plus
         ``bootstrap.servers`` (see ``resolved_bootstrap_servers``). Roles add their own settings.
 
@@ -92,7 +99,7 @@ class KafkaSpec(BaseModel):
         whose brokers all change address may want ``rebootstrap`` back."""
         return {
             "metadata.recovery.strategy": "none",
-            **resolve_role_settings(self.config, self.principals, role, source, environ),
+            **resolve_role_settings(self.config, self.principals, role, source, environ, rank),
             "bootstrap.servers": self.resolved_bootstrap_servers(override, environ),
         }
 

@@ -116,11 +116,17 @@ class AclAdmin:
         return MixflowError(f"cannot {what} on Kafka at {self._where}: {reason}")
 
     def granted(self, principals: Iterable[str]) -> set[Binding]:
-        """The bindings the cluster holds for ``principals`` that mixflow could have made."""
+        """The bindings the cluster holds for ``principals`` that mixflow could have made, asked for all at once
+        (a trainer per rank makes a principal per rank)."""
         out: set[Binding] = set()
+        asked = {}
         for principal in sorted(set(principals)):
             try:
-                found = self._client.describe_acls(_principal_filter(principal), request_timeout=TIMEOUT_S)
+                asked[principal] = self._client.describe_acls(_principal_filter(principal), request_timeout=TIMEOUT_S)
+            except KafkaException as exc:
+                raise self._fail(f"listing the ACLs of {principal}", exc, "DESCRIBE") from exc
+        for principal, found in asked.items():
+            try:
                 acls = found.result(timeout=TIMEOUT_S)
             except (KafkaException, TimeoutError) as exc:
                 raise self._fail(f"listing the ACLs of {principal}", exc, "DESCRIBE") from exc

@@ -15,7 +15,9 @@ job's resources only:
   write ``<job>.state`` and ``<job>.control``, write ``<job>.dlq``, read ``<job>.progress``; the groups and
   transactional ids starting ``<job>.constructor`` (its source offsets, its lease, one per lane) and
   ``<job>.progress-reader``;
-- a trainer: read the rank topics (prefixed ``<job>.rank.``), write ``<job>.progress``;
+- a trainer: read the rank topics (prefixed ``<job>.rank.``), write ``<job>.progress``; with a principal per
+  rank (``{rank}`` in its settings: ``topics.kafka.rank_principals``), rank r's reads ``<job>.rank.<r>`` alone
+  (literal), for r below the spec's ``step.ranks``;
 - an observer (``top``, ``report``, ``autoscale``): read and describe the job's topics and groups;
 - the operator (``run``, ``control``, ``topics``, ``chaos``): what an observer may, and write
   ``<job>.control`` (mixture changes), delete the job's topics and groups.
@@ -36,6 +38,7 @@ from enum import StrEnum
 
 from topics.formats.names import JobTopics
 from topics.kafka.authorization import EPHEMERAL_GROUP_PREFIX
+from topics.kafka.rank_principals import TRAINER, for_rank, names_rank
 from topics.kafka.settings import SOURCE_LOADER_PREFIX, settings_principal
 
 
@@ -126,14 +129,19 @@ def principal_name(settings: Mapping[str, object]) -> str | None:
 
 
 def job_bindings(
-    job: str, sources: Sequence[str], principals: Mapping[str, Mapping[str, object]]
+    job: str, sources: Sequence[str], principals: Mapping[str, Mapping[str, object]], ranks: int | None = None
 ) -> dict[str, list[Binding]]:
     """Every binding of a job, by the ``principals`` key (role, or ``loader.<source>``) it is for, sorted.
     Roles without a principal naming a user get none; ``loader`` is for the sources without a
-    ``loader.<source>`` of their own."""
+    ``loader.<source>`` of their own. A trainer principal per rank (its settings name ``{rank}``) takes the
+    job's ``ranks``: rank r's principal is granted ``<job>.rank.<r>`` alone."""
     names = JobNames(job, tuple(sources))
     out: dict[str, list[Binding]] = {}
     for key, settings in principals.items():
+        if key == TRAINER and names_rank(settings):
+            if per_rank := _rank_trainers(names, settings, ranks):
+                out[key] = per_rank
+            continue
         principal = principal_name(settings)
         if principal is None:
             continue
@@ -213,6 +221,28 @@ def _trainer(names: JobNames) -> list[Grant]:
         (Resource.TOPIC, Pattern.PREFIXED, f"{names.job}.rank.", Operation.READ),
         *_literal_topics([names.topics.progress], Operation.WRITE),
     ]
+
+
+def _rank_trainer(names: JobNames, rank: int) -> list[Grant]:
+    return [
+        *_every_role(names),
+        *_literal_topics([names.topics.rank(rank)], Operation.READ),
+        *_literal_topics([names.topics.progress], Operation.WRITE),
+    ]
+
+
+def _rank_trainers(names: JobNames, settings: Mapping[str, object], ranks: int | None) -> list[Binding]:
+    """The bindings of a trainer principal per rank: each rank's principal (``{rank}`` replaced in its settings)
+    reads its own rank topic only; none when the settings name no user."""
+    if ranks is None:
+        msg = "the trainers have a principal per rank ({rank}): give the job's ranks"
+        raise ValueError(msg)
+    out: set[Binding] = set()
+    for rank in range(ranks):
+        principal = principal_name(for_rank(settings, rank))
+        if principal is not None:
+            out.update(Binding(principal, *grant) for grant in _rank_trainer(names, rank))
+    return sorted(out)
 
 
 def _observer(names: JobNames) -> list[Grant]:

@@ -16,7 +16,8 @@ names the setting and the reference, never a value.
 ``observer`` (``top``, ``report``, ``autoscale``: read only) and ``operator`` (``run``, ``control``,
 ``topics``, ``chaos``, ``acl``'s checks). Each is a set of settings laid over the job's ``config``
 (``sasl.username`` and a ``sasl.password`` reference, typically; or, on an mTLS listener, ``ssl.certificate.location``
-and ``ssl.key.location``, the certificate's ``CN`` being the user). A role without one uses ``config``.
+and ``ssl.key.location``, the certificate's ``CN`` being the user). A role without one uses ``config``. The
+trainer's may name ``{rank}``, a principal per data-parallel rank (``topics.kafka.rank_principals``).
 
 Shared by the roles (``pipeline.spec``) and the trainer side (``trainer_sink.config``), which reads the
 spec without ``pipeline``: this module is pure and imports no Kafka client.
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from topics.errors import MixflowError
+from topics.kafka.rank_principals import TRAINER, for_rank
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -180,14 +182,18 @@ def resolve_role_settings(
     role: str | None,
     source: str | None = None,
     environ: Mapping[str, str] | None = None,
+    rank: int | None = None,
 ) -> dict[str, Any]:
     """The resolved settings of a role's clients: ``config`` with the role's principal over it (see
-    ``role_principal``; ``role`` None: ``config`` alone). Errors name ``kafka.config`` or
-    ``kafka.principals.<key>`` and the setting."""
+    ``role_principal``; ``role`` None: ``config`` alone); the trainer's with ``{rank}`` replaced by ``rank``
+    first (``topics.kafka.rank_principals``). Errors name ``kafka.config`` or ``kafka.principals.<key>`` and
+    the setting."""
     settings = resolve_settings(config, "kafka.config", environ)
     key = None if role is None else role_principal(principals, role, source)
     if key is not None:
-        settings.update(resolve_settings(principals[key], f"kafka.principals.{key}", environ))
+        where = f"kafka.principals.{key}"
+        own = for_rank(principals[key], rank, where) if key == TRAINER else principals[key]
+        settings.update(resolve_settings(own, where, environ))
     return settings
 
 

@@ -64,7 +64,7 @@ class KafkaRights:
 
     @classmethod
     def of(cls, admin: AclAdmin, spec: JobSpec, key: str) -> KafkaRights:
-        bindings = job_bindings(spec.job, spec.source_names, spec.kafka.principals)[key]
+        bindings = job_bindings(spec.job, spec.source_names, spec.kafka.principals, spec.step.ranks)[key]
         principal = principal_name(spec.kafka.principals[key])
         assert principal is not None, f"the principal {key} names a user"
         return cls(admin, key, bindings, principal)

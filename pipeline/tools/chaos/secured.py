@@ -105,7 +105,7 @@ def grant_job_acls(broker: LocalBroker, spec: JobSpec) -> int:
     """Create on ``broker`` the ACLs ``mixflow acl apply`` would for ``spec``'s job and principals, as the admin,
     and wait until they are in force; how many bindings."""
     assert broker.security is not None, "ACLs are granted on a secured broker"
-    bindings = all_bindings(job_bindings(spec.job, spec.source_names, spec.kafka.principals))
+    bindings = all_bindings(job_bindings(spec.job, spec.source_names, spec.kafka.principals, spec.step.ranks))
     admin = AclAdmin(broker.security.client)
     held = admin.granted({b.principal for b in bindings})
     admin.create([b for b in bindings if b not in held])
