@@ -34,6 +34,7 @@ class SinkSource:
     kafka_config: Mapping[str, Any] = field(default_factory=dict)
     ranks: int | None = None
     patch_sizes: tuple[tuple[int, int], ...] = ()
+    context_parallel: bool = False  # the spec's step plans blocks of ranks: a topic per data x context rank
 
     @classmethod
     def from_spec(
@@ -71,7 +72,8 @@ class SinkSource:
         env = os.environ if environ is None else environ
         servers = bootstrap_servers or env.get(BOOTSTRAP_ENV) or kafka.get("bootstrap_servers")
         config = {**settings, "bootstrap.servers": servers or DEFAULT_BOOTSTRAP_SERVERS}
-        return cls(job, config, ranks, _patch_sizes(body.get("sources")))
+        cp = isinstance(step, dict) and step.get("context_parallel") is not None
+        return cls(job, config, ranks, _patch_sizes(body.get("sources")), cp)
 
     def pixel_options(self, pixels: PixelOptions | None) -> PixelOptions | None:
         """``pixels`` checked against the job's patch sizes, or, left out, the job's patch sizes with the default

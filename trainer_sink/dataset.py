@@ -116,6 +116,12 @@ class KafkaBatchDataset(IterableDataset):
             rank, global_rank, world_size, tensor_parallel, context_parallel, pipeline_parallel
         )
         source = _source(spec, job, bootstrap_servers, kafka_config, self.rank)
+        if source.context_parallel and context_parallel > 1:
+            msg = (
+                f"job {source.job} plans its context parallelism itself (step.context_parallel): every rank of the "
+                "data x context mesh reads its own topic, so give context_parallel=1 (its step.ranks counts them all)"
+            )
+            raise MixflowError(msg)
         if source.ranks is not None and self.rank >= source.ranks:
             msg = f"data-parallel rank {self.rank} is not below the job's step.ranks ({source.ranks})"
             raise MixflowError(msg)

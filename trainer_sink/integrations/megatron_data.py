@@ -65,6 +65,7 @@ from topics.errors import MixflowError
 from trainer_sink.dataset import KafkaBatchDataset, SinkIterator
 from trainer_sink.integrations.job_shape import require_data_parallel_size
 from trainer_sink.integrations.megatron_batch import megatron_batch
+from trainer_sink.integrations.megatron_cp import is_context_parallel, megatron_cp_batch
 from trainer_sink.integrations.sink_checkpoint import read_sink_state, write_sink_state
 from trainer_sink.media_tensors import VISION_KEYS
 from trainer_sink.parallel import rank_from_environment
@@ -182,8 +183,12 @@ class MixflowDataIterator(Iterator[dict[str, Any]]):
             self._batches = iter(self.sink)
         micro_batch = next(self._batches)
         try:
-            self._check(micro_batch)
-            batch = megatron_batch(micro_batch, **self.layout)
+            if is_context_parallel(micro_batch):
+                self._check_context_parallel(micro_batch)
+                batch = megatron_cp_batch(micro_batch, pad_token_id=self.layout["pad_token_id"])
+            else:
+                self._check(micro_batch)
+                batch = megatron_batch(micro_batch, **self.layout)
         except BaseException:
             self.close()  # a refused batch ends the run: stop the reader thread with it
             raise
@@ -216,6 +221,17 @@ class MixflowDataIterator(Iterator[dict[str, Any]]):
             raise MixflowError(msg)
         if VISION_KEYS & micro_batch.keys():
             msg = f"MixflowDataIterator carries text only, and {self.sink.topic} is a job with media"
+            raise MixflowError(msg)
+
+    def _check_context_parallel(self, micro_batch: dict[str, Any]) -> None:
+        """A context-parallel job's ranks run as many micro-batches as their slices take, step by step: the
+        loop gives ``forward_backward_func`` ``num_microbatches=micro_batch_info['micro_batches']`` (Megatron-Core
+        with ``--hybrid-context-parallel``); every rank of the data x context mesh reads its own topic."""
+        if self.ranks.context_parallel > 1:
+            msg = (
+                f"{self.sink.topic} is a context-parallel job's (mixflow plans the blocks): read it with one topic "
+                "per rank of the data x context mesh (DataRanks(context_parallel=1, data_parallel_rank=its index))"
+            )
             raise MixflowError(msg)
 
     # -- state and checkpoints -----------------------------------------------------------------------
@@ -267,6 +283,10 @@ def get_batch(data_iterator: Iterator[dict[str, Any]] | None, vp_stage: int | No
         raise MixflowError(msg)
     batch = dict(next(data_iterator))
     params = batch.pop("packed_seq_params")
+    if "local_cp_size" in batch:  # a context-parallel job's: already this rank's slices
+        batch.setdefault("attention_mask", None)
+        keys = ("tokens", "labels", "loss_mask", "attention_mask", "position_ids")
+        return (*(batch[key] for key in keys), params)
     cu_seqlens, max_seqlen = batch.pop("cu_seqlens"), batch.pop("max_seqlen")
     batch.setdefault("attention_mask", None)
     if _context_parallel() > 1:
