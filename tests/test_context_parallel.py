@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from benchmarks.cp_bench import POOLS, Pool, pool_of
 from pipeline.planning.scheduler.context_parallel import (
     CPMode,
+    CPPlan,
     CPShape,
     cp_sizes,
     lower_bound,
@@ -137,3 +138,18 @@ def test_a_bad_shape_is_refused_naming_what_is_wrong(changes: dict, problem: str
     values = {"ranks": 8, "micro_batches": 2, "capacity": 64, "mode": CPMode.FREE, "size": 4} | changes
     with pytest.raises(ValueError, match=problem):
         CPShape(**values)
+
+
+def test_validation_refuses_a_micro_batch_over_its_capacity_and_a_block_off_its_alignment() -> None:
+    lengths = np.array([60, 60, 150], np.int64)
+    shape = CPShape(4, 1, 100, CPMode.ALIGNED, 4)
+    plan = plan_cp_step(lengths, shape, COST)
+    validate_cp_plan(plan, lengths)
+    crowded = CPPlan(np.array([0, 0, 2], np.int32), np.array([1, 1, 2], np.int32), np.zeros(3, np.int32), shape)
+    with pytest.raises(ValueError, match="rank 0 micro-batch 0 holds 120 slice tokens, over the capacity 100"):
+        validate_cp_plan(crowded, lengths)
+    misaligned = CPPlan(
+        np.array([0, 1, 1], np.int32), np.array([1, 1, 2], np.int32), np.array([0, 0, 1], np.int32), shape
+    )
+    with pytest.raises(ValueError, match="aligned"):
+        validate_cp_plan(misaligned, lengths)

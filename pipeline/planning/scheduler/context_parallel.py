@@ -32,6 +32,7 @@ import numpy as np
 from pipeline.planning.scheduler._blocks import place_blocks
 from pipeline.planning.scheduler._placement import Placement
 from pipeline.planning.scheduler.plan import plan_step_on
+from pipeline.planning.scheduler.validation import check_capacity
 from pipeline.spec.cost import CostModel
 from pipeline.spec.cp_cost import TRAINING_FACTOR, ContextParallelCost
 from pipeline.spec.sections import StepSpec
@@ -394,14 +395,7 @@ def validate_cp_plan(plan: CPPlan, lengths: np.ndarray) -> None:
                 raise ValueError(msg)
             owner[slot] = block
             tokens[slot] += own[k]
-    over = np.flatnonzero(tokens > shape.capacity)
-    if over.size:
-        slot = int(over[0])
-        msg = (
-            f"rank {slot // shape.max_micro_batches} micro-batch {slot % shape.max_micro_batches} holds "
-            f"{int(tokens[slot])} slice tokens, over its capacity {shape.capacity}"
-        )
-        raise ValueError(msg)
+    check_capacity(tokens, shape.capacity, shape.max_micro_batches, "slice tokens", "capacity")
     step_tokens = int(padded(length[placed], cp).sum())
     if step_tokens > shape.ranks * shape.micro_batches * shape.capacity:
         msg = (

@@ -38,18 +38,19 @@ def validate_plan(plan: StepPlan, lengths: np.ndarray, patches: np.ndarray | Non
     slots = plan.rank[placed].astype(np.int64) * plan.micro_batches + plan.micro[placed]
     # bincount, not np.add.at (an order of magnitude slower); float64 weights are exact below 2**53 tokens.
     tokens = np.bincount(slots, weights=lengths[placed], minlength=plan.ranks * plan.micro_batches).astype(np.int64)
-    _check_capacity(plan, tokens, plan.capacity, "tokens", "capacity")
+    check_capacity(tokens, plan.capacity, plan.micro_batches, "tokens", "capacity")
     if patches is not None and plan.patch_capacity > 0:
         held = np.bincount(slots, weights=check_lengths(patches)[placed], minlength=plan.ranks * plan.micro_batches)
-        _check_capacity(plan, held.astype(np.int64), plan.patch_capacity, "patches", "patch capacity")
+        check_capacity(held.astype(np.int64), plan.patch_capacity, plan.micro_batches, "patches", "patch capacity")
 
 
-def _check_capacity(plan: StepPlan, held: np.ndarray, capacity: int, what: str, name: str) -> None:
+def check_capacity(held: np.ndarray, capacity: int, micro_batches: int, what: str, name: str) -> None:
+    """Raise ValueError naming the first slot (``rank * micro_batches + micro``) of ``held`` over ``capacity``."""
     over = np.flatnonzero(held > capacity)
     if over.size:
         slot = int(over[0])
         msg = (
-            f"rank {slot // plan.micro_batches} micro-batch {slot % plan.micro_batches} holds"
+            f"rank {slot // micro_batches} micro-batch {slot % micro_batches} holds"
             f" {int(held[slot])} {what}, over the {name} {capacity}"
         )
         raise ValueError(msg)
