@@ -27,7 +27,7 @@ def plan_with_media(
     (``within_patch_capacity``), and with ``even_encoder`` the encoder's part is evened out too."""
     ranks, micro_batches, capacity, patch_capacity = shape
     args = (lengths, ranks, micro_batches, capacity, cost_model)
-    if patches is None or encoder_costs is None or not ((patch_capacity > 0 and patches.any()) or encoder_costs.any()):
+    if patches is None or encoder_costs is None or not planned_with_media(patches, encoder_costs, patch_capacity):
         return plan_step(*args, start=start)
     if start is not None and patch_capacity > 0:
         start = within_patch_capacity(start, patches, ranks * micro_batches, patch_capacity)
@@ -39,6 +39,13 @@ def plan_with_media(
         patch_capacity=patch_capacity,
         encoder_costs=encoder_costs if even_encoder else None,
     )
+
+
+def planned_with_media(patches: np.ndarray, encoder_costs: np.ndarray, patch_capacity: int) -> bool:
+    """Whether ``plan_with_media`` plans candidates of these ``patches`` and ``encoder_costs`` as a multimodal
+    step (with both capacities and the encoder's costs): some have patches under a patch budget
+    (``patch_capacity`` > 0), or some cost something in the encoder."""
+    return bool((patch_capacity > 0 and patches.any()) or encoder_costs.any())
 
 
 def within_patch_capacity(start: np.ndarray, patches: np.ndarray, slots: int, patch_capacity: int) -> np.ndarray:
