@@ -29,9 +29,9 @@ from connectors import Document
 from pipeline.kafka.work_plan import publish_work_plan
 from pipeline.planning.mixing import MixerState
 from pipeline.planning.scheduler import CostModel, StepPlan, plan_step, plan_with_media
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.core import StepCore
 from pipeline.planning.step.pool import SamplePool
-from pipeline.planning.step.spec_change import StepShape
 from pipeline.planning.step.state import ConstructorState
 from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import JobSpec, load_spec

@@ -11,9 +11,10 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.planning.scheduler import CostModel, StepPlan, plan_step, rank_orders
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.core import PlannedStep
 from pipeline.planning.step.pool import Candidate
-from pipeline.spec import JobSpec, StepSpec
+from pipeline.spec import JobSpec
 from topics.formats.batch import Batch
 from topics.formats.sample import Sample
 
@@ -59,7 +60,7 @@ class AssembledStep:
 def assemble_step(
     step: int,
     candidates: Sequence[Candidate],
-    shape: StepSpec,
+    shape: StepShape,
     cost_model: CostModel,
     start: np.ndarray | None = None,
 ) -> AssembledStep:

@@ -40,10 +40,11 @@ from pipeline.kafka.spec_record import record_spec
 from pipeline.kafka.state_topic import read_last_state, written_shape
 from pipeline.planning.mixing import Mixer, MixtureChange
 from pipeline.planning.scheduler import plan_step
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.assemble import AssembledStep, build_batches
 from pipeline.planning.step.core import StepCore
 from pipeline.planning.step.pool import SamplePool
-from pipeline.planning.step.spec_change import StepShape, carry_over, check_step_shape
+from pipeline.planning.step.spec_change import carry_over, check_step_shape
 from pipeline.planning.step.state import ConstructorState
 from pipeline.roles.constructor.control_intake import ControlIntake
 from pipeline.roles.constructor.gc_policy import freeze_start_up
@@ -112,9 +113,7 @@ class DataConstructor(TransactionalRole):
             raise MixflowError(msg)
         self.mixer = Mixer.from_spec(spec)
         self.cost_model = spec.cost.cost_model()
-        shape = spec.step
-        patches = shape.patches_per_micro_batch or 0
-        self.shape = StepShape(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, patches)
+        self.shape = StepShape.from_spec(spec.step)
         self.core = StepCore(self.shape, self.cost_model, self.lanes, vision=spec.cost.vision_cost_model())
         self.stats = ConstructorStats(options.recent_steps)
         self.metrics = metrics or ConstructorMetrics(CollectorRegistry(), self.out.job, spec)

@@ -25,9 +25,9 @@ import numpy as np
 
 from pipeline.planning.scheduler import CostModel, StepPlan
 from pipeline.planning.scheduler.media import plan_with_media, planned_with_media
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.assemble import BatchFormat, build_batches
 from pipeline.planning.step.pool import encoder_cost
-from pipeline.planning.step.spec_change import StepShape
 from pipeline.spec.cost import VisionCostModel
 from topics.errors import MixflowError
 from topics.formats.batch import Batch
@@ -70,8 +70,7 @@ def step_load(
 def plan_load(load: StepLoad, shape: StepShape, cost_model: CostModel) -> StepPlan:
     """The constructor's plan of ``load``'s samples as a step's candidates, in their order, over ``shape``
     with no packing to start from (``plan_with_media``, the encoder's part evened out)."""
-    full = (shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, shape.patches_per_micro_batch)
-    return plan_with_media(load.lengths, full, cost_model, None, load.patches, load.encoder_costs)
+    return plan_with_media(load.lengths, shape, cost_model, None, load.patches, load.encoder_costs)
 
 
 def default_micro_batches(ranks: int, micro_batches: int, new_ranks: int) -> int:

@@ -1,0 +1,55 @@
+"""``StepShape``: the shape of one global step, as everything that plans, composes, checks or replays a step
+takes it. Made once from the spec's ``step`` section (``StepShape.from_spec``). Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from pipeline.spec.sections import StepSpec
+    from topics.formats.batch import Batch
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """``ranks`` data-parallel ranks of ``micro_batches`` micro-batches each; a micro-batch holds at most
+    ``tokens_per_micro_batch`` tokens and ``patches_per_micro_batch`` vision patches (0: no limit, the
+    spec's unset). Raises ``ValueError`` naming a field that is not an integer in range."""
+
+    ranks: int
+    micro_batches: int
+    tokens_per_micro_batch: int
+    patches_per_micro_batch: int = 0
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            least = 0 if field.name == "patches_per_micro_batch" else 1
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
+                msg = f"{field.name} must be an integer >= {least}, got {value!r}"
+                raise ValueError(msg)
+            object.__setattr__(self, field.name, int(value))
+
+    @classmethod
+    def from_spec(cls, step: StepSpec) -> StepShape:
+        """The shape of the spec's ``step`` section."""
+        patches = step.patches_per_micro_batch or 0
+        return cls(step.ranks, step.micro_batches, step.tokens_per_micro_batch, patches)
+
+    @classmethod
+    def of_batch(cls, batch: Batch) -> StepShape:
+        """The written part (``written``) of the shape of the step ``batch`` belongs to."""
+        return cls(batch.ranks, batch.micro_batches, batch.capacity)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """The step's capacity: ranks * micro_batches * tokens_per_micro_batch."""
+        return self.ranks * self.micro_batches * self.tokens_per_micro_batch
+
+    def written(self) -> StepShape:
+        """The part of this shape that a job's rank topics fix and a running job keeps: ranks, micro-batches
+        and tokens a micro-batch (the patch budget may change between runs)."""
+        return replace(self, patches_per_micro_batch=0)
