@@ -3,7 +3,7 @@ takes it. Made once from the spec's ``step`` section (``StepShape.from_spec``). 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,13 +25,12 @@ class StepShape:
     patches_per_micro_batch: int = 0
 
     def __post_init__(self) -> None:
-        for field in fields(self):
-            value = getattr(self, field.name)
-            least = 0 if field.name == "patches_per_micro_batch" else 1
+        for name, least in _LEAST.items():
+            value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
-                msg = f"{field.name} must be an integer >= {least}, got {value!r}"
+                msg = f"{name} must be an integer >= {least}, got {value!r}"
                 raise ValueError(msg)
-            object.__setattr__(self, field.name, int(value))
+            object.__setattr__(self, name, int(value))
 
     @classmethod
     def from_spec(cls, step: StepSpec) -> StepShape:
@@ -53,3 +52,7 @@ class StepShape:
         """The part of this shape that a job's rank topics fix and a running job keeps: ranks, micro-batches
         and tokens a micro-batch (the patch budget may change between runs)."""
         return replace(self, patches_per_micro_batch=0)
+
+
+_LEAST = {"ranks": 1, "micro_batches": 1, "tokens_per_micro_batch": 1, "patches_per_micro_batch": 0}
+"""The least value of each count in a shape."""
