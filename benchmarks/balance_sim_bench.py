@@ -43,8 +43,8 @@ from pipeline.planning.mixing import Mixer, Schedule, step_budget
 from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, waiting_bound
 from pipeline.planning.mixing.mixer import Composition
 from pipeline.planning.scheduler import CostModel, plan_step
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.core import StepCore, StepWindow
-from pipeline.planning.step.spec_change import StepShape
 
 RANKS = 8
 ALPHA, BETA, CONSTANT = 8.78e-8, 1.92e-3, -0.006  # ms; the H200 block fit
@@ -219,9 +219,10 @@ def mixflow(
     capacity = RANKS * micro_batches * context
     budget = step_budget(capacity)
     goal = min(budget, capacity) if composed else budget
-    composition = Composition(RANKS, micro_batches, context, COST_MODEL, window, due) if composed else None
+    shape = StepShape(RANKS, micro_batches, context)
+    composition = Composition(shape, COST_MODEL, window, due) if composed else None
     mixer = Mixer(Schedule(names, [0], [list(stream.weights.values())]), budget, composition=composition)
-    core = StepCore(StepShape(RANKS, micro_batches, context), COST_MODEL, from_placement=use_start)
+    core = StepCore(shape, COST_MODEL, from_placement=use_start)
     fifo = {s: np.flatnonzero(stream.source == k) for k, s in enumerate(names)}
     deferred = np.zeros(0, dtype=np.int64)
     state = mixer.initial_state()

@@ -31,8 +31,8 @@ import numpy as np
 
 from benchmarks._table import add_markdown_flag, print_table
 from pipeline.planning.mixing import DrawStatus, Mixer, Schedule, _compose_select
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.core import PlannedStep, StepCore, StepWindow
-from pipeline.planning.step.spec_change import StepShape
 from pipeline.spec import JobSpec, load_spec
 from pipeline.tools.observe.series import rolling_median
 from pipeline.tools.observe.step_stats import schedule_drift
@@ -68,8 +68,7 @@ class Steps:
 def replay(spec: JobSpec, lengths: dict[str, np.ndarray]) -> Steps:
     mixer = Mixer.from_spec(spec)
     cost_model = spec.cost.cost_model()
-    shape = spec.step
-    core = StepCore(StepShape(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch), cost_model)
+    core = StepCore(StepShape.from_spec(spec.step), cost_model)
     names = list(lengths)
     fifo = {s: np.arange(len(lengths[s])) for s in names}
     deferred: list[tuple[int, int]] = []  # (source index, sample index), in priority order

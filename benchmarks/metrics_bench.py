@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from benchmarks._table import add_markdown_flag, print_table
 from pipeline.planning.mixing import MixerState
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.assemble import assemble_step
 from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.state import ConstructorState, SourcePosition
@@ -57,6 +58,7 @@ def constructor_steps(
     rng = np.random.default_rng(0)
     cost = COST
     budget = shape.tokens_per_step
+    step_shape = StepShape.from_spec(shape)
 
     def run() -> int:
         state = ConstructorState(MixerState.initial(SOURCES), {s: SourcePosition(0, ()) for s in SOURCES})
@@ -86,7 +88,7 @@ def constructor_steps(
                 take[s] = np.arange(min(n, len(fifo.lengths)))
                 tokens += sum(fifo.lengths[: len(take[s])])
             candidates = pool.take(take)
-            assembled = assemble_step(k, candidates, shape, cost)
+            assembled = assemble_step(k, candidates, step_shape, cost)
             pool.settle(assembled.delivered, assembled.deferred)
             _record(assembled, cost)  # the constructor's StepRecord, made with or without metrics
             if metrics is not None:

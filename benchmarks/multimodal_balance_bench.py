@@ -47,8 +47,8 @@ from pipeline.planning.mixing import Mixer, Schedule, step_budget
 from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW
 from pipeline.planning.mixing.mixer import Composition
 from pipeline.planning.scheduler import CostModel, plan_step
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.core import StepCore, StepWindow
-from pipeline.planning.step.spec_change import StepShape
 from pipeline.spec.cost import VisionCostModel
 
 RANKS = 8
@@ -161,14 +161,12 @@ def mixflow(
     stream: Stream, shape: tuple[int, int, int], steps: int, warm_up: int, composed: bool, even_encoder: bool = True
 ) -> Result:
     """Steps by the constructor's step core over a FIFO of sample ids, the deferred ids first next time."""
-    micro_batches, capacity, patch_capacity = shape
+    step_shape = StepShape(RANKS, *shape)
     result = Result()
-    budget = step_budget(RANKS * micro_batches * capacity)
-    composition = Composition(RANKS, micro_batches, capacity, LLM, DEFAULT_WINDOW, DEFAULT_DUE) if composed else None
+    budget = step_budget(step_shape.tokens_per_step)
+    composition = Composition(step_shape, LLM, DEFAULT_WINDOW, DEFAULT_DUE) if composed else None
     mixer = Mixer(Schedule(["stream"], [0], [[1.0]]), budget, composition=composition)
-    core = StepCore(
-        StepShape(RANKS, micro_batches, capacity, patch_capacity), LLM, vision=VISION, even_encoder=even_encoder
-    )
+    core = StepCore(step_shape, LLM, vision=VISION, even_encoder=even_encoder)
     fifo = {"stream": np.arange(len(stream.lengths))}
     deferred = np.zeros(0, np.int64)
     state = mixer.initial_state()

@@ -31,6 +31,7 @@ from pipeline.planning.mixing import DrawStatus, Mixer, Schedule
 from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW
 from pipeline.planning.mixing.mixer import Composition, step_budget
 from pipeline.planning.scheduler import plan_step
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step import used_bitmap
 from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.state import ConstructorState, SourcePosition
@@ -102,9 +103,10 @@ def runs_of(offsets: tuple[int, ...]) -> int:
 
 def measure(ranks: int, micro_batches: int, capacity: int, steps: int, warm_up: int, seed: int) -> Measure:
     sources = list(SHARES)
-    composition = Composition(ranks, micro_batches, capacity, COST_MODEL, DEFAULT_WINDOW, DEFAULT_DUE)
+    shape = StepShape(ranks, micro_batches, capacity)
+    composition = Composition(shape, COST_MODEL, DEFAULT_WINDOW, DEFAULT_DUE)
     schedule = Schedule(sources, [0], [[SHARES[s] for s in sources]])
-    budget = step_budget(ranks * micro_batches * capacity)
+    budget = step_budget(shape.tokens_per_step)
     mixer = Mixer(schedule, budget, OnExhausted.RENORMALIZE, composition=composition)
     state = ConstructorState.initial(mixer.initial_state())
     pool = SamplePool(state)

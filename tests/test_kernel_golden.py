@@ -24,10 +24,11 @@ import pytest
 
 from pipeline.planning.mixing import DrawStatus, MixerState
 from pipeline.planning.mixing._compose_bins import pack_bins_kernel
-from pipeline.planning.mixing._compose_select import HoleFill, Longs, StepShape, build_groups
+from pipeline.planning.mixing._compose_select import HoleFill, Longs, build_groups
 from pipeline.planning.mixing._compose_types import StepMedia
 from pipeline.planning.mixing.compose import HEADROOM, compose_step
 from pipeline.planning.scheduler import CostModel, plan_lpt, plan_step, plan_with_media
+from pipeline.planning.shape import StepShape
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "kernels.json"
 
@@ -105,20 +106,20 @@ def _samples(rng: np.random.Generator, n: int, low: int, capacity: int, sources:
 def _groups_case(seed: int) -> str:
     rng = np.random.default_rng([2, seed])
     shape = StepShape(int(rng.integers(1, 12)), int(rng.integers(1, 5)), int(rng.integers(50, 500)))
-    sources = int(rng.integers(1, 4))
-    seeds = _samples(rng, int(rng.integers(0, shape.ranks + 2)), shape.capacity // 8, shape.capacity, sources)
-    longs = _samples(rng, int(rng.integers(0, 80)), shape.capacity // 4, shape.capacity, sources)
-    shorts = _samples(rng, int(rng.integers(0, 80)), 1, shape.capacity, sources)
+    capacity, sources = shape.tokens_per_micro_batch, int(rng.integers(1, 4))
+    seeds = _samples(rng, int(rng.integers(0, shape.ranks + 2)), capacity // 8, capacity, sources)
+    longs = _samples(rng, int(rng.integers(0, 80)), capacity // 4, capacity, sources)
+    shorts = _samples(rng, int(rng.integers(0, 80)), 1, capacity, sources)
     candidates = Longs(*(np.concatenate([a, b]) for a, b in zip(_fields(longs), _fields(shorts), strict=True)))
     order = np.lexsort((rng.random(len(longs.length)), -longs.excess))
-    allowance = rng.uniform(-shape.capacity, 3 * shape.tokens / sources, sources)
-    level = float(rng.uniform(0, 2 * shape.capacity))
+    allowance = rng.uniform(-capacity, 3 * shape.tokens_per_step / sources, sources)
+    level = float(rng.uniform(0, 2 * capacity))
     slack = float(rng.choice([0.0, rng.uniform(0, 10)]))
-    first = rng.integers(1, shape.capacity // 4 + 1, int(rng.integers(0, 4)))
+    first = rng.integers(1, capacity // 4 + 1, int(rng.integers(0, 4)))
     by_length = np.lexsort((rng.random(len(candidates.length)), candidates.length))
-    goal = float(rng.uniform(0.5, 1.0) * shape.tokens)
+    goal = float(rng.uniform(0.5, 1.0) * shape.tokens_per_step)
     filler = np.zeros(sources) if rng.random() < 0.8 else np.full(sources, np.inf)
-    holes = HoleFill(by_length, filler, first, goal, (1.0 / shape.capacity, -0.1, 0.0)) if rng.random() < 0.7 else None
+    holes = HoleFill(by_length, filler, first, goal, (1.0 / capacity, -0.1, 0.0)) if rng.random() < 0.7 else None
     anchor = int(rng.integers(-1, len(longs.length))) if len(longs.length) else -1
     groups = build_groups(seeds, candidates, order, allowance, level, slack, shape, anchor, holes)
     return _digest(groups.chosen, groups.excess, groups.bins, groups.slots.seed, groups.slots.cand, groups.slots.first)
@@ -181,7 +182,7 @@ def _compose_run(index: int, seed: int, steps: int = 6) -> str:
             ahead = np.cumsum(fifo[s]) - fifo[s]
             available[s] = fifo[s][ahead < 10 * share * goal + 2 * capacity]
         draw = compose_step(
-            state, weights, tokens, available, deferred, ranks=ranks, micro_batches=micro, capacity=capacity,
+            state, weights, tokens, available, deferred, shape=StepShape(ranks, micro, capacity),
             cost_model=cost_model,
         )  # fmt: skip
         assert draw.status is DrawStatus.OK
@@ -278,6 +279,7 @@ def _media_compose_run(index: int, seed: int, steps: int = 5) -> str:
     deferred_patches = {s: np.zeros(0, np.int64) for s in names}
     state = MixerState.initial(names)
     goal = math.floor(tokens * (1 - HEADROOM))
+    shape = StepShape(ranks, micro, capacity, budget)
     digests = []
     for _ in range(steps):
         available, patches = {}, {}
@@ -287,19 +289,16 @@ def _media_compose_run(index: int, seed: int, steps: int = 5) -> str:
             available[s], patches[s] = fifo[s][keep], fifo_patches[s][keep]
         media = StepMedia(
             patches, {s: 2.0 * p for s, p in patches.items()}, deferred_patches,
-            {s: 2.0 * p for s, p in deferred_patches.items()}, budget,
+            {s: 2.0 * p for s, p in deferred_patches.items()},
         )  # fmt: skip
         draw = compose_step(
-            state, weights, tokens, available, deferred, ranks=ranks, micro_batches=micro, capacity=capacity,
-            cost_model=cost_model, media=media,
+            state, weights, tokens, available, deferred, shape=shape, cost_model=cost_model, media=media
         )  # fmt: skip
         assert draw.status is DrawStatus.OK
         sources = [s for s in names for _ in range(len(draw.lengths[s]))]
         lengths = np.concatenate([draw.lengths[s] for s in names])
         step_patches, encoder = media.of_step(names, draw.take)
-        plan = plan_with_media(
-            lengths, (ranks, micro, capacity, budget), cost_model, draw.start_for(sources), step_patches, encoder
-        )
+        plan = plan_with_media(lengths, shape, cost_model, draw.start_for(sources), step_patches, encoder)
         placement = None if draw.placement is None else np.concatenate([draw.placement[s] for s in names])
         digests.append(_digest(*(draw.take[s] for s in names), lengths, placement, plan.rank, plan.micro))
         codes = np.array([names.index(s) for s in sources], np.int64)

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pipeline.metrics import DeadLetterReason, RunMetrics, read_endpoints, reason_class, role_registry, serve_metrics
 from pipeline.metrics.endpoints import RoleRestarts
 from pipeline.planning.mixing import MixerState
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.assemble import assemble_step
 from pipeline.planning.step.pool import Candidate, SamplePool
 from pipeline.planning.step.state import ConstructorState, SampleRef, SourcePosition
@@ -372,7 +373,7 @@ def test_constructor_counts_each_committed_step(steps: list[list[tuple[str, int]
     delivered = []
     for k, samples in enumerate(steps):
         candidates = [Candidate(SampleRef(s, i), _sample(s, i, n)) for i, (s, n) in enumerate(samples)]
-        assembled = assemble_step(k, candidates, SHAPE, COST)
+        assembled = assemble_step(k, candidates, StepShape.from_spec(SHAPE), COST)
         metrics.step_committed(assembled, [DeadLetter("a", f"t[0]@{k}", "unknown schema")])
         delivered.append(assembled)
     metrics.step_committed(None, [])  # the final state alone: no step

@@ -23,6 +23,7 @@ import pytest
 from pipeline.planning.mixing import DrawStatus, MixerState
 from pipeline.planning.mixing.compose import compose_step
 from pipeline.planning.scheduler import DEFAULT_COST_MODEL, plan_step
+from pipeline.planning.shape import StepShape
 from tests.sink_support import random_batch
 from topics.formats.batch_codec import encode_batch
 
@@ -79,9 +80,7 @@ def case_digest(case: Case) -> str:
             budget,
             fifo,
             deferred,
-            ranks=case.ranks,
-            micro_batches=case.micro_batches,
-            capacity=case.capacity,
+            shape=StepShape(case.ranks, case.micro_batches, case.capacity),
             cost_model=DEFAULT_COST_MODEL,
         )
         assert draw.status is DrawStatus.OK, f"{case.name}: step {state.step} {draw.status}"

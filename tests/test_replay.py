@@ -19,7 +19,7 @@ from pipeline.cli import main
 from pipeline.kafka.state_topic import JobHistory, StateRecord, require_history
 from pipeline.planning.mixing import MixerState
 from pipeline.planning.scheduler import CostModel
-from pipeline.planning.step.spec_change import StepShape
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.state import ConstructorState, SourcePosition
 from pipeline.spec import JobSpec, load_spec
 from pipeline.tools.replay import (

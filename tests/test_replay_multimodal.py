@@ -21,20 +21,25 @@ import numpy as np
 import pytest
 import yaml
 from confluent_kafka import Message, Producer
-from hypothesis import event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from tokenizers import ByteLevelBPETokenizer
 
 from connectors import Document
 from pipeline.kafka.work_plan import publish_work_plan
-from pipeline.planning.scheduler import CostModel, StepPlan
+from pipeline.planning.mixing import MixerState
+from pipeline.planning.scheduler import CostModel, StepPlan, plan_step, plan_with_media
+from pipeline.planning.shape import StepShape
+from pipeline.planning.step.core import StepCore
+from pipeline.planning.step.pool import SamplePool
+from pipeline.planning.step.state import ConstructorState
 from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import JobSpec, load_spec
 from pipeline.spec.cost import VisionCostModel
 from pipeline.tools.replay import ReplayMode, ReplayRequest, ReshapeError, default_micro_batches, replay, verify
 from pipeline.tools.replay import reshape as reshape_module
 from pipeline.tools.replay.audit import same_samples
-from pipeline.tools.replay.reshape import reshape_step
+from pipeline.tools.replay.reshape import plan_load, reshape_step, step_load
 from pipeline.tools.replay.steps import StepMessages
 from tests.media_support import image_bytes, text_image
 from tests.replay_support import construct, steps_of
@@ -301,10 +306,11 @@ def _original_step(draw: st.DrawFn) -> list[Batch]:
     ]
 
 
-def _defer_all(lengths: np.ndarray, ranks: int, micro_batches: int, capacity: int, *_, **kw) -> StepPlan:
-    """A scheduler that places nothing: every sample is left to the reshape's fallbacks."""
-    none = np.full(len(lengths), -1, np.int32)
-    return StepPlan(none, none.copy(), ranks, micro_batches, capacity, kw.get("patch_capacity", 0))
+def _defer_all(*args, **kwargs) -> StepPlan:
+    """The constructor's plan with nothing placed: every sample is left to the reshape's fallbacks."""
+    plan = plan_with_media(*args, **kwargs)
+    none = np.full(plan.rank.size, -1, np.int32)
+    return replace(plan, rank=none, micro=none.copy())
 
 
 FALLBACKS = ("scheduler", "room left", "whole micro-batches")
@@ -312,7 +318,9 @@ FALLBACKS = ("scheduler", "room left", "whole micro-batches")
 
 def _reshape_by(fallback: str, batches: Sequence[Batch], ranks: int, micro_batches: int) -> list[Batch]:
     """``reshape_step`` with the scheduler, or with only the room-left fallback, or only whole micro-batches."""
-    scheduler = mock.patch.object(reshape_module, "plan_step", _defer_all) if fallback != "scheduler" else nullcontext()
+    scheduler = (
+        mock.patch.object(reshape_module, "plan_with_media", _defer_all) if fallback != "scheduler" else nullcontext()
+    )
     with scheduler:
         if fallback != "whole micro-batches":
             return reshape_step(batches, ranks, micro_batches, COST, VISION)
@@ -357,6 +365,76 @@ def test_reshaping_a_multimodal_step_places_every_sample_once_with_its_media_wit
     assert all(_within_both_capacities(b, first.capacity, budget) for b in reshaped)
     again = _reshape_by(fallback, original, new_ranks, micro_batches)
     assert [encode_batch(b) for b in again] == [encode_batch(b) for b in reshaped]
+
+
+@settings(deadline=None, max_examples=40)
+@example(seed=0, count=8, ranks=2, micro_batches=3, budget=16)  # one where the encoder's part is evened out
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    count=st.integers(1, 40),
+    ranks=st.integers(2, 8),
+    micro_batches=st.integers(1, 4),
+    budget=st.sampled_from([0, 16, 40]),
+)
+def test_an_elastic_replay_plans_a_multimodal_step_as_the_constructor_would(
+    seed: int, count: int, ranks: int, micro_batches: int, budget: int
+) -> None:
+    """A random multimodal pool (some samples text) drawn whole by the constructor's step core, and the same
+    candidates in the same order planned as a replay plans them over the same shape: the same plan, the
+    encoder's part evened out; and ``reshape_step`` keeps every sample that plan placed where it placed it."""
+    rng = np.random.default_rng(seed)
+    sources = ["s0", "s1"]
+    samples = [media_sample(rng, f"s{k % 2}/{k}", _items(rng), source=sources[k % 2]) for k in range(count)]
+    capacity = max(s.length for s in samples) + int(rng.integers(0, 60))
+    budget = budget and max(budget, *(s.patches for s in samples))
+    shape = StepShape(ranks, micro_batches, capacity, budget)
+    state = ConstructorState.initial(MixerState.initial(sources))
+    pool = SamplePool(state, VISION)
+    for offset, sample in enumerate(samples):
+        pool.add(sample.source, offset, sample)
+    constructed = StepCore(shape, COST, vision=VISION).final_step(state.mixer, pool.window())
+    candidates = [c.sample for c in pool.take(constructed.taken, constructed.order)]
+
+    load = step_load(candidates, budget, COST, VISION)
+    replayed = plan_load(load, shape, COST)
+    np.testing.assert_array_equal(replayed.rank, constructed.plan.rank)
+    np.testing.assert_array_equal(replayed.micro, constructed.plan.micro)
+    assert replayed.patch_capacity == constructed.plan.patch_capacity
+    encoder = np.zeros(count) if constructed.encoder_costs is None else constructed.encoder_costs  # None: text
+    np.testing.assert_array_equal(load.encoder_costs, encoder)
+    total_only = plan_step(
+        load.lengths,
+        ranks,
+        micro_batches,
+        capacity,
+        COST,
+        costs=load.costs,
+        patches=load.patches,
+        patch_capacity=budget,
+    )
+    if not np.array_equal(total_only.rank, replayed.rank):
+        event("the encoder's part evened out, unlike a plan on the total cost alone")
+
+    # The original step: one rank, a micro-batch a candidate, in the constructor's order.
+    original = Batch.from_samples(
+        step=4,
+        rank=0,
+        ranks=1,
+        capacity=capacity,
+        micro_batches=[[s] for s in candidates],
+        with_media=True,
+        patches_per_micro_batch=budget or None,
+    )
+    try:
+        reshaped = reshape_step([original], ranks, micro_batches, COST, VISION)
+    except ReshapeError:
+        event("the rest does not fit the new shape")
+        return
+    where = {
+        (b.rank, m, s.sample_id) for b in reshaped for s, m in zip(b.samples(), b.micro_batch.tolist(), strict=True)
+    }
+    for sample, r, m in zip(candidates, replayed.rank.tolist(), replayed.micro.tolist(), strict=True):
+        assert r < 0 or (r, m, sample.sample_id) in where, sample.sample_id
 
 
 def _image_sample(sample_id: str, text: int, grid: tuple[int, int, int]) -> Sample:

@@ -7,7 +7,7 @@ import math
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,6 @@ from pipeline.planning.mixing._compose_select import (
     Groups,
     HoleFill,
     Longs,
-    StepShape,
     build_groups,
     choose_option,
     pool_order,
@@ -31,8 +30,8 @@ from pipeline.planning.mixing._compose_select import (
 from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, HEADROOM, compose_step, waiting_bound
 from pipeline.planning.mixing.mixer import Composition
 from pipeline.planning.scheduler import CostModel, validate_plan
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.core import StepCore, StepWindow
-from pipeline.planning.step.spec_change import StepShape as StepCoreShape
 from pipeline.spec import OnExhausted
 
 REPO = Path(__file__).resolve().parent.parent
@@ -95,18 +94,9 @@ def _cost_model(capacity: int) -> CostModel:
     return CostModel(alpha=3.0 / capacity, beta=1.0)
 
 
-@dataclass(frozen=True)
-class Shape:
-    ranks: int
-    micro_batches: int
-    capacity: int
-
-    @property
-    def tokens(self) -> int:
-        return self.ranks * self.micro_batches * self.capacity
-
-
-shapes = st.builds(Shape, st.sampled_from([1, 2, 3, 8]), st.sampled_from([1, 2, 4]), st.sampled_from([256, 1000, 4096]))
+shapes = st.builds(
+    StepShape, st.sampled_from([1, 2, 3, 8]), st.sampled_from([1, 2, 4]), st.sampled_from([256, 1000, 4096])
+)
 
 
 @dataclass
@@ -150,7 +140,7 @@ def _stream(
 def _simulate(
     families: list[str],
     weights: dict[str, float],
-    shape: Shape,
+    shape: StepShape,
     steps: int,
     seed: int,
     *,
@@ -158,19 +148,20 @@ def _simulate(
     due: float = DEFAULT_DUE,
 ) -> Run:
     """Steps made by the constructor's step core over a FIFO of sample ids per source."""
+    capacity = shape.tokens_per_micro_batch
     names = list(weights)
     shares = [w / sum(weights.values()) for w in weights.values()]
-    lengths, source = _stream(families, shares, (steps + 2 * window + 4) * shape.tokens, shape.capacity, seed)
+    lengths, source = _stream(families, shares, (steps + 2 * window + 4) * shape.tokens_per_step, capacity, seed)
     unset = np.full(len(lengths), -1)
     run = Run(lengths, source, unset.copy(), unset.copy(), unset.copy(), np.zeros(len(names)))
-    cost_model = _cost_model(shape.capacity)
-    composition = Composition(shape.ranks, shape.micro_batches, shape.capacity, cost_model, window, due)
-    mixer = Mixer(Schedule(names, [0], [list(weights.values())]), shape.tokens, composition=composition)
-    core = StepCore(StepCoreShape(shape.ranks, shape.micro_batches, shape.capacity), cost_model)
+    cost_model = _cost_model(capacity)
+    composition = Composition(shape, cost_model, window, due)
+    mixer = Mixer(Schedule(names, [0], [list(weights.values())]), shape.tokens_per_step, composition=composition)
+    core = StepCore(shape, cost_model)
     fifo = {s: np.flatnonzero(source == k) for k, s in enumerate(names)}
     deferred = np.zeros(0, dtype=np.int64)
     state = mixer.initial_state()
-    goal = math.floor(shape.tokens * (1 - HEADROOM))
+    goal = math.floor(shape.tokens_per_step * (1 - HEADROOM))
     for step in range(steps):
         available = {}
         for k, s in enumerate(names):
@@ -178,7 +169,7 @@ def _simulate(
             ahead = np.cumsum(lengths[fifo[s]]) - lengths[fifo[s]]
             inside = fifo[s][ahead < window * unit]
             run.entered[inside[run.entered[inside] < 0]] = step
-            available[s] = lengths[fifo[s][ahead < (window + 2) * unit + 2 * shape.capacity]]
+            available[s] = lengths[fifo[s][ahead < (window + 2) * unit + 2 * capacity]]
         held = StepWindow(available, source[deferred], lengths[deferred])
         draw = core.draw(mixer, state, held)
         assert draw.status is DrawStatus.OK
@@ -214,7 +205,7 @@ def _check_valid(draw: Draw, available: dict[str, np.ndarray], before: dict[str,
         np.testing.assert_array_equal(draw.lengths[s], np.concatenate([before[s], available[s][positions]]))
 
 
-def _check_placement(draw: Draw, shape: Shape) -> None:
+def _check_placement(draw: Draw, shape: StepShape) -> None:
     """A placement lists a micro-batch (or -1) for each of the step's samples, and fills none over capacity."""
     if draw.placement is None:
         return
@@ -224,7 +215,7 @@ def _check_placement(draw: Draw, shape: Shape) -> None:
     assert slots.shape == lengths.shape and slots.min(initial=0) >= -1
     assert slots.max(initial=-1) < shape.ranks * shape.micro_batches
     held = np.bincount(slots[slots >= 0], weights=lengths[slots >= 0], minlength=shape.ranks * shape.micro_batches)
-    assert held.max(initial=0) <= shape.capacity
+    assert held.max(initial=0) <= shape.tokens_per_micro_batch
 
 
 def _check_due(
@@ -251,7 +242,7 @@ def _check_due(
 
 @settings(deadline=None, max_examples=12)
 @given(st.sampled_from(sorted(FAMILIES)), shapes, st.integers(0, 2**16))
-def test_waiting_bound_and_validity(family: str, shape: Shape, seed: int) -> None:
+def test_waiting_bound_and_validity(family: str, shape: StepShape, seed: int) -> None:
     """A short window and a large due share make the bound small enough to be reached: every sample is
     drawn at most ``waiting_bound`` steps after it entered its source's window, and every step is valid."""
     window, due = 2.0, 0.5
@@ -268,7 +259,7 @@ def test_waiting_bound_and_validity(family: str, shape: Shape, seed: int) -> Non
 @settings(deadline=None, max_examples=6)
 @given(st.sampled_from(["long/short", "bimodal", "pareto"]), st.integers(0, 2**16))
 def test_waiting_bound_with_the_defaults(family: str, seed: int) -> None:
-    shape = Shape(8, 2, 4096)
+    shape = StepShape(8, 2, 4096)
     run = _simulate([family], {"s": 1.0}, shape, 40, seed)
     assert run.waits().max() <= waiting_bound()
     assert waiting_bound() == 63
@@ -284,10 +275,10 @@ def test_shares_stay_within_a_sample(families: list[str], raw: list[float], seed
     """Over many steps, with the scheduler's deferrals fed back, each source's credit (tokens owed or
     given ahead against its share of what was delivered) stays within three of the longest samples and the
     micro-batches a packed option may take ahead (``PACK_AHEAD``)."""
-    shape = Shape(4, 2, 1000)
+    shape = StepShape(4, 2, 1000)
     weights = {f"s{k}": w for k, w in enumerate(raw[: len(families)])}
     run = _simulate(families, weights, shape, 60, seed)
-    bound = 3 * float(run.lengths.max()) + PACK_AHEAD * shape.capacity
+    bound = 3 * float(run.lengths.max()) + PACK_AHEAD * shape.tokens_per_micro_batch
     worst = max(abs(c) for credits in run.credits for c in credits.values())
     assert worst <= bound
     wanted = np.array(list(weights.values())) / sum(weights.values()) * run.delivered.sum()
@@ -307,16 +298,17 @@ def test_a_source_with_samples_longer_than_its_share_of_a_step(
     """A source whose samples are longer than its tokens per step (the example job's `topics`, 1,024-token
     chunks at a fifth of 4,096-token steps) neither runs ahead of its share nor waits past the bound."""
     window, due = window_due
-    shape = Shape(2, 2, 1024)
+    shape = StepShape(2, 2, 1024)
+    capacity = shape.tokens_per_micro_batch
     weights = {"big": 1 - small, "small": small}
     run = _simulate(["lognormal", family], weights, shape, 60, seed, window=window, due=due)
     longest = float(run.lengths.max())
-    assert max(abs(c) for credits in run.credits for c in credits.values()) <= 2 * longest + PACK_AHEAD * shape.capacity
-    unit = small * math.floor(shape.tokens * (1 - HEADROOM))
+    assert max(abs(c) for credits in run.credits for c in credits.values()) <= 2 * longest + PACK_AHEAD * capacity
+    unit = small * math.floor(shape.tokens_per_step * (1 - HEADROOM))
     mine = run.source == 1
     seen = run.drawn[mine] >= 0
     waits = run.drawn[mine][seen] - run.entered[mine][seen]
-    assert waits.max() <= waiting_bound(window, due, float(run.lengths[mine].max()) / unit, shape.capacity / unit)
+    assert waits.max() <= waiting_bound(window, due, float(run.lengths[mine].max()) / unit, capacity / unit)
 
 
 @settings(deadline=None, max_examples=4)
@@ -327,53 +319,51 @@ def test_chunks_of_a_micro_batch_and_a_short_source_fill_and_balance_the_example
     short source's share cannot fill and its due samples keep a fourth chunk out; a packed step may take a
     micro-batch ahead (``PACK_AHEAD``), so steps of three chunks and short samples alternate with steps of
     four (without it: max/mean about 1.2 and fill about 0.91)."""
-    shape = Shape(2, 2, 1024)
+    shape = StepShape(2, 2, 1024)
+    capacity = shape.tokens_per_micro_batch
     weights = {"code": 0.7, "topics": 0.2, "docstrings": 0.1}
     steps = 60
     run = _simulate(["chunks", "chunks", "lognormal"], weights, shape, steps, seed)
     assert float(np.mean(run.ratios)) <= 1.08
-    assert run.delivered.sum() / (steps * shape.tokens) >= 0.97
-    goal = math.floor(shape.tokens * (1 - HEADROOM))
+    assert run.delivered.sum() / (steps * shape.tokens_per_step) >= 0.97
+    goal = math.floor(shape.tokens_per_step * (1 - HEADROOM))
     for k, (s, w) in enumerate(weights.items()):
         mine = run.source == k
         seen = run.drawn[mine] >= 0
         waits = run.drawn[mine][seen] - run.entered[mine][seen]
         unit = w * goal
-        assert waits.max() <= waiting_bound(
-            longest_per_unit=shape.capacity / unit, capacity_per_unit=shape.capacity / unit
-        ), s
+        assert waits.max() <= waiting_bound(longest_per_unit=capacity / unit, capacity_per_unit=capacity / unit), s
 
 
 @settings(deadline=None, max_examples=15)
 @given(st.sampled_from(sorted(FAMILIES)), shapes, st.integers(0, 2**16), st.integers(0, 3))
 def test_deterministic_and_blind_to_what_is_buffered_beyond_the_windows(
-    family: str, shape: Shape, seed: int, deferred_count: int
+    family: str, shape: StepShape, seed: int, deferred_count: int
 ) -> None:
     rng = np.random.default_rng(seed)
+    capacity = shape.tokens_per_micro_batch
     weights = {"a": 0.7, "b": 0.3}
-    lengths, source = _stream([family, family], [1.0, 1.0], 3 * shape.tokens, shape.capacity, seed)
+    lengths, source = _stream([family, family], [1.0, 1.0], 3 * shape.tokens_per_step, capacity, seed)
     available = {s: lengths[source == k] for k, s in enumerate(weights)}  # three steps each; the windows need two
-    deferred = {"a": _lengths(family, rng, deferred_count, shape.capacity)}
+    deferred = {"a": _lengths(family, rng, deferred_count, capacity)}
     state = MixerState(step=3, credit={"a": 50.0, "b": -50.0})
 
     def compose(avail: dict[str, np.ndarray]) -> Draw:
         return compose_step(
             state,
             weights,
-            shape.tokens,
+            shape.tokens_per_step,
             avail,
             deferred,
-            ranks=shape.ranks,
-            micro_batches=shape.micro_batches,
-            capacity=shape.capacity,
-            cost_model=_cost_model(shape.capacity),
+            shape=shape,
+            cost_model=_cost_model(capacity),
             window=2.0,
         )
 
     first = compose(available)
     assert first.status is DrawStatus.OK
     again = compose({s: v.copy() for s, v in available.items()})
-    more = compose({s: np.concatenate([v, _lengths(family, rng, 500, shape.capacity)]) for s, v in available.items()})
+    more = compose({s: np.concatenate([v, _lengths(family, rng, 500, capacity)]) for s, v in available.items()})
     for other in (again, more):
         assert other.status is DrawStatus.OK
         for s in weights:
@@ -384,7 +374,7 @@ def test_deterministic_and_blind_to_what_is_buffered_beyond_the_windows(
 
 def test_waits_for_incomplete_windows_unless_exhausted() -> None:
     capacity = 1000
-    kwargs = dict(ranks=2, micro_batches=2, capacity=capacity, cost_model=_cost_model(capacity), window=4.0)
+    kwargs = dict(shape=StepShape(2, 2, capacity), cost_model=_cost_model(capacity), window=4.0)
     weights = {"a": 0.5, "b": 0.5}
     full = np.full(100, 100)  # 10,000 tokens: the 4 steps of 2,000 that the window of each source needs
     short = np.full(50, 100)  # 5,000: enough for this step, not for the window
@@ -416,7 +406,7 @@ def test_short_samples_only_is_a_fifo_prefix_within_capacity() -> None:
     weights = {"a": 2.0, "b": 1.0}
     available = {s: rng.integers(1, 200, 3000) for s in weights}
     deferred = {"b": np.array([150, 20])}
-    kwargs = dict(ranks=4, micro_batches=2, capacity=capacity, cost_model=_cost_model(capacity))
+    kwargs = dict(shape=StepShape(4, 2, capacity), cost_model=_cost_model(capacity))
     draw = compose_step(MixerState.initial(weights), weights, 40_000, available, deferred, **kwargs)
     for s in weights:
         np.testing.assert_array_equal(draw.take[s], np.arange(len(draw.take[s])))
@@ -429,7 +419,7 @@ def test_short_samples_only_is_a_fifo_prefix_within_capacity() -> None:
 def test_long_context_steps_are_balanced() -> None:
     """The 70/25/5 stream at a 64k-like shape (2 micro-batches, attention three times the linear layers
     for a whole micro-batch): the median step's largest rank costs at most 3% above the mean."""
-    shape = Shape(8, 2, 4096)
+    shape = StepShape(8, 2, 4096)
     run = _simulate(["long/short"], {"s": 1.0}, shape, 40, seed=11)
     assert float(np.median(run.ratios[10:])) <= 1.03
 
@@ -438,22 +428,20 @@ def test_long_context_steps_are_balanced() -> None:
 def test_steps_of_mostly_long_samples_are_filled_and_balanced(seed: int) -> None:
     """Lengths uniform up to the context at 2 micro-batches: without short samples to fill around the
     groups, the holes are packed (without: a median fill of 0.91 here)."""
-    shape, steps = Shape(8, 2, 4096), 40
+    shape, steps = StepShape(8, 2, 4096), 40
     run = _simulate(["uniform"], {"s": 1.0}, shape, steps, seed=seed)
     assert run.packed >= steps // 2, "the holes were packed, and the packing handed to the scheduler"
     done = run.placed >= 0
-    per_step = np.bincount(run.placed[done], weights=run.lengths[done], minlength=steps) / shape.tokens
+    per_step = np.bincount(run.placed[done], weights=run.lengths[done], minlength=steps) / shape.tokens_per_step
     assert float(np.median(per_step[10:])) >= 0.95
     assert float(np.median(run.ratios[10:])) <= 1.03
 
 
 def test_bad_arguments() -> None:
     capacity = 100
-    base = dict(ranks=2, micro_batches=1, capacity=capacity, cost_model=_cost_model(capacity))
+    base = dict(shape=StepShape(2, 1, capacity), cost_model=_cost_model(capacity))
     state, weights, available = MixerState.initial(["a"]), {"a": 1.0}, {"a": np.full(100, 10)}
     for change, match in (
-        ({"ranks": 0}, "ranks"),
-        ({"micro_batches": 1.5}, "micro_batches"),
         ({"window": 0.5}, "window"),
         ({"due": 0.0}, "due"),
     ):
@@ -491,16 +479,17 @@ def test_groups_respect_level_and_allowances(seed: int) -> None:
     chosen candidates exceed its allowance by less than one of them; no excess is lost or made up."""
     rng = np.random.default_rng(seed)
     shape = StepShape(int(rng.integers(1, 9)), int(rng.integers(1, 4)), int(rng.integers(50, 500)))
+    capacity = shape.tokens_per_micro_batch
     sources = int(rng.integers(1, 4))
 
     def longs(n: int) -> Longs:
-        length = rng.integers(shape.capacity // 8, shape.capacity + 1, n)
-        return Longs(length * (length / shape.capacity), length, rng.integers(0, sources, n))
+        length = rng.integers(capacity // 8, capacity + 1, n)
+        return Longs(length * (length / capacity), length, rng.integers(0, sources, n))
 
     seeds, candidates = longs(int(rng.integers(0, 6))), longs(int(rng.integers(0, 80)))
     order = np.lexsort((rng.random(len(candidates.length)), -candidates.excess))
-    allowance = rng.uniform(-shape.capacity, 4 * shape.capacity, sources)
-    level, slack = float(rng.uniform(0, 3 * shape.capacity)), float(rng.uniform(0, 10))
+    allowance = rng.uniform(-capacity, 4 * capacity, sources)
+    level, slack = float(rng.uniform(0, 3 * capacity)), float(rng.uniform(0, 10))
     groups = build_groups(seeds, candidates, order, allowance, level, slack, shape)
     chosen, excess = groups.chosen, groups.excess
     seeded = build_groups(seeds, candidates, order, np.zeros(sources), 0.0, 0.0, shape).excess
@@ -521,22 +510,22 @@ def test_packing_the_holes_fits_the_micro_batches_and_stops_only_when_nothing_fi
     a source with allowance fits any rank's emptiest micro-batch. Short samples enough: no packing."""
     rng = np.random.default_rng(seed)
     shape = StepShape(int(rng.integers(1, 9)), int(rng.integers(1, 5)), int(rng.integers(50, 500)))
-    sources = int(rng.integers(1, 4))
+    capacity, sources = shape.tokens_per_micro_batch, int(rng.integers(1, 4))
 
     def samples(n: int, low: int) -> Longs:
-        length = rng.integers(low, shape.capacity + 1, n)
-        return Longs(length * (length / shape.capacity) - 0.1 * length, length, rng.integers(0, sources, n))
+        length = rng.integers(low, capacity + 1, n)
+        return Longs(length * (length / capacity) - 0.1 * length, length, rng.integers(0, sources, n))
 
-    seeds = samples(int(rng.integers(0, shape.ranks + 1)), shape.capacity // 8)  # each finds a micro-batch
-    longs, shorts = samples(int(rng.integers(0, 60)), shape.capacity // 4), samples(int(rng.integers(0, 60)), 1)
+    seeds = samples(int(rng.integers(0, shape.ranks + 1)), capacity // 8)  # each finds a micro-batch
+    longs, shorts = samples(int(rng.integers(0, 60)), capacity // 4), samples(int(rng.integers(0, 60)), 1)
     candidates = Longs(*(np.concatenate([a, b]) for a, b in zip(_fields(longs), _fields(shorts), strict=True)))
     order = np.lexsort((rng.random(len(longs.length)), -longs.excess))  # only the long ones are grouped
-    allowance = rng.uniform(-shape.capacity, 3 * shape.tokens / sources, sources)
-    level = float(rng.uniform(0, 2 * shape.capacity))
-    first = rng.integers(1, shape.capacity // 4 + 1, int(rng.integers(0, 4)))
+    allowance = rng.uniform(-capacity, 3 * shape.tokens_per_step / sources, sources)
+    level = float(rng.uniform(0, 2 * capacity))
+    first = rng.integers(1, capacity // 4 + 1, int(rng.integers(0, 4)))
     by_length = np.argsort(candidates.length, kind="stable")
-    goal = float(rng.uniform(0.5, 1.0) * shape.tokens)
-    excess_of = (1.0 / shape.capacity, -0.1, 0.0)
+    goal = float(rng.uniform(0.5, 1.0) * shape.tokens_per_step)
+    excess_of = (1.0 / capacity, -0.1, 0.0)
     holes = HoleFill(by_length, np.zeros(sources), first, goal, excess_of)
     groups = build_groups(seeds, candidates, order, allowance, level, 0.0, shape, holes=holes)
     chosen, excess, bins = groups.chosen, groups.excess, groups.bins
@@ -545,7 +534,7 @@ def test_packing_the_holes_fits_the_micro_batches_and_stops_only_when_nothing_fi
     _check_slots(groups, seeds, candidates, first, shape)
 
     assert np.all(chosen >= plain), "the groups' choice is kept"
-    assert np.all(bins <= shape.capacity) and np.all(bins >= plain_bins)
+    assert np.all(bins <= capacity) and np.all(bins >= plain_bins)
     placed_first = int(bins.sum()) - int(seeds.length.sum()) - int(candidates.length[chosen].sum())
     assert 0 <= placed_first <= int(first.sum())
     assert excess.sum() == pytest.approx(seeds.excess.sum() + candidates.excess[chosen].sum())
@@ -558,7 +547,7 @@ def test_packing_the_holes_fits_the_micro_batches_and_stops_only_when_nothing_fi
     if bins.sum() + (int(first.sum()) - placed_first) < goal:
         free = ~chosen & (left[candidates.source] > 0)
         if free.any():
-            assert candidates.length[free].min() > (shape.capacity - bins.min(axis=1)).max(), "a sample still fits"
+            assert candidates.length[free].min() > (capacity - bins.min(axis=1)).max(), "a sample still fits"
 
     enough = HoleFill(by_length, np.full(sources, np.inf), first, goal, excess_of)
     unpacked = build_groups(seeds, candidates, order, allowance, level, 0.0, shape, holes=enough)
@@ -585,25 +574,25 @@ def test_packing_whole_micro_batches_fits_them_and_deals_them_evenly(seed: int) 
     of the micro-batches, and the ranks' costs differ by at most the costliest micro-batch (LPT)."""
     rng = np.random.default_rng(seed)
     shape = StepShape(int(rng.integers(1, 9)), int(rng.integers(1, 5)), int(rng.integers(50, 500)))
-    sources = int(rng.integers(1, 4))
-    seeds = rng.integers(shape.capacity // 8, shape.capacity + 1, int(rng.integers(0, shape.ranks + 1)))
-    first = rng.integers(1, shape.capacity // 4 + 1, int(rng.integers(0, 4)))
-    length = rng.integers(1, shape.capacity + 1, int(rng.integers(0, 120)))
+    capacity, sources = shape.tokens_per_micro_batch, int(rng.integers(1, 4))
+    seeds = rng.integers(capacity // 8, capacity + 1, int(rng.integers(0, shape.ranks + 1)))
+    first = rng.integers(1, capacity // 4 + 1, int(rng.integers(0, 4)))
+    length = rng.integers(1, capacity + 1, int(rng.integers(0, 120)))
     source = rng.integers(0, sources, len(length))
     by_length = np.lexsort((rng.random(len(length)), length))
-    allowance = rng.uniform(-shape.capacity, 2 * shape.tokens / sources, sources)
-    goal = float(rng.uniform(0.5, 1.0) * shape.tokens)
-    cost = np.array([1.0 / shape.capacity, 1.0, 0.0])
+    allowance = rng.uniform(-capacity, 2 * shape.tokens_per_step / sources, sources)
+    goal = float(rng.uniform(0.5, 1.0) * shape.tokens_per_step)
+    cost = np.array([1.0 / capacity, 1.0, 0.0])
     chosen, seed_slot, cand_slot, first_slot = pack_bins_kernel(
-        seeds, first, length, source, by_length, allowance, goal, *astuple(shape), cost
+        seeds, first, length, source, by_length, allowance, goal, shape.ranks, shape.micro_batches, capacity, cost
     )
     slots = np.concatenate([seed_slot, cand_slot, first_slot])
     lengths = np.concatenate([seeds, length, first])
     assert np.array_equal(chosen, cand_slot >= 0)
     held = np.bincount(slots[slots >= 0], weights=lengths[slots >= 0], minlength=shape.ranks * shape.micro_batches)
-    assert held.max() <= shape.capacity
+    assert held.max() <= capacity
     unplaced = np.concatenate([seeds[seed_slot < 0], first[first_slot < 0]])
-    assert (unplaced > shape.capacity - held.min()).all(), "a held sample is left only where nothing has room"
+    assert (unplaced > capacity - held.min()).all(), "a held sample is left only where nothing has room"
     left = allowance.copy()
     for k in range(sources):
         mine = length[chosen & (source == k)]
@@ -613,15 +602,15 @@ def test_packing_whole_micro_batches_fits_them_and_deals_them_evenly(seed: int) 
     if held.sum() < goal:
         free = ~chosen & (left[source] > 0)
         if free.any():
-            assert length[free].min() > shape.capacity - held.min(), "a sample still fits a hole"
+            assert length[free].min() > capacity - held.min(), "a sample still fits a hole"
     costs = np.bincount(
         slots[slots >= 0] // shape.micro_batches,
-        weights=(lengths * lengths / shape.capacity + lengths)[slots >= 0],
+        weights=(lengths * lengths / capacity + lengths)[slots >= 0],
         minlength=shape.ranks,
     )
     micro_costs = np.bincount(
         slots[slots >= 0],
-        weights=(lengths * lengths / shape.capacity + lengths)[slots >= 0],
+        weights=(lengths * lengths / capacity + lengths)[slots >= 0],
         minlength=shape.ranks * shape.micro_batches,
     )
     assert costs.max() - costs.min() <= micro_costs.max() + 1e-6
@@ -667,9 +656,9 @@ def test_lazy_choice_is_the_choice_of_planning_every_option(seed: int) -> None:
 
 @settings(deadline=None, max_examples=40)
 @given(st.sampled_from(sorted(FAMILIES)), shapes, st.integers(0, 2**16))
-def test_an_option_scores_at_most_the_share_of_capacity_it_draws(family: str, shape: Shape, seed: int) -> None:
-    step = StepShape(shape.ranks, shape.micro_batches, shape.capacity)
+def test_an_option_scores_at_most_the_share_of_capacity_it_draws(family: str, shape: StepShape, seed: int) -> None:
+    capacity, tokens = shape.tokens_per_micro_batch, shape.tokens_per_step
     rng = np.random.default_rng(seed)
-    lengths = _lengths(family, rng, int(rng.integers(1, 60 * shape.ranks * shape.micro_batches)), shape.capacity)
-    for cost_model in (_cost_model(shape.capacity), CostModel(alpha=1.0, beta=0.0), CostModel(alpha=0.0, beta=1.0)):
-        assert score(lengths, step, cost_model) <= min(int(lengths.sum()), step.tokens) / step.tokens + 1e-9
+    lengths = _lengths(family, rng, int(rng.integers(1, 60 * shape.ranks * shape.micro_batches)), capacity)
+    for cost_model in (_cost_model(capacity), CostModel(alpha=1.0, beta=0.0), CostModel(alpha=0.0, beta=1.0)):
+        assert score(lengths, shape, cost_model) <= min(int(lengths.sum()), tokens) / tokens + 1e-9

@@ -13,10 +13,10 @@ from pipeline.planning.mixing import DrawStatus, Mixer, MixerState, Schedule, st
 from pipeline.planning.mixing.mixer import Composition
 from pipeline.planning.order import candidate_order
 from pipeline.planning.scheduler import CostModel, validate_plan
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.assemble import assemble_planned
 from pipeline.planning.step.core import NothingFitsError, StepCore, StepWindow
 from pipeline.planning.step.pool import SamplePool
-from pipeline.planning.step.spec_change import StepShape
 from pipeline.planning.step.state import ConstructorState
 from tests.length_families import FAMILIES, draw_lengths
 from topics.formats.sample import Sample
@@ -43,9 +43,9 @@ def test_candidate_order_sorts_share_before_source_and_place(deferred: int, draw
 def _mixer(weights: dict[str, float], shape: StepShape, cost_model: CostModel, composed: bool) -> Mixer:
     composition = None
     if composed:
-        composition = Composition(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, cost_model, 2.0, 0.5)
-    tokens = shape.ranks * shape.micro_batches * shape.tokens_per_micro_batch
-    return Mixer(Schedule(list(weights), [0], [list(weights.values())]), step_budget(tokens), composition=composition)
+        composition = Composition(shape, cost_model, 2.0, 0.5)
+    schedule = Schedule(list(weights), [0], [list(weights.values())])
+    return Mixer(schedule, step_budget(shape.tokens_per_step), composition=composition)
 
 
 @settings(deadline=None, max_examples=25)

@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 from pipeline.planning.mixing import DrawStatus, Mixer, MixerState, Schedule, step_budget
 from pipeline.planning.mixing.mixer import Composition
 from pipeline.planning.scheduler import CostModel, validate_plan, within_patch_capacity
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.assemble import assemble_planned
 from pipeline.planning.step.core import StepCore, StepWindow
 from pipeline.planning.step.pool import SamplePool
-from pipeline.planning.step.spec_change import StepShape, check_step_shape
+from pipeline.planning.step.spec_change import check_step_shape
 from pipeline.planning.step.state import ConstructorState
 from pipeline.spec.cost import VisionCostModel
 from tests.multimodal_families import FAMILIES, Multimodal, draw_multimodal
@@ -39,9 +40,9 @@ def _item(patches: int) -> MediaItem:
 def _mixer(weights: dict[str, float], shape: StepShape, cost_model: CostModel, composed: bool) -> Mixer:
     composition = None
     if composed:
-        composition = Composition(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, cost_model, 2.0, 0.5)
-    tokens = shape.ranks * shape.micro_batches * shape.tokens_per_micro_batch
-    return Mixer(Schedule(list(weights), [0], [list(weights.values())]), step_budget(tokens), composition=composition)
+        composition = Composition(shape, cost_model, 2.0, 0.5)
+    schedule = Schedule(list(weights), [0], [list(weights.values())])
+    return Mixer(schedule, step_budget(shape.tokens_per_step), composition=composition)
 
 
 def _check_patches(planned: object, shape: StepShape) -> None:

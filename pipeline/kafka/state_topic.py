@@ -12,11 +12,10 @@ from functools import cached_property
 
 from confluent_kafka import Message
 
-from pipeline.planning.step.spec_change import StepShape
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.state import ConstructorState
 from topics.errors import DecodeError, NotFoundError
 from topics.formats.batch_codec import decode_any_batch_message, end_of_data_steps
-from topics.formats.cp_batch import CPBatch
 from topics.formats.names import JobTopics
 from topics.kafka.admin import bootstrap_servers, topic_exists
 from topics.kafka.clients import KafkaConfig
@@ -103,7 +102,8 @@ def first_per_step(records: list[StateRecord]) -> list[StateRecord]:
 
 
 def written_shape(config: KafkaConfig, topics: JobTopics, lane: int = 0) -> StepShape | None:
-    """The step shape of the last batch ``lane`` wrote to rank 0; None before its first step."""
+    """The step shape (its written part, ``StepShape.written``) of the last batch ``lane`` wrote to rank 0;
+    None before its first step."""
     topic = topics.rank(0)
     if not topic_exists(config, topic):
         return None
@@ -115,9 +115,7 @@ def written_shape(config: KafkaConfig, topics: JobTopics, lane: int = 0) -> Step
     if not records:
         return None
     last = decode_any_batch_message(records[-1])
-    if isinstance(last, CPBatch):
-        return StepShape(last.ranks, last.micro_batches, last.capacity, context_parallel=last.mode)
-    return StepShape(last.ranks, last.micro_batches, last.capacity)
+    return StepShape.of_batch(last)
 
 
 @dataclass(frozen=True)

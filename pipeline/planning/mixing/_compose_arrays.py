@@ -10,6 +10,7 @@ import numpy as np
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import SlotRooms
 from pipeline.planning.mixing._compose_types import HoleFill, Longs
+from pipeline.planning.shape import StepShape
 
 
 class Samples(NamedTuple):
@@ -63,6 +64,10 @@ class Packing(NamedTuple):
     seed_slot: np.ndarray
     cand_slot: np.ndarray
     first_slot: np.ndarray
+
+
+def as_grid(shape: StepShape) -> Grid:
+    return Grid(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch)
 
 
 def as_samples(samples: Longs) -> Samples:

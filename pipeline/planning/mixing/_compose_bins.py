@@ -23,10 +23,11 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import leftmost_above, new_min_tree, set_key, set_leaf
-from pipeline.planning.mixing._compose_arrays import Grid, Holes, Samples, as_holes, as_samples
+from pipeline.planning.mixing._compose_arrays import Grid, Holes, Samples, as_grid, as_holes, as_samples
 from pipeline.planning.mixing._compose_free import drop_position, free_lists, longest_free
-from pipeline.planning.mixing._compose_types import HoleFill, Longs, Slots, StepShape
+from pipeline.planning.mixing._compose_types import HoleFill, Longs, Slots
 from pipeline.planning.scheduler import CostModel
+from pipeline.planning.shape import StepShape
 
 
 def pack_bins(
@@ -37,7 +38,7 @@ def pack_bins(
     (tokens), which only the last one picked from a source may overshoot; picking stops once the step
     holds ``holes.goal`` tokens."""
     cost = np.array([cost_model.alpha, cost_model.beta, cost_model.gamma], dtype=np.float64)
-    grid = Grid(shape.ranks, shape.micro_batches, shape.capacity)
+    grid = as_grid(shape)
     chosen, seed_slot, cand_slot, first_slot = _pack_bins(
         seeds.length.astype(np.int64), as_samples(candidates), as_holes(holes), allowance.astype(np.float64), grid, cost
     )

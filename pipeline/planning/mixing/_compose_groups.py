@@ -30,6 +30,7 @@ from pipeline.planning.mixing._compose_arrays import (
     Holes,
     Packing,
     Samples,
+    as_grid,
     as_holes,
     as_samples,
     copy_of,
@@ -38,7 +39,8 @@ from pipeline.planning.mixing._compose_arrays import (
 )
 from pipeline.planning.mixing._compose_free import next_free
 from pipeline.planning.mixing._compose_holes import fill_holes, fullest_with_room
-from pipeline.planning.mixing._compose_types import Groups, HoleFill, Longs, Slots, StepShape
+from pipeline.planning.mixing._compose_types import Groups, HoleFill, Longs, Slots
+from pipeline.planning.shape import StepShape
 
 
 def build_groups(
@@ -70,7 +72,7 @@ def build_groups(
         as_samples(candidates),
         Grouping(order.astype(np.int64), held, float(level), float(slack)),
         allowance.astype(np.float64),
-        Grid(shape.ranks, shape.micro_batches, shape.capacity),
+        as_grid(shape),
         as_holes(holes),
     )
     seed_slot, cand_slot = packing.seed_slot, packing.cand_slot

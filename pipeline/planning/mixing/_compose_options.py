@@ -8,10 +8,10 @@ from functools import cache
 
 import numpy as np
 
-from pipeline.planning.mixing._compose_types import StepShape
 from pipeline.planning.mixing._take import EMPTY
 from pipeline.planning.order import candidate_order
 from pipeline.planning.scheduler import CostModel, plan_step, plan_with_media
+from pipeline.planning.shape import StepShape
 
 
 def pool_permutation(before: Sequence[np.ndarray], drawn: Sequence[np.ndarray]) -> np.ndarray:
@@ -30,12 +30,12 @@ def score(
     shape: StepShape,
     cost_model: CostModel,
     start: np.ndarray | None = None,
-    media: tuple[np.ndarray, np.ndarray, int, bool] | None = None,
+    media: tuple[np.ndarray, np.ndarray, bool] | None = None,
 ) -> float:
     """Mean over largest rank cost of the scheduler's plan of ``lengths`` (from ``start`` too, where
     given), times the share of the step's capacity it places: 1 for a full, perfectly balanced step.
-    ``media``: the candidates' patches and encoder costs, the patch budget and whether the encoder's part
-    is evened out, for a plan of multimodal samples (``plan_with_media``) and their true costs; where it
+    ``media``: the candidates' patches and encoder costs and whether the encoder's part is evened out, for
+    a plan of multimodal samples (``plan_with_media``, under ``shape``'s patch budget) and their true costs; where it
     is evened out, the score is also times the encoder part's mean over largest rank cost. (The patch
     budget can make a step's encoder part uneven whatever the plan: a text sample that fills a
     micro-batch leaves its rank one micro-batch of patches fewer. Another choice of samples, such as two
@@ -43,16 +43,17 @@ def score(
     if not len(lengths):
         return 0.0
     if media is None:
-        plan = plan_step(lengths, shape.ranks, shape.micro_batches, shape.capacity, cost_model, start=start)
+        plan = plan_step(
+            lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, cost_model, start=start
+        )
         balance = _balance(plan.rank_costs(lengths, cost_model))
     else:
-        patches, encoder, patch_capacity, even = media
-        full = (shape.ranks, shape.micro_batches, shape.capacity, patch_capacity)
-        plan = plan_with_media(lengths, full, cost_model, start, patches, encoder, even)
+        patches, encoder, even = media
+        plan = plan_with_media(lengths, shape, cost_model, start, patches, encoder, even)
         balance = _balance(plan.rank_totals(cost_model.costs(lengths) + encoder))
         if even:
             balance *= _balance(plan.rank_totals(encoder))
-    return balance * float(lengths[plan.placed_mask].sum()) / shape.tokens
+    return balance * float(lengths[plan.placed_mask].sum()) / shape.tokens_per_step
 
 
 def _balance(costs: np.ndarray) -> float:

@@ -57,13 +57,13 @@ from pipeline.planning.mixing._compose_types import (
     Slots,
     SourceWindow,
     StepMedia,
-    StepShape,
 )
 from pipeline.planning.mixing._take import EMPTY
 from pipeline.planning.scheduler import CostModel
+from pipeline.planning.shape import StepShape
 
 # What tests/test_step_composition.py imports from here besides what this module uses itself.
-__all__ = ["Groups", "HoleFill", "Longs", "StepShape", "build_groups", "choose_option", "pool_order", "score"]
+__all__ = ["Groups", "HoleFill", "Longs", "build_groups", "choose_option", "pool_order", "score"]
 
 LONG_FRACTION = 1 / 16
 """A sample is long when it costs at least this share of a full rank."""
@@ -125,7 +125,7 @@ class _Composition:
         self.names = list(windows)
         every = np.concatenate([EMPTY, *(w.lengths for w in windows.values()), *before.values()])
         per_token = cost_model.total(every) / max(int(every.sum()), 1)
-        self.threshold = LONG_FRACTION * per_token * shape.micro_batches * shape.capacity
+        self.threshold = LONG_FRACTION * per_token * shape.micro_batches * shape.tokens_per_micro_batch
         self.long_in = {s: cost_model.costs(w.lengths) >= self.threshold for s, w in windows.items()}
         short = np.concatenate([EMPTY, *(w.lengths[~self.long_in[s]] for s, w in windows.items())])
         self.rho = cost_model.total(short) / int(short.sum()) if short.sum() else per_token
@@ -135,7 +135,7 @@ class _Composition:
         self.positions, self.source, self.age = not_due(windows, self.long_in)
         self.candidates = self.longs(lengths_at(windows, self.positions, self.source), self.source)
         self.order = np.lexsort((self.age, -self.candidates.excess))
-        self.slack = SLACK * self.rho * shape.micro_batches * shape.capacity
+        self.slack = SLACK * self.rho * shape.micro_batches * shape.tokens_per_micro_batch
         self.options = self._options()
         self.deferred = list(before.values())
         self.fill_orders = {s: FillOrder.of(w, self.long_in[s]) for s, w in windows.items()}
@@ -209,7 +209,7 @@ class _Composition:
 
         def upper_of(i: int) -> float:
             tokens = self.fixed_tokens + sum(fill.tokens for fill in option(i).values())
-            return min(tokens, shape.tokens) / shape.tokens + 1e-9
+            return min(tokens, shape.tokens_per_step) / shape.tokens_per_step + 1e-9
 
         def score_of(i: int) -> float:
             taken = {s: fill.positions for s, fill in option(i).items()}
@@ -225,20 +225,20 @@ class _Composition:
             scores[i] = score(lengths, shape, self.cost_model, start, self._media_of(taken, permutation))
             return scores[i]
 
-        upper_bound = min(self.bound, shape.tokens) / shape.tokens + 1e-9
+        upper_bound = min(self.bound, shape.tokens_per_step) / shape.tokens_per_step + 1e-9
         winner = choose_option(count, upper_of, score_of, PREFER_OLDER, upper_bound)
         return winner, {s: fill.positions for s, fill in option(winner).items()}, scores[winner]
 
     def _media_of(
         self, taken: dict[str, np.ndarray], permutation: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, int, bool] | None:
+    ) -> tuple[np.ndarray, np.ndarray, bool] | None:
         """``score``'s ``media`` for an option taking ``taken`` from the windows, or None for text."""
         if self.media is None:
             return None
         media, fixed_take = self.media
         positions = {s: taken[s] if s in self.windows else fixed_take[s] for s in self.before}
         patches, encoder = media.of_step(list(self.before), positions)
-        return patches[permutation], encoder[permutation], media.patch_capacity, media.even_encoder
+        return patches[permutation], encoder[permutation], media.even_encoder
 
     def packed_options(
         self, goal: float
@@ -278,7 +278,7 @@ class _Composition:
         """Per source, the tokens a packed option may take beyond its allowance: ``PACK_AHEAD`` micro-batches,
         less what its target is already below its tokens per step (it is ahead by that much)."""
         ahead = np.array([max(0.0, w.unit - w.remaining) for w in self.windows.values()])
-        return np.maximum(0.0, PACK_AHEAD * self.shape.capacity - ahead)
+        return np.maximum(0.0, PACK_AHEAD * self.shape.tokens_per_micro_batch - ahead)
 
     def _hole_fill(self, goal: float, age: np.ndarray, packable: Longs) -> tuple[HoleFill, np.ndarray]:
         """What the kernels need to pack the holes, and where each of its ``first`` samples lies: the samples

@@ -1,5 +1,5 @@
-"""The values step composition passes around: a source's window, long samples, the step's shape, what the
-hole packing needs, and what a grouping or packing built."""
+"""The values step composition passes around: a source's window, long samples, what the hole packing needs,
+and what a grouping or packing built (the step's shape is ``pipeline.planning.shape.StepShape``)."""
 
 from __future__ import annotations
 
@@ -38,17 +38,6 @@ class Longs:
             np.append(self.length, other.length[i]),
             np.append(self.source, other.source[i]),
         )
-
-
-@dataclass(frozen=True)
-class StepShape:
-    ranks: int
-    micro_batches: int
-    capacity: int
-
-    @property
-    def tokens(self) -> int:
-        return self.ranks * self.micro_batches * self.capacity
 
 
 @dataclass(frozen=True)
@@ -105,15 +94,14 @@ class Composed:
 @dataclass(frozen=True)
 class StepMedia:
     """Where the step's samples carry images or clips: each sample's vision patches and encoder cost, per
-    source aligned with its FIFO (``available``) and with its deferred samples, the patch budget of a
-    micro-batch (0: no limit), and whether the scheduler evens out the encoder's part. Composition then
-    scores its options with the plan such a step gets (``plan_with_media``)."""
+    source aligned with its FIFO (``available``) and with its deferred samples, and whether the scheduler
+    evens out the encoder's part. Composition then scores its options with the plan such a step gets
+    (``plan_with_media``, under the step shape's patch budget)."""
 
     patches: Mapping[str, np.ndarray]
     encoder_costs: Mapping[str, np.ndarray]
     deferred_patches: Mapping[str, np.ndarray]
     deferred_encoder_costs: Mapping[str, np.ndarray]
-    patch_capacity: int = 0
     even_encoder: bool = True
 
     def of_step(self, sources: Sequence[str], positions: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -60,11 +60,12 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from pipeline.planning.mixing._compose_select import PACK_AHEAD, compose_takes
-from pipeline.planning.mixing._compose_types import SourceWindow, StepMedia, StepShape
+from pipeline.planning.mixing._compose_types import SourceWindow, StepMedia
 from pipeline.planning.mixing._take import EMPTY
 from pipeline.planning.mixing.draw import Draw, DrawStatus, draw_step
 from pipeline.planning.mixing.state import MixerState
 from pipeline.planning.scheduler import CostModel
+from pipeline.planning.shape import StepShape
 from pipeline.spec.sections import OnExhausted
 
 DEFAULT_WINDOW = 8.0
@@ -96,9 +97,7 @@ def compose_step(
     *,
     exhausted: Collection[str] = (),
     on_exhausted: OnExhausted = OnExhausted.STOP,
-    ranks: int,
-    micro_batches: int,
-    capacity: int,
+    shape: StepShape,
     cost_model: CostModel,
     window: float = DEFAULT_WINDOW,
     due: float = DEFAULT_DUE,
@@ -106,26 +105,21 @@ def compose_step(
 ) -> Draw:
     """Draw step ``state.step`` from look-ahead windows (see the module docstring).
 
-    Inputs as for ``draw_step``, plus the step's shape (``ranks`` x ``micro_batches`` micro-batches of
-    ``capacity`` tokens), the scheduler's ``cost_model``, ``window`` (steps looked ahead, >= 1) and ``due``
-    (in (0, 1]). The step's goal is ``min(budget_tokens, (1 - HEADROOM) * ranks * micro_batches *
-    capacity)``: composition does its own choosing, so an overdraw in the budget is not used.
+    Inputs as for ``draw_step``, plus the step's ``shape``, the scheduler's ``cost_model``, ``window``
+    (steps looked ahead, >= 1) and ``due`` (in (0, 1]). The step's goal is ``min(budget_tokens, (1 -
+    HEADROOM) * shape.tokens_per_step)``: composition does its own choosing, so an overdraw in the budget
+    is not used.
     ``Draw.take`` holds ascending FIFO positions, not necessarily a prefix; ``Draw.lengths`` the deferred
     samples, then the taken ones in FIFO order; ``Draw.placement``, where the holes were packed, the
     packing, for the scheduler to start from (``plan_step``'s ``start``). ``media``: where the samples
     carry images or clips, their patches and encoder costs (aligned with ``available`` and ``deferred``):
     the options are chosen by length as ever, and scored with the plan the step will get, by true costs
-    under both capacities (``plan_with_media``).
+    under both capacities, tokens and ``shape``'s patch budget (``plan_with_media``).
     """
-    for name, value in (("ranks", ranks), ("micro_batches", micro_batches), ("capacity", capacity)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-            msg = f"{name} must be an integer >= 1, got {value!r}"
-            raise ValueError(msg)
     if not (math.isfinite(window) and window >= 1) or not (math.isfinite(due) and 0 < due <= 1):
         msg = f"need window >= 1 and 0 < due <= 1, got window={window!r}, due={due!r}"
         raise ValueError(msg)
-    shape = StepShape(int(ranks), int(micro_batches), int(capacity))
-    goal = min(int(budget_tokens), math.floor(shape.tokens * (1 - HEADROOM)))
+    goal = min(int(budget_tokens), math.floor(shape.tokens_per_step * (1 - HEADROOM)))
     first = draw_step(state, weights, goal, available, deferred, exhausted=exhausted, on_exhausted=on_exhausted)
     if first.status is not DrawStatus.OK:
         return first
@@ -149,6 +143,7 @@ def compose_step(
         ahead = total[:n] - lengths
         remaining = first.targets[s] - float(before[s].sum())
         windows[s] = SourceWindow(lengths, ahead, ahead < min(due * unit[s], remaining), unit[s], remaining)
+    capacity = shape.tokens_per_micro_batch
     too_long = [s for s in sources if len(before[s]) and before[s].max() > capacity]
     too_long += [s for s, w in windows.items() if len(w.lengths) and w.lengths.max() > capacity]
     if too_long:

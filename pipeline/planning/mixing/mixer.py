@@ -16,6 +16,7 @@ from pipeline.planning.mixing.draw import Draw, LongContext, draw_step
 from pipeline.planning.mixing.schedule import Schedule
 from pipeline.planning.mixing.state import MixerState
 from pipeline.planning.scheduler import CostModel
+from pipeline.planning.shape import StepShape
 from pipeline.spec.job import JobSpec
 from pipeline.spec.sections import OnExhausted
 
@@ -43,9 +44,7 @@ def step_rng(seed: int, step: int) -> np.random.Generator:
 class Composition:
     """What ``compose_step`` needs besides a draw's inputs: the step's shape, the cost model, the window."""
 
-    ranks: int
-    micro_batches: int
-    capacity: int
+    shape: StepShape
     cost_model: CostModel
     window: float
     due: float
@@ -70,11 +69,8 @@ class Mixer:
             long = LongContext(lc.min_length, lc.token_share, frozenset(spec.long_sources()))
         composition = None
         if spec.composition is not None:
-            shape = spec.step
             composition = Composition(
-                shape.ranks,
-                shape.micro_batches,
-                shape.tokens_per_micro_batch,
+                StepShape.from_spec(spec.step),
                 spec.cost.cost_model(),
                 spec.composition.window_steps,
                 spec.composition.due_share,
@@ -112,12 +108,11 @@ class Mixer:
         without composition, from each source's FIFO head (``draw_step``)."""
         args = (state, self.weights_at(state.step), self.budget_tokens, available, deferred)
         if (c := self.composition) is not None:
-            shape = {"ranks": c.ranks, "micro_batches": c.micro_batches, "capacity": c.capacity}
             return compose_step(
                 *args,
                 exhausted=exhausted,
                 on_exhausted=self.on_exhausted,
-                **shape,
+                shape=c.shape,
                 cost_model=c.cost_model,
                 window=c.window,
                 due=c.due,

@@ -6,28 +6,28 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.planning.scheduler.plan import StepPlan, plan_step
+from pipeline.planning.shape import StepShape
 from pipeline.spec.cost import CostModel
 
 
 def plan_with_media(
     lengths: np.ndarray,
-    shape: tuple[int, int, int, int],
+    shape: StepShape,
     cost_model: CostModel,
     start: np.ndarray | None,
     patches: np.ndarray | None,
     encoder_costs: np.ndarray | None,
     even_encoder: bool = True,
 ) -> StepPlan:
-    """The plan of a step of ``shape`` (ranks, micro-batches, tokens a micro-batch, patches a micro-batch or
-    0 for no limit) whose candidates have ``patches`` and ``encoder_costs`` (None: text).
+    """The plan of a step of ``shape`` whose candidates have ``patches`` and ``encoder_costs`` (None: text).
 
     A step without patches under a patch budget and without encoder costs is planned as text, bit for bit.
     Otherwise each sample costs its LLM cost plus its encoder cost, every micro-batch keeps both
     capacities, ``start`` loses the newest samples with patches of any micro-batch over the budget
     (``within_patch_capacity``), and with ``even_encoder`` the encoder's part is evened out too."""
-    ranks, micro_batches, capacity, patch_capacity = shape
-    args = (lengths, ranks, micro_batches, capacity, cost_model)
-    if patches is None or encoder_costs is None or not ((patch_capacity > 0 and patches.any()) or encoder_costs.any()):
+    ranks, micro_batches, patch_capacity = shape.ranks, shape.micro_batches, shape.patches_per_micro_batch
+    args = (lengths, ranks, micro_batches, shape.tokens_per_micro_batch, cost_model)
+    if patches is None or encoder_costs is None or not planned_with_media(patches, encoder_costs, patch_capacity):
         return plan_step(*args, start=start)
     if start is not None and patch_capacity > 0:
         start = within_patch_capacity(start, patches, ranks * micro_batches, patch_capacity)
@@ -39,6 +39,13 @@ def plan_with_media(
         patch_capacity=patch_capacity,
         encoder_costs=encoder_costs if even_encoder else None,
     )
+
+
+def planned_with_media(patches: np.ndarray, encoder_costs: np.ndarray, patch_capacity: int) -> bool:
+    """Whether ``plan_with_media`` plans candidates of these ``patches`` and ``encoder_costs`` as a multimodal
+    step (with both capacities and the encoder's costs): some have patches under a patch budget
+    (``patch_capacity`` > 0), or some cost something in the encoder."""
+    return bool((patch_capacity > 0 and patches.any()) or encoder_costs.any())
 
 
 def within_patch_capacity(start: np.ndarray, patches: np.ndarray, slots: int, patch_capacity: int) -> np.ndarray:

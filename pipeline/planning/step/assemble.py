@@ -12,10 +12,11 @@ import pyarrow as pa
 
 from pipeline.planning.scheduler import CostModel, StepPlan, plan_step, rank_orders
 from pipeline.planning.scheduler.context_parallel import CPPlan
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.assemble_cp import build_cp_batches
 from pipeline.planning.step.core import PlannedStep
 from pipeline.planning.step.pool import Candidate
-from pipeline.spec import JobSpec, StepSpec
+from pipeline.spec import JobSpec
 from topics.formats.batch import Batch
 from topics.formats.cp_batch import CPBatch
 from topics.formats.sample import Sample
@@ -62,7 +63,7 @@ class AssembledStep:
 def assemble_step(
     step: int,
     candidates: Sequence[Candidate],
-    shape: StepSpec,
+    shape: StepShape,
     cost_model: CostModel,
     start: np.ndarray | None = None,
 ) -> AssembledStep:

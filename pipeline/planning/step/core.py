@@ -30,7 +30,7 @@ from pipeline.planning.order import candidate_order
 from pipeline.planning.scheduler import CostModel, StepPlan
 from pipeline.planning.scheduler.context_parallel import CPPlan, CPShape, plan_cp_step
 from pipeline.planning.scheduler.media import plan_with_media
-from pipeline.planning.step.spec_change import StepShape
+from pipeline.planning.shape import StepShape
 from pipeline.spec.cost import VisionCostModel
 from pipeline.spec.cp_cost import ContextParallelCost
 from topics.errors import MixflowError
@@ -159,7 +159,6 @@ class StepCore:
             window.encoder_costs,
             {s: np.asarray(patches)[of == k] for k, s in enumerate(window.available)},
             {s: np.asarray(encoder)[of == k] for k, s in enumerate(window.available)},
-            self.shape.patches_per_micro_batch,
             self.even_encoder,
         )
 
@@ -196,11 +195,8 @@ class StepCore:
     def _plan(self, ordered: _Ordered, start: np.ndarray | None) -> StepPlan | CPPlan:
         if self.context_parallel is not None:
             return plan_cp_step(ordered.lengths, self.context_parallel, self.cp_cost)
-        shape = self.shape
-        full = (shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, shape.patches_per_micro_batch)
-        return plan_with_media(
-            ordered.lengths, full, self.cost_model, start, ordered.patches, ordered.encoder_costs, self.even_encoder
-        )
+        media = (ordered.patches, ordered.encoder_costs, self.even_encoder)
+        return plan_with_media(ordered.lengths, self.shape, self.cost_model, start, *media)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ curriculum come from the spec as it is now; the mixer's credits carry over for t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from pipeline.planning.mixing import MixerState
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.state import ConstructorState, SourcePosition
 from topics.errors import MixflowError
 
@@ -46,31 +47,17 @@ def carry_over(state: ConstructorState, sources: Sequence[str]) -> CarriedState:
     return CarriedState(carried, {s: known[s] for s in removed}, added, removed)
 
 
-@dataclass(frozen=True)
-class StepShape:
-    """A step's ranks, micro-batches a rank and tokens a micro-batch, and the vision patches a micro-batch
-    holds at most (0: no limit); ``context_parallel`` its mode (empty: none)."""
-
-    ranks: int
-    micro_batches: int
-    tokens_per_micro_batch: int
-    patches_per_micro_batch: int = 0
-    context_parallel: str = ""
-
-
-_WRITTEN = ("ranks", "micro_batches", "tokens_per_micro_batch", "context_parallel")
-"""What the trainers' batches are shaped by; the patch budget may change between runs, and so may the
-micro-batches of a context-parallel job (its ranks learn their count every step)."""
-
-
 def check_step_shape(written: StepShape | None, spec: StepShape, job: str) -> None:
-    """Refuse to resume ``job`` under a step shape other than the one its steps were written with."""
-    fields = [n for n in _WRITTEN if not (n == "micro_batches" and spec.context_parallel)]
+    """Refuse to resume ``job`` under a step shape other than the one its steps were written with (the part
+    that a running job keeps, ``StepShape.written``)."""
+    if written is None:
+        return
+    ours, theirs = spec.written(), written.written()
     changed = [
-        f"step.{name} is {getattr(spec, name) or 'unset'} in the spec but {getattr(written, name) or 'unset'} in "
+        f"step.{name} is {getattr(ours, name) or 'unset'} in the spec but {getattr(theirs, name) or 'unset'} in "
         "the steps written"
-        for name in fields
-        if written is not None and getattr(spec, name) != getattr(written, name)
+        for name in (f.name for f in fields(StepShape))
+        if getattr(ours, name) != getattr(theirs, name)
     ]
     if not changed:
         return

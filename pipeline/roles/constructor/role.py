@@ -41,10 +41,11 @@ from pipeline.kafka.state_topic import read_last_state, written_shape
 from pipeline.planning.mixing import Mixer, MixtureChange
 from pipeline.planning.scheduler import plan_step
 from pipeline.planning.scheduler.context_parallel import cp_shape_of
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.assemble import AssembledStep, build_batches
 from pipeline.planning.step.core import StepCore
 from pipeline.planning.step.pool import SamplePool
-from pipeline.planning.step.spec_change import StepShape, carry_over, check_step_shape
+from pipeline.planning.step.spec_change import carry_over, check_step_shape
 from pipeline.planning.step.state import ConstructorState
 from pipeline.roles.constructor.control_intake import ControlIntake
 from pipeline.roles.constructor.gc_policy import freeze_start_up
@@ -113,16 +114,13 @@ class DataConstructor(TransactionalRole):
             raise MixflowError(msg)
         self.mixer = Mixer.from_spec(spec)
         self.cost_model = spec.cost.cost_model()
-        shape = spec.step
-        patches = shape.patches_per_micro_batch or 0
-        cp_mode = shape.context_parallel.mode if shape.context_parallel is not None else ""
-        self.shape = StepShape(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, patches, cp_mode)
+        self.shape = StepShape.from_spec(spec.step)
         self.core = StepCore(
             self.shape,
             self.cost_model,
             self.lanes,
             vision=spec.cost.vision_cost_model(),
-            context_parallel=cp_shape_of(shape),
+            context_parallel=cp_shape_of(spec.step),
             cp_cost=spec.cost.context_parallel_cost(),
         )
         self.stats = ConstructorStats(options.recent_steps)

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.planning.shape import StepShape
 from pipeline.spec import JobSpec, StepSpec
 from pipeline.tools.delivery import (
     RECEIVED_FILE,
@@ -98,7 +99,7 @@ def read_rank_topic(
     record after them goes to ``problems``. With constructor ``lanes``, partition ``j`` holds lane ``j``'s
     steps ``j, j + lanes, ...`` and then its end-of-data record, which names the lane's next step."""
     topic = JobTopics(job).rank(rank)
-    shape = (step.ranks, step.micro_batches, step.tokens_per_micro_batch)
+    shape = StepShape.from_spec(step).written()
     by_lane: dict[int, list[Batch]] = {lane: [] for lane in range(lanes)}
     ends: dict[int, int] = {}
     for record in read_to_end(config, topic, timeout_s=300):
@@ -118,7 +119,7 @@ def read_rank_topic(
         due = lane + lanes * len(batches)
         if batch.step != due:
             problems.append(f"{where}: step {batch.step} where step {due} was due")
-        if batch.rank != rank or (batch.ranks, batch.micro_batches, batch.capacity) != shape:
+        if batch.rank != rank or StepShape.of_batch(batch) != shape:
             problems.append(f"{where}: rank {batch.rank} of {batch.ranks}, {batch.micro_batches} x {batch.capacity}")
         batches.append(batch)
     for lane, batches in by_lane.items():

@@ -17,7 +17,7 @@ from confluent_kafka import Producer, TopicPartition
 from pipeline.kafka.role_protocol import TransactionalRole
 from pipeline.kafka.state_topic import JobHistory, StateRecord
 from pipeline.planning.scheduler import CostModel
-from pipeline.planning.step.spec_change import StepShape
+from pipeline.planning.shape import StepShape
 from pipeline.spec.cost import VisionCostModel
 from pipeline.tools.replay.plan import adopted
 from pipeline.tools.replay.reshape import reshape_step

@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from pipeline.kafka.state_topic import JobHistory
 from pipeline.planning.mixing import MixtureChange
-from pipeline.planning.step.spec_change import StepShape
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.state import ConstructorState
 from pipeline.tools.replay.reshape import default_micro_batches
 from topics.errors import MixflowError, RefusedError
@@ -123,7 +123,7 @@ def _shape(request: ReplayRequest, original: StepShape) -> StepShape:
         micro_batches = original.micro_batches
     else:
         micro_batches = default_micro_batches(original.ranks, original.micro_batches, ranks)
-    return StepShape(ranks, micro_batches, original.tokens_per_micro_batch)
+    return replace(original, ranks=ranks, micro_batches=micro_batches)
 
 
 def _resume_at(

@@ -6,13 +6,14 @@ costly rank with room. Should that fail, the original micro-batches are kept who
 new ranks, costliest first, each to the least costly rank with a free micro-batch: that always fits
 when the new shape has at least as many micro-batches in all as the original had.
 
-**Multimodal steps.** Where the step's samples carry vision patches under the batches' patch budget, or
-cost something in the vision encoder (the spec's ``cost.vision``), the step is planned as the constructor
-plans one (``StepCore``): each sample costs its LLM cost plus its encoder cost, and no micro-batch holds
-more tokens or more patches than the original's (``plan_step(..., costs=, patches=, patch_capacity=)``).
-What is placed into the room left must fit both, "largest" being the larger share of a micro-batch's
-tokens or patches; a whole original micro-batch keeps both by itself. A step of text alone is planned on
-its tokens and LLM cost only.
+**The plan.** A step's samples, in the order the original's batches hold them, are planned by the very
+function the constructor plans its steps with (``plan_with_media``), over the new shape and with no packing
+to start from. Where they carry vision patches under the batches' patch budget, or cost something in the
+vision encoder (the spec's ``cost.vision``), that is the multimodal plan: each sample costs its LLM cost
+plus its encoder cost, no micro-batch holds more tokens or more patches than the original's, and the
+encoder's part is evened out over the ranks. A step of text alone is planned on its tokens and LLM cost
+only. What is placed into the room left must fit both capacities, "largest" being the larger share of a
+micro-batch's tokens or patches; a whole original micro-batch keeps both by itself.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.planning.scheduler import CostModel, StepPlan, plan_step
+from pipeline.planning.scheduler import CostModel, StepPlan
+from pipeline.planning.scheduler.media import plan_with_media, planned_with_media
+from pipeline.planning.shape import StepShape
 from pipeline.planning.step.assemble import BatchFormat, build_batches
 from pipeline.planning.step.pool import encoder_cost
 from pipeline.spec.cost import VisionCostModel
@@ -37,31 +40,37 @@ class ReshapeError(MixflowError):
 
 @dataclass(frozen=True, eq=False)
 class StepLoad:
-    """What each sample of a step weighs: ``costs`` (float64; the LLM's, plus the encoder's in a multimodal
-    step) and ``patches`` (int64, its vision patches); ``patch_capacity``, the patches a micro-batch holds
-    at most (0: no limit). ``multimodal``: the step is planned with both capacities and the added costs."""
+    """What each sample of a step weighs: ``lengths`` and ``patches`` (int64, its tokens and vision patches)
+    and ``encoder_costs`` (float64, its cost in the vision encoder), as the constructor's plan takes them;
+    and, for what the plan leaves to the room left, ``costs`` (float64; the LLM's, plus the encoder's in a
+    multimodal step) and ``patch_capacity``, the patches a micro-batch holds at most (0: no limit, or a
+    step of text)."""
 
-    costs: np.ndarray
+    lengths: np.ndarray
     patches: np.ndarray
+    encoder_costs: np.ndarray
+    costs: np.ndarray
     patch_capacity: int
-    multimodal: bool
 
 
 def step_load(
-    samples: Sequence[Sample],
-    lengths: np.ndarray,
-    patch_capacity: int,
-    cost_model: CostModel,
-    vision: VisionCostModel | None = None,
+    samples: Sequence[Sample], patch_capacity: int, cost_model: CostModel, vision: VisionCostModel | None = None
 ) -> StepLoad:
-    """The ``StepLoad`` of ``samples`` (``lengths`` theirs) under the patch budget ``patch_capacity`` (0: none):
-    multimodal, as in ``StepCore``, where a sample has patches under a budget or an encoder cost."""
+    """The ``StepLoad`` of ``samples`` under the patch budget ``patch_capacity`` (0: none), multimodal where
+    the constructor's plan is (``planned_with_media``)."""
+    lengths = np.fromiter((s.length for s in samples), np.int64, len(samples))
     patches = np.fromiter((s.patches for s in samples), np.int64, len(samples))
     encoder = np.fromiter((encoder_cost(s, vision) for s in samples), np.float64, len(samples))
     llm = cost_model.costs(lengths)
-    if not ((patch_capacity > 0 and patches.any()) or encoder.any()):
-        return StepLoad(llm, patches, 0, False)
-    return StepLoad(llm + encoder, patches, patch_capacity, True)
+    if not planned_with_media(patches, encoder, patch_capacity):
+        return StepLoad(lengths, patches, encoder, llm, 0)
+    return StepLoad(lengths, patches, encoder, llm + encoder, patch_capacity)
+
+
+def plan_load(load: StepLoad, shape: StepShape, cost_model: CostModel) -> StepPlan:
+    """The constructor's plan of ``load``'s samples as a step's candidates, in their order, over ``shape``
+    with no packing to start from (``plan_with_media``, the encoder's part evened out)."""
+    return plan_with_media(load.lengths, shape, cost_model, None, load.patches, load.encoder_costs)
 
 
 def default_micro_batches(ranks: int, micro_batches: int, new_ranks: int) -> int:
@@ -84,25 +93,14 @@ def reshape_step(
     first = batches[0]
     step, capacity = first.step, first.capacity
     samples = [sample for batch in batches for sample in batch.samples()]
-    lengths = np.fromiter((s.length for s in samples), dtype=np.int64, count=len(samples))
     # The original micro-batch of each sample, numbered across the ranks.
     groups = np.concatenate(
         [np.zeros(0, np.int64)] + [b.micro_batch.astype(np.int64) + i * b.micro_batches for i, b in enumerate(batches)]
     )
-    load = step_load(samples, lengths, first.patches_per_micro_batch or 0, cost_model, vision)
-    if load.multimodal:
-        plan = plan_step(
-            lengths,
-            ranks,
-            micro_batches,
-            capacity,
-            cost_model,
-            costs=load.costs,
-            patches=load.patches,
-            patch_capacity=load.patch_capacity,
-        )
-    else:
-        plan = plan_step(lengths, ranks, micro_batches, capacity, cost_model)
+    budget = first.patches_per_micro_batch or 0
+    load = step_load(samples, budget, cost_model, vision)
+    lengths = load.lengths
+    plan = plan_load(load, StepShape(ranks, micro_batches, capacity, budget), cost_model)
     if not plan.placed_mask.all():
         plan = _place_the_rest(plan, lengths, load)
     if not plan.placed_mask.all() and ranks * micro_batches >= sum(b.micro_batches for b in batches):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pipeline.kafka.control import broken_control_records
 from pipeline.kafka.spec_record import read_spec_records
 from pipeline.kafka.state_topic import JobHistory, read_history, require_history
-from pipeline.planning.step.spec_change import StepShape
+from pipeline.planning.shape import StepShape
 from pipeline.roles.constructor import ConstructorOptions, DataConstructor
 from pipeline.spec import JobSpec
 from pipeline.tools.replay.audit import Audit, audit
@@ -71,11 +71,10 @@ def replay(
     original = require_history(config, job)
     _say_broken_control_records(config, original)
     target = read_history(config, request.target)
-    shape = spec.step
     plan = plan_replay(
         request,
         original,
-        StepShape(shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch),
+        StepShape.from_spec(spec.step).written(),
         target,
         _first_step(config, request.target) if target is not None and target.records else None,
     )
