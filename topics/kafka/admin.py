@@ -149,6 +149,8 @@ def ensure_topics(
 
 
 WAIT_LOG_INTERVAL_S = 30.0
+METADATA_WAIT_S = 60.0
+"""How long topics just created may take to show in the cluster's metadata."""
 
 
 def _wait_for(bootstrap_or_config: str | Mapping[str, Any], names: list[str], wait_s: float, timeout_s: float) -> dict:
@@ -225,16 +227,22 @@ def _refused(future: Any, timeout_s: float) -> bool:
 def _check_layout(admin: DeadlineAdmin, specs: list[TopicSpec], partitions: dict[str, int]) -> None:
     if not specs:
         return
-    admin.restart_clock()
+    deadline = time.monotonic() + max(admin.timeout_s, METADATA_WAIT_S)
     delay = 0.05
     while absent := [spec.name for spec in specs if spec.name not in partitions]:
-        # A topic just created (by us or a racing process) takes a moment to show in the metadata.
-        if admin.deadline - time.monotonic() < delay:
-            msg = f"topics {absent} were created on Kafka at {admin.servers} but did not show in its metadata"
+        # A topic just created (by us or a racing process) takes a moment to show in the metadata: longer on a
+        # busy broker, which has answered (the topics exist) and is only slow to show them.
+        if deadline - time.monotonic() < delay:
+            msg = (
+                f"topics {absent} were created on Kafka at {admin.servers} but did not show in its metadata within "
+                f"{max(admin.timeout_s, METADATA_WAIT_S):g} s"
+            )
             raise MixflowError(msg)
         time.sleep(delay)
         delay = min(delay * 2, 1.0)
+        admin.restart_clock()
         partitions = admin.topics()
+    admin.restart_clock()
     configs = admin.configs([spec.name for spec in specs])
     problems = []
     for spec in specs:

@@ -24,13 +24,12 @@ more for packing).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 
 from pipeline.planning.scheduler._blocks import place_blocks
 from pipeline.planning.scheduler._placement import Placement
+from pipeline.planning.scheduler.cp_plan import CPMode, CPPlan, CPShape
 from pipeline.planning.scheduler.plan import plan_step_on
 from pipeline.planning.scheduler.validation import check_capacity
 from pipeline.spec.cost import CostModel
@@ -39,58 +38,6 @@ from pipeline.spec.sections import StepSpec
 
 RESERVE_SLACK = 1.1
 """Room kept for the older samples not split, over their tokens: LPT leaves a little of every micro-batch."""
-
-
-class CPMode(StrEnum):
-    STATIC = "static"
-    ALIGNED = "aligned"
-    FREE = "free"
-
-
-@dataclass(frozen=True)
-class CPShape:
-    """A step of ``ranks`` ranks (every data-parallel x context-parallel rank) of ``micro_batches`` micro-batches
-    of at most ``capacity`` tokens a rank, so at most ``ranks * micro_batches * capacity`` tokens; blocks of the
-    ``mode`` up to ``size`` ranks (static: exactly). A block micro-batch takes a slot on each of its ranks
-    whatever its slices fill of it, so with blocks of several sizes a rank may run up to ``max_micro_batches``
-    micro-batches (default: twice ``micro_batches``; static: ``micro_batches``), ranks different numbers."""
-
-    ranks: int
-    micro_batches: int
-    capacity: int
-    mode: CPMode
-    size: int
-    max_micro_batches: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_micro_batches == 0:
-            wider = self.micro_batches if self.mode is CPMode.STATIC else 2 * self.micro_batches
-            object.__setattr__(self, "max_micro_batches", wider)
-        if self.max_micro_batches < self.micro_batches:
-            msg = f"max_micro_batches {self.max_micro_batches} is below micro_batches {self.micro_batches}"
-            raise ValueError(msg)
-        for name in ("ranks", "micro_batches", "capacity", "size", "max_micro_batches"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                msg = f"{name} must be an integer >= 1, got {value!r}"
-                raise ValueError(msg)
-        if self.size > self.ranks:
-            msg = f"context-parallel size {self.size} is more than the step's {self.ranks} ranks"
-            raise ValueError(msg)
-        if self.mode is not CPMode.FREE and self.size & (self.size - 1):
-            msg = f"context-parallel size {self.size} must be a power of two in {self.mode.value} mode"
-            raise ValueError(msg)
-        if self.mode is CPMode.STATIC and self.ranks % self.size:
-            msg = f"{self.ranks} ranks are not whole blocks of {self.size} (static mode)"
-            raise ValueError(msg)
-
-    def sizes(self) -> list[int]:
-        """The block sizes a sample may have, smallest first."""
-        if self.mode is CPMode.STATIC:
-            return [self.size]
-        if self.mode is CPMode.ALIGNED:
-            return [1 << k for k in range(self.size.bit_length()) if (1 << k) <= self.size]
-        return list(range(1, self.size + 1))
 
 
 def cp_shape_of(step: StepSpec) -> CPShape | None:
@@ -160,75 +107,6 @@ def lower_bound(lengths: np.ndarray, shape: CPShape, cost: ContextParallelCost) 
         total = float(cheapest[placeable].sum())
         slowest = float(fastest[placeable].max())
     return max(total / shape.ranks, slowest)
-
-
-@dataclass(frozen=True, eq=False)
-class CPPlan:
-    """Where each sample goes: ``rank[i]``, the first rank of its block (-1 when deferred), ``cp[i]`` the block's
-    size, ``micro[i]`` its micro-batch on every rank of the block (int32)."""
-
-    rank: np.ndarray
-    cp: np.ndarray
-    micro: np.ndarray
-    shape: CPShape
-
-    @property
-    def placed_mask(self) -> np.ndarray:
-        return self.rank >= 0
-
-    @property
-    def ranks(self) -> int:
-        return self.shape.ranks
-
-    def rank_totals(self, values: np.ndarray) -> np.ndarray:
-        """Per rank, the sum of ``values`` (one per sample) over its samples, each split evenly over its block."""
-        placed = np.flatnonzero(self.placed_mask)
-        first, cp = self.rank[placed].astype(np.int64), self.cp[placed].astype(np.int64)
-        share = np.asarray(values, np.float64)[placed] / cp
-        totals = np.zeros(self.shape.ranks)
-        for offset in range(int(cp.max(initial=1))):
-            inside = offset < cp
-            np.add.at(totals, first[inside] + offset, share[inside])
-        return totals
-
-    def rank_costs(self, lengths: np.ndarray, cost_model: CostModel) -> np.ndarray:
-        """Each rank's share of its samples' compute under ``cost_model`` (a sample's cost split over its block;
-        ``rank_times`` adds the ring traffic)."""
-        return self.rank_totals(cost_model.costs(np.asarray(lengths)))
-
-    def rank_times(self, lengths: np.ndarray, cost: ContextParallelCost) -> np.ndarray:
-        """Seconds of every rank's samples (each of its block's ranks pays a sample's per-rank cost)."""
-        return self.micro_times(lengths, cost).sum(axis=1)
-
-    def micro_times(self, lengths: np.ndarray, cost: ContextParallelCost) -> np.ndarray:
-        """Seconds of every rank's every micro-batch, shape (ranks, max_micro_batches)."""
-        placed = np.flatnonzero(self.placed_mask)
-        first, cp, micro = self.rank[placed].astype(np.int64), self.cp[placed].astype(np.int64), self.micro[placed]
-        per_rank = cost.per_rank(np.asarray(lengths)[placed], cp, cost.within_node(first, cp))
-        times = np.zeros((self.shape.ranks, self.shape.max_micro_batches))
-        for offset in range(int(cp.max(initial=1))):
-            inside = offset < cp
-            np.add.at(times, (first[inside] + offset, micro[inside]), per_rank[inside])
-        return times
-
-    def tokens_per_second(self, lengths: np.ndarray, cost: ContextParallelCost) -> float:
-        """The tokens placed over the step's time (0 for an empty plan)."""
-        time = self.step_time(lengths, cost)
-        return float(np.asarray(lengths)[self.placed_mask].sum()) / time if time > 0 else 0.0
-
-    def step_time(self, lengths: np.ndarray, cost: ContextParallelCost) -> float:
-        """Seconds of the step when every rank runs its micro-batches in order and a block's ranks start a block
-        micro-batch together (each waits for the last of them to be ready)."""
-        times = self.micro_times(lengths, cost)
-        ready = np.zeros(self.shape.ranks)
-        placed = np.flatnonzero(self.placed_mask)
-        for m in range(self.shape.max_micro_batches):
-            start = ready.copy()
-            here = placed[self.micro[placed] == m]
-            for first, c in {(int(self.rank[i]), int(self.cp[i])) for i in here if self.cp[i] > 1}:
-                start[first : first + c] = start[first : first + c].max()
-            ready = start + times[:, m]
-        return float(ready.max())
 
 
 def plan_cp_step(

@@ -138,7 +138,9 @@ class Supervisor:
         assert role.process is not None
         os.kill(role.process.pid, signal.SIGKILL)
         killed_at = time.monotonic()
-        role.process.wait()
+        if role.process.wait() != -signal.SIGKILL:  # it had ended by itself (refused, say): poll() sorts it out
+            log.info("%s (pid %d) had ended before the kill", role.name, role.process.pid)
+            return killed_at
         role.kills += 1
         role.restart_at = killed_at
         log.info("killed %s (pid %d)", role.name, role.process.pid)
