@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +32,8 @@ BATCH_SCHEMA = pa.schema(
 
 MEDIA_BATCH_SCHEMA = BATCH_SCHEMA.append(MEDIA_FIELD)
 """The columns of every batch of a job with media: the four, then ``media`` (``topics.formats.media_column``)."""
+
+T = TypeVar("T")
 
 CHECK_TRUSTED_ENV = "MIXFLOW_CHECK_TRUSTED_BATCHES"
 """Set to 1 to check batches made with ``trusted=True`` as fully as any other (tests set it)."""
@@ -87,19 +90,7 @@ class Batch:
     def _check_records(self) -> None:
         schema = self.records.schema
         expected_fields = MEDIA_BATCH_SCHEMA if schema.get_field_index(MEDIA_FIELD.name) >= 0 else BATCH_SCHEMA
-        for expected in expected_fields:
-            index = schema.get_field_index(expected.name)
-            if index < 0:
-                msg = f"column {expected.name!r} is missing"
-                raise ValueError(msg)
-            if schema.field(index).type != expected.type:
-                msg = f"column {expected.name!r} has type {schema.field(index).type}, expected {expected.type}"
-                raise ValueError(msg)
-        try:
-            self.records.validate(full=True)
-        except pa.ArrowException as exc:
-            msg = f"invalid Arrow data: {exc}"
-            raise ValueError(msg) from exc
+        check_columns(self.records, expected_fields)
         tokens = self.records.column("tokens")
         for name in expected_fields.names:
             if self.records.column(name).null_count:
@@ -157,13 +148,9 @@ class Batch:
         if tokens.dtype != np.int32 or tokens.size > np.iinfo(np.int32).max:
             msg = f"tokens must be int32 and fewer than 2**31, not {tokens.dtype} x {tokens.size}"
             raise ValueError(msg)
-        if isinstance(sources, pa.DictionaryArray):
-            source_array = sources.cast(BATCH_SCHEMA.field("source").type)
-        else:
-            source_array = pa.array(sources, pa.string()).dictionary_encode()
         columns = [
             pa.array(sample_ids, pa.string()),
-            source_array,
+            source_column(sources),
             pa.array(np.asarray(micro_batch, dtype=np.int32), pa.int32()),
             pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), pa.array(tokens)),
         ]
@@ -177,16 +164,7 @@ class Batch:
             raise ValueError(msg)
         records = pa.RecordBatch.from_arrays(columns, schema=schema)
         fields = (step, rank, ranks, micro_batches, capacity, records, patches_per_micro_batch)
-        if trusted and os.environ.get(CHECK_TRUSTED_ENV) != "1":
-            return cls._unchecked(*fields)
-        return cls(*fields)
-
-    @classmethod
-    def _unchecked(cls, *fields: object) -> Batch:
-        batch = object.__new__(cls)
-        for name, value in zip(cls.__dataclass_fields__, fields, strict=True):
-            object.__setattr__(batch, name, value)
-        return batch
+        return made(cls, fields, trusted)
 
     @classmethod
     def from_samples(
@@ -288,3 +266,38 @@ class Batch:
             )
             for i, (sample_id, source) in enumerate(zip(self.sample_ids, self.sources, strict=True))
         ]
+
+
+def check_columns(records: pa.RecordBatch, expected_fields: pa.Schema) -> None:
+    """Raise ValueError unless ``records`` has each of ``expected_fields`` with its type, and valid Arrow data."""
+    schema = records.schema
+    for expected in expected_fields:
+        index = schema.get_field_index(expected.name)
+        if index < 0:
+            msg = f"column {expected.name!r} is missing"
+            raise ValueError(msg)
+        if schema.field(index).type != expected.type:
+            msg = f"column {expected.name!r} has type {schema.field(index).type}, expected {expected.type}"
+            raise ValueError(msg)
+    try:
+        records.validate(full=True)
+    except pa.ArrowException as exc:
+        msg = f"invalid Arrow data: {exc}"
+        raise ValueError(msg) from exc
+
+
+def source_column(sources: Sequence[str] | pa.DictionaryArray) -> pa.DictionaryArray:
+    """The ``source`` column of a batch: the names dictionary-encoded (int32 indices)."""
+    if isinstance(sources, pa.DictionaryArray):
+        return sources.cast(BATCH_SCHEMA.field("source").type)
+    return pa.array(sources, pa.string()).dictionary_encode()
+
+
+def made(cls: type[T], fields: tuple[object, ...], trusted: bool) -> T:
+    """``cls(*fields)``, its checks skipped where ``trusted`` (unless ``CHECK_TRUSTED_ENV`` asks for them)."""
+    if not trusted or os.environ.get(CHECK_TRUSTED_ENV) == "1":
+        return cls(*fields)
+    made_one = object.__new__(cls)
+    for name, value in zip(cls.__dataclass_fields__, fields, strict=True):  # type: ignore[attr-defined]
+        object.__setattr__(made_one, name, value)
+    return made_one

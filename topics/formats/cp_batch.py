@@ -12,14 +12,13 @@ over every rank. FORMAT.md (version 2) describes the bytes; ``topics.formats.bat
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from topics.formats.batch import BATCH_SCHEMA, CHECK_TRUSTED_ENV
+from topics.formats.batch import BATCH_SCHEMA, check_columns, made, source_column
 from topics.formats.cp_slices import IGNORE_INDEX
 
 CP_MODES = ("static", "aligned", "free")
@@ -70,23 +69,11 @@ class CPBatch:
         self._check_rows()
 
     def _check_columns(self) -> None:
-        schema = self.records.schema
-        for expected in CP_BATCH_SCHEMA:
-            index = schema.get_field_index(expected.name)
-            if index < 0:
-                msg = f"column {expected.name!r} is missing"
+        check_columns(self.records, CP_BATCH_SCHEMA)
+        for name in CP_BATCH_SCHEMA.names:
+            if self.records.column(name).null_count:
+                msg = f"column {name!r} holds nulls"
                 raise ValueError(msg)
-            if schema.field(index).type != expected.type:
-                msg = f"column {expected.name!r} has type {schema.field(index).type}, expected {expected.type}"
-                raise ValueError(msg)
-            if self.records.column(expected.name).null_count:
-                msg = f"column {expected.name!r} holds nulls"
-                raise ValueError(msg)
-        try:
-            self.records.validate(full=True)
-        except pa.ArrowException as exc:
-            msg = f"invalid Arrow data: {exc}"
-            raise ValueError(msg) from exc
         for name in ("tokens", "labels", "positions"):
             if self.records.column(name).flatten().null_count:
                 msg = f"column {name!r} holds null items"
@@ -161,14 +148,10 @@ class CPBatch:
             msg = f"offsets must run from 0 to len(tokens) = {np.asarray(tokens).size}"
             raise ValueError(msg)
         list_offsets = pa.array(offsets.astype(np.int32), pa.int32())
-        if isinstance(sources, pa.DictionaryArray):
-            source_array = sources.cast(BATCH_SCHEMA.field("source").type)
-        else:
-            source_array = pa.array(sources, pa.string()).dictionary_encode()
         micro = np.asarray(micro_batch, np.int32)
         columns = [
             pa.array(sample_ids, pa.string()),
-            source_array,
+            source_column(sources),
             pa.array(micro, pa.int32()),
             *(
                 pa.ListArray.from_arrays(list_offsets, pa.array(np.asarray(values, np.int32)))
@@ -179,12 +162,7 @@ class CPBatch:
         records = pa.RecordBatch.from_arrays(columns, schema=CP_BATCH_SCHEMA)
         micro_batches = int(micro.max()) + 1 if micro.size else 0
         fields = (step, rank, ranks, micro_batches, max_micro_batches, capacity, mode, loss_tokens, records)
-        if trusted and os.environ.get(CHECK_TRUSTED_ENV) != "1":
-            batch = object.__new__(cls)
-            for name, value in zip(cls.__dataclass_fields__, fields, strict=True):
-                object.__setattr__(batch, name, value)
-            return batch
-        return cls(*fields)
+        return made(cls, fields, trusted)
 
     @property
     def num_samples(self) -> int:
