@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from topics.formats.batch import BATCH_SCHEMA, check_columns, made, source_column
-from topics.formats.cp_slices import IGNORE_INDEX
+from topics.formats.cp_slices import IGNORE_INDEX, zigzag_positions
 
 CP_MODES = ("static", "aligned", "free")
 
@@ -109,7 +109,7 @@ class CPBatch:
                 row = int(np.flatnonzero(got != expected)[0]) if got.shape == expected.shape else 0
                 msg = f"row {row}: {name} holds {got[row]} values, its slice {expected[row]}"
                 raise ValueError(msg)
-        if (self.positions != _zigzag_positions(self.lengths, size, rank_in, expected)).any():
+        if (self.positions != zigzag_positions(self.lengths, size, rank_in)[0]).any():
             raise ValueError("a row's positions are not its slice's (zigzag chunks cp_rank and 2*cp_size-1-cp_rank)")
         sums = np.bincount(micro, weights=expected, minlength=self.micro_batches) if micro.size else np.zeros(0)
         if sums.size and sums.max() > self.capacity:
@@ -227,14 +227,3 @@ class CPBatch:
 def _offsets(column: pa.Array) -> np.ndarray:
     offsets = column.offsets.to_numpy().astype(np.int64)
     return offsets - offsets[0]
-
-
-def _zigzag_positions(lengths: np.ndarray, size: np.ndarray, rank_in: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Every row's slice positions, concatenated (``cp_slices.slice_positions`` of each row), vectorized."""
-    row = np.repeat(np.arange(counts.size), counts)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    within = np.arange(int(counts.sum()), dtype=np.int64) - starts[row]
-    c, r = size.astype(np.int64)[row], rank_in.astype(np.int64)[row]
-    chunk = counts.astype(np.int64)[row] // np.where(c > 1, 2, 1)
-    late = (c > 1) & (within >= chunk)
-    return np.where(late, (2 * c - 1 - r) * chunk + within - chunk, r * chunk + within)

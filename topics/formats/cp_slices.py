@@ -27,12 +27,22 @@ def slice_positions(length: int, cp: int, rank: int) -> np.ndarray:
     """The positions (0-based, in the padded sample) rank ``rank`` of the block holds, in the order it holds them
     (int64, ``padded_length / cp`` of them; those ``>= length`` are padding)."""
     _check(length, cp, rank)
-    if cp == 1:
-        return np.arange(length, dtype=np.int64)
-    chunk = padded_length(length, cp) // (2 * cp)
-    early = np.arange(rank * chunk, (rank + 1) * chunk, dtype=np.int64)
-    late = np.arange((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk, dtype=np.int64)
-    return np.concatenate([early, late])
+    return zigzag_positions(np.array([length]), np.array([cp]), np.array([rank]))[0]
+
+
+def zigzag_positions(lengths: np.ndarray, cp: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``slice_positions`` of many slices at once: every slice's positions concatenated (int64), and how many each
+    holds (``padded_length / cp``; int64)."""
+    length, c, r = (np.asarray(a, np.int64) for a in (lengths, cp, rank))
+    unit = np.where(c > 1, 2 * c, 1)
+    counts = (-(-length // unit) * unit) // c
+    row = np.repeat(np.arange(counts.size), counts)
+    starts = np.cumsum(counts) - counts
+    within = np.arange(int(counts.sum()), dtype=np.int64) - starts[row]
+    c, r = c[row], r[row]
+    chunk = counts[row] // np.where(c > 1, 2, 1)
+    late = (c > 1) & (within >= chunk)
+    return np.where(late, (2 * c - 1 - r) * chunk + within - chunk, r * chunk + within), counts
 
 
 def slice_of(tokens: np.ndarray, cp: int, rank: int, pad: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

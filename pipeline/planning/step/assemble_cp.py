@@ -10,7 +10,7 @@ import numpy as np
 
 from pipeline.planning.scheduler.context_parallel import CPPlan
 from topics.formats.cp_batch import CPBatch
-from topics.formats.cp_slices import slice_of
+from topics.formats.cp_slices import IGNORE_INDEX, zigzag_positions
 from topics.formats.sample import Sample
 
 
@@ -30,14 +30,23 @@ def build_cp_batches(step: int, plan: CPPlan, samples: Sequence[Sample], pad_id:
     bounds = np.searchsorted(rank, np.arange(shape.ranks + 1))
     lengths = np.fromiter((s.length for s in samples), np.int64, len(samples))
     loss_tokens = int((lengths[placed] - 1).sum())
+    # Every sample's tokens once, end to end: a slice is a gather from them.
+    flat = np.concatenate([np.zeros(0, np.int32), *(samples[i].tokens for i in placed.tolist())], dtype=np.int32)
+    start = np.zeros(len(samples), np.int64)
+    start[placed] = np.cumsum(lengths[placed]) - lengths[placed]
+    positions, counts = zigzag_positions(lengths[sample], plan.cp[sample], offset)
+    row = np.repeat(np.arange(sample.size), counts)
+    length = lengths[sample][row]
+    at = start[sample][row] + positions
+    last = max(flat.size - 1, 0)  # a padding position's index, clipped: its value is replaced
+    tokens = np.where(positions < length, flat[np.minimum(at, last)], pad_id)
+    labels = np.where(positions < length - 1, flat[np.minimum(at + 1, last)], IGNORE_INDEX)
+    ends = np.concatenate([[0], np.cumsum(counts)])
     batches = []
     for r in range(shape.ranks):
         rows = slice(bounds[r], bounds[r + 1])
-        picked, within = sample[rows].tolist(), offset[rows].tolist()
-        sizes = plan.cp[sample[rows]]
-        parts = [slice_of(samples[i].tokens, int(plan.cp[i]), o, pad_id) for i, o in zip(picked, within, strict=True)]
-        offsets = np.zeros(len(parts) + 1, np.int64)
-        np.cumsum([p[0].size for p in parts], out=offsets[1:])
+        picked = sample[rows].tolist()
+        part = slice(ends[bounds[r]], ends[bounds[r + 1]])
         batches.append(
             CPBatch.from_arrays(
                 step=step,
@@ -51,12 +60,12 @@ def build_cp_batches(step: int, plan: CPPlan, samples: Sequence[Sample], pad_id:
                 sources=[samples[i].source for i in picked],
                 micro_batch=_numbered(micro[rows]),
                 lengths=lengths[sample[rows]],
-                cp_size=sizes,
+                cp_size=plan.cp[sample[rows]],
                 cp_rank=offset[rows],
-                offsets=offsets,
-                tokens=_joined([p[0] for p in parts]),
-                labels=_joined([p[1] for p in parts]),
-                positions=_joined([p[2] for p in parts]),
+                offsets=ends[bounds[r] : bounds[r + 1] + 1] - ends[bounds[r]],
+                tokens=tokens[part],
+                labels=labels[part],
+                positions=positions[part],
                 trusted=True,
             )
         )
@@ -66,7 +75,3 @@ def build_cp_batches(step: int, plan: CPPlan, samples: Sequence[Sample], pad_id:
 def _numbered(micro: np.ndarray) -> np.ndarray:
     """The plan's micro-batch indices of a rank's rows (non-decreasing) as 0, 1, ... with no gaps."""
     return np.unique(micro, return_inverse=True)[1].astype(np.int32)
-
-
-def _joined(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate([np.zeros(0, np.int32), *parts]).astype(np.int32, copy=False)
