@@ -111,9 +111,8 @@ def summary(plan: CPPlan, lengths: np.ndarray, cost: ContextParallelCost, static
     shape = plan.shape
     sizes = Counter(plan.cp[placed].tolist())
     used = np.zeros((shape.ranks, shape.max_micro_batches), bool)
-    for offset in range(int(plan.cp.max(initial=1))):
-        inside = placed & (offset < plan.cp)
-        used[plan.rank[inside] + offset, plan.micro[inside]] = True
+    sample, place = plan.slots()
+    used[plan.rank[sample] + place, plan.micro[sample]] = True
     micro_counts = used.sum(axis=1)
     step = plan.step_time(lengths, cost)
     bound = lower_bound(lengths[placed], shape, cost)

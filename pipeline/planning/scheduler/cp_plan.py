@@ -83,16 +83,18 @@ class CPPlan:
     def ranks(self) -> int:
         return self.shape.ranks
 
+    def slots(self) -> tuple[np.ndarray, np.ndarray]:
+        """One entry a placed sample and rank of its block: the sample's index and the rank's place in the block
+        (int64, samples in order, each one's ranks first to last); its rank is ``rank[sample] + place``."""
+        placed = np.flatnonzero(self.placed_mask)
+        cp = self.cp[placed].astype(np.int64)
+        return np.repeat(placed, cp), np.arange(int(cp.sum())) - np.repeat(np.cumsum(cp) - cp, cp)
+
     def rank_totals(self, values: np.ndarray) -> np.ndarray:
         """Per rank, the sum of ``values`` (one per sample) over its samples, each split evenly over its block."""
-        placed = np.flatnonzero(self.placed_mask)
-        first, cp = self.rank[placed].astype(np.int64), self.cp[placed].astype(np.int64)
-        share = np.asarray(values, np.float64)[placed] / cp
-        totals = np.zeros(self.shape.ranks)
-        for offset in range(int(cp.max(initial=1))):
-            inside = offset < cp
-            np.add.at(totals, first[inside] + offset, share[inside])
-        return totals
+        sample, place = self.slots()
+        share = np.asarray(values, np.float64)[sample] / self.cp[sample]
+        return np.bincount(self.rank[sample] + place, weights=share, minlength=self.shape.ranks)
 
     def rank_costs(self, lengths: np.ndarray, cost_model: CostModel) -> np.ndarray:
         """Each rank's share of its samples' compute under ``cost_model`` (a sample's cost split over its block;
@@ -106,12 +108,12 @@ class CPPlan:
     def micro_times(self, lengths: np.ndarray, cost: ContextParallelCost) -> np.ndarray:
         """Seconds of every rank's every micro-batch, shape (ranks, max_micro_batches)."""
         placed = np.flatnonzero(self.placed_mask)
-        first, cp, micro = self.rank[placed].astype(np.int64), self.cp[placed].astype(np.int64), self.micro[placed]
-        per_rank = cost.per_rank(np.asarray(lengths)[placed], cp, cost.within_node(first, cp))
+        first, cp = self.rank[placed].astype(np.int64), self.cp[placed].astype(np.int64)
+        per_rank = np.zeros(self.rank.size)
+        per_rank[placed] = cost.per_rank(np.asarray(lengths)[placed], cp, cost.within_node(first, cp))
+        sample, place = self.slots()
         times = np.zeros((self.shape.ranks, self.shape.max_micro_batches))
-        for offset in range(int(cp.max(initial=1))):
-            inside = offset < cp
-            np.add.at(times, (first[inside] + offset, micro[inside]), per_rank[inside])
+        np.add.at(times, (self.rank[sample] + place, self.micro[sample]), per_rank[sample])
         return times
 
     def tokens_per_second(self, lengths: np.ndarray, cost: ContextParallelCost) -> float:

@@ -19,10 +19,7 @@ def build_cp_batches(step: int, plan: CPPlan, samples: Sequence[Sample], pad_id:
     placed on a block, each rank of the block holds slice ``rank - first`` of it (``pad_id`` at padding)."""
     shape = plan.shape
     placed = np.flatnonzero(plan.placed_mask)
-    cp = plan.cp[placed].astype(np.int64)
-    # One entry a (sample, rank of its block): its rank, micro-batch, sample and place in the block.
-    sample = np.repeat(placed, cp)
-    offset = np.arange(int(cp.sum())) - np.repeat(np.cumsum(cp) - cp, cp)
+    sample, offset = plan.slots()  # one entry a (sample, rank of its block)
     rank = plan.rank[sample].astype(np.int64) + offset
     micro = plan.micro[sample].astype(np.int64)
     order = np.lexsort((sample, micro, rank))
