@@ -35,9 +35,10 @@ class TopicGrowth:
     def records(self) -> int:
         total = 0
         for topic in self.topics:
-            # KafkaException: the topic is not created, or its leader not known, yet.
+            # KafkaException: the topic is not created, or its leader not known, yet. A busy broker may take
+            # seconds to answer: a short timeout would count nothing while the topics grow.
             with contextlib.suppress(KafkaException):
-                total += self.consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=0.5)[1]
+                total += self.consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=5)[1]
         return total
 
     def wait_for(self, target: int, still_running: Callable[[], bool], timeout_s: float) -> None:
