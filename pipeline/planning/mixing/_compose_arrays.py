@@ -9,7 +9,7 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import SlotRooms
-from pipeline.planning.mixing._compose_types import HoleFill, Longs
+from pipeline.planning.mixing._composition.values import HoleFill, Longs
 from pipeline.planning.shape import StepShape
 
 

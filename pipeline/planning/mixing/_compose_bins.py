@@ -25,7 +25,7 @@ from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import leftmost_above, new_min_tree, set_key, set_leaf
 from pipeline.planning.mixing._compose_arrays import Grid, Holes, Samples, as_grid, as_holes, as_samples
 from pipeline.planning.mixing._compose_free import drop_position, free_lists, longest_free
-from pipeline.planning.mixing._compose_types import HoleFill, Longs, Slots
+from pipeline.planning.mixing._composition.values import HoleFill, Longs, Slots
 from pipeline.planning.scheduler import CostModel
 from pipeline.planning.shape import StepShape
 

@@ -39,7 +39,7 @@ from pipeline.planning.mixing._compose_arrays import (
 )
 from pipeline.planning.mixing._compose_free import next_free
 from pipeline.planning.mixing._compose_holes import fill_holes, fullest_with_room
-from pipeline.planning.mixing._compose_types import Groups, HoleFill, Longs, Slots
+from pipeline.planning.mixing._composition.values import Groups, HoleFill, Longs, Slots
 from pipeline.planning.shape import StepShape
 
 

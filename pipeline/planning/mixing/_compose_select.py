@@ -45,11 +45,9 @@ from functools import cache
 import numpy as np
 
 from pipeline.planning.mixing._compose_bins import pack_bins
-from pipeline.planning.mixing._compose_fill import Fill, FillOrder, fill
 from pipeline.planning.mixing._compose_groups import build_groups
-from pipeline.planning.mixing._compose_homes import Homes, lengths_at, not_due
 from pipeline.planning.mixing._compose_options import choose_option, pool_order, pool_permutation, score
-from pipeline.planning.mixing._compose_types import (
+from pipeline.planning.mixing._composition.values import (
     Composed,
     Groups,
     HoleFill,
@@ -58,6 +56,7 @@ from pipeline.planning.mixing._compose_types import (
     SourceWindow,
     StepMedia,
 )
+from pipeline.planning.mixing._composition.windows import Fill, FillOrder, Homes, fill, lengths_at, not_due
 from pipeline.planning.mixing._take import EMPTY
 from pipeline.planning.scheduler import CostModel
 from pipeline.planning.shape import StepShape

@@ -60,7 +60,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from pipeline.planning.mixing._compose_select import PACK_AHEAD, compose_takes
-from pipeline.planning.mixing._compose_types import SourceWindow, StepMedia
+from pipeline.planning.mixing._composition.values import SourceWindow, StepMedia
 from pipeline.planning.mixing._take import EMPTY
 from pipeline.planning.mixing.draw import Draw, DrawStatus, draw_step
 from pipeline.planning.mixing.state import MixerState

@@ -1,0 +1,1 @@
+"""Step composition's parts; ``pipeline.planning.mixing.compose`` is its entry."""
