@@ -21,8 +21,8 @@ samples), the best option scores low: holes stay in the micro-batches. When it s
 ``PACK_BELOW``, packed options compete, each source's allowance raised by ``PACK_AHEAD`` micro-batches
 (less what it is ahead of its tokens per step), so that a source of short samples can fill a hole its
 share alone cannot (and take nothing in the next step): the same options built again with their holes
-packed by window samples, long and short (``HoleFill``; ``_compose_holes``), and one that packs whole
-micro-batches best fit and deals them to ranks (``_compose_bins``: it wins where ranks hold several
+packed by window samples, long and short (``HoleFill``; ``_composition.packing.fill_holes``), and one that packs whole
+micro-batches best fit and deals them to ranks (``_composition.packing.pack_bins``: it wins where ranks hold several
 micro-batches). A packed option takes what it packed and the due samples, no filler to the target (the
 credit carries the difference, as for any source below its target), and is scored from its packing; the
 best wins if it scores more than ``PREFER_OLDER`` above the grouped one. Its packing goes to the
@@ -44,9 +44,9 @@ from functools import cache
 
 import numpy as np
 
-from pipeline.planning.mixing._compose_bins import pack_bins
-from pipeline.planning.mixing._compose_groups import build_groups
 from pipeline.planning.mixing._compose_options import choose_option, pool_order, pool_permutation, score
+from pipeline.planning.mixing._composition.groups import build_groups
+from pipeline.planning.mixing._composition.packing import pack_bins
 from pipeline.planning.mixing._composition.values import (
     Composed,
     Groups,
