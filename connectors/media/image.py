@@ -10,6 +10,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from connectors.media.config import VisionConfig
 from connectors.media.errors import MediaError
+from connectors.media.pillow_limit import pillow_pixel_limit
 from connectors.media.resize import smart_resize
 from topics.formats.media import MediaItem
 
@@ -31,13 +32,15 @@ def image_grid(source: io.BytesIO | Path, config: VisionConfig) -> tuple[int, in
     """The patch grid ``(1, h, w)`` that ``decode_image`` gives ``source``, from its header alone: Pillow opens
     lazily and no pixel is decoded. ``MediaError`` as ``decode_image`` for what its header refuses."""
     try:
-        with Image.open(source) as image:
+        with pillow_pixel_limit(config.max_decoded_pixels), Image.open(source) as image:
             _check_header(image, config)
             width, height = image.size
             if image.getexif().get(_ORIENTATION, 1) in _TURNED:
                 width, height = height, width
     except MediaError:
         raise
+    except Image.DecompressionBombError as exc:
+        raise MediaError(f"the image header says it is too large to decode safely: {exc}") from exc
     except UnidentifiedImageError as exc:
         raise MediaError("not an image Pillow can read (an unknown format, or a corrupt or zero-sized header)") from exc
     except Exception as exc:  # as in _resized_pixels: Pillow's many errors on a bad header
@@ -50,7 +53,7 @@ def image_grid(source: io.BytesIO | Path, config: VisionConfig) -> tuple[int, in
 
 def _resized_pixels(source: io.BytesIO | Path, config: VisionConfig) -> tuple[int, int, np.ndarray]:
     try:
-        with Image.open(source) as image:
+        with pillow_pixel_limit(config.max_decoded_pixels), Image.open(source) as image:
             _check_header(image, config)
             image.load()
             upright = _upright(image)
