@@ -179,3 +179,34 @@ def test_a_spec_without_context_parallelism_is_refused_on_the_job(
             result.stderr
         ), result.stderr
 
+
+@pytest.mark.kafka
+def test_the_chaos_audit_puts_each_sample_back_together_and_checks_a_sinks_record(
+    kafka_bootstrap: str, job: tuple[Path, str, subprocess.CompletedProcess], tmp_path: Path
+) -> None:
+    from pipeline.tools.chaos.audit import check_samples, check_sink_record, read_rank_topic
+    from pipeline.tools.chaos.sink import run_sink
+    from pipeline.tools.delivery import RECEIVED_FILE, expected_samples
+
+    spec_path, name, _ = job
+    spec = load_spec(spec_path)
+    config = spec.kafka.client_config(kafka_bootstrap)
+    problems: list[str] = []
+    per_rank = [read_rank_topic(config, name, r, spec.step, problems) for r in range(RANKS)]
+    expected: dict[str, str] = {}
+    for source in spec.source_names:
+        expected.update(expected_samples(spec, config, source))
+    delivered = check_samples(per_rank, expected, problems)
+    assert not problems and delivered.keys() == expected.keys() and set(delivered.values()) == {1}
+    # A sink's record of rank 2, as the chaos run's sink writes it, equals the rank's micro-batches.
+    steps = run_sink(spec_path, 2, tmp_path, kafka_bootstrap, wait_timeout_s=60)
+    assert steps == len(per_rank[2])
+    lines = check_sink_record(tmp_path / RECEIVED_FILE.format(rank=2), per_rank[2], problems)
+    assert not problems and lines == sum(max(1, b.micro_batches) for b in per_rank[2])
+    # A rank's batch lost: the samples of its blocks no longer come back whole.
+    at = next(k for k, b in enumerate(per_rank[3]) if (b.cp_size > 1).any())
+    split = {i for i, c in zip(per_rank[3][at].sample_ids, per_rank[3][at].cp_size.tolist(), strict=True) if c > 1}
+    broken = [list(batches) for batches in per_rank]
+    del broken[3][at]
+    check_samples(broken, expected, problems)
+    assert f"{len(split)} context-parallel samples whose block's slices do not make the sample" in problems[0]
