@@ -97,17 +97,32 @@ def counted_ids(batch: Batch | CPBatch) -> list[str]:
     return [ids[i] for i in np.flatnonzero(counted_rows(batch)).tolist()]
 
 
-def _run_order(batches: Sequence[CPBatch]) -> list[list[tuple[int, int, tuple[str, ...]]]]:
+@dataclass(frozen=True)
+class _Rows:
+    """A context-parallel batch's columns that place its rows, read once (each read is a conversion)."""
+
+    ids: list[str]
+    micro: np.ndarray
+    size: np.ndarray
+    rank_in: np.ndarray
+    lengths: np.ndarray
+    micro_batches: int
+
+    @classmethod
+    def of(cls, batch: CPBatch) -> _Rows:
+        return cls(
+            batch.sample_ids, batch.micro_batch, batch.cp_size, batch.cp_rank, batch.lengths, batch.micro_batches
+        )
+
+
+def _run_order(rows: Sequence[_Rows]) -> list[list[tuple[int, int, tuple[str, ...]]]]:
     """Per rank, its micro-batches in the order it runs them, each as (block's first rank, block size, its sample
     ids): the same key on every rank of the block."""
     out = []
-    for r, batch in enumerate(batches):
-        bounds = np.searchsorted(batch.micro_batch, np.arange(batch.micro_batches + 1)).tolist()
-        ids = batch.sample_ids
-        keys = []
-        for lo, hi in itertools.pairwise(bounds):
-            keys.append((r - int(batch.cp_rank[lo]), int(batch.cp_size[lo]), tuple(ids[lo:hi])))
-        out.append(keys)
+    for r, b in enumerate(rows):
+        bounds = np.searchsorted(b.micro, np.arange(b.micro_batches + 1)).tolist()
+        size, rank_in = b.size.tolist(), b.rank_in.tolist()
+        out.append([(r - rank_in[lo], size[lo], tuple(b.ids[lo:hi])) for lo, hi in itertools.pairwise(bounds)])
     return out
 
 
@@ -142,15 +157,16 @@ def written_plan(batches: Sequence[CPBatch], shape: CPShape) -> tuple[np.ndarray
     """The plan a step's batches (rank order) carry: its samples' lengths (int64; rank after rank, each rank's
     rows of ``cp_rank`` 0) and their ``CPPlan`` under ``shape`` (its ``max_micro_batches`` raised where the
     written micro-batches need more)."""
-    order = _run_order(batches)
+    rows = [_Rows.of(batch) for batch in batches]
+    order = _run_order(rows)
     levels = _block_levels(order)
     first, size, micro, lengths = [], [], [], []
-    for r, batch in enumerate(batches):
-        own = batch.cp_rank == 0
+    for r, b in enumerate(rows):
+        own = b.rank_in == 0
         first += [r] * int(own.sum())
-        size += batch.cp_size[own].tolist()
-        micro += [levels[order[r][k]] for k in batch.micro_batch[own].tolist()]
-        lengths += batch.lengths[own].tolist()
+        size += b.size[own].tolist()
+        micro += [levels[order[r][k]] for k in b.micro[own].tolist()]
+        lengths += b.lengths[own].tolist()
     most = max(shape.max_micro_batches, max(micro, default=-1) + 1)
     plan = CPPlan(
         np.array(first, np.int32),
