@@ -131,11 +131,18 @@ class JobReport:
             *trainer,
             *(self._balance() if self.cp is None else self._context_parallel(self.cp)),
             f"token shares: {shares}",
-            f"largest cumulative drift from the mixture schedule over the {self.steps_with_all_sources} steps "
-            "before a source ran out, in tokens: "
-            + ", ".join(f"{s} {e:.0f}" for s, e in zip(self.sources, self.share_error, strict=True)),
+            self._drift(),
             *letters,  # the verdict on dead letters last, where it is read
         ]
+
+    def _drift(self) -> str:
+        if self.steps_with_all_sources == 0:
+            return "drift from the mixture schedule: not measured (a source ran out before the first step)"
+        return (
+            f"largest cumulative drift from the mixture schedule over the {self.steps_with_all_sources} steps "
+            "before a source ran out, in tokens: "
+            + ", ".join(f"{s} {e:.0f}" for s, e in zip(self.sources, self.share_error, strict=True))
+        )
 
     def _balance(self) -> list[str]:
         """The balance as written against naive per-rank loading (of each part too, for a multimodal job)."""

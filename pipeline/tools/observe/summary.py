@@ -137,16 +137,17 @@ def summary_markdown(series: ReportSeries, timeline: JobTimeline, images: Mappin
         "|---|---|---|---|---|---|",
     ]
     per_source = timeline.tokens_per_step.sum(axis=0)
+    measured = timeline.steps_with_all_sources > 0
+    drift = [f"{d:,.0f}" if measured else "n/a" for d in series.drift]
     for i, source in enumerate(timeline.sources):
         backlog = int(timeline.backlog[:, i].max()) if len(timeline.backlog) else 0
         lines.append(
             f"| {source} | {int(per_source[i]):,} | {series.shares[-1, i]:.1%} | "
-            f"{series.scheduled_shares[-1, i]:.1%} | {series.drift[i]:,.0f} | {backlog:,} |"
+            f"{series.scheduled_shares[-1, i]:.1%} | {drift[i]} | {backlog:,} |"
         )
     lines += [
         "",
-        f"Drift: over the {timeline.steps_with_all_sources} steps before a source ran out, the largest "
-        "|tokens delivered so far - tokens the schedule asks for so far|.",
+        _drift_note(timeline.steps_with_all_sources),
         "",
     ]
     if series.cp is not None:
@@ -154,3 +155,12 @@ def summary_markdown(series: ReportSeries, timeline: JobTimeline, images: Mappin
     for name, path in images.items():
         lines += [f"## {name}", "", f"![{name}]({path.name})", ""]
     return "\n".join(lines)
+
+
+def _drift_note(steps_with_all_sources: int) -> str:
+    if steps_with_all_sources == 0:
+        return "Drift: not measured, a source ran out before the first step."
+    return (
+        f"Drift: over the {steps_with_all_sources} steps before a source ran out, the largest "
+        "|tokens delivered so far - tokens the schedule asks for so far|."
+    )
