@@ -27,6 +27,7 @@ from topics.formats.batch_codec import decode_any_batch_message, end_of_data_ste
 from topics.formats.cp_batch import CPBatch
 from topics.formats.names import JobTopics
 from topics.kafka.log_reader import read_to_end
+from trainer_sink import KafkaBatchDataset
 
 RANKS, CAPACITY = 4, 64
 JOBS = {
@@ -162,6 +163,32 @@ def test_the_constructor_goes_on_from_a_stopped_and_continued_elastic_replay(
     delivered = Counter(s.sample_id for step in [original[0], *after] for s in step_samples(_decoded(step)))
     assert max(delivered.values()) == 1
     assert set(delivered) == {s.sample_id for step in original for s in step_samples(_decoded(step))}
+
+
+@pytest.mark.parametrize("job", ["aligned"], indirect=True)
+def test_the_sinks_of_the_new_ranks_resume_at_the_step_an_old_rank_checkpointed(
+    kafka_bootstrap: str, job: JobSpec, unique_name: str
+) -> None:
+    replay(job, job.kafka.client_config(), ReplayRequest(unique_name, 0, ranks=8))
+    old = [list(KafkaBatchDataset(job=job.job, bootstrap_servers=kafka_bootstrap, rank=r)) for r in range(RANKS)]
+    sink = KafkaBatchDataset(job=job.job, bootstrap_servers=kafka_bootstrap, rank=1)
+    iterator = iter(sink)
+    for _ in range(sum(mb["step"] < 2 for mb in old[1])):  # rank 1's micro-batches of steps 0 and 1
+        next(iterator)
+    iterator.close()
+    resumed = []
+    for rank in range(8):
+        dataset = KafkaBatchDataset(job=unique_name, bootstrap_servers=kafka_bootstrap, rank=rank)
+        dataset.load_state_dict(sink.state_dict())
+        resumed.append(list(dataset))
+    assert all(micro_batches[0]["step"] == 2 for micro_batches in resumed)
+
+    def firsts(micro_batches: list[dict]) -> Counter[str]:  # each sample once: on its block's first rank
+        return Counter(i for mb in micro_batches if mb["cp_rank"] == 0 for i in mb["sample_ids"])
+
+    got = sum((firsts(mbs) for mbs in resumed), Counter())
+    assert got == sum((firsts([mb for mb in mbs if mb["step"] >= 2]) for mbs in old), Counter())
+    assert got and max(got.values()) == 1
 
 
 @pytest.mark.parametrize("job", ["static", "aligned"], indirect=True)
