@@ -31,7 +31,7 @@ import numpy as np
 
 from connectors.readers._tar_members import KeyGroup, TarBreak, TarEntry, TarShard
 from connectors.readers.base import ContentKind, Document, FileLayout, MediaFields, MediaRef, Reader, location
-from connectors.readers.media_parts import BadRecord, MediaResolver, first_present, record_parts
+from connectors.readers.media_parts import BadRecord, MediaResolver, first_present, record_content
 from connectors.storage import Storage
 from connectors.work_units import WorkUnit
 from topics.formats.dead_letter import DeadLetter
@@ -123,16 +123,16 @@ class WebDatasetReader(Reader):
         try:
             members = _by_extension(group)
             resolve = _member_resolver(shard, path, members)
-            parts = record_parts(self._record(shard, group, members), self.media_fields, where, resolve)
+            content = record_content(self._record(shard, group, members), self.media_fields, where, resolve)
         except BadRecord as exc:
             return self.dead_letter(where, str(exc))
         except (tarfile.TarError, OSError) as exc:
             return self.dead_letter(where, f"cannot read a member: {exc}")
-        return Document(self.source, path, row, parts=parts, where=where)
+        return Document(self.source, path, row, parts=content.parts, where=where, trained=content.trained)
 
     def _record(self, shard: TarShard, group: KeyGroup, members: dict[str, TarEntry]) -> dict[str, object]:
-        """The sample as a record for ``record_parts``, its media named by member extension: the ``.json``
-        when it has segments, else the media members and the caption."""
+        """The sample as a record for ``record_content``, its media named by member extension: the ``.json``
+        when it has segments, else the media members and the ``.json``'s conversation or the caption."""
         fields = self.media_fields
         described = _json_member(shard, members)
         if described is not None and first_present(described, fields.segments) is not None:
@@ -142,7 +142,9 @@ class WebDatasetReader(Reader):
             if (kind := media_kind(entry.extension)) is not None:
                 media[kind].append(entry.extension)
         record: dict[str, object] = {fields.image[0]: media["image"], fields.video[0]: media["video"]}
-        if "txt" in members:
+        if described is not None and (turns := first_present(described, fields.conversations)) is not None:
+            record[fields.conversations[0]] = turns
+        elif "txt" in members:
             record[fields.text[0]] = _text_member(shard, members["txt"])
         elif described is not None:
             record[fields.text[0]] = first_present(described, fields.text)
