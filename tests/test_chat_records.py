@@ -3,21 +3,30 @@ the loss on the assistant's turns."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 import matplotlib.cbook
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import ByteLevelBPETokenizer
 
+from connectors.multimodal_samples import LOSS_SPANS_KEY
 from connectors.planning import split_file
 from connectors.readers import Document, MediaRef, make_reader
 from connectors.readers.chat_parts import ChatError, chat_content
+from connectors.samples import SampleBuilder
+from connectors.tokenizer import TextTokenizer
+from tests.media_support import VISION
 from topics.formats.dead_letter import DeadLetter
+from topics.formats.sample import Sample
 
+EOD = "<|endoftext|>"
 SAMPLE_IMAGES = ("grace_hopper.jpg", "Minduka_Present_Blue_Pack.png", "logo2.png")
 ROLE_NAMES = {"human": "USER", "user": "USER", "gpt": "ASSISTANT", "assistant": "ASSISTANT", "system": "SYSTEM"}
 
@@ -154,3 +163,42 @@ def test_rendering_places_media_and_trains_assistant_text(turns: list[tuple[str,
     pairs = [(k - 1, k) for k in range(1, len(content.parts))]
     strings = [(a, b) for a, b in pairs if isinstance(content.parts[a], str) and isinstance(content.parts[b], str)]
     assert all((a in content.trained) != (b in content.trained) for a, b in strings)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> TextTokenizer:
+    trainer = ByteLevelBPETokenizer()
+    texts = ["USER: Who is in the picture?", "ASSISTANT: A woman in a naval uniform.", "Describe it. A box."]
+    trainer.train_from_iterator(texts * 10, vocab_size=256 + 40, special_tokens=[EOD], show_progress=False)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    trainer.save(str(path))
+    return TextTokenizer.from_file(path)
+
+
+def span_tokens(sample: Sample) -> np.ndarray:
+    spans = [span.split(":") for span in sample.metadata[LOSS_SPANS_KEY].split(",") if span]
+    return np.concatenate([np.zeros(0, np.int32), *(sample.tokens[int(a) : int(b)] for a, b in spans)])
+
+
+@pytest.mark.parametrize("max_length", [24, 48, 4096])
+def test_conversation_samples_name_the_assistant_tokens(
+    tmp_path: Path, tokenizer: TextTokenizer, max_length: int
+) -> None:
+    shutil.copy(real_image("logo2.png"), tmp_path / "logo2.png")
+    turns = [
+        {"from": "human", "value": "Who is in the picture?\n<image>"},
+        {"from": "gpt", "value": "A woman in a naval uniform."},
+        {"from": "human", "value": "Describe it."},
+        {"from": "gpt", "value": "A box."},
+    ]
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "1", "image": "logo2.png", "conversations": turns}) + "\n")
+    (document,) = read_all(tmp_path)
+    eod = tokenizer.token_id(EOD)
+    vision = dataclasses.replace(VISION, max_pixels=28 * 28 * 16)  # a block of at most 16 tokens and its ends
+    builder = SampleBuilder(tokenizer, max_length=max_length, eod_id=eod, vision=vision, media_root=tmp_path)
+    built = builder.build([document])  # type: ignore[list-item]
+    assert not built.dead_letters and (len(built.samples) > 1) == (max_length < 4096)
+    learnt = np.concatenate([span_tokens(sample) for sample in built.samples])
+    assert tokenizer.decode(learnt[:-1]) == "A woman in a naval uniform.\nA box.\n" and learnt[-1] == eod
+    for sample in built.samples:  # no placeholder block takes the loss
+        assert not np.isin(span_tokens(sample), [vision.image_token_id, vision.vision_start_id]).any()
