@@ -60,16 +60,18 @@ class MediaFields:
     ``{"image": ..., "text": ...}``, ``{"images": [...], "caption": ...}``, ``{"video": ...}``,
     ``{"segments": [{"text": ...}, {"image": ...}]}`` for an interleaved document, and LLaVA's
     ``{"image": ..., "conversations": [{"from": "human", "value": "<image>\\n..."}, ...]}`` or a
-    ``{"messages": [{"role": "user", "content": ...}, ...]}`` for a conversation (``chat_parts``)."""
+    ``{"messages": [{"role": "user", "content": ...}, ...]}`` for a conversation (``chat_parts``), and OBELICS'
+    parallel lists ``{"images": [None, "a.jpg", None], "texts": ["Look:", None, "a cat"]}``."""
 
     text: tuple[str, ...] = ("text", "caption")
     image: tuple[str, ...] = ("image", "images")
     video: tuple[str, ...] = ("video", "videos")
     segments: tuple[str, ...] = ("segments",)
     conversations: tuple[str, ...] = ("conversations", "messages")
+    texts: tuple[str, ...] = ("texts",)
 
     def __post_init__(self) -> None:
-        names = [*self.text, *self.image, *self.video, *self.segments, *self.conversations]
+        names = [*self.text, *self.image, *self.video, *self.segments, *self.conversations, *self.texts]
         if not all(names) or len(set(names)) != len(names):
             msg = f"media field names must be non-empty and distinct, got {names}"
             raise ValueError(msg)
@@ -77,7 +79,7 @@ class MediaFields:
     @property
     def names(self) -> tuple[str, ...]:
         """Every name, in the order above: the columns a multimodal reader reads."""
-        return (*self.text, *self.image, *self.video, *self.segments, *self.conversations)
+        return (*self.text, *self.image, *self.video, *self.segments, *self.conversations, *self.texts)
 
 
 @dataclass(frozen=True, slots=True)

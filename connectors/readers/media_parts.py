@@ -1,9 +1,12 @@
 """A multimodal record (a JSON object, a Parquet or Arrow row, a WebDataset key's ``.json``) as a document's parts.
 
-Three forms, told apart by whether the record has a conversations field, then a segments field (``MediaFields``):
+Four forms, told apart by whether the record has a conversations field, a texts field, then a segments field
+(``MediaFields``):
 
 * a conversation (LLaVA's ``conversations``, ``messages``): its turns rendered, its media at their
   placeholders, the loss on the assistant's turns (``chat_parts``);
+* OBELICS' parallel lists, a texts field beside a list of images of the same length, each position holding
+  exactly one of a text and an image: ``{"images": [None, "a.jpg"], "texts": ["Look:", None]}``;
 
 * a pair: its images, then its clips, then its text: ``{"image": "a.jpg", "text": "a cat"}`` reads as
   ``(image, "a cat")``. An image or video field holds one value or a list of them.
@@ -47,6 +50,8 @@ def relative_media_path(value: str) -> str:
     normal = posixpath.normpath(value) if value else ""
     if not value or normal == ".":
         raise BadRecord(f"path {value!r} names no file")
+    if "://" in value:
+        raise BadRecord(f"path {value!r} is a URL; media are read from the source, never fetched")
     if posixpath.isabs(value) or normal == ".." or normal.startswith("../"):
         raise BadRecord(f"path {value!r} leaves the source root")
     return normal
@@ -130,7 +135,28 @@ def record_content(
             return RecordContent(*chat_content(turns, media))
         except ChatError as exc:
             raise BadRecord(str(exc)) from None
+    texts = first_present(record, fields.texts)
+    if texts is not None:
+        return RecordContent(_parallel_parts(parts, texts, first_present(record, fields.image)))
     return RecordContent(record_parts(record, fields, where, resolve))
+
+
+def _parallel_parts(parts: _Parts, texts: object, images: object) -> tuple[Part, ...]:
+    """OBELICS' ``texts`` and ``images``, position by position."""
+    if not isinstance(texts, list) or not isinstance(images, list) or len(texts) != len(images):
+        shapes = [
+            f"{type(v).__name__} of {len(v)}" if isinstance(v, list) else type(v).__name__ for v in (texts, images)
+        ]
+        raise BadRecord(f"texts and images must be lists of one length, not a {shapes[0]} and a {shapes[1]}")
+    for index, (text, image) in enumerate(zip(texts, images, strict=True)):
+        if (text is None) == (image is None):
+            held = "both a text and an image" if text is not None else "neither a text nor an image"
+            raise BadRecord(f"position {index} of texts and images holds {held}")
+        if text is not None:
+            parts.text(text, f"text {index}")
+        else:
+            parts.media("image", image)
+    return parts.checked()
 
 
 def _add_media(parts: _Parts, record: Mapping[str, object], fields: MediaFields) -> None:

@@ -72,7 +72,7 @@ class MediaFieldsSpec(BaseModel):
     """Where a multimodal source's records hold their text and media: keys (JSONL) or columns (Parquet,
     Arrow), each a name or a list of names tried in order. Unset: the readers' defaults, after Hugging Face
     ``datasets`` and LLaVA (``text``/``caption``, ``image``/``images``, ``video``/``videos``, ``segments``,
-    ``conversations``/``messages``)."""
+    ``conversations``/``messages``, ``texts``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -84,6 +84,9 @@ class MediaFieldsSpec(BaseModel):
     )
     conversations: FieldNames | None = Field(
         None, description="A conversation: a list of {from, value} (LLaVA, ShareGPT) or {role, content} turns."
+    )
+    texts: FieldNames | None = Field(
+        None, description="OBELICS' texts: a list as long as the images list, null where an image stands."
     )
 
     def given(self) -> dict[str, tuple[str, ...]]:
