@@ -11,6 +11,8 @@ from typing import Any
 
 import matplotlib.cbook
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -202,3 +204,28 @@ def test_conversation_samples_name_the_assistant_tokens(
     assert tokenizer.decode(learnt[:-1]) == "A woman in a naval uniform.\nA box.\n" and learnt[-1] == eod
     for sample in built.samples:  # no placeholder block takes the loss
         assert not np.isin(span_tokens(sample), [vision.image_token_id, vision.vision_start_id]).any()
+
+
+def test_llava_onevision_parquet(tmp_path: Path) -> None:
+    """Conversations in Parquet as LLaVA-OneVision-Data lays them out: ``id``, an ``Image()`` struct column
+    ``image`` and ``conversations`` a ``list<struct<from, value>>``."""
+    image = real_image("logo2.png").read_bytes()
+    turns = [[{"from": "human", "value": "<image>\nWhat is shown?"}, {"from": "gpt", "value": "A logo."}]]
+    table = pa.table(
+        {
+            "id": ["ov-0"],
+            "image": pa.array(
+                [{"bytes": image, "path": "logo2.png"}], pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+            ),
+            "conversations": pa.array(turns, pa.list_(pa.struct([("from", pa.string()), ("value", pa.string())]))),
+            "data_source": ["sample"],
+        }
+    )
+    pq.write_table(table, tmp_path / "train-00000-of-00001.parquet")
+    reader = make_reader("parquet", "ov", tmp_path, content="media")
+    (doc,) = [
+        item for layout in reader.layouts() for unit in split_file("ov", layout, 1 << 40) for item in reader.read(unit)
+    ]
+    assert isinstance(doc, Document)
+    assert rendering(doc.parts, doc.trained) == ("USER: <image>\nWhat is shown?\nASSISTANT: A logo.\n", "A logo.\n")  # type: ignore[arg-type]
+    assert doc.parts[1] == MediaRef("image", "train-00000-of-00001.parquet:row=0:image=0", data=image)  # type: ignore[index]
