@@ -6,7 +6,7 @@ the device at import.
   ``get_device_name``, memory stats or ``set_device``, which the trainer and its metrics call; with no
   accelerator torchtitan picks ``cuda``), and the attention kernel (FlexAttention has no backward on CPU, so
   the same mask, torchtitan's causal and document mask built from the batch's ``positions``, is applied
-  densely with ``scaled_dot_product_attention``).
+  densely with ``scaled_dot_product_attention``); ``torchtitan_eager_masks``, its masks built without compiling.
 - Megatron-Core (``megatron_on_cpu``): ``torch.cuda.current_device()`` (the attention's buffers, the rotary
   embedding), tensors made on ``"cuda"`` (the schedule's token counter: ``CpuForCuda``), and the CUDA RNG
   tracker its attention forks (no dropout in the tests)."""
@@ -41,15 +41,28 @@ def torchtitan_on_cpu() -> None:
         memory_stats=lambda *args: {},
     )
     # Imported after the device module is in place.
-    import torch.nn.functional as F
-    from torch.nn.attention.flex_attention import create_mask
     from torchtitan.models.common.attention import FlexAttention
 
-    def dense_flex_attention(q, k, v, *, score_mod, block_mask, scale, enable_gqa, return_aux, kernel_options):
-        mask = create_mask(block_mask.mask_mod, q.shape[0], None, q.shape[-2], k.shape[-2], device=q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa), None
-
     FlexAttention._compiled_flex_attn = staticmethod(dense_flex_attention)
+
+
+def dense_flex_attention(q, k, v, *, score_mod, block_mask, scale, enable_gqa, return_aux, kernel_options):
+    """FlexAttention's kernel as torchtitan calls it, dense: its ``block_mask``'s ``mask_mod`` over every query and
+    key (there may be more keys than queries: a context-parallel rank's queries over its group's keys)."""
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import create_mask
+
+    mask = create_mask(block_mask.mask_mod, q.shape[0], None, q.shape[-2], k.shape[-2], device=q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa), None
+
+
+def torchtitan_eager_masks() -> None:
+    """torchtitan's masks built by ``create_block_mask`` as it is: compiling it for the CPU takes longer than a short
+    test run trains, and the mask is the same."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torchtitan.models.common import attention
+
+    attention._compiled_create_block_mask = create_block_mask
 
 
 class CpuForCuda(TorchFunctionMode):

@@ -28,6 +28,8 @@ INTEGRATIONS = {
     "hf_trainer": "huggingface",
     "lightning_data": "lightning",
     "torchtitan_data": "torchtitan",
+    "torchtitan_cp": "torchtitan",
+    "torchtitan_cp_trainer": "torchtitan",
     "megatron_data": "megatron",
     "megatron_batch": "megatron",
 }

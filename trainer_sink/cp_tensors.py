@@ -11,6 +11,8 @@ this rank's slices, laid out as Megatron-Core's packed sequences take them under
 | ``max_seqlen`` | int | the longest padded sample |
 | ``local_cp_size``, ``cp_rank`` | int | the ranks of the micro-batch's block, and this rank's place in it |
 | ``loss_tokens`` | int | the step's tokens that take a loss, over every rank: the per-token loss's divisor |
+| ``max_micro_batches`` | int | the most micro-batches a rank of the job runs in a step |
+| ``cp_mode`` | str | the job's context-parallel mode: ``static``, ``aligned`` or ``free`` |
 | ``step``, ``micro_batch``, ``micro_batches``, ``rank`` | int | where this micro-batch belongs |
 | ``sample_ids`` | list[str] | the k sample ids |
 
@@ -66,9 +68,11 @@ def cp_micro_batch_tensors(batch: CPBatch) -> list[MicroBatch]:
     return out
 
 
-def _where(batch: CPBatch, micro_batch: int, count: int) -> dict[str, int]:
+def _where(batch: CPBatch, micro_batch: int, count: int) -> dict[str, int | str]:
     return {
         "loss_tokens": batch.loss_tokens,
+        "max_micro_batches": batch.max_micro_batches,
+        "cp_mode": batch.mode,
         "padding_tokens": 0,
         "step": batch.step,
         "micro_batch": micro_batch,

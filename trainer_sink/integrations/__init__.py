@@ -5,7 +5,8 @@
 - ``trainer_sink.integrations.lightning_data``: ``MixflowDataModule``, a ``LightningDataModule``
   (``pip install "mixflow[lightning]"``);
 - ``trainer_sink.integrations.torchtitan_data``: ``MixflowDataLoader``, a torchtitan dataloader
-  (``pip install "mixflow[torchtitan]"``);
+  (``pip install "mixflow[torchtitan]"``); ``torchtitan_cp_trainer``: ``MixflowCPTrainer``, torchtitan's
+  ``Trainer`` over a static context-parallel job, each rank reading its own slices (``torchtitan_cp``);
 - ``trainer_sink.integrations.megatron_data``: ``MixflowDataIterator``, Megatron-Core's and Megatron-LM's
   data iterator (``pip install "mixflow[megatron]"``; the batch layout in ``megatron_batch``).
 

@@ -32,6 +32,11 @@ What it does for the user:
 - **Ranks**: torchtitan builds the loader with the data-parallel rank and degree of its parallel dimensions
   (the ``batch`` mesh: ``dp_replicate x dp_shard``); tensor, context and pipeline parallel ranks of one
   data-parallel rank read the same rank topic. The job must have as many ranks as that degree.
+- **Static context parallelism** (a job with ``step.context_parallel: {mode: static, size: C}``): under
+  ``MixflowCPTrainer`` (``trainer_sink.integrations.torchtitan_cp_trainer``), which calls
+  ``set_context_parallel``, rank ``c`` of each context-parallel group reads the job's rank ``dp_rank x C + c``,
+  its own slices, as ``torchtitan_cp.titan_cp_batch`` lays them out; a rank with fewer micro-batches in a step
+  than the job's most (``max_micro_batches``, which a training step then takes) gets empty ones after its last.
 - **Checkpoints**: ``CheckpointManager`` saves ``state_dict()``, ``{"dp_rank_<r>": sink state (JSON),
   "world_size": W}`` like torchtitan's own dataloader, every rank its own key. torchtitan reads no batch
   ahead of the step it trains, so the state is the position after the checkpointed step.
@@ -57,6 +62,12 @@ from torchtitan.observability.structured_logger import get_step as training_step
 from topics.errors import MixflowError
 from trainer_sink.dataset import KafkaBatchDataset
 from trainer_sink.integrations.job_shape import require_data_parallel_size
+from trainer_sink.integrations.torchtitan_cp import (
+    check_cp_micro_batch,
+    is_context_parallel,
+    padded_to_max,
+    titan_cp_batch,
+)
 from trainer_sink.media_tensors import VISION_KEYS
 from trainer_sink.read_options import ReadOptions
 from trainer_sink.tensors import Layout, MicroBatch
@@ -135,11 +146,38 @@ class MixflowDataLoader(BaseDataLoader):
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
         self.seq_len = seq_len
-        self.sink = sink if sink is not None else _sink(config, dp_rank)
+        self.cp_rank, self.cp_size = 0, 1
+        self._context_parallel: bool = False  # told its place in the context-parallel mesh (MixflowCPTrainer)
+        self._sink = sink  # made on first use, for the rank the loader is by then
         self.step_micro_batches: list[dict[str, Any]] = []
         self._iterated = False
         self._training_step: int | None = None  # torchtitan's training step of the last micro-batch handed out
         self._empty_tokens = config.pad_to_multiple_of if Layout(config.layout) is Layout.PACKED else 1
+
+    @property
+    def rank(self) -> int:
+        """The job's rank this loader reads: its place in the data x context mesh (the data-parallel rank, where
+        the loader reads no context-parallel job)."""
+        return self.dp_rank * self.cp_size + self.cp_rank
+
+    @property
+    def sink(self) -> KafkaBatchDataset:
+        if self._sink is None:
+            self._sink = _sink(self.config, self.rank)
+        return self._sink
+
+    def set_context_parallel(self, cp_rank: int, cp_size: int) -> None:
+        """Read a static context-parallel job as rank ``cp_rank`` of a context-parallel group of ``cp_size``: the
+        job's rank ``dp_rank * cp_size + cp_rank``, its own slices (``MixflowCPTrainer`` calls it, before the
+        loader reads anything)."""
+        if self._sink is not None:
+            msg = "set_context_parallel must come before the loader reads its job (its rank depends on it)"
+            raise MixflowError(msg)
+        if not 0 <= cp_rank < cp_size:
+            msg = f"context-parallel rank {cp_rank} is not in 0..{cp_size - 1}"
+            raise MixflowError(msg)
+        self.cp_rank, self.cp_size, self._context_parallel = cp_rank, cp_size, True
+        self._sink = _sink(self.config, self.rank)
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         self._iterated = True
@@ -148,30 +186,58 @@ class MixflowDataLoader(BaseDataLoader):
     def _batches(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         self._training_step = None
         for micro_batch in self.sink:
+            if is_context_parallel(micro_batch) or self._context_parallel:
+                yield from self._cp_batches(micro_batch)
+                continue
             self._check(micro_batch)
-            self._check_training_step(micro_batch)
-            if micro_batch["micro_batch"] == 0:
-                self.step_micro_batches = []
-            self.step_micro_batches.append(
-                {
-                    key: micro_batch[key]
-                    for key in ("step", "micro_batch", "micro_batches", "sample_ids", "padding_tokens")
-                }
-            )
+            self._note(micro_batch)
             yield titan_batch(micro_batch, pad_token_id=self.config.pad_token_id, pad_to_multiple_of=self._empty_tokens)
+
+    def _cp_batches(self, micro_batch: MicroBatch) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        """A static context-parallel job's micro-batch, then empty ones to the job's ``max_micro_batches`` after
+        the rank's last of its step (``trainer_sink.integrations.torchtitan_cp``)."""
+        check_cp_micro_batch(
+            micro_batch,
+            topic=self.sink.topic,
+            told=self._context_parallel,
+            ranks=self.sink.state_dict().get("ranks"),
+            dp_degree=self.dp_world_size,
+            cp_degree=self.cp_size,
+        )
+        for one in padded_to_max(micro_batch):
+            batch = titan_cp_batch(
+                one,
+                cp_rank=self.cp_rank,
+                cp_size=self.cp_size,
+                pad_token_id=self.config.pad_token_id,
+                pad_to_multiple_of=self.config.pad_to_multiple_of,
+            )
+            self._check_tokens(one, batch[0]["input"].shape[1] * self.cp_size, "context_parallel_degree x ")
+            padding = batch[0]["input"].shape[1] - one["input_ids"].numel()
+            self._note({**one, "padding_tokens": padding})
+            yield batch
+
+    def _note(self, micro_batch: MicroBatch) -> None:
+        """Check the micro-batch against torchtitan's training step, and describe it in ``step_micro_batches``."""
+        self._check_training_step(micro_batch)
+        if micro_batch["micro_batch"] == 0:
+            self.step_micro_batches = []
+        self.step_micro_batches.append({key: micro_batch[key] for key in METADATA_KEYS})
 
     def _check(self, micro_batch: MicroBatch) -> None:
         require_data_parallel_size(self.sink, self.dp_world_size, "torchtitan's data-parallel degree")
-        tokens = micro_batch["input_ids"].numel()
+        self._check_tokens(micro_batch, micro_batch["input_ids"].numel(), "")
+        if MEDIA_KEYS & micro_batch.keys():
+            msg = f"MixflowDataLoader carries text only, and {self.sink.topic} is a job with media"
+            raise MixflowError(msg)
+
+    def _check_tokens(self, micro_batch: MicroBatch, tokens: int, times: str) -> None:
         if self.seq_len is not None and tokens > self.seq_len:
             msg = (
                 f"micro-batch {micro_batch['micro_batch']} of step {micro_batch['step']} has {tokens} tokens, more "
                 f"than training.seq_len ({self.seq_len}), which bounds the model's positions: set it to at least "
-                "the job's micro-batch capacity"
+                f"{times}the job's micro-batch capacity"
             )
-            raise MixflowError(msg)
-        if MEDIA_KEYS & micro_batch.keys():
-            msg = f"MixflowDataLoader carries text only, and {self.sink.topic} is a job with media"
             raise MixflowError(msg)
 
     def _check_training_step(self, micro_batch: MicroBatch) -> None:
@@ -187,7 +253,7 @@ class MixflowDataLoader(BaseDataLoader):
             msg = (
                 f"torchtitan's training step {self._training_step} takes {how} batches than the {micro_batches} "
                 f"micro-batches of step {micro_batch['step'] - begins_job_step} of {self.sink.topic}: "
-                f"set training.global_batch_size to the data-parallel degree times the job's step.micro_batches "
+                "set training.global_batch_size to the data-parallel degree times the job's micro-batches a step "
                 f"({degree} x {micro_batches} = {degree * micro_batches}), so that one training step is one step "
                 "of the job"
             )
@@ -197,12 +263,12 @@ class MixflowDataLoader(BaseDataLoader):
     # -- Stateful ------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's sink state under ``dp_rank_<r>``; before iterating, under ``dp_rank_0``: that is the key
-        ``torch.distributed.checkpoint`` loads (it asks for the keys of this dict), which every checkpoint holds
-        whatever its data-parallel degree."""
+        """This rank's sink state under ``dp_rank_<r>`` (``r``: ``rank``); before iterating, under ``dp_rank_0``:
+        that is the key ``torch.distributed.checkpoint`` loads (it asks for the keys of this dict), which every
+        checkpoint holds whatever its data-parallel degree."""
         state = self.sink.state_dict()
         if not self._iterated:
-            return {RANK_KEY.format(0): json.dumps(state), WORLD_SIZE_KEY: self.dp_world_size}
+            return {RANK_KEY.format(0): json.dumps(state), WORLD_SIZE_KEY: self.dp_world_size * self.cp_size}
         if state.get("micro_batch") not in (0, None):
             msg = (
                 f"torchtitan checkpoints in the middle of step {state['step']} of {self.sink.topic} (before "
@@ -211,7 +277,7 @@ class MixflowDataLoader(BaseDataLoader):
                 "step of the job"
             )
             raise MixflowError(msg)
-        return {RANK_KEY.format(self.dp_rank): json.dumps(state), WORLD_SIZE_KEY: self.dp_world_size}
+        return {RANK_KEY.format(self.rank): json.dumps(state), WORLD_SIZE_KEY: self.dp_world_size * self.cp_size}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from this rank's state if ``state_dict`` holds it, else from the lowest rank's."""
@@ -221,15 +287,15 @@ class MixflowDataLoader(BaseDataLoader):
         if not ranks:
             msg = f"not a MixflowDataLoader state (no dp_rank_<r> key): {sorted(state_dict)}"
             raise MixflowError(msg)
-        chosen = self.dp_rank if self.dp_rank in ranks else ranks[0]
+        chosen = self.rank if self.rank in ranks else ranks[0]
         saved = state_dict[RANK_KEY.format(chosen)]
         self.sink.load_state_dict(json.loads(saved) if isinstance(saved, str | bytes) else saved)
         saved_world = state_dict.get(WORLD_SIZE_KEY)
-        if saved_world is not None and saved_world != self.dp_world_size:
+        if saved_world is not None and saved_world != self.dp_world_size * self.cp_size:
             log.info(
-                "data-parallel rank %d of %d resumes from rank %d's state of a checkpoint taken at %d ranks",
-                self.dp_rank,
-                self.dp_world_size,
+                "rank %d of %d resumes from rank %d's state of a checkpoint taken at %d ranks",
+                self.rank,
+                self.dp_world_size * self.cp_size,
                 chosen,
                 saved_world,
             )
