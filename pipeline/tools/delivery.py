@@ -20,6 +20,8 @@ from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import JobSpec
 from pipeline.tools.dead_letters import SourceLetters, tally
 from topics.formats.batch import Batch
+from topics.formats.cp_batch import CPBatch
+from topics.formats.cp_packing import pack_cp_micro_batches
 from topics.formats.dead_letter import DeadLetter, decode_dead_letter_message
 from topics.formats.media import MediaItem
 from topics.formats.names import JobTopics
@@ -35,8 +37,9 @@ MicroBatchRecord = tuple[int, int, list[str], str]
 """(step, micro-batch, sample ids, tokens_sha256): one micro-batch as a trainer rank records it."""
 
 RECEIVED_FILE = "received-rank{rank}.jsonl"
-"""Per trainer rank, one JSON line per micro-batch trained: ``step``, ``micro_batch``, ``sample_ids`` and
-``tokens_sha256`` (sha256 of the micro-batch's token ids as little-endian int32), in training order."""
+"""Per trainer rank, one JSON line per micro-batch trained: ``step``, ``micro_batch``, ``micro_batches`` (the
+rank's in the step), ``sample_ids`` and ``tokens_sha256`` (sha256 of the micro-batch's token ids as little-endian
+int32), in training order."""
 
 
 def tokens_sha256(token_ids: np.ndarray) -> str:
@@ -72,6 +75,7 @@ def received_line(micro_batch: Mapping[str, Any]) -> str:
     line = {
         "step": micro_batch["step"],
         "micro_batch": micro_batch["micro_batch"],
+        "micro_batches": micro_batch["micro_batches"],
         "sample_ids": list(micro_batch["sample_ids"]),
         "tokens_sha256": tokens_sha256(micro_batch["input_ids"].numpy()),
     }
@@ -178,7 +182,7 @@ class TrainerCheck:
         return f"the trainer received every micro-batch exactly as written: NO ({shown})"
 
 
-def check_trainer(folder: Path, steps: list[list[Batch]]) -> TrainerCheck:
+def check_trainer(folder: Path, steps: Sequence[Sequence[Batch | CPBatch]]) -> TrainerCheck:
     """Compare each rank's received file in ``folder`` with that rank's micro-batches, in order, up to
     the step where the trainer says it stopped (``end_step`` in ``trainer-rank<r>.json``)."""
     ranks = len(steps[0]) if steps else 0
@@ -204,13 +208,17 @@ def check_trainer(folder: Path, steps: list[list[Batch]]) -> TrainerCheck:
     return TrainerCheck(ranks, total, received, trained, len(steps), problems)
 
 
-def rank_micro_batches(batches: list[Batch]) -> list[MicroBatchRecord]:
-    """One rank's micro-batches of ``batches``, in order, as a trainer records them."""
-    return [
-        (batch.step, m, packed.sample_ids, tokens_sha256(packed.token_ids))
-        for batch in batches
-        for m, packed in enumerate(pack_micro_batches(batch))
-    ]
+def rank_micro_batches(batches: Sequence[Batch | CPBatch]) -> list[MicroBatchRecord]:
+    """One rank's micro-batches of ``batches``, in order, as a trainer records them: of a context-parallel batch,
+    its slices, or the one empty micro-batch the sink gives a rank with none in the step."""
+    out: list[MicroBatchRecord] = []
+    for batch in batches:
+        if isinstance(batch, CPBatch) and batch.micro_batches == 0:
+            out.append((batch.step, 0, [], tokens_sha256(np.zeros(0, np.int32))))
+            continue
+        packed = pack_cp_micro_batches(batch) if isinstance(batch, CPBatch) else pack_micro_batches(batch)
+        out += [(batch.step, m, p.sample_ids, tokens_sha256(p.token_ids)) for m, p in enumerate(packed)]
+    return out
 
 
 def received_micro_batches(path: Path) -> list[MicroBatchRecord]:
