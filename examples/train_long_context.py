@@ -14,9 +14,9 @@ gradients, a rank with fewer micro-batches too, and takes the optimizer step.
 Rank 0 logs the loss; at the end every rank's received slices go to rank 0, which reassembles each sample from
 its block's slices and compares it with the samples on the source topics (``cp_delivery``). ``DIR`` gets
 ``received-rank<r>.jsonl`` (one line per micro-batch: step, micro_batch, micro_batches, sample_ids,
-tokens_sha256) and ``trainer-rank<r>.json`` (the run's summary), as ``mixflow run``'s report reads them; the last
-line of rank 0's output is the summary with the loss and the delivery check, as JSON. No checkpoints: a restarted
-run starts over.
+tokens_sha256) and ``trainer-rank<r>.json`` (the run's summary; rank 0's with every step's loss and the delivery
+check), as ``mixflow run``'s report reads them; the last line of rank 0's output sums them up as JSON. No
+checkpoints: a restarted run starts over.
 """
 
 from __future__ import annotations
@@ -237,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = train_job(args, group)
         train.atomic_write_json(args.out / f"trainer-rank{group.rank}.json", summary)
         group.barrier()
-        if group.rank == 0:
-            print(json.dumps(summary), flush=True)  # mixflow run shows a role's last line: train: {...}
+        if group.rank == 0:  # mixflow run shows a role's last line: train: {...}
+            shown = ("steps", "seconds", "loss_first", "loss_last", "micro_batches_by_block", "delivery")
+            print(json.dumps({key: summary[key] for key in shown}), flush=True)
     finally:
         group.close()
     return 0 if summary.get("exactly_once", True) else 1

@@ -216,8 +216,8 @@ def test_the_long_context_example_runs_end_to_end(kafka_bootstrap: str, unique_n
     run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     trained = [line for line in run.stdout.splitlines() if line.startswith("train: ")]
     assert trained, run.stdout[-3000:] + run.stderr[-3000:]  # every role finished, the trainer too
-    log = (state / "jobs" / unique_name / "train.log").read_text()
-    summary = json.loads(log.strip().splitlines()[-1])
+    folder = state / "jobs" / unique_name / "train"
+    summary = json.loads((folder / "trainer-rank0.json").read_text())
     assert summary["exactly_once"] is True, summary["delivery"]
     assert summary["delivery"].startswith("every sample received exactly once, token for token: yes"), summary
     assert " on 4 ranks" in summary["delivery"] and summary["micro_batches_by_block"].get("4"), summary
@@ -226,5 +226,5 @@ def test_the_long_context_example_runs_end_to_end(kafka_bootstrap: str, unique_n
     assert np.mean(losses[-5:]) < losses[0] - 0.5, f"the loss did not fall: {losses}"
     steps = _rank_batches(kafka_bootstrap, unique_name)
     assert len(steps) == len(losses)
-    check = check_trainer(state / "jobs" / unique_name / "train", steps)
+    check = check_trainer(folder, steps)
     assert not check.problems and check.received == check.micro_batches > len(steps) * RANKS, check.line()
