@@ -41,8 +41,7 @@ def block_layouts(mode: str, size: int, world: int) -> list[Block]:
     else:
         msg = f"unknown context-parallel mode {mode!r} (static, aligned or free)"
         raise ValueError(msg)
-    step = {"free": 1}
-    return [(first, c) for c in sizes for first in range(0, world - c + 1, step.get(mode, c))]
+    return [(first, c) for c in sizes for first in range(0, world - c + 1, 1 if mode == "free" else c)]
 
 
 class BlockGroups:

@@ -26,6 +26,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ import cp_delivery
 import gpt
 import train
 
-from pipeline.spec import load_spec
+from pipeline.spec import JobSpec, load_spec
 from topics.formats.names import JobTopics
 from topics.formats.sample_codec import decode_sample_message
 from topics.kafka.log_reader import read_to_end
@@ -98,7 +99,7 @@ def all_reduce_gradients(model: nn.Module) -> None:
         parameter.grad = grad.view_as(parameter)
 
 
-def source_samples(config: dict[str, Any], job: str, sources: list[str]) -> dict[str, np.ndarray]:
+def source_samples(config: Mapping[str, Any], job: str, sources: list[str]) -> dict[str, np.ndarray]:
     """Every sample the loaders committed to the job's source topics, by id."""
     samples = {}
     for source in sources:
@@ -108,22 +109,70 @@ def source_samples(config: dict[str, Any], job: str, sources: list[str]) -> dict
     return samples
 
 
+class Received:
+    """What this rank received: its received file (a line per micro-batch), its slices for the delivery check, its
+    tokens, and the micro-batches it ran as the first rank of their block, by the block's ranks."""
+
+    def __init__(self, out: Path, rank: int, largest_block: int) -> None:
+        self.rank = rank
+        self.log = train.ReceivedLog(out / f"received-rank{rank}.jsonl", append=False)
+        self.slices: list[cp_delivery.Slice] = []
+        self.tokens = 0
+        self.by_block = torch.zeros(largest_block + 1, dtype=torch.float64)
+
+    def add(self, micro_batch: MicroBatch) -> None:
+        self.log.add(micro_batch)
+        self.slices += cp_delivery.micro_batch_slices(self.rank, micro_batch)
+        self.tokens += int(micro_batch["input_ids"].numel())
+        if micro_batch["input_ids"].numel() and micro_batch["cp_rank"] == 0:
+            self.by_block[int(micro_batch["local_cp_size"])] += 1
+
+
+def train_step(
+    model: gpt.GPT,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[MicroBatch],
+    blocks: cp_attention.BlockGroups,
+    rank: int,
+    grad_clip: float,
+) -> float:
+    """Run this rank's micro-batches of a step and take the optimizer step; this rank's summed token losses."""
+    loss_tokens = max(int(micro_batches[0]["loss_tokens"]), 1)
+    step_loss = 0.0
+    # Deadlock-free: a block's micro-batch sits at the same index of the step on every rank of the block, and every
+    # rank runs its micro-batches in index order, so the ranks of a block meet in each of its collectives (forward
+    # and backward) in the same order; a micro-batch of one rank has none, and a rank with fewer micro-batches goes
+    # on to the step's gradient all-reduce, which every rank joins once.
+    for micro_batch in micro_batches:
+        if micro_batch["input_ids"].numel():  # not the empty micro-batch of a rank with none in the step
+            loss_sum = micro_batch_loss(model, micro_batch, blocks, rank)
+            (loss_sum / loss_tokens).backward()
+            step_loss += float(loss_sum.detach())
+    all_reduce_gradients(model)
+    if grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return step_loss
+
+
 def train_job(args: argparse.Namespace, group: train.Group) -> dict[str, Any]:
     spec = load_spec(args.spec)
     cp = spec.step.context_parallel
     if cp is None:
         raise SystemExit(f"{args.spec}: the step has no context_parallel section; train it with examples/train.py")
-    if group.world != spec.step.ranks:
-        msg = f"{args.spec}: the job's step has {spec.step.ranks} ranks (data x context), this run {group.world}"
+    if group.world != spec.step.ranks or not group.distributed:
+        msg = (
+            f"{args.spec}: the job's step has {spec.step.ranks} ranks (data x context), this run {group.world} "
+            "processes: run one process per rank under torchrun"
+        )
         raise SystemExit(msg)
     blocks = cp_attention.BlockGroups(cp.mode, cp.size, group.world)
-    config = gpt.config_from_arguments(args)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    model = gpt.GPT(config)
+    model = gpt.GPT(gpt.config_from_arguments(args))
     optimizer = train.make_optimizer(model, args)
     if group.rank == 0:
         log.info("%s; %d ranks, context parallelism %s up to %d", gpt.describe(model), group.world, cp.mode, cp.size)
-    source = SinkSource.from_spec(args.spec, args.bootstrap_servers, rank=group.rank)
     dataset = KafkaBatchDataset(
         args.spec,
         bootstrap_servers=args.bootstrap_servers,
@@ -132,11 +181,9 @@ def train_job(args: argparse.Namespace, group: train.Group) -> dict[str, Any]:
         read=ReadOptions(wait_timeout_s=args.wait_timeout_s),
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    received = train.ReceivedLog(args.out / f"received-rank{group.rank}.jsonl", append=False)
-    slices: list[cp_delivery.Slice] = []
-    blocks_run = torch.zeros(cp.size + 1, dtype=torch.float64)  # micro-batches this rank ran first in, by block
+    received = Received(args.out, group.rank, cp.size)
     losses: list[float] = []
-    step = tokens = 0
+    step = 0
     started = last_log = time.monotonic()
     batches = iter(dataset)
     try:
@@ -150,30 +197,12 @@ def train_job(args: argparse.Namespace, group: train.Group) -> dict[str, Any]:
                 raise RuntimeError(f"step {step}: {int(ranks_with_data)} of {group.world} ranks got it")
             for param_group in optimizer.param_groups:
                 param_group["lr"] = train.learning_rate(args, step)
-            loss_tokens = max(int(micro_batches[0]["loss_tokens"]), 1)
-            step_loss = 0.0
-            # Deadlock-free: a block's micro-batch sits at the same index of the step on every rank of the block,
-            # and every rank runs its micro-batches in index order, so the ranks of a block meet in each of its
-            # collectives (forward and backward) in the same order; a rank with fewer micro-batches goes on to the
-            # step's gradient all-reduce, which every rank joins once.
+            step_loss = train_step(model, optimizer, micro_batches, blocks, group.rank, args.grad_clip)
             for micro_batch in micro_batches:
-                if micro_batch["input_ids"].numel():
-                    loss_sum = micro_batch_loss(model, micro_batch, blocks, group.rank)
-                    (loss_sum / loss_tokens).backward()
-                    step_loss += float(loss_sum.detach())
-                    if micro_batch["cp_rank"] == 0:
-                        blocks_run[int(micro_batch["local_cp_size"])] += 1
                 received.add(micro_batch)
-                slices += cp_delivery.micro_batch_slices(group.rank, micro_batch)
-                tokens += int(micro_batch["input_ids"].numel())
-            all_reduce_gradients(model)
-            if args.grad_clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            received.log.flush()
             (loss_total,) = group.all_reduce([step_loss])
-            losses.append(loss_total / loss_tokens)
-            received.flush()
+            losses.append(loss_total / max(int(micro_batches[0]["loss_tokens"]), 1))
             step += 1
             now = time.monotonic()
             if group.rank == 0 and (now - last_log >= args.log_every_s or step == 1):
@@ -182,16 +211,17 @@ def train_job(args: argparse.Namespace, group: train.Group) -> dict[str, Any]:
         seconds = time.monotonic() - started
         to_the_end = args.steps is None or step < args.steps
     finally:
-        received.close()
+        received.log.close()
         batches.close()
-    dist.all_reduce(blocks_run)
-    delivery = _check_delivery(group, slices, source.kafka_config, spec, to_the_end=to_the_end)
+    dist.all_reduce(received.by_block)
+    source = SinkSource.from_spec(args.spec, args.bootstrap_servers, rank=group.rank)
+    delivery = _check_delivery(group, received.slices, source.kafka_config, spec, to_the_end=to_the_end)
     rss, pss = train.memory_bytes()
     summary = {
         "rank": group.rank,
         "steps": step,
         "end_step": step,
-        "tokens": tokens,
+        "tokens": received.tokens,
         "seconds": round(seconds, 3),
         "loss_first": round(losses[0], 4) if losses else None,
         "loss_last": round(losses[-1], 4) if losses else None,
@@ -200,11 +230,11 @@ def train_job(args: argparse.Namespace, group: train.Group) -> dict[str, Any]:
         "prefetch_peak_bytes": dataset.peak_prefetch_bytes,
     }
     if group.rank == 0:
-        block_counts = {c: int(n) for c, n in enumerate(blocks_run.tolist()) if n}
-        log.info("micro-batches by the ranks of their block: %s", block_counts)
+        by_block = {c: int(n) for c, n in enumerate(received.by_block.tolist()) if n}
+        log.info("micro-batches by the ranks of their block: %s", by_block)
         log.info("loss %s at the first step, %s at the last (%d steps, %.1f s)", *_shown(losses), step, seconds)
         log.info(delivery.line())
-        summary |= {"losses": [round(x, 4) for x in losses], "micro_batches_by_block": block_counts}
+        summary |= {"losses": [round(x, 4) for x in losses], "micro_batches_by_block": by_block}
         summary |= {"exactly_once": delivery.ok, "delivery": delivery.line()}
     return summary
 
@@ -214,14 +244,14 @@ def _shown(losses: list[float]) -> tuple[str, str]:
 
 
 def _check_delivery(
-    group: train.Group, slices: list[cp_delivery.Slice], config: Any, spec: Any, *, to_the_end: bool
+    group: train.Group, slices: list[cp_delivery.Slice], config: Mapping[str, Any], spec: JobSpec, *, to_the_end: bool
 ) -> cp_delivery.DeliveryCheck:
     """Rank 0's check of every rank's received slices against the source topics (the others get a blank)."""
     gathered: list[Any] = [None] * group.world if group.rank == 0 else []
     dist.gather_object(slices, gathered if group.rank == 0 else None, dst=0)
     if group.rank != 0:
         return cp_delivery.DeliveryCheck(0, 0, to_the_end)
-    sources = source_samples(dict(config), spec.job, spec.source_names)
+    sources = source_samples(config, spec.job, spec.source_names)
     return cp_delivery.check_delivery((s for rank in gathered for s in rank), sources, to_the_end=to_the_end)
 
 
