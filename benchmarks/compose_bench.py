@@ -21,7 +21,7 @@ import numpy as np
 
 from benchmarks import balance_sim_bench as sim
 from benchmarks._table import add_markdown_flag, print_table
-from pipeline.planning.mixing import _compose_select
+from pipeline.planning.mixing._composition import options
 
 
 def every_option(
@@ -44,21 +44,21 @@ def run(ranks: int, context: str, steps: int, warm_up: int, lazy: bool) -> tuple
     tokens = int(((steps + warm_up) * 1.3 + 3 * (sim.DEFAULT_WINDOW + 3)) * ranks * micro_batches * capacity)
     stream = sim.make_stream(sim.MIXES[0], capacity, tokens, np.random.default_rng([0, capacity]))
     planned = [0]
-    score = _compose_select.score
+    score = options.score
 
     def counted(*args: object) -> float:
         planned[0] += 1
         return score(*args)  # type: ignore[arg-type]
 
-    chosen = _compose_select.choose_option
-    _compose_select.score = counted  # type: ignore[assignment]
+    chosen = options.choose_option
+    options.score = counted  # type: ignore[assignment]
     if not lazy:
-        _compose_select.choose_option = every_option
+        options.choose_option = every_option
     try:
         result = sim.mixflow(stream, micro_batches, capacity, steps, warm_up, composed=True)
     finally:
-        _compose_select.score = score
-        _compose_select.choose_option = chosen
+        options.score = score
+        options.choose_option = chosen
     return result, planned[0] / (steps + warm_up)
 
 

@@ -9,7 +9,7 @@ Without it, the steps are made again from those lengths by the constructor's ste
 ``compose_step`` then ``plan_step``, the deferred samples first, a source exhausted once its draw waits
 for it with everything read, then the final steps), as the constructor makes them once the loaders are
 done: composition is a function of the windows, not of what is buffered beyond them, so these are the
-run's steps. Each value of ``--pack-ahead`` (``_compose_select.PACK_AHEAD``: micro-batches of tokens a
+run's steps. Each value of ``--pack-ahead`` (``_composition.options.PACK_AHEAD``: micro-batches of tokens a
 packed option may take from a source beyond its target) gets a row:
 
 steps; the median, mean and 95th percentile over steps of max/mean rank cost; fill (tokens over
@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._table import add_markdown_flag, print_table
-from pipeline.planning.mixing import DrawStatus, Mixer, Schedule, _compose_select
+from pipeline.planning.mixing import DrawStatus, Mixer, Schedule
+from pipeline.planning.mixing._composition import options
 from pipeline.planning.shape import StepShape
 from pipeline.planning.step.core import PlannedStep, StepCore, StepWindow
 from pipeline.spec import JobSpec, load_spec
@@ -151,7 +152,7 @@ def main() -> None:
     parser.add_argument("--spec", type=Path, default=SPEC)
     parser.add_argument("--data", type=Path, required=True, help="the sources' sample lengths (.npz)")
     parser.add_argument("--dump", metavar="JOB", help="write --data from this job's source topics, and stop")
-    parser.add_argument("--pack-ahead", default=f"0,{_compose_select.PACK_AHEAD:g}", help="values to compare")
+    parser.add_argument("--pack-ahead", default=f"0,{options.PACK_AHEAD:g}", help="values to compare")
     add_markdown_flag(parser)
     args = parser.parse_args()
     spec = load_spec(args.spec)
@@ -160,13 +161,13 @@ def main() -> None:
         return
     stored = np.load(args.data)
     lengths = {s: stored[s] for s in spec.source_names}
-    shipped, results = _compose_select.PACK_AHEAD, []
+    shipped, results = options.PACK_AHEAD, []
     try:
         for ahead in (float(v) for v in args.pack_ahead.split(",")):
-            _compose_select.PACK_AHEAD = ahead
+            options.PACK_AHEAD = ahead
             results.append({"pack ahead": f"{ahead:g}", **summary(spec, replay(spec, lengths))})
     finally:
-        _compose_select.PACK_AHEAD = shipped
+        options.PACK_AHEAD = shipped
     reference = float(results[0]["step time"])  # type: ignore[arg-type]
     for result in results:
         result["step time"] = f"{float(result['step time']) / reference:.4f}"  # type: ignore[arg-type]

@@ -5,8 +5,8 @@
 
 The constructor's own pure step loop, without Kafka: each source's ``SamplePool`` FIFO is read ahead as
 ``SourceTopicFeed.hold`` does (the composition window plus two steps of its share, plus a step), the
-default composition (``Mixer`` with window 8, due share 1/8) draws, ``assemble_step``'s planning places
-(its batches are not built), ``SamplePool.settle`` takes back the deferred samples, and the step's
+default composition (``Mixer`` with window 8, due share 1/8) draws, the constructor's step core
+(``StepCore``) plans (its batches are not built), ``SamplePool.settle`` takes back the deferred samples, and the step's
 ``ConstructorState`` is encoded as ``DataConstructor._write`` does. The stream is the 70/25/5 mix of
 ``balance_sim_bench.py`` as three sources (web lognormal ~500, code lognormal ~1.5k, long uniform 25-100%
 of the context), shares 0.70/0.25/0.05 of the tokens, seed 0.
@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.planning.mixing import DrawStatus, Mixer, Schedule
+from pipeline.planning.mixing import Mixer, Schedule
 from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW
 from pipeline.planning.mixing.mixer import Composition, step_budget
-from pipeline.planning.scheduler import plan_step
 from pipeline.planning.shape import StepShape
 from pipeline.planning.step import used_bitmap
+from pipeline.planning.step.core import StepCore
 from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.state import ConstructorState, SourcePosition
 from pipeline.spec import OnExhausted
@@ -112,23 +112,22 @@ def measure(ranks: int, micro_batches: int, capacity: int, steps: int, warm_up: 
     pool = SamplePool(state)
     stream = Stream(capacity, seed)
     mixer_state = state.mixer
+    core = StepCore(shape, COST_MODEL)
     sizes, list_sizes, samples, largest, seconds = [], [], [], None, []
     for step in range(steps):
         began = time.perf_counter()
         for s in sources:  # SourceTopicFeed.hold(window + 2, weights): that many steps of its share, plus one
             stream.feed(pool, s, budget * ((DEFAULT_WINDOW + 2) * SHARES[s] + 1))
-        draw = mixer.draw(mixer_state, pool.available_lengths(), pool.deferred_lengths(), ())
-        if draw.status is not DrawStatus.OK:
-            msg = f"step {step}: {draw.status}"
+        outcome = core.next_step(mixer, mixer_state, pool.window())
+        if outcome.planned is None:
+            msg = f"step {step}: {outcome.status}"
             raise RuntimeError(msg)
-        candidates = pool.take(draw.take)
-        start = None if draw.placement is None else draw.start_for([c.ref.source for c in candidates])
-        lengths = np.fromiter((c.sample.length for c in candidates), dtype=np.int64, count=len(candidates))
-        plan = plan_step(lengths, ranks, micro_batches, capacity, COST_MODEL, start=start)
-        placed = plan.placed_mask.tolist()
+        planned = outcome.planned
+        candidates = pool.take(planned.taken, planned.order)
+        placed = planned.plan.placed_mask.tolist()
         delivered = [c for c, p in zip(candidates, placed, strict=True) if p]
         pool.settle(delivered, [c for c, p in zip(candidates, placed, strict=True) if not p])
-        mixer_state = draw.settle(pool.deferred_lengths())
+        mixer_state = planned.next_state
         written = ConstructorState(mixer_state, pool.positions(), pool.deferred_refs())
         size = len(written.to_bytes())
         seconds.append(time.perf_counter() - began)

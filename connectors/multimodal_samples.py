@@ -11,7 +11,7 @@ import numpy as np
 from connectors.media.decode import MediaDecoder
 from connectors.media.errors import MediaError
 from connectors.media.placeholders import placeholder_block
-from connectors.readers.base import Document, MediaRef, location
+from connectors.readers.base import Document, MediaRef
 from connectors.sample_ids import with_suffixes
 from topics.formats.dead_letter import DeadLetter
 from topics.formats.media import MediaItem
@@ -107,7 +107,7 @@ class InterleavedBuilder:
         if isinstance(segments, DeadLetter):
             return segments
         if not any(len(segment.tokens) for segment in segments):
-            return DeadLetter(document.source, location(document.path, row=document.row), "document has no tokens")
+            return DeadLetter(document.source, document.where, "document has no tokens")
         chunks = chunk_segments(segments, self.max_length, self.max_patches)
         split = len(chunks) > 1
         return [
@@ -129,7 +129,7 @@ class InterleavedBuilder:
             if not isinstance(part, MediaRef):
                 tokens = next(texts)
                 if reason := self._stray_vision_token(tokens):
-                    where = location(document.path, row=document.row)
+                    where = document.where
                     return DeadLetter(document.source, where, f"text part {k} {reason}")
                 segments.append(Segment(tokens))
                 continue

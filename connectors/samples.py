@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from connectors.media.config import VisionConfig
-from connectors.readers.base import Document, location
+from connectors.readers.base import Document
 from connectors.sample_ids import with_suffixes
 from connectors.storage import Storage
 from connectors.tokenizer import TextTokenizer
@@ -157,4 +157,4 @@ def _texts(document: Document) -> list[str]:
 
 
 def _no_tokens(document: Document) -> DeadLetter:
-    return DeadLetter(document.source, location(document.path, row=document.row), "document has no tokens")
+    return DeadLetter(document.source, document.where, "document has no tokens")

@@ -26,7 +26,7 @@ echo "test: Kafka at $KAFKA_BOOTSTRAP_SERVERS"
 # --durations: the slowest tests, to see where the suite's time goes.
 began=$SECONDS
 status=0
-.venv/bin/python -m pytest -p no:cacheprovider -n "${MIXFLOW_TEST_WORKERS:-3}" --dist loadfile --durations=15 "$@" \
+.venv/bin/python -m pytest -p no:cacheprovider -n "${MIXFLOW_TEST_WORKERS:-3}" --dist loadfile --durations=40 "$@" \
   || status=$?
 echo "test: suite took $((SECONDS - began)) s"
 exit "$status"

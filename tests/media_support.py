@@ -87,20 +87,50 @@ def unknown_codec_clip() -> bytes:
     return data.replace(b"V_FFV1", b"V_ZZZZ")
 
 
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
 def png_with_header(width: int, height: int) -> bytes:
     """A PNG whose header says ``width x height`` but whose data holds one row: a decompression bomb's
     shape, or a zero-sized image."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return (
         b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(b"\x00" * (1 + 3 * max(width, 1))))
-        + chunk(b"IEND", b"")
+        + _png_chunk(b"IHDR", header)
+        + _png_chunk(b"IDAT", zlib.compress(b"\x00" * (1 + 3 * max(width, 1))))
+        + _png_chunk(b"IEND", b"")
     )
+
+
+PNG_COLOUR_TYPES = {1: 0, 3: 2, 2: 4, 4: 6}
+"""The PNG colour type of each channel count: grey, RGB, grey and alpha, RGBA."""
+
+
+def sixteen_bit_channels_png(samples: np.ndarray, transparency: tuple[int, ...] | None = None) -> bytes:
+    """A PNG of 16 bits a sample (of these Pillow writes only greyscale): ``samples`` uint16 ``[height, width,
+    channels]`` (1 grey, 2 grey and alpha, 3 RGB, 4 RGBA), with a ``tRNS`` colour key ``transparency`` (one
+    value a channel, grey or RGB only) when given."""
+    height, width, channels = samples.shape
+    header = struct.pack(">IIBBBBB", width, height, 16, PNG_COLOUR_TYPES[channels], 0, 0, 0)
+    rows = b"".join(b"\x00" + row.tobytes() for row in samples.astype(">u2").reshape(height, -1))  # filter 0
+    key = b"" if transparency is None else _png_chunk(b"tRNS", struct.pack(f">{len(transparency)}H", *transparency))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", header)
+        + key
+        + _png_chunk(b"IDAT", zlib.compress(rows))
+        + _png_chunk(b"IEND", b"")
+    )
+
+
+def png_with_orientation(data: bytes, orientation: int) -> bytes:
+    """The PNG ``data`` with an ``eXIf`` chunk holding the EXIF ``orientation``, its pixels and other chunks as
+    they are (the chunk follows the 33 bytes of signature and ``IHDR``)."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    tiff = exif.tobytes().removeprefix(b"Exif\x00\x00")
+    return data[:33] + _png_chunk(b"eXIf", tiff) + data[33:]
 
 
 def sixteen_bit_png(values: np.ndarray) -> bytes:

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from pipeline.planning.mixing import DrawStatus, MixerState
-from pipeline.planning.mixing._compose_bins import pack_bins_kernel
-from pipeline.planning.mixing._compose_select import HoleFill, Longs, build_groups
-from pipeline.planning.mixing._compose_types import StepMedia
+from pipeline.planning.mixing._composition.groups import build_groups
+from pipeline.planning.mixing._composition.packing import pack_bins_kernel
+from pipeline.planning.mixing._composition.values import HoleFill, Longs, StepMedia
 from pipeline.planning.mixing.compose import HEADROOM, compose_step
 from pipeline.planning.scheduler import CostModel, plan_lpt, plan_step, plan_with_media
 from pipeline.planning.shape import StepShape

@@ -166,7 +166,9 @@ def _paletted_with_transparency() -> bytes:
         (image_bytes(Image.new("L", (60, 60), 77)), (77, 77, 77)),
         (image_bytes(Image.new("1", (60, 60), 1)), (255, 255, 255)),
         (sixteen_bit_png(np.full((60, 60), 65535)), (255, 255, 255)),
-        (sixteen_bit_png(np.full((60, 60), 32896)), (128, 128, 128)),  # scaled, not clipped to 255
+        (sixteen_bit_png(np.full((60, 60), 32896)), (255, 255, 255)),  # clipped at 255, as transformers does
+        (sixteen_bit_png(np.full((60, 60), 77)), (77, 77, 77)),
+        (image_bytes(Image.new("RGB", (60, 60), (1, 1, 1)), transparency=(1, 1, 1)), (255, 255, 255)),  # tRNS key
         (image_bytes(Image.new("RGB", (60, 60), (1, 2, 3)), "WEBP", lossless=True), (1, 2, 3)),
     ],
     ids=[
@@ -180,6 +182,8 @@ def _paletted_with_transparency() -> bytes:
         "1-bit",
         "16-bit",
         "16-bit-mid",
+        "16-bit-low",
+        "rgb-colour-key",
         "webp",
     ],
 )

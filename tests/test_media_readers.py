@@ -172,6 +172,7 @@ def test_webdataset_round_trip(
     assert [d.document_id for d in got] == [f"wds/s/shard-0.tar/{i}" for i in range(len(docs))]
     assert [comparable(d.parts) for d in got] == [parts for _, _, parts in docs]
     for doc, key in zip(got, keys, strict=True):
+        assert doc.where == f"s/shard-0.tar:key={key}"  # where later dead letters about it point
         assert all(p.where.startswith(f"s/shard-0.tar:key={key}.") for p in doc.parts if isinstance(p, MediaRef))
 
 
@@ -326,6 +327,7 @@ def test_webdataset_bad_samples_are_dead_letters(bad: list[str], data: st.DataOb
         assert reason in dead[where].reason, (where, dead[where].reason)
         assert dead[where].source == "wds"
     assert [(d.row, comparable(d.parts)) for d in items if isinstance(d, Document)] == expected_docs
+    assert [d.where for d in items if isinstance(d, Document)] == [f"s.tar:key=k{n:03d}" for n, _ in expected_docs]
 
 
 def test_webdataset_broken_shards(tmp_path: Path) -> None:
@@ -356,7 +358,7 @@ def test_webdataset_broken_shards(tmp_path: Path) -> None:
     (tmp_path / "shard.tar").write_bytes(whole)
     items = list(reader.read(WorkUnit("wds", "shard.tar", "rows", 2, 6, byte_offset=int(layout.row_bounds[2]))))
     assert [type(i) for i in items] == [Document, Document, DeadLetter]
-    assert items[-1].location == "shard.tar:row=4" and "before sample 6" in items[-1].reason
+    assert items[-1].location == "shard.tar" and "shard ends at sample 4, before sample 6" in items[-1].reason
     # a byte offset that is no member's header
     items = list(reader.read(WorkUnit("wds", "shard.tar", "rows", 1, 2, byte_offset=int(layout.row_bounds[1]) + 512)))
     assert [type(i) for i in items] == [DeadLetter]

@@ -20,9 +20,12 @@ from tokenizers import ByteLevelBPETokenizer
 from connectors.media.decode import MediaDecoder
 from connectors.media.placeholders import placeholder_block
 from connectors.multimodal_samples import Segment, chunk_segments
+from connectors.planning import split_file
 from connectors.readers.base import Document, MediaRef
+from connectors.readers.webdataset_shards import WebDatasetReader
 from connectors.samples import SampleBuilder
 from connectors.tokenizer import TextTokenizer
+from tests.caption_shards import write_shard
 from tests.media_support import VISION, clip_bytes, image_bytes, text_image
 from topics.formats.media import MediaItem
 from topics.formats.sample import Sample
@@ -366,7 +369,7 @@ def test_interleaved_items_carry_the_decoded_pixels(tokenizer: CountingTokenizer
     assert sample.media == (replace(decoded, token_offset=sample.media[0].token_offset),)
 
 
-def test_a_text_holding_a_vision_token_is_a_dead_letter(tokenizer: CountingTokenizer) -> None:
+def test_a_text_holding_a_vision_token_is_a_dead_letter(tokenizer: CountingTokenizer, tmp_path: Path) -> None:
     class VisionTokenInText(CountingTokenizer):
         def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
             encoded = super().encode_batch(texts)
@@ -379,9 +382,19 @@ def test_a_text_holding_a_vision_token_is_a_dead_letter(tokenizer: CountingToken
     builder = SampleBuilder(literal, max_length=100, vision=VISION)
     built = builder.build([interleaved(0, "a <v> b", image_ref(56, 56)), interleaved(1, "fine", image_ref(56, 56))])
     assert [s.sample_id for s in built.samples] == ["mm/rows.jsonl/1"]
+    reason = "text part 0 holds the vision token 252 (vision_start_id); only media may place vision tokens"
+    assert [(d.location, d.reason) for d in built.dead_letters] == [("rows.jsonl:row=0", reason)]
+    # a WebDataset sample's letter names its key, as the reader's own letters do
+    write_shard(
+        tmp_path / "s.tar",
+        [("k0.png", png(56, 56)), ("k0.txt", b"fine"), ("k1.png", png(56, 56)), ("k1.txt", b"a <v> b")],
+    )
+    reader = WebDatasetReader("wds", tmp_path)
+    documents = [
+        d for layout in reader.layouts() for unit in split_file("wds", layout, 1 << 40) for d in reader.read(unit)
+    ]
+    built = builder.build(documents)
+    assert [s.sample_id for s in built.samples] == ["wds/s.tar/0"]
     assert [(d.location, d.reason) for d in built.dead_letters] == [
-        (
-            "rows.jsonl:row=0",
-            "text part 0 holds the vision token 252 (vision_start_id); only media may place vision tokens",
-        )
+        ("s.tar:key=k1", reason.replace("part 0", "part 1"))
     ]

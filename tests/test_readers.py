@@ -225,6 +225,7 @@ def test_text_files(tmp_path: Path) -> None:
     assert reader.files() == ["d/one.txt", "d/two.txt"]
     docs, dead = split(read_source(reader))
     assert {k: d.text for k, d in docs.items()} == {"txt/d/one.txt/0": "héllo\nworld"}
+    assert [d.where for d in docs.values()] == ["d/one.txt"]  # a file is one document: its letters name the file
     assert list(dead) == ["d/two.txt"]
     assert "not UTF-8" in dead["d/two.txt"].reason
 

@@ -3,6 +3,7 @@ report's plots and summary, over families of generated steps."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -218,3 +219,14 @@ def test_rolling_median_is_the_median_of_each_trailing_window(values: list[float
     assert out.shape == (len(values),)
     for i in range(len(values)):
         assert out[i] == pytest.approx(np.median(values[max(0, i - window + 1) : i + 1]))
+
+
+@settings(max_examples=3, deadline=None)
+@given(job=steps(max_steps=6))
+def test_drift_is_not_measured_when_a_source_ran_out_before_the_first_step(job) -> None:
+    timeline = synthetic_timeline(job, CostModel(1.0, 1.0))
+    timeline = replace(timeline, steps_with_all_sources=0)
+    summary = summary_markdown(report_series(timeline), timeline, {})
+    assert "Drift: not measured, a source ran out before the first step." in summary
+    rows = [line for line in summary.splitlines() if line.startswith(tuple(f"| {s} |" for s in SOURCES))]
+    assert len(rows) == len(SOURCES) and all(row.split("|")[5].strip() == "n/a" for row in rows)

@@ -16,17 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.planning.mixing import Draw, DrawStatus, Mixer, MixerState, Schedule, draw_step
-from pipeline.planning.mixing._compose_bins import pack_bins_kernel
-from pipeline.planning.mixing._compose_select import (
-    PACK_AHEAD,
-    Groups,
-    HoleFill,
-    Longs,
-    build_groups,
-    choose_option,
-    pool_order,
-    score,
-)
+from pipeline.planning.mixing._composition.groups import build_groups
+from pipeline.planning.mixing._composition.options import PACK_AHEAD, choose_option, pool_order, score
+from pipeline.planning.mixing._composition.packing import pack_bins_kernel
+from pipeline.planning.mixing._composition.values import Groups, HoleFill, Longs
 from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, HEADROOM, compose_step, waiting_bound
 from pipeline.planning.mixing.mixer import Composition
 from pipeline.planning.scheduler import CostModel, validate_plan

@@ -104,6 +104,9 @@ def test_empty_document_is_a_dead_letter_unless_eod(tokenizer: TextTokenizer) ->
     assert [(d.location, d.reason) for d in dead] == [("dir/f.jsonl:row=0", "document has no tokens")]
     samples, dead = SampleBuilder(tokenizer, max_length=8, eod_id=0).build([doc(0, "")])
     assert samples[0].tokens.tolist() == [0] and dead == []
+    whole_file = Document("src", "dir/f.txt", 0, text="", where="dir/f.txt")  # as the text reader names its files
+    _, dead = SampleBuilder(tokenizer, max_length=8).build([whole_file])
+    assert [(d.location, d.reason) for d in dead] == [("dir/f.txt", "document has no tokens")]
 
 
 def test_builder_arguments_checked() -> None:

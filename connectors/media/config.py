@@ -25,7 +25,8 @@ class VisionConfig:
     ``vision_end_id`` in the token sequence. Pixels travel as ``encoding`` (``raw`` uint8 RGB, or
     each frame re-encoded as ``jpeg`` at ``jpeg_quality`` or ``png``). An image of more than
     ``max_decoded_pixels`` pixels before resizing is refused (a decompression bomb), as is one with a
-    side of 0. ``ValueError`` naming the field for a value outside these rules.
+    side of 0; Pillow's own limit follows ``max_decoded_pixels`` while an image opens (``pillow_limit``).
+    ``ValueError`` naming the field for a value outside these rules.
     """
 
     image_token_id: int

@@ -10,18 +10,18 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from connectors.media.config import VisionConfig
 from connectors.media.errors import MediaError
+from connectors.media.pillow_limit import pillow_pixel_limit
 from connectors.media.resize import smart_resize
 from topics.formats.media import MediaItem
 
 _ORIENTATION = 0x0112  # the EXIF tag saying how the camera was held
 _TURNED = frozenset({5, 6, 7, 8})  # orientations that swap width and height
-_SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
 _WHITE = (255, 255, 255, 255)
 
 
 def decode_image(source: io.BytesIO | Path, config: VisionConfig) -> MediaItem:
     """One image as a ``MediaItem`` (``token_offset`` 0): its first frame, upright (EXIF), RGB with any
-    transparency over white, resized with BICUBIC to ``smart_resize`` of its size, pixels in
+    transparency over white (as ``rgb``), resized with BICUBIC to ``smart_resize`` of its size, pixels in
     ``config.encoding``. ``MediaError`` for what cannot be read, before decoding any pixel where the header
     already says the image is too large (``max_decoded_pixels``) or has a side of 0."""
     _, _, pixels = _resized_pixels(source, config)
@@ -32,13 +32,15 @@ def image_grid(source: io.BytesIO | Path, config: VisionConfig) -> tuple[int, in
     """The patch grid ``(1, h, w)`` that ``decode_image`` gives ``source``, from its header alone: Pillow opens
     lazily and no pixel is decoded. ``MediaError`` as ``decode_image`` for what its header refuses."""
     try:
-        with Image.open(source) as image:
+        with pillow_pixel_limit(config.max_decoded_pixels), Image.open(source) as image:
             _check_header(image, config)
             width, height = image.size
             if image.getexif().get(_ORIENTATION, 1) in _TURNED:
                 width, height = height, width
     except MediaError:
         raise
+    except Image.DecompressionBombError as exc:
+        raise MediaError(f"the image header says it is too large to decode safely: {exc}") from exc
     except UnidentifiedImageError as exc:
         raise MediaError("not an image Pillow can read (an unknown format, or a corrupt or zero-sized header)") from exc
     except Exception as exc:  # as in _resized_pixels: Pillow's many errors on a bad header
@@ -51,7 +53,7 @@ def image_grid(source: io.BytesIO | Path, config: VisionConfig) -> tuple[int, in
 
 def _resized_pixels(source: io.BytesIO | Path, config: VisionConfig) -> tuple[int, int, np.ndarray]:
     try:
-        with Image.open(source) as image:
+        with pillow_pixel_limit(config.max_decoded_pixels), Image.open(source) as image:
             _check_header(image, config)
             image.load()
             upright = _upright(image)
@@ -92,16 +94,12 @@ def _upright(image: Image.Image) -> Image.Image:
 
 
 def rgb(image: Image.Image) -> Image.Image:
-    """``image`` in RGB: transparency composited over white (as ``transformers``' ``convert_to_rgb`` does),
-    16-bit samples scaled to 8 bits rather than clipped, palette and CMYK converted."""
-    if image.mode == "RGB":
-        return image
-    if image.mode in _SIXTEEN_BIT_MODES:
-        wide = np.clip(np.asarray(image, dtype=np.int64), 0, 65535)
-        # 16-bit to 8-bit, rounding to nearest: x * 255 / 65535 is x / 257.
-        narrow = ((wide + 128) // 257).astype(np.uint8)
-        return Image.fromarray(narrow, "L").convert("RGB")
-    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in image.info:
+    """``image`` in RGB exactly as ``transformers``' ``convert_to_rgb`` makes it: an image with an alpha band
+    or a ``transparency`` entry (a ``tRNS`` colour key or alpha palette, in any mode) composited over white,
+    any other converted by Pillow (16-bit greyscale clipped at 255 as Pillow's conversion does)."""
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
         return Image.alpha_composite(Image.new("RGBA", rgba.size, _WHITE), rgba).convert("RGB")
+    if image.mode == "RGB":
+        return image
     return image.convert("RGB")

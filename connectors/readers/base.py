@@ -81,7 +81,8 @@ class MediaFields:
 class Document:
     """One document read from a source: row ``row`` of file ``path`` (relative to the source root), with
     exactly one of ``text``, pre-tokenized ``tokens`` (int32), or ``parts``: text and media interleaved,
-    in order (an image-text pair is ``(image, caption)``)."""
+    in order (an image-text pair is ``(image, caption)``). ``where``: the location a dead letter about it
+    names, as its reader's other letters do (``location``); ``<path>:row=<row>`` unless the reader says."""
 
     source: str
     path: str
@@ -89,6 +90,7 @@ class Document:
     text: str | None = None
     tokens: np.ndarray | None = None
     parts: tuple[Part, ...] | None = None
+    where: str = ""
 
     @property
     def document_id(self) -> str:
@@ -99,6 +101,8 @@ class Document:
         if (self.text is not None) + (self.tokens is not None) + (self.parts is not None) != 1:
             msg = f"document {self.document_id} must have exactly one of text, tokens and parts"
             raise ValueError(msg)
+        if not self.where:
+            object.__setattr__(self, "where", location(self.path, row=self.row))
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +139,16 @@ class FileLayout:
         return cls(path, size_bytes, np.zeros(1, dtype=np.int64), problem=problem)
 
 
-def location(path: str, *, row: int | None = None, row_group: int | None = None) -> str:
-    """Where a dead letter came from: ``a/b.jsonl:row=3``, ``c.parquet:row_group=2`` or ``d.txt``."""
+def location(path: str, *, row: int | None = None, row_group: int | None = None, key: str | None = None) -> str:
+    """Where a dead letter came from, one format for every reader: ``a/b.jsonl:row=3`` (a row, 0-based),
+    ``c.parquet:row_group=2``, ``s.tar:key=000001`` (a WebDataset sample; ``key=000001.jpg`` one of its
+    members) or ``d.txt`` (the whole file). A medium of a row adds ``:image=<i>`` or ``:video=<i>``."""
     if row is not None:
         return f"{path}:row={row}"
     if row_group is not None:
         return f"{path}:row_group={row_group}"
+    if key is not None:
+        return f"{path}:key={key}"
     return path
 
 

@@ -40,4 +40,4 @@ class TextReader(Reader):
         except UnicodeDecodeError as exc:
             yield self.dead_letter(where, f"not UTF-8: byte {exc.start} ({data[exc.start : exc.start + 1]!r})")
             return
-        yield Document(self.source, unit.path, 0, text=text)
+        yield Document(self.source, unit.path, 0, text=text, where=where)

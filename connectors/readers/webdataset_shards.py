@@ -13,9 +13,11 @@ mkv avi mov``) is a medium of that kind. A sample is one of:
   ``000001.1.jpg``. Its ``.txt`` and media no segment names are not read.
 
 A key without media or without text, with an unparsable ``.json``, two members of one extension, or a
-segment naming no member of its kind, is a dead letter at ``shard.tar:key=<key>``; a medium is found at
-``shard.tar:key=<member name>``. Shards are uncompressed tar archives (seekable); a shard that cannot be
-read to its end is planned as one unit, whose reading gives the samples before the break and a dead letter.
+segment naming no member of its kind, is a dead letter at ``shard.tar:key=<key>``, as is any later letter about
+its document (``Document.where``); a medium is found at ``shard.tar:key=<member name>``. Shards are
+uncompressed tar archives (seekable); a shard that cannot be read to its end is planned as one unit, whose
+reading gives the samples before the break and a dead letter at the key being read (``shard.tar`` where none
+is, or where the shard ends before the samples a unit was planned with).
 """
 
 from __future__ import annotations
@@ -48,11 +50,6 @@ def media_kind(extension: str) -> MediaKind | None:
     if last in VIDEO_EXTENSIONS:
         return "video"
     return None
-
-
-def key_location(path: str, key: str) -> str:
-    """``shard.tar:key=000001``: where a dead letter about a sample (or, with its extension, a member) is."""
-    return f"{path}:key={key}"
 
 
 class WebDatasetReader(Reader):
@@ -108,7 +105,7 @@ class WebDatasetReader(Reader):
         row = unit.start if not whole and unit.byte_offset else 0
         for group in shard.groups():
             if isinstance(group, TarBreak):  # the samples from here to the unit's end cannot be read
-                where = location(unit.path) if group.key is None else key_location(unit.path, group.key)
+                where = location(unit.path, key=group.key)
                 yield self.unit_letter(unit, where, group.reason, first=max(row, unit.start))
                 return
             if whole or row >= unit.start:
@@ -116,13 +113,13 @@ class WebDatasetReader(Reader):
             row += 1
             if not whole and row >= unit.stop:
                 return
-        if not whole:
-            where = location(unit.path, row=row)
+        if not whole:  # the samples it lacks have no key to name: the letter names the shard
+            where = location(unit.path)
             reason = f"shard ends at sample {row}, before sample {unit.stop} of {unit.unit_id}"
             yield self.unit_letter(unit, where, reason, first=max(row, unit.start))
 
     def _sample(self, shard: TarShard, path: str, row: int, group: KeyGroup) -> Document | DeadLetter:
-        where = key_location(path, group.key)
+        where = location(path, key=group.key)
         try:
             members = _by_extension(group)
             resolve = _member_resolver(shard, path, members)
@@ -131,7 +128,7 @@ class WebDatasetReader(Reader):
             return self.dead_letter(where, str(exc))
         except (tarfile.TarError, OSError) as exc:
             return self.dead_letter(where, f"cannot read a member: {exc}")
-        return Document(self.source, path, row, parts=parts)
+        return Document(self.source, path, row, parts=parts, where=where)
 
     def _record(self, shard: TarShard, group: KeyGroup, members: dict[str, TarEntry]) -> dict[str, object]:
         """The sample as a record for ``record_parts``, its media named by member extension: the ``.json``
@@ -170,7 +167,7 @@ def _member_resolver(shard: TarShard, path: str, members: dict[str, TarEntry]) -
         entry = members.get(value.lower())
         if entry is None or media_kind(entry.extension) != kind:
             raise BadRecord(f"names {value!r}, but the key has no {kind} member of that extension")
-        return MediaRef(kind, key_location(path, entry.name), data=shard.read(entry))
+        return MediaRef(kind, location(path, key=entry.name), data=shard.read(entry))
 
     return member_media
 

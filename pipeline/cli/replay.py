@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ranks",
         type=positive_int,
-        help="data-parallel ranks of the replay (default: the job's); another number re-plans "
-        "each step's samples over them",
+        help="data-parallel ranks of the replay (with context parallelism: every rank of the data x context mesh; "
+        "default: the job's); another number re-plans each step's samples over them",
     )
     parser.add_argument(
         "--micro-batches",
@@ -61,10 +61,11 @@ def run(args: argparse.Namespace) -> int:
     config = spec.kafka.client_config(args.bootstrap_servers, role="constructor")
     job_on_cluster(config, args.job or spec.job).require()
     request = ReplayRequest(args.to_job, args.from_step, args.to_step, args.ranks, args.micro_batches, args.job)
-    summary = replay(spec, config, request, args.transaction_timeout_ms).to_dict()
+    done = replay(spec, config, request, args.transaction_timeout_ms)
+    summary = done.to_dict()
     status = 0
     if args.verify:
-        audit = verify(config, args.job or spec.job, args.to_job, args.from_step)
+        audit = verify(config, args.job or spec.job, args.to_job, args.from_step, done.mode)
         summary["verify"] = audit.to_dict()
         if audit.mismatch is not None:
             print(f"mixflow replay: mismatch: {audit.mismatch}", file=sys.stderr)

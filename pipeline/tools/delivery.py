@@ -8,7 +8,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from pipeline.tools.dead_letters import SourceLetters, tally
 from topics.formats.batch import Batch
 from topics.formats.cp_batch import CPBatch
 from topics.formats.cp_packing import pack_cp_micro_batches
+from topics.formats.cp_slices import reassemble
 from topics.formats.dead_letter import DeadLetter, decode_dead_letter_message
 from topics.formats.media import MediaItem
 from topics.formats.names import JobTopics
@@ -68,6 +69,39 @@ def batch_sample_digests(batch: Batch) -> list[str]:
         sample_sha256(flat[offsets[i] : offsets[i + 1]], media.row_items(i) if media is not None else ())
         for i in range(batch.num_samples)
     ]
+
+
+def delivered_samples(batches: Iterable[Batch | CPBatch]) -> tuple[Counter[str], dict[str, str], list[str]]:
+    """What ``batches`` deliver: each sample id with how many times, and its ``sample_sha256`` (a context-parallel
+    sample's of its tokens put back together from the slices of its block); and the context-parallel samples whose
+    slices do not make the sample (one missing, or one of another length)."""
+    delivered: Counter[str] = Counter()
+    digests: dict[str, str] = {}
+    slices: dict[str, dict[int, list[np.ndarray]]] = {}
+    lengths: dict[str, tuple[int, int]] = {}
+    for batch in batches:
+        if not isinstance(batch, CPBatch):
+            for sample_id, digest in zip(batch.sample_ids, batch_sample_digests(batch), strict=True):
+                delivered[sample_id] += 1
+                digests[sample_id] = digest
+            continue
+        offsets, tokens = batch.offsets, batch.tokens
+        columns = (batch.lengths, batch.cp_size, batch.cp_rank)
+        rows = zip(batch.sample_ids, *(c.tolist() for c in columns), strict=True)
+        for row, (sample_id, length, size, rank_in) in enumerate(rows):
+            slices.setdefault(sample_id, {}).setdefault(rank_in, []).append(tokens[offsets[row] : offsets[row + 1]])
+            lengths[sample_id] = (length, size)
+    broken = []
+    for sample_id, held in slices.items():
+        length, size = lengths[sample_id]
+        delivered[sample_id] += max(len(parts) for parts in held.values())
+        try:
+            whole = reassemble([held[k][0] for k in range(size)], length)
+        except (KeyError, ValueError):
+            broken.append(sample_id)
+            continue
+        digests[sample_id] = sample_sha256(whole)
+    return delivered, digests, broken
 
 
 def received_line(micro_batch: Mapping[str, Any]) -> str:
@@ -210,14 +244,13 @@ def check_trainer(folder: Path, steps: Sequence[Sequence[Batch | CPBatch]]) -> T
 
 def rank_micro_batches(batches: Sequence[Batch | CPBatch]) -> list[MicroBatchRecord]:
     """One rank's micro-batches of ``batches``, in order, as a trainer records them: of a context-parallel batch,
-    its slices, or the one empty micro-batch the sink gives a rank with none in the step."""
-    out: list[MicroBatchRecord] = []
+    its slices' (the one empty micro-batch the sink hands over for a step without any)."""
+    out = []
     for batch in batches:
-        if isinstance(batch, CPBatch) and batch.micro_batches == 0:
-            out.append((batch.step, 0, [], tokens_sha256(np.zeros(0, np.int32))))
-            continue
         packed = pack_cp_micro_batches(batch) if isinstance(batch, CPBatch) else pack_micro_batches(batch)
         out += [(batch.step, m, p.sample_ids, tokens_sha256(p.token_ids)) for m, p in enumerate(packed)]
+        if not packed and isinstance(batch, CPBatch):
+            out.append((batch.step, 0, [], tokens_sha256(np.zeros(0, np.int32))))
     return out
 
 

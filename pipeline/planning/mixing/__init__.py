@@ -12,7 +12,7 @@ import lazy_loader
 __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submod_attrs={
-        "_compose_types": ["StepMedia"],
+        "_composition.values": ["StepMedia"],
         "changes": ["MixtureChange", "MixtureTimeline", "refusal"],
         "draw": ["Draw", "DrawStatus", "LongContext", "draw_step"],
         "mixer": ["DEFAULT_OVERDRAW", "Mixer", "step_budget", "step_rng"],

@@ -5,7 +5,7 @@ balances a step depends on *which* samples make it up. ``compose_step`` draws a 
 (same inputs, same ``Draw``, same per-source targets and credits), but instead of taking each source's
 FIFO head it picks from a window of upcoming samples: long samples grouped so that every rank gets the
 same excess cost from them, short samples filling around them, and where those are too few, window
-samples packed into the holes that remain (``_compose_select``).
+samples packed into the holes that remain (``_composition``).
 
 **Window.** Per source in play, the window is the shortest head of its FIFO holding ``window`` steps of
 the source's tokens (``window * weight * goal``, where the goal is 99% of the step's capacity). A step is
@@ -59,8 +59,8 @@ from dataclasses import replace
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pipeline.planning.mixing._compose_select import PACK_AHEAD, compose_takes
-from pipeline.planning.mixing._compose_types import SourceWindow, StepMedia
+from pipeline.planning.mixing._composition.options import PACK_AHEAD, compose_takes
+from pipeline.planning.mixing._composition.values import SourceWindow, StepMedia
 from pipeline.planning.mixing._take import EMPTY
 from pipeline.planning.mixing.draw import Draw, DrawStatus, draw_step
 from pipeline.planning.mixing.state import MixerState

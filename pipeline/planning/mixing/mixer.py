@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pipeline.planning.mixing._compose_types import StepMedia
+from pipeline.planning.mixing._composition.values import StepMedia
 from pipeline.planning.mixing.changes import MixtureChange, MixtureTimeline
 from pipeline.planning.mixing.compose import compose_step
 from pipeline.planning.mixing.draw import Draw, LongContext, draw_step

@@ -2,9 +2,10 @@
 data files alone, not from anything the roles say about themselves.
 
 - every rank topic holds steps 0..K-1 in order and then the end-of-data record of K steps, each batch of
-  the spec's shape and within capacity;
+  the spec's shape and within capacity (a context-parallel job's of format version 2);
 - every sample the committed work units give when tokenized here is in the rank topics exactly once,
-  with the same tokens, and nothing else is; every committed source sample reached a rank topic;
+  with the same tokens (a context-parallel sample's put back together from the slices of its block), and
+  nothing else is; every committed source sample reached a rank topic;
 - each sink's record equals its rank's micro-batches, in order, with none lost or repeated over its
   restarts;
 - every dead letter is one the data gives when read here: a fault (a storage key revoked, say) never made one.
@@ -21,15 +22,16 @@ from pipeline.spec import JobSpec, StepSpec
 from pipeline.tools.delivery import (
     RECEIVED_FILE,
     SourceCheck,
-    batch_sample_digests,
     check_sources,
+    delivered_samples,
     expected_samples,
     rank_micro_batches,
     received_micro_batches,
 )
 from topics.errors import DecodeError
 from topics.formats.batch import Batch
-from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.batch_codec import decode_any_batch_message, end_of_data_steps
+from topics.formats.cp_batch import CPBatch
 from topics.formats.dead_letter import DeadLetter, decode_dead_letter_message
 from topics.formats.names import JobTopics
 from topics.kafka.clients import KafkaConfig
@@ -94,13 +96,13 @@ def audit_job(config: KafkaConfig, spec: JobSpec, sink_folder: Path) -> JobAudit
 
 def read_rank_topic(
     config: KafkaConfig, job: str, rank: int, step: StepSpec, problems: list[str], lanes: int = 1
-) -> list[Batch]:
+) -> list[Batch | CPBatch]:
     """The rank topic's batches in step order; what breaks their order, their shape or the end-of-data
     record after them goes to ``problems``. With constructor ``lanes``, partition ``j`` holds lane ``j``'s
     steps ``j, j + lanes, ...`` and then its end-of-data record, which names the lane's next step."""
     topic = JobTopics(job).rank(rank)
     shape = StepShape.from_spec(step).written()
-    by_lane: dict[int, list[Batch]] = {lane: [] for lane in range(lanes)}
+    by_lane: dict[int, list[Batch | CPBatch]] = {lane: [] for lane in range(lanes)}
     ends: dict[int, int] = {}
     for record in read_to_end(config, topic, timeout_s=300):
         lane = record.partition()
@@ -112,7 +114,7 @@ def read_rank_topic(
             ends[lane] = steps
             continue
         try:
-            batch = decode_batch_message(record)
+            batch = decode_any_batch_message(record)
         except DecodeError as exc:  # a micro-batch over capacity, among others
             problems.append(f"{where}: {exc}")
             continue
@@ -129,19 +131,15 @@ def read_rank_topic(
     return sorted((b for batches in by_lane.values() for b in batches), key=lambda b: b.step)
 
 
-def check_samples(per_rank: list[list[Batch]], expected: dict[str, str], problems: list[str]) -> Counter[str]:
+def check_samples(per_rank: list[list[Batch | CPBatch]], expected: dict[str, str], problems: list[str]) -> Counter[str]:
     """Every sample of ``expected`` (id to ``sample_sha256``) delivered once with those tokens and media
     bytes, and nothing else; the ids delivered, with their counts."""
-    delivered: Counter[str] = Counter()
-    tokens: dict[str, str] = {}
-    for batch in (b for batches in per_rank for b in batches):
-        for sample_id, digest in zip(batch.sample_ids, batch_sample_digests(batch), strict=True):
-            delivered[sample_id] += 1
-            tokens[sample_id] = digest
+    delivered, tokens, broken = delivered_samples(b for batches in per_rank for b in batches)
+    _problem(problems, "context-parallel samples whose block's slices do not make the sample", sorted(broken))
     _problem(problems, "samples delivered more than once", [f"{i} x{n}" for i, n in delivered.items() if n > 1])
     _problem(problems, "expected samples never delivered", sorted(expected.keys() - delivered.keys()))
     _problem(problems, "samples delivered that no work unit gives", sorted(delivered.keys() - expected.keys()))
-    changed = sorted(i for i in expected.keys() & delivered.keys() if expected[i] != tokens[i])
+    changed = sorted(i for i in expected.keys() & delivered.keys() if expected[i] != tokens.get(i))
     _problem(problems, "samples delivered with other tokens or media than the data gives", changed)
     return delivered
 
@@ -156,7 +154,7 @@ def check_dead_letters(config: KafkaConfig, job: str, given: list[DeadLetter], p
     return len(found)
 
 
-def check_sink_record(path: Path, batches: list[Batch], problems: list[str]) -> int:
+def check_sink_record(path: Path, batches: list[Batch | CPBatch], problems: list[str]) -> int:
     """A sink's record against its rank's micro-batches, exactly: a micro-batch recorded twice is a problem
     too (``pipeline.tools.delivery.trained_sequence`` would forgive it as a resume). The lines recorded."""
     if not path.exists():

@@ -16,6 +16,7 @@ from pipeline.metrics.endpoints import Endpoint
 from pipeline.planning.mixing import Schedule
 from pipeline.planning.mixing.changes import MixtureTimeline
 from pipeline.spec import JobSpec
+from pipeline.tools.observe.cp_steps import CPWeighing
 from pipeline.tools.observe.endpoints import run_endpoints, scrape_sink_steps
 from pipeline.tools.observe.follow import TopicFollower
 from pipeline.tools.observe.frame import JobFacts, SourceFacts
@@ -24,7 +25,7 @@ from pipeline.tools.observe.offsets import OffsetProbe
 from pipeline.tools.observe.tally import StepTally
 from pipeline.tools.observe.vision_parts import EncoderWeighing
 from topics.errors import DecodeError
-from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.batch_codec import decode_any_batch_message, end_of_data_steps
 from topics.formats.dead_letter import decode_dead_letter_message
 from topics.formats.names import JobTopics
 from topics.formats.progress import decode_progress
@@ -70,6 +71,7 @@ class JobCollector:
             self._weights_at,
             recent_steps,
             EncoderWeighing.for_spec(spec),
+            CPWeighing.for_spec(spec),
         )
         self.dead_letters: Counter[tuple[str, str]] = Counter()
         rank_topics = [self.topics.rank(r) for r in range(spec.step.ranks)]
@@ -84,7 +86,7 @@ class JobCollector:
 
     def _on_batch(self, message: Message) -> None:
         if end_of_data_steps(message.headers()) is None:
-            self.tally.add(decode_batch_message(message))
+            self.tally.add(decode_any_batch_message(message))
 
     def _on_dead_letter(self, message: Message) -> None:
         letter = decode_dead_letter_message(message)

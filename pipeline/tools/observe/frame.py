@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeline.tools.dead_letters import tally
+from pipeline.tools.observe.cp_summary import STEP_COLUMNS, CPStepRow
 from pipeline.tools.observe.step_stats import StepStats
 
 REASON_WIDTH = 80
@@ -104,11 +105,14 @@ class Frame:
     dead_letters: list[DeadLetterRow]
     dead_letters_total: int
     parts: list[PartRow] = field(default_factory=list)  # a multimodal job's: encoder + LLM, encoder, LLM
+    context_parallel: list[CPStepRow] = field(default_factory=list)  # a context-parallel job's recent steps
 
     def to_dict(self) -> dict:
         out = asdict(self)
         if not self.parts:  # a text job's frame has no parts
             del out["parts"]
+        if not self.context_parallel:  # nor, without context parallelism, steps of it
+            del out["context_parallel"]
         return out
 
 
@@ -139,6 +143,7 @@ def constructor_row(facts: JobFacts) -> ConstructorRow:
     if facts.sink_steps:
         lead = max(0, facts.next_step - 1 - min(facts.sink_steps))
     imbalance = np.array([s.imbalance for s in recent])
+    naive = [s for s in recent if s.naive is not None]  # a context-parallel step has none
     return ConstructorRow(
         steps_written=facts.next_step,
         steps_per_s=facts.recent_state_steps / facts.window_s,
@@ -146,7 +151,7 @@ def constructor_row(facts: JobFacts) -> ConstructorRow:
         recent_steps=len(recent),
         imbalance_median=float(np.median(imbalance)) if recent else None,
         imbalance_max=float(imbalance.max()) if recent else None,
-        naive_imbalance_median=float(np.median([s.naive_imbalance for s in recent])) if recent else None,
+        naive_imbalance_median=float(np.median([s.naive_imbalance for s in naive])) if naive else None,
         fill_mean=float(np.mean([s.fill for s in recent])) if recent else None,
         finished=facts.finished,
     )
@@ -166,6 +171,11 @@ def part_rows(recent: Sequence[StepStats]) -> list[PartRow]:
         values = np.array(balanced, dtype=np.float64)
         rows.append(PartRow(part, float(np.median(values)), float(values.max()), float(np.median(naive))))
     return rows
+
+
+def cp_rows(recent: Sequence[StepStats]) -> list[CPStepRow]:
+    """The recent context-parallel steps; none for steps of another job."""
+    return [CPStepRow.of(s.step, s.cp) for s in recent if s.cp is not None]
 
 
 def build_frame(facts: JobFacts) -> Frame:
@@ -191,6 +201,7 @@ def build_frame(facts: JobFacts) -> Frame:
         dead_letters=letters,
         dead_letters_total=sum(facts.dead_letters.values()),
         parts=part_rows(facts.recent),
+        context_parallel=cp_rows(facts.recent),
     )
 
 
@@ -252,6 +263,8 @@ def render_frame(frame: Frame) -> Group:
     tables = [sources, constructor]
     if frame.parts:
         tables.append(render_parts(frame.parts, c.recent_steps))
+    if frame.context_parallel:
+        tables.append(render_context_parallel(frame.context_parallel))
     letters = Table(title=Text(f"dead letters: {frame.dead_letters_total}"), title_justify="left")
     for header in ("source", "reason", "records"):
         letters.add_column(header, justify="right" if header == "records" else "left")
@@ -272,4 +285,20 @@ def render_parts(parts: Sequence[PartRow], steps: int) -> Table:
             _num(row.imbalance_max, ".3f"),
             _num(row.naive_imbalance_median, ".3f"),
         )
+    return table
+
+
+CP_STEPS_SHOWN = 8
+"""The latest context-parallel steps shown, one row each."""
+
+
+def render_context_parallel(rows: Sequence[CPStepRow]) -> Table:
+    """A context-parallel job's latest steps: blocks, micro-batches a rank, and step time against the bound and
+    static CP."""
+    shown = list(rows)[-CP_STEPS_SHOWN:]
+    table = Table(title=Text(f"context parallelism: the last {len(shown)} steps"), title_justify="left")
+    for header in STEP_COLUMNS:
+        table.add_column(header, justify="right" if header in ("step", "step time", "over the bound") else "left")
+    for row in shown:
+        table.add_row(*(Text(cell) for cell in row.cells()))
     return table

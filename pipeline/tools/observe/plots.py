@@ -20,6 +20,7 @@ SHARES_PNG = "shares.png"
 IMBALANCE_PNG = "imbalance.png"
 FILL_PNG = "fill.png"
 THROUGHPUT_PNG = "throughput.png"
+CONTEXT_PARALLEL_PNG = "context-parallel.png"
 
 
 def _save(figure: Figure, path: Path) -> Path:
@@ -53,8 +54,9 @@ def plot_shares(series: ReportSeries, timeline: JobTimeline, path: Path) -> Path
     return _save(figure, path)
 
 
-def _imbalance_panel(ax: Axes, steps: np.ndarray, balanced: np.ndarray, naive: np.ndarray, title: str) -> None:
-    _per_step(ax, steps, naive, "naive per-rank loading")
+def _imbalance_panel(ax: Axes, steps: np.ndarray, balanced: np.ndarray, naive: np.ndarray | None, title: str) -> None:
+    if naive is not None:
+        _per_step(ax, steps, naive, "naive per-rank loading")
     _per_step(ax, steps, balanced, "as written (balanced)")
     ax.set(xlabel="step", ylabel="largest / mean rank cost", title=title)
     ax.set_ylim(bottom=min(1.0, float(balanced.min(initial=1.0))) - 0.02)
@@ -64,12 +66,13 @@ def _imbalance_panel(ax: Axes, steps: np.ndarray, balanced: np.ndarray, naive: n
 
 def plot_imbalance(series: ReportSeries, timeline: JobTimeline, path: Path) -> Path:
     """Per step, largest / mean rank cost as written and under naive loading; a multimodal job's in three
-    panels: both parts together, the vision encoder's and the LLM's."""
+    panels: both parts together, the vision encoder's and the LLM's; a context-parallel job's as written only."""
     title = f"{timeline.job}: per-step imbalance (1 = every rank equally costly)"
     parts = series.parts
     if parts is None:
         figure = Figure(figsize=(8, 4.5))
-        _imbalance_panel(figure.add_subplot(), series.steps, series.imbalance, series.naive_imbalance, title)
+        naive = series.naive_imbalance if series.cp is None else None
+        _imbalance_panel(figure.add_subplot(), series.steps, series.imbalance, naive, title)
         return _save(figure, path)
     figure = Figure(figsize=(8, 11))
     total_ax, encoder_ax, llm_ax = figure.subplots(3, 1, sharex=True)
@@ -85,7 +88,8 @@ def plot_imbalance(series: ReportSeries, timeline: JobTimeline, path: Path) -> P
 def plot_fill(series: ReportSeries, timeline: JobTimeline, path: Path) -> Path:
     figure = Figure(figsize=(8, 4.5))
     ax = figure.add_subplot()
-    _per_step(ax, series.steps, series.naive_fill, "naive per-rank loading")
+    if series.cp is None:
+        _per_step(ax, series.steps, series.naive_fill, "naive per-rank loading")
     _per_step(ax, series.steps, series.fill, "as written")
     ax.set(xlabel="step", ylabel="tokens / step capacity", ylim=(0, 1.02), title=f"{timeline.job}: fill per step")
     ax.legend(loc="lower left", fontsize="small")
@@ -109,6 +113,25 @@ def plot_throughput(series: ReportSeries, timeline: JobTimeline, path: Path) -> 
     return _save(figure, path)
 
 
+def plot_context_parallel(series: ReportSeries, timeline: JobTimeline, path: Path) -> Path:
+    """A context-parallel job's step times over each step's lower bound: as written, and under static context
+    parallelism sized for the step's longest sample (where its ranks are whole blocks of that size)."""
+    figure = Figure(figsize=(8, 4.5))
+    ax = figure.add_subplot()
+    steps = [s for s in timeline.stats if s.cp is not None]
+    static = [(s.step, s.cp.static_s / s.cp.bound_s) for s in steps if s.cp.static_s is not None and s.cp.bound_s > 0]
+    if static:
+        at, ratio = (np.array(column) for column in zip(*static, strict=True))
+        _per_step(ax, at, ratio, "static CP sized for the step's longest sample")
+    _per_step(ax, np.array([s.step for s in steps]), np.array([s.cp.over_bound for s in steps]), "as written")
+    ax.axhline(1.0, color="grey", linestyle=":", label="lower bound")
+    ax.set(xlabel="step", ylabel="step time / lower bound", title=f"{timeline.job}: context-parallel step time")
+    ax.set_ylim(bottom=0.98)
+    ax.legend(loc="best", fontsize="small")
+    ax.grid(alpha=0.3)
+    return _save(figure, path)
+
+
 def write_plots(series: ReportSeries, timeline: JobTimeline, out: Path) -> dict[str, Path]:
     """Every plot, into ``out``; by name."""
     out.mkdir(parents=True, exist_ok=True)
@@ -119,4 +142,9 @@ def write_plots(series: ReportSeries, timeline: JobTimeline, out: Path) -> dict[
         "imbalance": plot_imbalance(series, timeline, out / IMBALANCE_PNG),
         "fill": plot_fill(series, timeline, out / FILL_PNG),
         "throughput": plot_throughput(series, timeline, out / THROUGHPUT_PNG),
+        **(
+            {"context parallelism": plot_context_parallel(series, timeline, out / CONTEXT_PARALLEL_PNG)}
+            if series.cp is not None
+            else {}
+        ),
     }

@@ -5,7 +5,9 @@ cost with what naive per-rank loading of the same samples gives: the step's samp
 round-robin to ranks, as a ``DistributedSampler`` does, so every rank gets about the same number of
 samples but not the same cost. A multimodal job's rank cost has two parts, the vision encoder's and the
 LLM's (``vision_parts.py``), each compared too; its naive ranks pack their samples first-fit into their
-micro-batches under both capacities, tokens and patches (a sample that fits none is left out).
+micro-batches under both capacities, tokens and patches (a sample that fits none is left out). A
+context-parallel job's steps are compared with the lower bound and with static context parallelism sized for
+each step's longest sample instead (``cp_steps.py``): naive loading would leave its long samples out.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pipeline.spec import JobSpec, OnExhausted
 from pipeline.spec.cost import CostModel
 from pipeline.tools.dead_letters import DEFAULT_ALLOWED_SHARE, over_share, report_lines
 from pipeline.tools.delivery import SourceCheck, TrainerCheck, TrainerSummary, check_sources, check_trainer
+from pipeline.tools.observe.cp_steps import CPStepStats, CPWeighing, counted_ids, cp_step_stats, no_context_parallel
+from pipeline.tools.observe.cp_summary import CPSummary, cp_summary
 from pipeline.tools.observe.step_stats import (
     HIGH_PERCENTILE,
     imbalance,
@@ -35,7 +39,8 @@ from pipeline.tools.observe.step_stats import (
 )
 from pipeline.tools.observe.vision_parts import EncoderWeighing, RankParts, step_vision
 from topics.formats.batch import Batch
-from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
+from topics.formats.batch_codec import decode_any_batch_message, end_of_data_steps
+from topics.formats.cp_batch import CPBatch
 from topics.formats.names import JobTopics
 from topics.kafka.clients import KafkaConfig
 from topics.kafka.log_reader import read_to_end
@@ -90,6 +95,7 @@ class JobReport:
     trainer: TrainerSummary | None = None
     parts: ReportParts | None = None  # a multimodal job's: imbalance and naive_imbalance are of both parts
     allowed_dead_letters: float = DEFAULT_ALLOWED_SHARE  # of each source's records
+    cp: CPSummary | None = None  # a context-parallel job's: imbalance of rank times, no naive loading
 
     @property
     def exactly_once(self) -> bool:
@@ -118,6 +124,28 @@ class JobReport:
         trainer = self.trainer.lines() if self.trainer is not None else []
         fill = self.tokens / (self.steps * self.capacity_tokens)
         shares = ", ".join(f"{s} {n / self.tokens:.1%}" for s, n in self.tokens_by_source.items())
+        return [
+            f"steps {self.steps}, samples {self.samples}, tokens {self.tokens} ({fill:.1%} of capacity)",
+            f"each sample exactly once: {'yes' if self.duplicates == 0 else f'NO, {self.duplicates} repeated'}",
+            *checks,
+            *trainer,
+            *(self._balance() if self.cp is None else self._context_parallel(self.cp)),
+            f"token shares: {shares}",
+            self._drift(),
+            *letters,  # the verdict on dead letters last, where it is read
+        ]
+
+    def _drift(self) -> str:
+        if self.steps_with_all_sources == 0:
+            return "drift from the mixture schedule: not measured (a source ran out before the first step)"
+        return (
+            f"largest cumulative drift from the mixture schedule over the {self.steps_with_all_sources} steps "
+            "before a source ran out, in tokens: "
+            + ", ".join(f"{s} {e:.0f}" for s, e in zip(self.sources, self.share_error, strict=True))
+        )
+
+    def _balance(self) -> list[str]:
+        """The balance as written against naive per-rank loading (of each part too, for a multimodal job)."""
         balance = (
             f"largest rank cost / mean, median over steps: {np.median(self.imbalance):.3f} balanced, "
             f"{np.median(self.naive_imbalance):.3f} with naive per-rank loading "
@@ -125,29 +153,23 @@ class JobReport:
         )
         if self.parts is not None:
             balance += "; " + _high(self.imbalance, self.naive_imbalance)
-        return [
-            f"steps {self.steps}, samples {self.samples}, tokens {self.tokens} ({fill:.1%} of capacity)",
-            f"each sample exactly once: {'yes' if self.duplicates == 0 else f'NO, {self.duplicates} repeated'}",
-            *checks,
-            *trainer,
-            balance,
-            *(self.parts.lines() if self.parts is not None else []),
-            f"token shares: {shares}",
-            f"largest cumulative drift from the mixture schedule over the {self.steps_with_all_sources} steps "
-            "before a source ran out, in tokens: "
-            + ", ".join(f"{s} {e:.0f}" for s, e in zip(self.sources, self.share_error, strict=True)),
-            *letters,  # the verdict on dead letters last, where it is read
-        ]
+        return [balance, *(self.parts.lines() if self.parts is not None else [])]
+
+    def _context_parallel(self, cp: CPSummary) -> list[str]:
+        """A context-parallel job's balance of rank times, its blocks, micro-batches and step times."""
+        median = np.median(self.imbalance)
+        balance = f"largest rank time / mean under the cost model, median over steps: {median:.3f}"
+        return [balance, *(f"{what}: {value}" for what, value in cp.pairs())]
 
 
-def read_steps(config: KafkaConfig, job: str, ranks: int) -> list[list[Batch]]:
-    """Per step, the batch of every rank, as the rank topics hold them, in step order (a job of several
-    constructor lanes has a partition per lane)."""
+def read_steps(config: KafkaConfig, job: str, ranks: int) -> list[list[Batch | CPBatch]]:
+    """Per step, the batch of every rank, as the rank topics hold them (a context-parallel job's of format version
+    2), in step order (a job of several constructor lanes has a partition per lane)."""
     topics = JobTopics(job)
     per_rank = [
         sorted(
             (
-                decode_batch_message(m)
+                decode_any_batch_message(m)
                 for m in read_to_end(config, topics.rank(r))
                 if end_of_data_steps(m.headers()) is None
             ),
@@ -161,17 +183,29 @@ def read_steps(config: KafkaConfig, job: str, ranks: int) -> list[list[Batch]]:
 
 class StepBalance:
     """Per step, largest / mean rank cost as written and under naive per-rank loading (the step's samples
-    shuffled by ``seed`` and dealt round-robin); with ``encoder`` (a multimodal job's), of each part too."""
+    shuffled by ``seed`` and dealt round-robin); with ``encoder`` (a multimodal job's), of each part too; with
+    ``cp`` (a context-parallel job's), of the ranks' times, and the step's ``CPStepStats`` instead of naive."""
 
-    def __init__(self, cost: CostModel, encoder: EncoderWeighing | None, seed: int) -> None:
+    def __init__(
+        self, cost: CostModel, encoder: EncoderWeighing | None, seed: int, cp: CPWeighing | None = None
+    ) -> None:
         self.cost = cost
         self.encoder = encoder
+        self.cp = cp
         self.rng = np.random.default_rng(seed)
         self.balanced: list[float] = []
         self.naive: list[float] = []
         self.by_part: list[tuple[float, float, float, float]] = []  # encoder, naive encoder, LLM, naive LLM
+        self.cp_steps: list[CPStepStats] = []  # a context-parallel job's CPStepStats, step by step
 
-    def add(self, batches: Sequence[Batch]) -> None:
+    def add(self, batches: Sequence[Batch] | Sequence[CPBatch]) -> None:
+        if isinstance(batches[0], CPBatch):
+            if self.cp is None:
+                raise no_context_parallel(batches[0])
+            stats = cp_step_stats(batches, self.cp)
+            self.cp_steps.append(stats)
+            self.balanced.append(float(imbalance(stats.rank_times)))
+            return
         lengths = np.concatenate([b.lengths for b in batches]).astype(np.int64)
         if self.encoder is None:
             self.balanced.append(float(imbalance(rank_costs(batches, self.cost))))
@@ -191,6 +225,11 @@ class StepBalance:
         self.naive.append(float(imbalance(dealt.rank_costs)))
         encoder, naive_encoder = float(imbalance(written.encoder)), float(imbalance(naive_parts.encoder))
         self.by_part.append((encoder, naive_encoder, float(imbalance(written.llm)), float(imbalance(naive_parts.llm))))
+
+    def cp_summary(self) -> CPSummary | None:
+        if self.cp is None:
+            return None
+        return cp_summary(self.cp_steps, self.cp.shape.mode.value, self.cp.shape.size)
 
     def parts(self) -> ReportParts | None:
         if self.encoder is None:
@@ -225,13 +264,13 @@ def job_report(
     ``allowed_dead_letters`` of its records to dead letters."""
     steps = read_steps(config, job or spec.job, spec.step.ranks)
     sources = spec.source_names
-    balance = StepBalance(spec.cost.cost_model(), EncoderWeighing.for_spec(spec), seed)
+    balance = StepBalance(spec.cost.cost_model(), EncoderWeighing.for_spec(spec), seed, CPWeighing.for_spec(spec))
     seen: Counter[str] = Counter()
     per_source = np.zeros((len(steps), len(sources)))
     for k, batches in enumerate(steps):
         balance.add(batches)
         for b in batches:
-            seen.update(b.sample_ids)
+            seen.update(counted_ids(b))
         per_source[k] = tokens_by_source(batches, sources)
     full = min(len(steps), first_exhausted_step(config, job or spec.job, spec.constructor.lanes))
     weights = Schedule.from_spec(spec.mixture, sources).weights_array(np.arange(full))  # (full, S)
@@ -254,4 +293,5 @@ def job_report(
         trainer=TrainerSummary.read(trainer_folder) if trainer_folder is not None else None,
         parts=balance.parts(),
         allowed_dead_letters=allowed_dead_letters,
+        cp=balance.cp_summary(),
     )

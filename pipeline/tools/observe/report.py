@@ -5,14 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.spec import JobSpec
-from pipeline.tools.observe.plots import FILL_PNG, IMBALANCE_PNG, SHARES_PNG, THROUGHPUT_PNG, write_plots
+from pipeline.tools.observe.plots import (
+    CONTEXT_PARALLEL_PNG,
+    FILL_PNG,
+    IMBALANCE_PNG,
+    SHARES_PNG,
+    THROUGHPUT_PNG,
+    write_plots,
+)
 from pipeline.tools.observe.series import report_series
 from pipeline.tools.observe.summary import REPORT_MD, summary_markdown
 from pipeline.tools.observe.timeline import read_timeline
 from topics.errors import RefusedError
 from topics.kafka.clients import KafkaConfig
 
-REPORT_FILES = (REPORT_MD, SHARES_PNG, IMBALANCE_PNG, FILL_PNG, THROUGHPUT_PNG)
+REPORT_FILES = (REPORT_MD, SHARES_PNG, IMBALANCE_PNG, FILL_PNG, THROUGHPUT_PNG, CONTEXT_PARALLEL_PNG)
 
 
 def write_report(config: KafkaConfig, spec: JobSpec, out: Path, job: str | None = None) -> Path:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.tools.observe.cp_summary import CPSummary, cp_summary
 from pipeline.tools.observe.step_stats import cumulative_shares, schedule_drift, scheduled_tokens
 from pipeline.tools.observe.timeline import JobTimeline
 from pipeline.tools.observe.vision_parts import EncoderWeighing
@@ -63,6 +64,7 @@ class ReportSeries:
     elapsed_s: np.ndarray  # (K,) each step's commit time, from the first step's
     tokens: np.ndarray  # (K,) tokens of each step
     parts: PartSeries | None = None  # a multimodal job's: imbalance and naive above are of both parts together
+    cp: CPSummary | None = None  # a context-parallel job's: no naive loading (NaN), its steps against static CP
 
 
 def part_series(timeline: JobTimeline) -> PartSeries | None:
@@ -76,6 +78,12 @@ def part_series(timeline: JobTimeline) -> PartSeries | None:
         llm=np.array([s.llm_imbalance for s in stats], dtype=np.float64),
         naive_llm=np.array([s.naive_llm_imbalance for s in stats], dtype=np.float64),
     )
+
+
+def cp_series(timeline: JobTimeline) -> CPSummary | None:
+    if timeline.cp is None:
+        return None
+    return cp_summary([s.cp for s in timeline.stats], timeline.cp.shape.mode.value, timeline.cp.shape.size)
 
 
 def report_series(timeline: JobTimeline) -> ReportSeries:
@@ -93,8 +101,9 @@ def report_series(timeline: JobTimeline) -> ReportSeries:
         naive_imbalance=np.array([s.naive_imbalance for s in stats]),
         fill=np.array([s.fill for s in stats]),
         naive_fill=np.array([s.naive_fill for s in stats]),
-        naive_left_out=sum(s.naive.left_out for s in stats),
+        naive_left_out=sum(s.naive.left_out for s in stats if s.naive is not None),
         elapsed_s=timeline.step_times - start,
         tokens=np.array([s.tokens for s in stats], dtype=np.int64),
         parts=part_series(timeline),
+        cp=cp_series(timeline),
     )

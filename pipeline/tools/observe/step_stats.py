@@ -1,6 +1,7 @@
 """What each written step holds, as numbers: rank costs and their imbalance, tokens per source, fill, and
 what naive per-rank loading of the same samples would have given; for a multimodal job, each rank's cost
-in two parts too, the vision encoder's and the LLM's (``vision_parts.py``). Pure: no Kafka.
+in two parts too, the vision encoder's and the LLM's (``vision_parts.py``); for a context-parallel job, each
+rank's time and the step's against the bound and static CP instead of naive loading (``cp_steps.py``). Pure.
 
 Shared by ``mixflow top``, ``mixflow report`` and the end-of-job report of ``mixflow run``
 (``pipeline/tools/observe/rank_topics.py``), so that the three agree on what imbalance, fill and share drift mean.
@@ -14,8 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.spec.cost import CostModel
+from pipeline.tools.observe.cp_steps import CPStepStats, CPWeighing, counted_sources, cp_step_stats, no_context_parallel
 from pipeline.tools.observe.vision_parts import EncoderWeighing, RankParts, StepVision, rank_sums, step_vision
 from topics.formats.batch import Batch
+from topics.formats.cp_batch import CPBatch
 
 HIGH_PERCENTILE = 95
 """Where the reports give more than the median of a per-step number over steps, this percentile too."""
@@ -114,16 +117,19 @@ def naive_loading(
 
 @dataclass(frozen=True)
 class StepStats:
-    """One written step, from its rank batches."""
+    """One written step, from its rank batches. A context-parallel step's rank costs are each rank's seconds under
+    ``cost.context_parallel`` and it has no naive loading (a sample over a micro-batch fits none): ``cp`` compares
+    it with static context parallelism instead."""
 
     step: int
     rank_costs: np.ndarray  # (R,) cost of each rank's samples under the spec's cost model (both parts: ``parts``)
     tokens_by_source: np.ndarray  # (S,) in the order of the ``sources`` given to ``step_stats``
     samples: int
     capacity: int  # tokens the step can hold: ranks * micro_batches * capacity per micro-batch
-    naive: NaiveLoading
+    naive: NaiveLoading | None  # None for a context-parallel step
     parts: RankParts | None = None  # a multimodal job's: each rank's encoder and LLM cost, as written
     encoder: EncoderWeighing | None = None  # and how its encoder's part is weighed
+    cp: CPStepStats | None = None  # a context-parallel step's blocks, micro-batches and times
 
     @property
     def tokens(self) -> int:
@@ -135,7 +141,7 @@ class StepStats:
 
     @property
     def naive_imbalance(self) -> float:
-        return float(imbalance(self.naive.rank_costs))
+        return float("nan") if self.naive is None else float(imbalance(self.naive.rank_costs))
 
     @property
     def encoder_imbalance(self) -> float | None:
@@ -159,7 +165,7 @@ class StepStats:
 
     @property
     def naive_fill(self) -> float:
-        return self.naive.tokens / self.capacity
+        return float("nan") if self.naive is None else self.naive.tokens / self.capacity
 
 
 def rank_costs(batches: Sequence[Batch], cost: CostModel) -> np.ndarray:
@@ -167,12 +173,14 @@ def rank_costs(batches: Sequence[Batch], cost: CostModel) -> np.ndarray:
     return np.array([cost.costs(b.lengths).sum() for b in batches])
 
 
-def tokens_by_source(batches: Sequence[Batch], sources: Sequence[str]) -> np.ndarray:
-    """(S,) the step's tokens of each of ``sources``; a source not among them raises ``ValueError``."""
+def tokens_by_source(batches: Sequence[Batch | CPBatch], sources: Sequence[str]) -> np.ndarray:
+    """(S,) the step's tokens of each of ``sources`` (a context-parallel sample's once, not once a slice); a
+    source not among them raises ``ValueError``."""
     index = {s: i for i, s in enumerate(sources)}
     out = np.zeros(len(sources), dtype=np.int64)
     for b in batches:
-        for source, n in zip(b.sources, b.lengths.tolist(), strict=True):
+        of_rows, lengths = counted_sources(b)
+        for source, n in zip(of_rows, lengths.tolist(), strict=True):
             if source not in index:
                 msg = f"step {b.step} rank {b.rank} holds a sample of source {source!r}, not one of {list(sources)}"
                 raise ValueError(msg)
@@ -187,11 +195,20 @@ def written_parts(batches: Sequence[Batch], cost: CostModel, vision: StepVision)
 
 
 def step_stats(
-    batches: Sequence[Batch], sources: Sequence[str], cost: CostModel, encoder: EncoderWeighing | None = None
+    batches: Sequence[Batch] | Sequence[CPBatch],
+    sources: Sequence[str],
+    cost: CostModel,
+    encoder: EncoderWeighing | None = None,
+    cp: CPWeighing | None = None,
 ) -> StepStats:
     """The numbers of one step from the batch of every rank (rank order); with ``encoder`` (a multimodal
-    job's), each rank's cost in two parts, the vision encoder's and the LLM's, besides their total."""
+    job's), each rank's cost in two parts, the vision encoder's and the LLM's, besides their total; a
+    context-parallel step's with ``cp`` (the job's), refused without it (``MixflowError``)."""
     first = batches[0]
+    if isinstance(first, CPBatch):
+        if cp is None:
+            raise no_context_parallel(first)
+        return _cp_step_stats(batches, sources, cp)
     lengths = np.concatenate([b.lengths for b in batches]).astype(np.int64)  # (n,) the step's order
     vision = step_vision(batches, encoder) if encoder is not None else None
     parts = written_parts(batches, cost, vision) if vision is not None else None
@@ -204,6 +221,19 @@ def step_stats(
         naive=naive_loading(lengths, first.ranks, first.micro_batches, first.capacity, cost, vision),
         parts=parts,
         encoder=encoder,
+    )
+
+
+def _cp_step_stats(batches: Sequence[CPBatch], sources: Sequence[str], cp: CPWeighing) -> StepStats:
+    stats = cp_step_stats(batches, cp)
+    return StepStats(
+        step=batches[0].step,
+        rank_costs=stats.rank_times,
+        tokens_by_source=tokens_by_source(batches, sources),
+        samples=int(stats.samples_at.sum()),
+        capacity=cp.shape.ranks * cp.shape.micro_batches * cp.shape.capacity,
+        naive=None,
+        cp=stats,
     )
 
 

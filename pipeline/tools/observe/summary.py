@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.tools.observe.cp_summary import STEP_COLUMNS, CPStepRow, CPSummary
 from pipeline.tools.observe.series import PartSeries, ReportSeries
 from pipeline.tools.observe.step_stats import HIGH_PERCENTILE, median_and_high
 from pipeline.tools.observe.timeline import JobTimeline
@@ -53,23 +54,10 @@ def _part_note(parts: PartSeries) -> str:
     )
 
 
-def summary_markdown(series: ReportSeries, timeline: JobTimeline, images: Mapping[str, Path]) -> str:
-    steps = len(series.steps)
-    lines = [f"# Job `{timeline.job}`", ""]
-    if steps == 0:
-        return "\n".join([*lines, "No steps written yet.", ""])
-    tokens = int(series.tokens.sum())
-    samples = sum(s.samples for s in timeline.stats)
-    span = float(series.elapsed_s[-1]) if steps > 1 else 0.0
-    rate = f"{(steps - 1) / span:.2f} steps/s, {tokens / span:,.0f} tokens/s" if span > 0 else "n/a (one step)"
+def _balance_rows(series: ReportSeries) -> list[str]:
+    """The balance against naive per-rank loading, and its note."""
     speedup = _median(series.naive_imbalance / series.imbalance)
-    lines += [
-        "| | |",
-        "|---|---|",
-        f"| steps | {steps} (steps {series.steps[0]}-{series.steps[-1]}) |",
-        f"| samples, tokens | {samples:,}, {tokens:,} |",
-        f"| throughput, first to last step | {rate} over {span:.1f} s |",
-        f"| fill, mean (min) | {series.fill.mean():.1%} ({series.fill.min():.1%}) |",
+    return [
         f"| largest / mean rank cost, median (worst) | {_median(series.imbalance):.3f} "
         f"({series.imbalance.max():.3f}) |",
         f"| same under naive per-rank loading | {_median(series.naive_imbalance):.3f} "
@@ -82,23 +70,97 @@ def summary_markdown(series: ReportSeries, timeline: JobTimeline, images: Mappin
         "packed first-fit into the rank's micro-batches (a sample that fits none is left out); rank costs "
         "under the spec's cost model.",
         *([_part_note(series.parts)] if series.parts is not None else []),
+    ]
+
+
+CP_NOTE = (
+    "Context parallelism: a rank's time is its slices' seconds under the spec's cost (`cost.context_parallel`: "
+    "compute and the ring traffic it cannot hide); a step's time is the slowest rank's, each running its "
+    "micro-batches in turn and a block's ranks starting one together; the lower bound is the least time any "
+    "plan of the step's samples in the job's mode can take; static CP plans the same samples on blocks of one "
+    "size, the smallest power of two whose slices of the step's longest sample fit a rank's micro-batch (the "
+    "planner's own "
+    "functions: `CPPlan.step_time`, `lower_bound`, `static_shape` and `plan_cp_step`)."
+)
+CP_STEPS_SHOWN = 100
+"""Steps in the per-step table of a context-parallel job; past it, those farthest over the lower bound."""
+
+
+def _cp_rows(cp: CPSummary, imbalance: np.ndarray) -> list[str]:
+    """A context-parallel job's rows: its ranks' balance, its blocks and micro-batches, its step times; the note."""
+    return [
+        f"| largest / mean rank time, median (worst) | {_median(imbalance):.3f} ({imbalance.max():.3f}) |",
+        *(f"| {what} | {value} |" for what, value in cp.pairs()),
+        "",
+        CP_NOTE,
+    ]
+
+
+def _cp_step_table(timeline: JobTimeline) -> list[str]:
+    stats = [s for s in timeline.stats if s.cp is not None]
+    shown = stats
+    title = "## Context parallelism by step"
+    if len(stats) > CP_STEPS_SHOWN:
+        worst = sorted(stats, key=lambda s: s.cp.over_bound if s.cp is not None else 0.0)[-CP_STEPS_SHOWN:]
+        shown = sorted(worst, key=lambda s: s.step)
+        title += f" (the {CP_STEPS_SHOWN} of {len(stats)} steps farthest over the lower bound)"
+    rows = [f"| {' | '.join(CPStepRow.of(s.step, s.cp).cells())} |" for s in shown if s.cp is not None]
+    return [
+        title,
+        "",
+        f"| {' | '.join(STEP_COLUMNS)} |",
+        "|" + "---|" * len(STEP_COLUMNS),
+        *rows,
+        "",
+    ]
+
+
+def summary_markdown(series: ReportSeries, timeline: JobTimeline, images: Mapping[str, Path]) -> str:
+    steps = len(series.steps)
+    lines = [f"# Job `{timeline.job}`", ""]
+    if steps == 0:
+        return "\n".join([*lines, "No steps written yet.", ""])
+    tokens = int(series.tokens.sum())
+    samples = sum(s.samples for s in timeline.stats)
+    span = float(series.elapsed_s[-1]) if steps > 1 else 0.0
+    rate = f"{(steps - 1) / span:.2f} steps/s, {tokens / span:,.0f} tokens/s" if span > 0 else "n/a (one step)"
+    lines += [
+        "| | |",
+        "|---|---|",
+        f"| steps | {steps} (steps {series.steps[0]}-{series.steps[-1]}) |",
+        f"| samples, tokens | {samples:,}, {tokens:,} |",
+        f"| throughput, first to last step | {rate} over {span:.1f} s |",
+        f"| fill, mean (min) | {series.fill.mean():.1%} ({series.fill.min():.1%}) |",
+        *(_balance_rows(series) if series.cp is None else _cp_rows(series.cp, series.imbalance)),
         "",
         "| source | tokens | share | scheduled share | largest drift (tokens) | largest backlog (records) |",
         "|---|---|---|---|---|---|",
     ]
     per_source = timeline.tokens_per_step.sum(axis=0)
+    measured = timeline.steps_with_all_sources > 0
+    drift = [f"{d:,.0f}" if measured else "n/a" for d in series.drift]
     for i, source in enumerate(timeline.sources):
         backlog = int(timeline.backlog[:, i].max()) if len(timeline.backlog) else 0
         lines.append(
             f"| {source} | {int(per_source[i]):,} | {series.shares[-1, i]:.1%} | "
-            f"{series.scheduled_shares[-1, i]:.1%} | {series.drift[i]:,.0f} | {backlog:,} |"
+            f"{series.scheduled_shares[-1, i]:.1%} | {drift[i]} | {backlog:,} |"
         )
     lines += [
         "",
-        f"Drift: over the {timeline.steps_with_all_sources} steps before a source ran out, the largest "
-        "|tokens delivered so far - tokens the schedule asks for so far|.",
+        _drift_note(timeline.steps_with_all_sources),
         "",
     ]
+    if series.cp is not None:
+        lines += _cp_step_table(timeline)
     for name, path in images.items():
         lines += [f"## {name}", "", f"![{name}]({path.name})", ""]
     return "\n".join(lines)
+
+
+def _drift_note(steps_with_all_sources: int) -> str:
+    if steps_with_all_sources == 0:
+        return "Drift: not measured, a source ran out before the first step."
+    return (
+        f"Drift: over the {steps_with_all_sources} steps before a source ran out, the largest "
+        "|tokens delivered so far - tokens the schedule asks for so far|."
+    )

@@ -10,16 +10,19 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from pipeline.spec.cost import CostModel
+from pipeline.tools.observe.cp_steps import CPWeighing, counted_sources
 from pipeline.tools.observe.step_stats import StepStats, step_stats
 from pipeline.tools.observe.vision_parts import EncoderWeighing
 from topics.formats.batch import Batch
+from topics.formats.cp_batch import CPBatch
 
 
 class StepTally:
     """A step counts once the batch of every rank has arrived. ``weights_at(step)`` (S,) gives the
     schedule's shares at a step, for the tokens the schedule asked of each source. ``recent`` holds the
     ``recent`` highest complete steps, by step: steps of several constructor lanes arrive out of order.
-    ``encoder``: a multimodal job's weighing of the vision encoder (its steps' costs in two parts)."""
+    ``encoder``: a multimodal job's weighing of the vision encoder (its steps' costs in two parts); ``cp``: a
+    context-parallel job's shape and cost (a sample counts once, not once a slice)."""
 
     def __init__(
         self,
@@ -29,13 +32,15 @@ class StepTally:
         weights_at: Callable[[int], np.ndarray],
         recent: int = 20,
         encoder: EncoderWeighing | None = None,
+        cp: CPWeighing | None = None,
     ) -> None:
         self.sources = list(sources)
         self.ranks = ranks
         self.cost = cost
         self.weights_at = weights_at
         self.encoder = encoder
-        self.pending: dict[int, dict[int, Batch]] = {}
+        self.cp = cp
+        self.pending: dict[int, dict[int, Batch | CPBatch]] = {}
         self.steps = 0
         self.samples = np.zeros(len(self.sources), dtype=np.int64)
         self.tokens = np.zeros(len(self.sources), dtype=np.int64)
@@ -43,7 +48,7 @@ class StepTally:
         self.recent_steps = recent
         self.recent: list[StepStats] = []
 
-    def add(self, batch: Batch) -> StepStats | None:
+    def add(self, batch: Batch | CPBatch) -> StepStats | None:
         """Take one rank's batch; the step's numbers once it is complete."""
         if batch.ranks != self.ranks:
             msg = f"step {batch.step} rank {batch.rank} has {batch.ranks} ranks, the spec {self.ranks}"
@@ -53,10 +58,11 @@ class StepTally:
         if len(parts) < self.ranks:
             return None
         del self.pending[batch.step]
-        stats = step_stats([parts[r] for r in range(self.ranks)], self.sources, self.cost, self.encoder)
+        batches = [parts[r] for r in range(self.ranks)]
+        stats = step_stats(batches, self.sources, self.cost, self.encoder, self.cp)
         self.steps += 1
         index = {s: i for i, s in enumerate(self.sources)}
-        of_sample = np.array([index[s] for b in parts.values() for s in b.sources], dtype=np.int64)
+        of_sample = np.array([index[s] for b in batches for s in counted_sources(b)[0]], dtype=np.int64)
         self.samples += np.bincount(of_sample, minlength=len(self.sources))
         self.tokens += stats.tokens_by_source
         self.scheduled += self.weights_at(stats.step) * stats.tokens

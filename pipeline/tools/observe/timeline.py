@@ -17,6 +17,7 @@ from pipeline.planning.mixing import Schedule
 from pipeline.planning.mixing.changes import MixtureTimeline
 from pipeline.roles.constructor import ConstructorState
 from pipeline.spec import JobSpec
+from pipeline.tools.observe.cp_steps import CPWeighing
 from pipeline.tools.observe.offsets import OffsetProbe
 from pipeline.tools.observe.rank_topics import read_steps
 from pipeline.tools.observe.step_stats import StepStats, step_stats
@@ -42,6 +43,7 @@ class JobTimeline:
     backlog_times: np.ndarray  # (T,) seconds since the epoch
     backlog: np.ndarray  # (T, S) source offsets written but not yet delivered into a step, at each time
     encoder: EncoderWeighing | None = None  # a multimodal job's weighing of the vision encoder
+    cp: CPWeighing | None = None  # a context-parallel job's shape and cost
 
     @property
     def tokens_per_step(self) -> np.ndarray:
@@ -67,8 +69,8 @@ def read_timeline(config: KafkaConfig, spec: JobSpec, job: str | None = None) ->
     """The timeline of ``job`` (the spec's by default)."""
     job = job or spec.job
     sources = spec.source_names
-    cost, encoder = spec.cost.cost_model(), EncoderWeighing.for_spec(spec)
-    stats = [step_stats(batches, sources, cost, encoder) for batches in read_steps(config, job, spec.step.ranks)]
+    cost, encoder, cp = spec.cost.cost_model(), EncoderWeighing.for_spec(spec), CPWeighing.for_spec(spec)
+    stats = [step_stats(batches, sources, cost, encoder, cp) for batches in read_steps(config, job, spec.step.ranks)]
     states = {r.step: r for r in first_per_step(read_state_records(config, JobTopics(job)))}
     written = [states[s.step] for s in stats if s.step in states]
     if len(written) != len(stats):
@@ -87,6 +89,7 @@ def read_timeline(config: KafkaConfig, spec: JobSpec, job: str | None = None) ->
         backlog_times=times,
         backlog=backlog,
         encoder=encoder,
+        cp=cp,
     )
 
 

@@ -2,7 +2,8 @@
 
 Under the original's step shape the constructor mixes again from the state of the first step replayed,
 and must write the same bytes (``audit``). Under another number of ranks each step's samples are read
-back from the original's rank topics and planned again over the new shape, with the original's state
+back from the original's rank topics (a context-parallel job's put back together from their slices) and
+planned again over the new shape, with the original's state
 record, so that ``mixflow construct`` can go on with the replayed job under the new shape. Either way a
 replay is one transaction per step and continues where an earlier run of it stopped.
 """

@@ -6,6 +6,8 @@ from .plan import plan_replay as plan_replay
 from .reshape import ReshapeError as ReshapeError
 from .reshape import default_micro_batches as default_micro_batches
 from .reshape import reshape_step as reshape_step
+from .reshape_cp import replay_cp_shape as replay_cp_shape
+from .reshape_cp import reshape_cp_step as reshape_cp_step
 from .run import ReplaySummary as ReplaySummary
 from .run import replay as replay
 from .run import verify as verify

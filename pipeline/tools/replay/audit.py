@@ -3,7 +3,9 @@
 Under the original's step shape a replay must write the same records: every rank's key, headers and
 value, byte for byte. Under another shape each step must hold the same samples with the same tokens and
 media (each image's or clip's layout and frame bytes), each once (the batches' own checks keep every
-micro-batch within its capacity and its patch budget).
+micro-batch within its capacity and its patch budget). A context-parallel step's samples are put back together
+from their slices first, on both sides (``cp_samples``): each sample whole from exactly one slice on every rank
+of its block, labelled with its next tokens.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from collections import Counter
 from dataclasses import dataclass
 
 from pipeline.kafka.state_topic import JobHistory
+from pipeline.tools.replay.cp_samples import SlicesError, whole_samples
 from pipeline.tools.replay.steps import StepMessages, read_steps
-from topics.formats.batch_codec import decode_batch_message
+from topics.formats.batch import Batch
+from topics.formats.batch_codec import decode_any_batch_message
+from topics.formats.cp_batch import CPBatch
 from topics.formats.media import MediaItem
 from topics.kafka.clients import KafkaConfig
 
@@ -51,8 +56,14 @@ def same_samples(original: StepMessages, replayed: StepMessages) -> str | None:
     tokens or media, or a sample twice."""
     if original.end:
         return None  # both are the end after the same number of steps (read_steps checked)
-    before = _samples(original)
-    after = _samples(replayed)
+    try:
+        before = _samples(original)
+    except SlicesError as exc:
+        return f"the original's {exc}"
+    try:
+        after = _samples(replayed)
+    except SlicesError as exc:
+        return str(exc)
     counts = Counter(i for i, _ in after)
     if twice := [i for i, n in counts.items() if n > 1]:
         return f"step {original.step}: sample {twice[0]} is there {counts[twice[0]]} times"
@@ -71,22 +82,28 @@ def same_samples(original: StepMessages, replayed: StepMessages) -> str | None:
 
 
 def _samples(step: StepMessages) -> list[tuple[str, tuple[bytes, tuple[MediaItem, ...]]]]:
-    """Each sample of the step: its id, and its tokens' bytes and media items (frames included)."""
-    out = []
-    for message in step.messages:
-        batch = decode_batch_message(message)
-        out += [(s.sample_id, (s.tokens.tobytes(), s.media)) for s in batch.samples()]
-    return out
+    """Each sample of the step: its id, and its tokens' bytes and media items (frames included). A
+    context-parallel step's samples are whole again, each once (else ``SlicesError``)."""
+    batches = [decode_any_batch_message(m) for m in step.messages]
+    slices = [b for b in batches if isinstance(b, CPBatch)]
+    samples = whole_samples(slices) if slices else []
+    samples += [s for b in batches if isinstance(b, Batch) for s in b.samples()]
+    return [(s.sample_id, (s.tokens.tobytes(), s.media)) for s in samples]
 
 
-def audit(config: KafkaConfig, original: JobHistory, replayed: JobHistory, first: int) -> Audit:
-    """Every step ``replayed`` holds from ``first`` on against ``original``'s same step, and its end."""
+def audit(
+    config: KafkaConfig, original: JobHistory, replayed: JobHistory, first: int, same_shape: bool | None = None
+) -> Audit:
+    """Every step ``replayed`` holds from ``first`` on against ``original``'s same step, and its end: byte for
+    byte with ``same_shape`` (None: where the two jobs' written shapes are the same), else sample by sample
+    (as a context-parallel job's steps replayed over the same ranks with other micro-batches must be)."""
     if original.shape is None or replayed.shape is None:
         return Audit(0, False, None)
     if replayed.finished and (not original.finished or original.steps != replayed.steps):
         ended = f"after {original.steps} steps" if original.finished else "not yet"
         return Audit(0, False, f"{replayed.job} ended after {replayed.steps} steps; {original.job} ended {ended}")
-    compare = same_records if replayed.shape == original.shape else same_samples
+    same = replayed.shape == original.shape if same_shape is None else same_shape
+    compare = same_records if same else same_samples
     last, end = replayed.steps - 1, replayed.finished
     ours = read_steps(config, original.job, original.shape.ranks, first, last, end=end)
     theirs = read_steps(config, replayed.job, replayed.shape.ranks, first, last, end=end)

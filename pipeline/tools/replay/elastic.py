@@ -4,7 +4,8 @@ ranks, written with the original's state record of each step, one transaction pe
 The state record of step ``k`` is the original's (but for the offset of the control topic, which is the
 replayed job's own): the same samples were delivered, so the sources stand where they stood, and
 ``mixflow construct --output-job`` continues the replayed job from there under a spec of the new shape.
-A killed replay resumes after the last step it committed.
+A killed replay resumes after the last step it committed. A context-parallel job's steps (batches of format
+version 2) are put back together from their slices and planned again as such (``reshape_cp``).
 """
 
 from __future__ import annotations
@@ -12,19 +13,29 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import Message, Producer, TopicPartition
 
 from pipeline.kafka.role_protocol import TransactionalRole
 from pipeline.kafka.state_topic import JobHistory, StateRecord
 from pipeline.planning.scheduler import CostModel
+from pipeline.planning.scheduler.cp_plan import CPShape
 from pipeline.planning.shape import StepShape
 from pipeline.spec.cost import VisionCostModel
+from pipeline.spec.cp_cost import ContextParallelCost
 from pipeline.tools.replay.plan import adopted
 from pipeline.tools.replay.reshape import reshape_step
+from pipeline.tools.replay.reshape_cp import reshape_cp_step
 from pipeline.tools.replay.steps import read_steps
 from topics.errors import MixflowError
 from topics.formats.batch import Batch
-from topics.formats.batch_codec import decode_batch_message, encode_batch, encode_end_of_data
+from topics.formats.batch_codec import (
+    CP_BATCH_FORMAT_VERSION,
+    decode_any_batch_message,
+    decode_batch_message,
+    encode_batch,
+    encode_end_of_data,
+)
+from topics.formats.cp_batch import CPBatch
 from topics.formats.names import JobTopics
 from topics.kafka.admin import ensure_job_topics
 from topics.kafka.clients import KafkaConfig, produce
@@ -48,6 +59,8 @@ class ElasticReplay(TransactionalRole):
         cost_model: CostModel,
         transaction_timeout_ms: int = 60_000,
         vision: VisionCostModel | None = None,
+        context_parallel: CPShape | None = None,
+        cp_cost: ContextParallelCost | None = None,
     ) -> None:
         super().__init__(config, transaction_timeout_ms)
         if original.shape is None:
@@ -60,6 +73,8 @@ class ElasticReplay(TransactionalRole):
         self.micro_batches = shape.micro_batches
         self.cost_model = cost_model
         self.vision = vision  # the encoder's cost, added to a multimodal sample's (None: the LLM's alone)
+        self.context_parallel = context_parallel  # a context-parallel job's new shape (its ranks are ``shape``'s)
+        self.cp_cost = cp_cost or ContextParallelCost()
         self.written = range(0)  # the steps written, consecutive
         self.finished = False
 
@@ -73,14 +88,16 @@ class ElasticReplay(TransactionalRole):
         self.stop_on_signals()
         ensure_job_topics(self.config, self.out.job, [], self.ranks)
         producer = self.new_producer()
+        cp = self.context_parallel
         log.info(
-            "replaying steps %d to %d of %s into %s over %d ranks x %d micro-batches%s",
+            "replaying steps %d to %d of %s into %s over %d ranks x %d micro-batches%s%s",
             first,
             last,
             self.original.job,
             self.out.job,
             self.ranks,
-            self.micro_batches,
+            self.micro_batches if cp is None else cp.micro_batches,
+            "" if cp is None else f" ({cp.mode.value} context parallelism, blocks of up to {cp.size} ranks)",
             ", then its end" if end else "",
         )
         steps = read_steps(self.config, self.original.job, self.original_ranks, first, last, end=end)
@@ -93,8 +110,7 @@ class ElasticReplay(TransactionalRole):
                         self._commit(producer, step.step, [], self._state(self.original.final(), step.step))
                         self.finished = True
                         break
-                    batches = [decode_batch_message(m) for m in step.messages]
-                    reshaped = reshape_step(batches, self.ranks, self.micro_batches, self.cost_model, self.vision)
+                    reshaped = self._reshaped(step.messages)
                     self._commit(
                         producer, step.step, reshaped, self._state(self.original.before(step.step + 1), step.step)
                     )
@@ -103,6 +119,15 @@ class ElasticReplay(TransactionalRole):
             producer.flush(30)
         return self.written
 
+    def _reshaped(self, messages: list[Message]) -> list[Batch] | list[CPBatch]:
+        """One step's records (one per original rank) planned again over the new shape."""
+        if self.context_parallel is None:
+            batches = [decode_batch_message(m) for m in messages]
+            return reshape_step(batches, self.ranks, self.micro_batches, self.cost_model, self.vision)
+        versions = (CP_BATCH_FORMAT_VERSION,)
+        slices = [decode_any_batch_message(m, versions) for m in messages]
+        return reshape_cp_step([b for b in slices if isinstance(b, CPBatch)], self.context_parallel, self.cp_cost)
+
     def _state(self, record: StateRecord | None, step: int) -> tuple[bytes | None, bytes]:
         """The key and value of the state record to write with ``step``: the original's state there."""
         if record is None:
@@ -110,7 +135,9 @@ class ElasticReplay(TransactionalRole):
             raise MixflowError(msg)
         return record.key, adopted(record.state).to_bytes()
 
-    def _commit(self, producer: Producer, step: int, batches: list[Batch], state: tuple[bytes | None, bytes]) -> None:
+    def _commit(
+        self, producer: Producer, step: int, batches: list[Batch] | list[CPBatch], state: tuple[bytes | None, bytes]
+    ) -> None:
         """One step's batches (or, with none, the end-of-data records) and its state record, in one transaction."""
 
         def produce_step() -> list[TopicPartition]:

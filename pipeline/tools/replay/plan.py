@@ -1,8 +1,8 @@
 """What a replay will do, decided from the two jobs' histories before anything is written. Pure: no Kafka.
 
 Every input a user can get wrong is refused here, naming it: the target being the original, a step the
-original has not written, a spec whose step shape is not the original's, or a target that holds
-something other than this replay's earlier progress.
+original has not written, a spec whose step shape is not the original's, a rank count a context-parallel job's
+mode cannot use, or a target that holds something other than this replay's earlier progress.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from enum import StrEnum
 
 from pipeline.kafka.state_topic import JobHistory
 from pipeline.planning.mixing import MixtureChange
+from pipeline.planning.scheduler.cp_plan import CPShape
 from pipeline.planning.shape import StepShape
 from pipeline.planning.step.state import ConstructorState
 from pipeline.tools.replay.reshape import default_micro_batches
+from pipeline.tools.replay.reshape_cp import replay_cp_shape
 from topics.errors import MixflowError, RefusedError
 from topics.formats.names import validate_job_name
 
@@ -45,7 +47,9 @@ class ReplayRequest:
 class ReplayPlan:
     """Write steps ``first`` to ``last`` into ``target`` in ``shape``, then, with ``end``, the end of the
     job. ``first`` is past ``from_step`` when an earlier run of the same replay wrote steps already;
-    ``done`` when nothing is left to write."""
+    ``done`` when nothing is left to write. ``context_parallel``: a context-parallel job's shape of the
+    replay (``shape`` is then its written part): the spec's under the job's own shape, else fitted to the new
+    ranks (``replay_cp_shape``)."""
 
     mode: ReplayMode
     shape: StepShape
@@ -56,6 +60,7 @@ class ReplayPlan:
     done: bool
     start_state: ConstructorState | None
     changes: tuple[MixtureChange, ...]
+    context_parallel: CPShape | None = None
 
 
 def plan_replay(
@@ -64,9 +69,11 @@ def plan_replay(
     spec_shape: StepShape,
     target: JobHistory | None,
     target_first_step: int | None,
+    spec_cp: CPShape | None = None,
 ) -> ReplayPlan:
     """The plan for ``request``; ``target`` is what the target job holds (None: nothing), and
-    ``target_first_step`` the first step on its rank topics. Raises ``MixflowError`` naming the input at fault."""
+    ``target_first_step`` the first step on its rank topics; ``spec_cp`` the spec's context-parallel shape
+    (``cp_shape_of``; None: the spec has none). Raises ``MixflowError`` naming the input at fault."""
     validate_job_name(request.target)
     if request.target == original.job:
         msg = f"--to-job {request.target} is the job being replayed; give the replay another name"
@@ -80,8 +87,11 @@ def plan_replay(
     if last < first or last > last_written:
         msg = f"--to-step {last} is not a step from {first} to job {original.job}'s last step, {last_written}"
         raise MixflowError(msg)
-    shape = _shape(request, original.shape)
-    mode = ReplayMode.RERUN if shape == original.shape else ReplayMode.REPLAN
+    if original.shape.context_parallel:
+        shape, cp, mode = _cp_shapes(request, original.job, original.shape, spec_cp)
+    else:
+        shape, cp = _shape(request, original.shape), None
+        mode = ReplayMode.RERUN if shape == original.shape else ReplayMode.REPLAN
     if mode is ReplayMode.RERUN and spec_shape != original.shape:
         msg = (
             f"the spec's step shape ({_describe(spec_shape)}) is not the one job {original.job} wrote "
@@ -107,15 +117,20 @@ def plan_replay(
         done=done,
         start_state=adopted(start.state) if start is not None else None,
         changes=latest.state.changes if latest is not None else (),
+        context_parallel=cp,
     )
 
 
-def _shape(request: ReplayRequest, original: StepShape) -> StepShape:
+def _check_counts(request: ReplayRequest) -> None:
     for name in ("ranks", "micro_batches"):
         value = getattr(request, name)
         if value is not None and value < 1:
             msg = f"--{name.replace('_', '-')} must be at least 1, not {value}"
             raise MixflowError(msg)
+
+
+def _shape(request: ReplayRequest, original: StepShape) -> StepShape:
+    _check_counts(request)
     ranks = request.ranks or original.ranks
     if request.micro_batches is not None:
         micro_batches = request.micro_batches
@@ -124,6 +139,29 @@ def _shape(request: ReplayRequest, original: StepShape) -> StepShape:
     else:
         micro_batches = default_micro_batches(original.ranks, original.micro_batches, ranks)
     return replace(original, ranks=ranks, micro_batches=micro_batches)
+
+
+def _cp_shapes(
+    request: ReplayRequest, job: str, original: StepShape, spec_cp: CPShape | None
+) -> tuple[StepShape, CPShape, ReplayMode]:
+    """A context-parallel job's replay: its written shape, its context-parallel shape and its mode. Under the
+    job's ranks and the spec's micro-batches the constructor mixes again; otherwise each step is planned again
+    over the spec's blocks fitted to the new ranks."""
+    mode = original.context_parallel
+    if spec_cp is None or spec_cp.mode.value != mode:
+        has = "no step.context_parallel" if spec_cp is None else f"step.context_parallel mode {spec_cp.mode.value}"
+        msg = (
+            f"job {job} plans {mode} context parallelism per sample and the spec has {has}: replay under the spec "
+            "the job ran with"
+        )
+        raise MixflowError(msg)
+    _check_counts(request)
+    ranks = request.ranks or original.ranks
+    if ranks == original.ranks and request.micro_batches in (None, spec_cp.micro_batches):
+        return original, spec_cp, ReplayMode.RERUN
+    capacity = original.tokens_per_micro_batch
+    cp = replay_cp_shape(spec_cp, original.ranks, capacity, ranks, request.micro_batches)
+    return replace(original, ranks=ranks), cp, ReplayMode.REPLAN
 
 
 def _resume_at(
@@ -164,6 +202,9 @@ def _progress(state: ConstructorState) -> tuple[object, ...]:
 
 
 def _describe(shape: StepShape) -> str:
+    if shape.context_parallel:
+        tokens, mode = shape.tokens_per_micro_batch, shape.context_parallel
+        return f"{shape.ranks} ranks of {tokens} tokens a micro-batch, {mode} context parallelism"
     return f"{shape.ranks} ranks x {shape.micro_batches} micro-batches of {shape.tokens_per_micro_batch} tokens"
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pipeline.kafka.control import broken_control_records
 from pipeline.kafka.spec_record import read_spec_records
 from pipeline.kafka.state_topic import JobHistory, read_history, require_history
+from pipeline.planning.scheduler.context_parallel import cp_shape_of
+from pipeline.planning.scheduler.cp_plan import CPShape
 from pipeline.planning.shape import StepShape
 from pipeline.roles.constructor import ConstructorOptions, DataConstructor
 from pipeline.spec import JobSpec
@@ -26,7 +28,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ReplaySummary:
-    """What a replay run did: ``written`` the steps it wrote (consecutive), and where the target stands after it."""
+    """What a replay run did: ``written`` the steps it wrote (consecutive), and where the target stands after it.
+    ``context_parallel``: a context-parallel job's shape of the replay (``shape`` is its written part)."""
 
     job: str
     target: str
@@ -37,14 +40,16 @@ class ReplaySummary:
     steps: int
     finished: bool
     seconds: float
+    context_parallel: CPShape | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        cp = self.context_parallel
+        out: dict[str, object] = {
             "job": self.job,
             "to_job": self.target,
             "mode": self.mode.value,
             "ranks": self.shape.ranks,
-            "micro_batches": self.shape.micro_batches,
+            "micro_batches": self.shape.micro_batches if cp is None else cp.micro_batches,
             "from_step": self.from_step,
             "steps_replayed": len(self.written),
             "first_replayed": self.written[0] if self.written else None,
@@ -53,6 +58,13 @@ class ReplaySummary:
             "finished": self.finished,
             "seconds": round(self.seconds, 3),
         }
+        if cp is not None:
+            out["context_parallel"] = {
+                "mode": cp.mode.value,
+                "size": cp.size,
+                "max_micro_batches": cp.max_micro_batches,
+            }
+        return out
 
 
 def replay(
@@ -77,6 +89,7 @@ def replay(
         StepShape.from_spec(spec.step).written(),
         target,
         _first_step(config, request.target) if target is not None and target.records else None,
+        cp_shape_of(spec.step),
     )
     written = range(0)
     finished = target is not None and target.finished
@@ -96,6 +109,7 @@ def replay(
         steps=written[-1] + 1 if written else (target.steps if target is not None and target.records else 0),
         finished=finished,
         seconds=time.monotonic() - began,
+        context_parallel=plan.context_parallel,
     )
 
 
@@ -115,9 +129,11 @@ def _say_broken_control_records(config: KafkaConfig, original: JobHistory) -> No
         )
 
 
-def verify(config: KafkaConfig, job: str, target: str, from_step: int) -> Audit:
-    """The determinism audit of ``target`` (a replay of ``job`` from ``from_step``) against ``job``."""
-    return audit(config, require_history(config, job), require_history(config, target), from_step)
+def verify(config: KafkaConfig, job: str, target: str, from_step: int, mode: ReplayMode | None = None) -> Audit:
+    """The determinism audit of ``target`` (a replay of ``job`` from ``from_step``, in ``mode``; None: byte for
+    byte where the two jobs' written shapes are the same) against ``job``."""
+    same_shape = None if mode is None else mode is ReplayMode.RERUN
+    return audit(config, require_history(config, job), require_history(config, target), from_step, same_shape)
 
 
 def _write(
@@ -126,7 +142,8 @@ def _write(
     """The steps written, and whether the target job has ended."""
     if plan.mode is ReplayMode.REPLAN:
         cost_model, vision = spec.cost.cost_model(), spec.cost.vision_cost_model()
-        role = ElasticReplay(config, original, target, plan.shape, cost_model, timeout_ms, vision)
+        cp, cp_cost = plan.context_parallel, spec.cost.context_parallel_cost()
+        role = ElasticReplay(config, original, target, plan.shape, cost_model, timeout_ms, vision, cp, cp_cost)
         written = role.run(plan.first, plan.last, plan.end)
         return written, role.finished
     records = read_spec_records(config, JobTopics(original.job))

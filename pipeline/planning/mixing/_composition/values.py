@@ -1,5 +1,6 @@
 """The values step composition passes around: a source's window, long samples, what the hole packing needs,
-and what a grouping or packing built (the step's shape is ``pipeline.planning.shape.StepShape``)."""
+what a grouping or packing built, the answer, and a step's media (the step's shape is
+``pipeline.planning.shape.StepShape``). The kernels take them as the arrays of ``kernel_arrays``."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ rank, which at 10,240 ranks made a call cost O(R^2).
 **Packing the holes.** Short samples fill the ranks around the groups. Where a source's short samples
 cannot fill its allowance (a window of mostly long samples: uniform lengths up to the context, or long
 documents that hold most of the tokens), the holes the groups leave stay empty unless something fits
-them, so the kernel can pack them itself (``_compose_holes``): long and short candidates, the longest that
+them, so the kernel can pack them itself (``packing.fill_holes``): long and short candidates, the longest that
 fits the emptiest micro-batch of the rank of least excess, but no longer than keeps that rank near a
 target excess (the mean over ranks of a first, greedy packing), so the ranks end full *and* alike.
 """
@@ -24,7 +24,7 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import least_with_room, new_min_tree, room_trees, set_key, update_rank
-from pipeline.planning.mixing._compose_arrays import (
+from pipeline.planning.mixing._composition.kernel_arrays import (
     Grid,
     Grouping,
     Holes,
@@ -34,12 +34,12 @@ from pipeline.planning.mixing._compose_arrays import (
     as_holes,
     as_samples,
     copy_of,
+    fullest_with_room,
     take_candidate,
     token_rooms,
 )
-from pipeline.planning.mixing._compose_free import next_free
-from pipeline.planning.mixing._compose_holes import fill_holes, fullest_with_room
-from pipeline.planning.mixing._compose_types import Groups, HoleFill, Longs, Slots
+from pipeline.planning.mixing._composition.packing import fill_holes, next_free
+from pipeline.planning.mixing._composition.values import Groups, HoleFill, Longs, Slots
 from pipeline.planning.shape import StepShape
 
 
@@ -59,7 +59,7 @@ def build_groups(
     grouped); a candidate counts against its source's ``allowance`` (tokens), which only the last one
     picked from a source may overshoot. The candidate ``anchor`` (if >= 0) is placed first among the
     seeds. With ``holes``, where a source's short samples cannot fill its allowance, the candidates then
-    pack the micro-batches' holes (``_compose_holes``)."""
+    pack the micro-batches' holes (``packing.fill_holes``)."""
     holes = holes or HoleFill.none(len(allowance))
     held = np.zeros(len(candidates.length), dtype=bool)
     if anchor >= 0:

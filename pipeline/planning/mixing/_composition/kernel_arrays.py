@@ -1,5 +1,6 @@
-"""The arrays the composition kernels take, grouped as numba passes them (``typing.NamedTuple``s), and made
-from the values composition passes around (``_compose_types``)."""
+"""The arrays the composition kernels (``groups``, ``packing``) take, grouped as numba passes them
+(``typing.NamedTuple``s) and made from the values composition passes around (``values``), and the small
+kernels both use on a ``Packing``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import SlotRooms
-from pipeline.planning.mixing._compose_types import HoleFill, Longs
+from pipeline.planning.mixing._composition.values import HoleFill, Longs
 from pipeline.planning.shape import StepShape
 
 
@@ -112,3 +113,14 @@ def token_rooms(bins: np.ndarray, capacity: int) -> SlotRooms:
     """The micro-batches of ``bins`` (tokens by rank and micro-batch) as the room searches read them: composition
     packs tokens only."""
     return SlotRooms(bins.reshape(-1), np.zeros(0, np.int64), bins.shape[1], capacity, 0)
+
+
+@kernel
+def fullest_with_room(bins: np.ndarray, r: int, length: int, capacity: int) -> int:
+    """The fullest micro-batch of rank ``r`` with room for ``length`` tokens; -1 if none."""
+    best, best_fill = -1, -1
+    for m in range(bins.shape[1]):
+        held = bins[r, m]
+        if held + length <= capacity and held > best_fill:
+            best, best_fill = m, held
+    return best
