@@ -82,6 +82,33 @@ def chunk_segments(
     ]
 
 
+LOSS_SPANS_KEY = "mixflow.loss_spans"
+"""A sample's metadata key naming the tokens that are targets of the loss, ``start:stop`` ranges of its tokens
+joined by commas (``""``: none); absent when every token is. Set for a conversation's samples."""
+
+
+def chunk_loss_spans(document: Document, segments: Sequence[Segment], lengths: Sequence[int]) -> list[str] | None:
+    """Each chunk's ``LOSS_SPANS_KEY`` value, the chunks of ``lengths`` tokens laid end to end over the
+    document's ``segments``: the tokens of its trained text parts (``Document.trained``), and the
+    end-of-document token after a trained last part; None when the document does not say (every token)."""
+    if document.trained is None:
+        return None
+    parts = len(document.parts or ())
+    # segments follow the parts one for one; the end-of-document segment, when there is one, comes last
+    trained = [k in document.trained for k in range(parts)]
+    trained += [parts - 1 in document.trained] * (len(segments) - parts)
+    flags = [np.full(len(segment.tokens), learn, dtype=bool) for segment, learn in zip(segments, trained, strict=True)]
+    mask = np.concatenate([np.zeros(0, bool), *flags])
+    spans, start = [], 0
+    for length in lengths:
+        edges = np.flatnonzero(
+            np.diff(np.concatenate([[False], mask[start : start + length], [False]]).astype(np.int8))
+        )
+        spans.append(",".join(f"{a}:{b}" for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True)))
+        start += length
+    return spans
+
+
 class InterleavedBuilder:
     """Samples of one interleaved document (``Document.parts``) whose text parts are already tokenized.
 
@@ -110,11 +137,13 @@ class InterleavedBuilder:
             return DeadLetter(document.source, document.where, "document has no tokens")
         chunks = chunk_segments(segments, self.max_length, self.max_patches)
         split = len(chunks) > 1
+        spans = chunk_loss_spans(document, segments, [len(tokens) for tokens, _ in chunks])
         return [
             Sample(
                 sample_id=with_suffixes(document.document_id, chunk=k if split else None, epoch=epoch),
                 source=document.source,
                 tokens=tokens,
+                metadata={} if spans is None else {LOSS_SPANS_KEY: spans[k]},
                 media=items,
             )
             for k, (tokens, items) in enumerate(chunks)

@@ -93,7 +93,7 @@ MISTAKES = [
      r"below the longest image read: interleaved-0000.jsonl:row=\d+:image=\d takes \d+ tokens .* \(got 40\)"),
     # fields the records lack
     ('body["sources"][1]["media_fields"] = {"segments": "segs"}', "sources[1].media_fields",
-     r"every record read is a dead letter \(\d+ records of 1 file; media_fields looks for .*segments in segs\), .*"
+     r"every record read is a dead letter \(\d+ records of 1 file; media_fields looks for .*segments in segs, .*\), .*"
      r"interleaved-0000.jsonl:row=0: no image or video; the record's keys: segments$"),
     ('body["sources"][2]["media_fields"] = {"text": "caption"}', "sources[2].media_fields",
      r"media_fields looks for text in caption, .*: no text; the record's keys: video, text$"),

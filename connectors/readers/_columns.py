@@ -83,9 +83,9 @@ _MEDIA_BATCH_ROWS = 256
 
 def media_columns(fields: MediaFields, names: list[str]) -> list[str] | str:
     """The columns of ``names`` that ``fields`` names, in the table's order; or, when they make no document
-    (no segments column, and no text column or no image or video column), the reason."""
+    (no segments, conversations or texts column, and no text column or no image or video column), the reason."""
     present = set(names)
-    if not present & set(fields.segments):
+    if not present & {*fields.segments, *fields.conversations, *fields.texts}:
         wanted = (("text", fields.text), ("image or video", (*fields.image, *fields.video)))
         for what, options in wanted:
             if not present & set(options):

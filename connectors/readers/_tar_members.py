@@ -11,8 +11,12 @@ loads torch, which a loader does not load.
 
 from __future__ import annotations
 
+import gzip
 import re
+import shutil
 import tarfile
+import tempfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -23,6 +27,42 @@ _KEY_AND_EXTENSION = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _SKIPPED = re.compile(r"__[^/]*__($|/)")
 _META = "__"
 _TRAILER_CHUNK = 1 << 16
+GZIPPED_SUFFIXES = (".tar.gz", ".tgz")
+
+
+def gzipped(path: str) -> bool:
+    """Whether ``path`` names a gzip-compressed shard (``.tar.gz``, ``.tgz``)."""
+    return path.lower().endswith(GZIPPED_SUFFIXES)
+
+
+class Gunzipped(gzip.GzipFile):
+    """A gzip stream read forward, its corruption and truncation an ``OSError`` as a tar archive's are."""
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            return super().read(size)
+        except (EOFError, zlib.error) as exc:
+            raise OSError(f"not a readable gzip stream: {exc}") from exc
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        try:
+            return super().seek(offset, whence)
+        except (EOFError, zlib.error) as exc:
+            raise OSError(f"not a readable gzip stream: {exc}") from exc
+
+
+def gunzipped_copy(file: BinaryIO) -> BinaryIO:
+    """The decompressed bytes of the gzip stream ``file`` in a temporary file, which a tar shard can seek in
+    (its members are read back after their key's last header); deleted when closed."""
+    copy = tempfile.TemporaryFile()  # noqa: SIM115 (returned open, closed by the caller)
+    try:
+        with Gunzipped(fileobj=file, mode="rb") as stream:
+            shutil.copyfileobj(stream, copy, 1 << 20)
+    except BaseException:
+        copy.close()
+        raise
+    copy.seek(0)
+    return copy  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,16 +57,21 @@ Part = str | MediaRef
 class MediaFields:
     """The keys (JSON) or columns (Parquet, Arrow) of a multimodal record, each a list of names tried in order:
     the first present and non-null one is taken. The defaults follow Hugging Face ``datasets`` and LLaVA:
-    ``{"image": ..., "text": ...}``, ``{"images": [...], "caption": ...}``, ``{"video": ...}``, and
-    ``{"segments": [{"text": ...}, {"image": ...}]}`` for an interleaved document."""
+    ``{"image": ..., "text": ...}``, ``{"images": [...], "caption": ...}``, ``{"video": ...}``,
+    ``{"segments": [{"text": ...}, {"image": ...}]}`` for an interleaved document, and LLaVA's
+    ``{"image": ..., "conversations": [{"from": "human", "value": "<image>\\n..."}, ...]}`` or a
+    ``{"messages": [{"role": "user", "content": ...}, ...]}`` for a conversation (``chat_parts``), and OBELICS'
+    parallel lists ``{"images": [None, "a.jpg", None], "texts": ["Look:", None, "a cat"]}``."""
 
     text: tuple[str, ...] = ("text", "caption")
     image: tuple[str, ...] = ("image", "images")
     video: tuple[str, ...] = ("video", "videos")
     segments: tuple[str, ...] = ("segments",)
+    conversations: tuple[str, ...] = ("conversations", "messages")
+    texts: tuple[str, ...] = ("texts",)
 
     def __post_init__(self) -> None:
-        names = [*self.text, *self.image, *self.video, *self.segments]
+        names = [*self.text, *self.image, *self.video, *self.segments, *self.conversations, *self.texts]
         if not all(names) or len(set(names)) != len(names):
             msg = f"media field names must be non-empty and distinct, got {names}"
             raise ValueError(msg)
@@ -74,7 +79,7 @@ class MediaFields:
     @property
     def names(self) -> tuple[str, ...]:
         """Every name, in the order above: the columns a multimodal reader reads."""
-        return (*self.text, *self.image, *self.video, *self.segments)
+        return (*self.text, *self.image, *self.video, *self.segments, *self.conversations, *self.texts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +87,9 @@ class Document:
     """One document read from a source: row ``row`` of file ``path`` (relative to the source root), with
     exactly one of ``text``, pre-tokenized ``tokens`` (int32), or ``parts``: text and media interleaved,
     in order (an image-text pair is ``(image, caption)``). ``where``: the location a dead letter about it
-    names, as its reader's other letters do (``location``); ``<path>:row=<row>`` unless the reader says."""
+    names, as its reader's other letters do (``location``); ``<path>:row=<row>`` unless the reader says.
+    ``trained``: the indices of the text parts whose tokens take the loss (a conversation's assistant turns);
+    None when every token does."""
 
     source: str
     path: str
@@ -91,6 +98,7 @@ class Document:
     tokens: np.ndarray | None = None
     parts: tuple[Part, ...] | None = None
     where: str = ""
+    trained: frozenset[int] | None = None
 
     @property
     def document_id(self) -> str:

@@ -1,6 +1,12 @@
 """A multimodal record (a JSON object, a Parquet or Arrow row, a WebDataset key's ``.json``) as a document's parts.
 
-Two forms, told apart by whether the record has a segments field (``MediaFields``):
+Four forms, told apart by whether the record has a conversations field, a texts field, then a segments field
+(``MediaFields``):
+
+* a conversation (LLaVA's ``conversations``, ``messages``): its turns rendered, its media at their
+  placeholders, the loss on the assistant's turns (``chat_parts``);
+* OBELICS' parallel lists, a texts field beside a list of images of the same length, each position holding
+  exactly one of a text and an image: ``{"images": [None, "a.jpg"], "texts": ["Look:", None]}``;
 
 * a pair: its images, then its clips, then its text: ``{"image": "a.jpg", "text": "a cat"}`` reads as
   ``(image, "a cat")``. An image or video field holds one value or a list of them.
@@ -17,9 +23,10 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from connectors.readers.base import Document, MediaFields, MediaRef, Part, location
+from connectors.readers.chat_parts import ChatError, chat_content
 from topics.formats.dead_letter import DeadLetter
 from topics.formats.media import MediaKind
 
@@ -43,6 +50,8 @@ def relative_media_path(value: str) -> str:
     normal = posixpath.normpath(value) if value else ""
     if not value or normal == ".":
         raise BadRecord(f"path {value!r} names no file")
+    if "://" in value:
+        raise BadRecord(f"path {value!r} is a URL; media are read from the source, never fetched")
     if posixpath.isabs(value) or normal == ".." or normal.startswith("../"):
         raise BadRecord(f"path {value!r} leaves the source root")
     return normal
@@ -105,11 +114,63 @@ class _Parts:
         return tuple(self.parts)
 
 
+class RecordContent(NamedTuple):
+    """A record's parts, and the indices of those that take the loss (None: every part)."""
+
+    parts: tuple[Part, ...]
+    trained: frozenset[int] | None = None
+
+
+def record_content(
+    record: Mapping[str, object], fields: MediaFields, where: str, resolve: MediaResolver = value_media
+) -> RecordContent:
+    """The parts of ``record`` (see the module's docstring); ``BadRecord`` with the reason otherwise.
+    ``where`` is the record's location; its media are named ``<where>:image=0``, ``<where>:video=0``..."""
+    parts = _Parts(where, resolve)
+    turns = first_present(record, fields.conversations)
+    if turns is not None:
+        _add_media(parts, record, fields)
+        media = {kind: [p for p in parts.parts if isinstance(p, MediaRef) and p.kind == kind] for kind in _KINDS}
+        try:
+            return RecordContent(*chat_content(turns, media))
+        except ChatError as exc:
+            raise BadRecord(str(exc)) from None
+    texts = first_present(record, fields.texts)
+    if texts is not None:
+        return RecordContent(_parallel_parts(parts, texts, first_present(record, fields.image)))
+    return RecordContent(record_parts(record, fields, where, resolve))
+
+
+def _parallel_parts(parts: _Parts, texts: object, images: object) -> tuple[Part, ...]:
+    """OBELICS' ``texts`` and ``images``, position by position."""
+    if not isinstance(texts, list) or not isinstance(images, list) or len(texts) != len(images):
+        shapes = [
+            f"{type(v).__name__} of {len(v)}" if isinstance(v, list) else type(v).__name__ for v in (texts, images)
+        ]
+        raise BadRecord(f"texts and images must be lists of one length, not a {shapes[0]} and a {shapes[1]}")
+    for index, (text, image) in enumerate(zip(texts, images, strict=True)):
+        if (text is None) == (image is None):
+            held = "both a text and an image" if text is not None else "neither a text nor an image"
+            raise BadRecord(f"position {index} of texts and images holds {held}")
+        if text is not None:
+            parts.text(text, f"text {index}")
+        else:
+            parts.media("image", image)
+    return parts.checked()
+
+
+def _add_media(parts: _Parts, record: Mapping[str, object], fields: MediaFields) -> None:
+    for kind in _KINDS:
+        value = first_present(record, getattr(fields, kind))
+        for item in value if isinstance(value, list) else [] if value is None else [value]:
+            parts.media(kind, item)
+
+
 def record_parts(
     record: Mapping[str, object], fields: MediaFields, where: str, resolve: MediaResolver = value_media
 ) -> tuple[Part, ...]:
-    """The parts of ``record`` (see the module's docstring); ``BadRecord`` with the reason otherwise.
-    ``where`` is the record's location; its media are named ``<where>:image=0``, ``<where>:video=0``..."""
+    """The parts of a pair or an interleaved ``record`` (see the module's docstring); ``BadRecord`` with the
+    reason otherwise."""
     parts = _Parts(where, resolve)
     segments = first_present(record, fields.segments)
     if segments is not None:
@@ -118,10 +179,7 @@ def record_parts(
         for index, segment in enumerate(segments):
             _add_segment(parts, fields, index, segment)
         return parts.checked()
-    for kind in _KINDS:
-        value = first_present(record, getattr(fields, kind))
-        for item in value if isinstance(value, list) else [] if value is None else [value]:
-            parts.media(kind, item)
+    _add_media(parts, record, fields)
     text = first_present(record, fields.text)
     if text is not None:
         parts.text(text, "text")
@@ -151,7 +209,7 @@ def media_document(reader: Reader, path: str, row: int, record: object) -> Docum
     if not isinstance(record, Mapping):
         return reader.dead_letter(where, f"record is {type(record).__name__}, not an object")
     try:
-        parts = record_parts(record, reader.media_fields, where)
+        content = record_content(record, reader.media_fields, where)
     except BadRecord as exc:
         return reader.dead_letter(where, str(exc))
-    return Document(reader.source, path, row, parts=parts)
+    return Document(reader.source, path, row, parts=content.parts, trained=content.trained)

@@ -71,7 +71,8 @@ FieldNames = str | list[str]
 class MediaFieldsSpec(BaseModel):
     """Where a multimodal source's records hold their text and media: keys (JSONL) or columns (Parquet,
     Arrow), each a name or a list of names tried in order. Unset: the readers' defaults, after Hugging Face
-    ``datasets`` and LLaVA (``text``/``caption``, ``image``/``images``, ``video``/``videos``, ``segments``)."""
+    ``datasets`` and LLaVA (``text``/``caption``, ``image``/``images``, ``video``/``videos``, ``segments``,
+    ``conversations``/``messages``, ``texts``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -80,6 +81,12 @@ class MediaFieldsSpec(BaseModel):
     video: FieldNames | None = Field(None, description="A clip (bytes or a path), or a list.")
     segments: FieldNames | None = Field(
         None, description="An interleaved document: a list of {text: ...}, {image: ...} or {video: ...}."
+    )
+    conversations: FieldNames | None = Field(
+        None, description="A conversation: a list of {from, value} (LLaVA, ShareGPT) or {role, content} turns."
+    )
+    texts: FieldNames | None = Field(
+        None, description="OBELICS' texts: a list as long as the images list, null where an image stands."
     )
 
     def given(self) -> dict[str, tuple[str, ...]]:

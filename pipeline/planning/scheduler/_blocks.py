@@ -65,6 +65,7 @@ def place_blocks(
         np.zeros(n, np.int64),
     )
     free_tokens = np.int64(ranks) * micro * capacity
+    busiest = np.zeros(ranks)  # by first rank: the costliest rank of the block of c ranks from it
     for i in order:
         best, best_first, best_micro, best_new, best_k = np.inf, -1, -1, False, -1
         for k in range(sizes.shape[1]):
@@ -72,10 +73,11 @@ def place_blocks(
             if c == 0 or (best_first >= 0 and best <= target):
                 break
             step = c if aligned else 1
+            _window_max(blocks.rank_cost, c, aligned, busiest)
             for first in range(0, ranks - c + 1, step):
                 across = first // per_node != (first + c - 1) // per_node
                 cost = cost_across[i, k] if across else cost_within[i, k]
-                score = blocks.rank_cost[first : first + c].max() + cost
+                score = busiest[first] + cost
                 if score >= best:
                     continue
                 may_open = free_tokens - c * capacity >= reserve[i]
@@ -92,6 +94,27 @@ def place_blocks(
         _take(blocks, i, best_first, c, best_micro, slices[i, best_k], cost, micro)
     _prefer_older(blocks, lengths, sizes, slices, cost_within, cost_across, per_node, micro)
     return blocks
+
+
+@kernel
+def _window_max(values: np.ndarray, c: int, aligned: bool, out: np.ndarray) -> None:
+    """``out[j]`` = the largest of ``values[j : j + c]`` for every ``j <= len(values) - c`` (aligned: every ``j``
+    a multiple of ``c``), in O(len(values)): free windows by van Herk, Gil and Werman's rule (a window is a
+    suffix of one run of ``c`` values and a prefix of the next)."""
+    n = values.shape[0]
+    if aligned:
+        for j in range(0, n - c + 1, c):
+            out[j] = values[j : j + c].max()
+        return
+    suffix = np.empty(n)
+    for j in range(n - 1, -1, -1):
+        last = j % c == c - 1 or j == n - 1
+        suffix[j] = values[j] if last else max(values[j], suffix[j + 1])
+    prefix = values[0]
+    for end in range(n):
+        prefix = values[end] if end % c == 0 else max(prefix, values[end])
+        if end >= c - 1:
+            out[end - c + 1] = max(suffix[end - c + 1], prefix)
 
 
 @kernel

@@ -11,10 +11,11 @@ mode says which blocks there are:
   parallelism, ``parallel_state.create_hybrid_dp_cp_groups``);
 - ``free``: any ``c`` up to ``size`` and any block of consecutive ranks (ByteScale's hybrid data parallelism).
 
-Each sample's least size is the cheapest its slice fits (the least GPU time, ``ContextParallelCost.gpu_time``).
-The samples split over more than one rank are placed first, on block micro-batches (``_blocks.py``), each on
-its least size (or a doubling of it, where that ends sooner; ``plan_cp_step``); the others are planned by
-``plan_step`` around them, with the block micro-batches' slots full and their ranks' costs as they are.
+Each sample's least size is the cheapest its slice fits (the least GPU time, ``ContextParallelCost.gpu_time``;
+the smallest among equals). The samples split over more than one rank are placed first, on block micro-batches
+(``_blocks.py``), each on its least size (or a doubling of it, where that ends sooner; ``plan_cp_step``); the
+others are planned by ``plan_step`` around them, with the block micro-batches' slots full and their ranks'
+costs as they are.
 Guarantee against starvation: no deferred sample has a newer placed one that it could replace (among the
 samples not split, one at least as long; among the others, one at least as long on a block at least its least
 size); and the split samples never take the room the older samples not split need (their tokens, and a tenth
@@ -63,16 +64,36 @@ def slice_tokens(lengths: np.ndarray, cp: np.ndarray) -> np.ndarray:
 
 def cp_sizes(lengths: np.ndarray, shape: CPShape, cost: ContextParallelCost) -> np.ndarray:
     """Each sample's least block size (int64; 0 where no block of the mode can hold it): the cheapest in GPU time
-    of those its slice fits. The planner may give it a larger one (``block_sizes``)."""
+    of those its slice fits, the smallest among equals. The planner may give it a larger one (``block_sizes``).
+
+    A sample's GPU time never falls as its block grows while the block stays within a node, nor while it spans
+    nodes (the compute is the same; the exposed ring traffic, ``(c - 1) * max(0, a*L - b*L**2/c)``, and ``c``
+    times ``gamma`` grow): the cheapest is the smallest size that fits, or the smallest that fits beyond a node
+    where that is cheaper (a network faster than NVLink). Times within a millionth of each other are equal."""
     length = np.asarray(lengths, np.int64)
-    best = np.zeros(length.size, np.int64)
-    best_time = np.full(length.size, np.inf)
-    for c in shape.sizes():
-        fits = slice_tokens(length, np.full(length.size, c)) <= shape.capacity
-        time = cost.gpu_time(length, c, c <= cost.ranks_per_node)
-        better = fits & (time < best_time)
-        best[better], best_time[better] = c, time[better]
-    return best
+    sizes = np.asarray(shape.sizes(), np.int64)
+    least = _smallest_fitting(length, sizes, shape.capacity, 1)
+    beyond = _smallest_fitting(length, sizes, shape.capacity, cost.ranks_per_node + 1)
+    other = (beyond > 0) & (beyond != least)
+    if other.any():
+        one = cost.gpu_time(length[other], least[other], least[other] <= cost.ranks_per_node)
+        two = cost.gpu_time(length[other], beyond[other], False)
+        cheaper = two < one * (1 - 1e-6)
+        least[np.flatnonzero(other)[cheaper]] = beyond[other][cheaper]
+    return least
+
+
+def _smallest_fitting(lengths: np.ndarray, sizes: np.ndarray, capacity: int, at_least: int) -> np.ndarray:
+    """The smallest of ``sizes`` (ascending) from ``at_least`` on whose slices of each sample fit ``capacity``
+    (0: none). One rank holds the sample whole; past one, a slice is ``2 * ceil(L / 2c)`` tokens, which fits from
+    ``c = ceil(L / 2h)`` on (``h = capacity // 2``)."""
+    half = capacity // 2
+    split = np.maximum(-(-lengths // (2 * half)), max(2, at_least)) if half else np.full(lengths.size, sizes[-1] + 1)
+    index = np.searchsorted(sizes, split)
+    least = np.where(index < sizes.size, sizes[np.minimum(index, sizes.size - 1)], 0)
+    if at_least <= 1 and sizes[0] == 1:
+        least[lengths <= capacity] = 1
+    return least
 
 
 def block_sizes(least: np.ndarray, shape: CPShape) -> np.ndarray:
@@ -91,22 +112,27 @@ def block_sizes(least: np.ndarray, shape: CPShape) -> np.ndarray:
 
 def lower_bound(lengths: np.ndarray, shape: CPShape, cost: ContextParallelCost) -> float:
     """No plan of these samples takes less time a step: every sample at its cheapest size, GPU time spread evenly
-    over the ranks, and no less than the sample slowest even on its largest block (samples no block holds are
-    left out)."""
+    over the ranks, and no less than the sample slowest even on the block where it ends soonest (samples no block
+    holds are left out). That block is searched only for the samples that take longer than the even spread on
+    their least size: the others cannot raise the bound."""
     length = np.asarray(lengths, np.int64)
-    total, slowest = 0.0, 0.0
-    cheapest = np.full(length.size, np.inf)
-    fastest = np.full(length.size, np.inf)
-    for c in shape.sizes():
-        fits = slice_tokens(length, np.full(length.size, c)) <= shape.capacity
-        within = c <= cost.ranks_per_node
-        cheapest = np.where(fits, np.minimum(cheapest, cost.gpu_time(length, c, within)), cheapest)
-        fastest = np.where(fits, np.minimum(fastest, cost.per_rank(length, c, within)), fastest)
-    placeable = np.isfinite(cheapest)
-    if placeable.any():
-        total = float(cheapest[placeable].sum())
-        slowest = float(fastest[placeable].max())
-    return max(total / shape.ranks, slowest)
+    least = cp_sizes(length, shape, cost)
+    placeable = least > 0
+    if not placeable.any():
+        return 0.0
+    length, least = length[placeable], least[placeable]
+    within = least <= cost.ranks_per_node
+    spread = float(cost.gpu_time(length, least, within).sum()) / shape.ranks
+    candidates = length[cost.per_rank(length, least, within) > spread]
+    sizes = np.asarray(shape.sizes(), np.int64)
+    rows = max(1, (1 << 20) // sizes.size)  # samples priced on every size at once
+    slowest = 0.0
+    for start in range(0, candidates.size, rows):
+        chunk = candidates[start : start + rows, None]
+        fits = slice_tokens(chunk, sizes[None, :]) <= shape.capacity
+        time = cost.per_rank(np.broadcast_to(chunk, fits.shape), sizes, sizes <= cost.ranks_per_node)
+        slowest = max(slowest, float(np.where(fits, time, np.inf).min(axis=1).max()))
+    return max(spread, slowest)
 
 
 def plan_cp_step(
@@ -131,10 +157,14 @@ def plan_cp_step(
         raise ValueError(msg)
     length = length.astype(np.int64)
     best = _plan(length, shape, cost, tolerance, widen=False)
-    for kind, widen in [(s, w) for s in (shape, *_stricter(length, shape)) for w in (False, True)][1:]:
+    best_rate = best.tokens_per_second(length, cost)
+    # Static blocks have one size: wider blocks are none, and widening makes the same plan.
+    variants = [(s, w) for s in (shape, *_stricter(length, shape)) for w in (False, s.mode is not CPMode.STATIC)]
+    for kind, widen in list(dict.fromkeys(variants))[1:]:
         other = _plan(length, kind, cost, tolerance, widen)
-        if other.tokens_per_second(length, cost) > best.tokens_per_second(length, cost):
-            best = CPPlan(other.rank, other.cp, other.micro, shape)
+        rate = other.tokens_per_second(length, cost)
+        if rate > best_rate:
+            best, best_rate = CPPlan(other.rank, other.cp, other.micro, shape), rate
     return best
 
 

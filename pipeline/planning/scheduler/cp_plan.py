@@ -109,12 +109,22 @@ class CPPlan:
         """Seconds of every rank's every micro-batch, shape (ranks, max_micro_batches)."""
         placed = np.flatnonzero(self.placed_mask)
         first, cp = self.rank[placed].astype(np.int64), self.cp[placed].astype(np.int64)
-        per_rank = np.zeros(self.rank.size)
-        per_rank[placed] = cost.per_rank(np.asarray(lengths)[placed], cp, cost.within_node(first, cp))
-        sample, place = self.slots()
-        times = np.zeros((self.shape.ranks, self.shape.max_micro_batches))
-        np.add.at(times, (self.rank[sample] + place, self.micro[sample]), per_rank[sample])
-        return times
+        per_rank = cost.per_rank(np.asarray(lengths)[placed], cp, cost.within_node(first, cp))
+        micro, first, cp, own = self.block_micro_batches()
+        block_time = np.bincount(own, weights=per_rank, minlength=first.size)
+        ranks, micro_batches = self.shape.ranks, self.shape.max_micro_batches
+        slot = _block_ranks(first, cp) * micro_batches + np.repeat(micro, cp)
+        times = np.bincount(slot, np.repeat(block_time, cp), minlength=ranks * micro_batches)
+        return times.reshape(ranks, micro_batches)
+
+    def block_micro_batches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The block micro-batches the plan uses, by micro-batch then first rank: each one's micro-batch, first
+        rank and size (int64); and each placed sample's (in order), an index into them."""
+        placed = np.flatnonzero(self.placed_mask)
+        width = self.shape.ranks + 1
+        key = (self.micro[placed].astype(np.int64) * width + self.rank[placed]) * width + self.cp[placed]
+        block, own = np.unique(key, return_inverse=True)
+        return block // (width * width), block // width % width, block % width, own
 
     def tokens_per_second(self, lengths: np.ndarray, cost: ContextParallelCost) -> float:
         """The tokens placed over the step's time (0 for an empty plan)."""
@@ -125,12 +135,19 @@ class CPPlan:
         """Seconds of the step when every rank runs its micro-batches in order and a block's ranks start a block
         micro-batch together (each waits for the last of them to be ready)."""
         times = self.micro_times(lengths, cost)
-        ready = np.zeros(self.shape.ranks)
-        placed = np.flatnonzero(self.placed_mask)
+        ready = np.zeros(self.shape.ranks + 1)  # one more: where the last block ends
+        micro, first, c, _ = self.block_micro_batches()  # a micro-batch's blocks never overlap
+        bounds = np.searchsorted(micro, np.arange(self.shape.max_micro_batches + 1))
         for m in range(self.shape.max_micro_batches):
-            start = ready.copy()
-            here = placed[self.micro[placed] == m]
-            for first, c in {(int(self.rank[i]), int(self.cp[i])) for i in here if self.cp[i] > 1}:
-                start[first : first + c] = start[first : first + c].max()
-            ready = start + times[:, m]
-        return float(ready.max())
+            f, n = first[bounds[m] : bounds[m + 1]], c[bounds[m] : bounds[m + 1]]
+            if f.size:
+                latest = np.maximum.reduceat(ready, np.stack([f, f + n], axis=1).ravel())[::2]
+                ready[_block_ranks(f, n)] = np.repeat(latest, n)
+            ready[:-1] += times[:, m]
+        return float(ready[:-1].max())
+
+
+def _block_ranks(first: np.ndarray, cp: np.ndarray) -> np.ndarray:
+    """The ranks of every block, block after block: ``first[k] .. first[k] + cp[k] - 1`` for each ``k``."""
+    ends = np.cumsum(cp)
+    return np.repeat(first - ends + cp, cp) + np.arange(int(ends[-1]) if ends.size else 0)

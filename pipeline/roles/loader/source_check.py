@@ -112,6 +112,7 @@ def _record_problems(i: int, source: SourceSpec, sample: RecordSample, file: str
     if source.multimodal:
         fields = MediaFields(**(source.media_fields.given() if source.media_fields else {}))
         kinds = (("text", "text"), ("images", "image"), ("clips", "video"), ("segments", "segments"))
+        kinds += (("conversations", "conversations"), ("texts", "texts"))
         names = ", ".join(f"{what} in {' or '.join(getattr(fields, kind))}" for what, kind in kinds)
         where, looked_for = "media_fields", f"media_fields looks for {names}"
     elif source.field is not None:
