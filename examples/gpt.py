@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,6 +34,10 @@ from trainer_sink.attention import causal_varlen_attn
 IGNORE_INDEX = -100
 MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 """The sink's keys of a micro-batch with images or clips that a vision-language model (``vlm.VLM``) takes."""
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""Attention of a micro-batch's queries, keys and values [T, heads, head_dim] (rotated) -> [T, heads, head_dim],
+in place of ``packed_causal_attention`` (a context-parallel trainer's attention over a block's slices)."""
 
 
 @dataclass(frozen=True)
@@ -210,12 +214,16 @@ class Block(nn.Module):
         rotary: tuple[torch.Tensor, torch.Tensor] | None,
         cu_seqlens: torch.Tensor,
         max_seqlen: int,
+        attend: Attend | None = None,
     ) -> torch.Tensor:
         total, d = x.shape
         q, k, v = self.qkv(self.attn_norm(x)).view(total, 3, self.heads, d // self.heads).unbind(1)
         if rotary is not None:
             q, k = _rotate(q, *rotary), _rotate(k, *rotary)
-        attended = packed_causal_attention(q, k, v, cu_seqlens, max_seqlen, self.attention)
+        if attend is not None:
+            attended = attend(q, k, v)
+        else:
+            attended = packed_causal_attention(q, k, v, cu_seqlens, max_seqlen, self.attention)
         x = x + self.attn_out(attended.reshape(total, d))
         return x + self.mlp_out(F.gelu(self.mlp_in(self.mlp_norm(x))))
 
@@ -253,9 +261,11 @@ class GPT(nn.Module):
         cu_seqlens: torch.Tensor,
         max_seqlen: int,
         inputs_embeds: torch.Tensor | None = None,
+        attend: Attend | None = None,
     ) -> torch.Tensor:
         """Logits [T, vocab] of a packed micro-batch; ``inputs_embeds`` in place of the token embeddings (a
-        vision-language model puts its image embeddings there)."""
+        vision-language model puts its image embeddings there); ``attend`` in place of the causal attention
+        within each sample of ``cu_seqlens``."""
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         rotary = None
         if self.position_embed is not None:
@@ -264,7 +274,7 @@ class GPT(nn.Module):
             angles = position_ids.float()[:, None] * self.inv_freq[None, :]
             rotary = (angles.cos()[:, None, :], angles.sin()[:, None, :])
         for block in self.blocks:
-            x = block(x, rotary, cu_seqlens, max_seqlen)
+            x = block(x, rotary, cu_seqlens, max_seqlen, attend)
         return F.linear(self.final_norm(x), self.embed.weight)
 
 

@@ -20,9 +20,9 @@ file is written to a temporary name and renamed into place, so a kill at any mom
 previous checkpoint whole. ``--resume`` loads the latest and goes on from the next micro-batch.
 
 Per rank, ``DIR/received-rank<r>.jsonl`` gets one line per micro-batch trained (step, micro_batch,
-sample_ids, tokens_sha256 = sha256 of the samples' input_ids as little-endian int32, without the padding
-that ``--pad-to-multiple-of`` adds), appended and flushed at each
-step, across kills and resumes; ``DIR/trainer-rank<r>.json`` sums up the run at its end.
+micro_batches, sample_ids, tokens_sha256 = sha256 of the samples' input_ids as little-endian int32, without the
+padding that ``--pad-to-multiple-of`` adds), appended and flushed at each step, across kills and resumes;
+``DIR/trainer-rank<r>.json`` sums up the run at its end.
 
 The sink's tensors stay in (pinned) host memory: token hashes and label counts are read there without
 waiting for the GPU, and each micro-batch is copied to the device asynchronously when it trains.
@@ -221,6 +221,7 @@ class ReceivedLog:
         line = {
             "step": micro_batch["step"],
             "micro_batch": micro_batch["micro_batch"],
+            "micro_batches": micro_batch["micro_batches"],
             "sample_ids": list(micro_batch["sample_ids"]),
             "tokens_sha256": hashlib.sha256(tokens).hexdigest(),
         }

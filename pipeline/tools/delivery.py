@@ -38,8 +38,9 @@ MicroBatchRecord = tuple[int, int, list[str], str]
 """(step, micro-batch, sample ids, tokens_sha256): one micro-batch as a trainer rank records it."""
 
 RECEIVED_FILE = "received-rank{rank}.jsonl"
-"""Per trainer rank, one JSON line per micro-batch trained: ``step``, ``micro_batch``, ``sample_ids`` and
-``tokens_sha256`` (sha256 of the micro-batch's token ids as little-endian int32), in training order."""
+"""Per trainer rank, one JSON line per micro-batch trained: ``step``, ``micro_batch``, ``micro_batches`` (the
+rank's in the step), ``sample_ids`` and ``tokens_sha256`` (sha256 of the micro-batch's token ids as little-endian
+int32), in training order."""
 
 
 def tokens_sha256(token_ids: np.ndarray) -> str:
@@ -108,6 +109,7 @@ def received_line(micro_batch: Mapping[str, Any]) -> str:
     line = {
         "step": micro_batch["step"],
         "micro_batch": micro_batch["micro_batch"],
+        "micro_batches": micro_batch["micro_batches"],
         "sample_ids": list(micro_batch["sample_ids"]),
         "tokens_sha256": tokens_sha256(micro_batch["input_ids"].numpy()),
     }

@@ -62,7 +62,9 @@ class _StepsWritten:
 
 
 class _StepsTrained:
-    """The trainer's completed steps: the slowest rank's received file, read as it grows."""
+    """The trainer's completed steps: the slowest rank's received file, read as it grows. A step ends at its last
+    micro-batch: the line's ``micro_batches`` (a context-parallel job's ranks run different numbers), or else
+    the spec's."""
 
     def __init__(self, folder: Path, ranks: int, micro_batches: int) -> None:
         self.paths = [folder / RECEIVED_FILE.format(rank=r) for r in range(ranks)]
@@ -76,7 +78,8 @@ class _StepsTrained:
                 self.files[r] = path.open()
             handle = self.files[r]
             while handle is not None and (line := handle.readline()).endswith("\n"):
-                if json.loads(line)["micro_batch"] == self.micro_batches - 1:
+                record = json.loads(line)
+                if record["micro_batch"] == record.get("micro_batches", self.micro_batches) - 1:
                     self.done[r] += 1
         return min(self.done)
 
