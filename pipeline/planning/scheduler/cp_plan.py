@@ -115,7 +115,7 @@ class CPPlan:
         ranks, micro_batches = self.shape.ranks, self.shape.max_micro_batches
         slot = _block_ranks(first, cp) * micro_batches + np.repeat(micro, cp)
         times = np.bincount(slot, np.repeat(block_time, cp), minlength=ranks * micro_batches)
-        return times.reshape(ranks, micro_batches)
+        return times.astype(np.float64).reshape(ranks, micro_batches)  # bincount of nothing is int64
 
     def block_micro_batches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The block micro-batches the plan uses, by micro-batch then first rank: each one's micro-batch, first
