@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.planning.scheduler._blocks import _window_max
+from pipeline.planning.scheduler._kernels.blocks import _window_max
 from pipeline.planning.scheduler.context_parallel import (
     CPMode,
     CPPlan,

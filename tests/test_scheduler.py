@@ -189,10 +189,9 @@ def test_a_full_step_defers_only_its_newest_samples() -> None:
 
 
 def test_repair_swaps_an_older_deferred_sample_into_a_newer_ones_place() -> None:
-    from pipeline.planning.scheduler._lpt import by_index
-    from pipeline.planning.scheduler._placement import Candidates, Grid, Placement
-    from pipeline.planning.scheduler._repair import prefer_older, starvation_safe
-    from pipeline.planning.scheduler._sort import longest_first
+    from pipeline.planning.scheduler._kernels.greedy import longest_first
+    from pipeline.planning.scheduler._kernels.repair import prefer_older, starvation_safe
+    from pipeline.planning.scheduler._kernels.state import Candidates, Grid, Placement, by_index
 
     lengths = np.array([5, 3, 8, 5], np.int64)  # sample 0 deferred; 2 and 3 newer and at least as long
     costs = COSTS.costs(lengths)

@@ -13,7 +13,7 @@ mode says which blocks there are:
 
 Each sample's least size is the cheapest its slice fits (the least GPU time, ``ContextParallelCost.gpu_time``;
 the smallest among equals). The samples split over more than one rank are placed first, on block micro-batches
-(``_blocks.py``), each on its least size (or a doubling of it, where that ends sooner; ``plan_cp_step``); the
+(``_kernels/blocks.py``), each on its least size (or a doubling of it, where that ends sooner; ``plan_cp_step``); the
 others are planned by ``plan_step`` around them, with the block micro-batches' slots full and their ranks'
 costs as they are.
 Guarantee against starvation: no deferred sample has a newer placed one that it could replace (among the
@@ -28,8 +28,8 @@ import math
 
 import numpy as np
 
-from pipeline.planning.scheduler._blocks import place_blocks
-from pipeline.planning.scheduler._placement import Placement
+from pipeline.planning.scheduler._kernels.blocks import place_blocks
+from pipeline.planning.scheduler._kernels.state import Placement
 from pipeline.planning.scheduler.cp_plan import CPMode, CPPlan, CPShape
 from pipeline.planning.scheduler.plan import plan_step_on
 from pipeline.planning.scheduler.validation import check_capacity

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.planning.scheduler._args import check_step
-from pipeline.planning.scheduler._inputs import step_inputs
-from pipeline.planning.scheduler._lpt import at_dtype, by_index, lpt_kernel
-from pipeline.planning.scheduler._placement import empty_base
-from pipeline.planning.scheduler._step import make_safe
+from pipeline.planning.scheduler._kernels.greedy import lpt_kernel
+from pipeline.planning.scheduler._kernels.repair import prefer_older
+from pipeline.planning.scheduler._kernels.state import at_dtype, by_index, check_step, empty_base, step_inputs
 from pipeline.planning.scheduler.plan import StepPlan
 from pipeline.spec.cost import DEFAULT_COST_MODEL, CostModel
 
@@ -34,7 +32,7 @@ def plan_lpt(
 
     Plain LPT may defer an old sample while it places a newer one at least as long. With
     ``starvation_safe``, the scheduler's swap repair then puts each such older sample in the place of a
-    newer one, the shortest at least as long (``_repair.prefer_older``): the reference ``plan_step`` is
+    newer one, the shortest at least as long (``prefer_older``): the reference ``plan_step`` is
     never worse than.
 
     ``costs``, ``patches`` and ``patch_capacity`` as for ``plan_step``: with them, the prefix fits both
@@ -46,6 +44,6 @@ def plan_lpt(
     at = np.empty(lengths.size, at_dtype(ranks, micro_batches))
     cands, plan = lpt_kernel(samples, grid, at, empty_base(ranks, micro_batches))
     if starvation_safe:
-        make_safe(cands, plan, grid)
+        prefer_older(cands, plan, grid)
     rank, micro = by_index(lengths.size, cands.order, plan.at, grid.shift)
     return StepPlan(rank, micro, ranks, micro_batches, capacity, int(patch_capacity))

@@ -6,11 +6,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.planning.scheduler._args import check_step
-from pipeline.planning.scheduler._inputs import step_inputs
-from pipeline.planning.scheduler._lpt import at_dtype
-from pipeline.planning.scheduler._placement import Grid, Placement, Samples, empty_base
-from pipeline.planning.scheduler._step import plan_kernel
+from pipeline.planning.scheduler._kernels.state import (
+    Grid,
+    Placement,
+    Samples,
+    at_dtype,
+    check_step,
+    empty_base,
+    step_inputs,
+)
+from pipeline.planning.scheduler._kernels.step import plan_kernel
 from pipeline.spec.cost import DEFAULT_COST_MODEL, CostModel
 
 # Samples move off the costliest ranks while they are more than this far above the lower bound.
@@ -134,7 +139,7 @@ def plan_step(
     (costliest rank over the lower bound of what is placed); where plain LPT keeps the starvation
     guarantee itself, the two are the same plan. Of LPT repaired and LPT with the newest samples held
     back and put back oldest first, it keeps the second where it is at least as good as the first on
-    both, else the first with its deferred samples put where there is room (``_step.py``). Last, samples
+    both, else the first with its deferred samples put where there is room (``_kernels/step.py``). Last, samples
     move off the costliest ranks while they are more than ``tolerance`` above the lower bound. Costs are
     ``cost_model.costs``, added in a fixed order, and every tie is broken by index, so the plan is the
     same on any machine.
@@ -155,7 +160,7 @@ def plan_step(
     newer placed sample that is at least as long and has at least as many patches. ``start`` must keep
     both capacities. Last, placed samples trade places between ranks where full micro-batches leave no
     room to move them, and ``encoder_costs`` (the vision encoder's part of ``costs``, where given) is
-    evened out over the ranks as far as that lifts no rank above the costliest (``_swap.py``). Without
+    evened out over the ranks as far as that lifts no rank above the costliest (``_kernels/rebalance.py``). Without
     them (text) the plan is the one described above, bit for bit.
     """
     return _plan(lengths, ranks, micro_batches, capacity, cost_model, None, tolerance, start, costs, patches,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.planning.scheduler._args import check_lengths
+from pipeline.planning.scheduler._kernels.state import check_lengths
 from pipeline.planning.scheduler.plan import StepPlan
 
 

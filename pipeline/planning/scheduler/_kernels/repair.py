@@ -1,7 +1,7 @@
 """The guarantee against starvation: no deferred sample may have a newer placed sample that could take its
 place, one at least as long (and, where a micro-batch bounds patches, with at least as many patches).
 
-Plans here are in sorted order (``_placement.py``): position ``k`` holds sample ``order[k]``; ``at[k]`` is
+Plans here are in sorted order (``state.py``): position ``k`` holds sample ``order[k]``; ``at[k]`` is
 ``rank << shift | micro_batch``, or -1. The searches run over *runs*: the candidates of one room need
 (length, and patches where they are bounded), ``by_room`` ordering them most room first and, within a run,
 oldest first. With tokens only the candidates are in that order already (longest first, then oldest).
@@ -15,7 +15,7 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import leftmost_above, set_leaf
-from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, flat_slot, move_tokens, patches_of
+from pipeline.planning.scheduler._kernels.state import Candidates, Grid, Placement, flat_slot, move_tokens, patches_of
 
 
 @kernel

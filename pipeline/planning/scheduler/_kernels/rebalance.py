@@ -1,8 +1,17 @@
-"""Exchanges of two placed samples between ranks, with two capacities: the total cost evened out, and the
+"""The passes that even out the ranks of a plan without changing what it places: moves of samples from the
+costliest ranks, and, with two capacities, trades of two samples between ranks.
+
+**Moves.** Refinement restricted to the costliest ranks: placed samples move from them to the cheapest ranks.
+
+Only moves: the set of placed samples, hence the lower bound and the guarantee against starvation,
+stays as it is, and every move lowers the larger of the two ranks it touches. With two capacities a sample
+moves only into a micro-batch with room for its tokens and its patches.
+
+**Trades.** Exchanges of two placed samples between ranks, with two capacities: the total cost evened out, and the
 vision encoder's part of it.
 
 A multimodal step's micro-batches are often full in tokens or in patches, and then no sample can move to a
-cheaper rank (``_refine.py``); two samples can still trade places, each into the other's micro-batch where
+cheaper rank (the moves above); two samples can still trade places, each into the other's micro-batch where
 both capacities allow. Only exchanges: what is placed, hence fill, the lower bound and the guarantee
 against starvation, stays as it is.
 
@@ -25,11 +34,147 @@ from typing import NamedTuple
 import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
-from pipeline.planning.kernels.trees import MinTree, new_min_tree, set_key
-from pipeline.planning.scheduler._placement import Candidates, Grid, Placement, flat_slot, move_tokens
+from pipeline.planning.kernels.trees import MinTree, first_fit, new_min_tree, set_key
+from pipeline.planning.scheduler._kernels.state import (
+    Candidates,
+    Grid,
+    Placement,
+    flat_slot,
+    least_costly_fit,
+    move_patches,
+    move_tokens,
+    patches_of,
+    place,
+    rooms,
+)
+
+# Cheapest ranks tried for one costly rank before giving up on it.
+_MOVE_TRIES = 8
+
+
+class ByCost(NamedTuple):
+    """The ranks cheapest first and costliest first (keyed by minus the cost), and room for the ranks
+    taken out of ``cheapest`` while one costly rank tries them."""
+
+    cheapest: MinTree
+    costliest: MinTree
+    skipped: np.ndarray
+
+
+class Givers(NamedTuple):
+    """The positions of the samples that may move, contiguous by rank: rank ``r``'s are
+    ``member[begin[r] : begin[r] + count[r]]``."""
+
+    begin: np.ndarray
+    count: np.ndarray
+    member: np.ndarray
+
+
+@kernel
+def move_from_costliest(cands: Candidates, plan: Placement, grid: Grid, target: float, max_moves: int) -> int:
+    """While the costliest rank is above ``target``, move one of its samples to one of the cheapest ranks
+    with room: the sample whose cost is nearest half their difference, below it. Only the samples of ranks
+    above ``target`` at the start move, each at most once. In place; returns the moves."""
+    givers = _givers(plan, grid, target)
+    by_cost = ByCost(new_min_tree(grid.ranks), new_min_tree(grid.ranks), np.empty(_MOVE_TRIES, np.int64))
+    for r in range(grid.ranks):
+        set_key(by_cost.cheapest, r, plan.rank_cost[r])
+        set_key(by_cost.costliest, r, -plan.rank_cost[r])
+    moves = 0
+    while moves < max_moves:
+        a = by_cost.costliest.ids[0]
+        if plan.rank_cost[a] <= target or not _give_away(cands, plan, grid, givers, a, by_cost):
+            break
+        moves += 1
+    return moves
+
+
+@kernel
+def _givers(plan: Placement, grid: Grid, target: float) -> Givers:
+    """The samples of the ranks above ``target`` (only those give samples away); empty for the others."""
+    at, shift = plan.at, grid.shift
+    begin = np.zeros(grid.ranks + 1, np.int64)
+    for k in range(at.shape[0]):
+        if at[k] >= 0 and plan.rank_cost[at[k] >> shift] > target:
+            begin[(at[k] >> shift) + 1] += 1
+    for r in range(grid.ranks):
+        begin[r + 1] += begin[r]
+    count = np.zeros(grid.ranks, np.int64)
+    member = np.empty(begin[grid.ranks], np.int32)
+    for k in range(at.shape[0]):
+        if at[k] >= 0 and plan.rank_cost[at[k] >> shift] > target:
+            r = at[k] >> shift
+            member[begin[r] + count[r]] = k
+            count[r] += 1
+    return Givers(begin, count, member)
+
+
+@kernel
+def _give_away(cands: Candidates, plan: Placement, grid: Grid, givers: Givers, a: int, by_cost: ByCost) -> bool:
+    """Move one sample of rank ``a`` to the first of its ``_MOVE_TRIES`` cheapest ranks that one suits; whether
+    one moved. The ranks tried in vain are out of ``cheapest`` while the others are tried."""
+    cheapest, skipped = by_cost.cheapest, by_cost.skipped
+    n_skipped = 0
+    moved = False
+    while n_skipped < _MOVE_TRIES:
+        b = cheapest.ids[0]
+        gap = plan.rank_cost[a] - plan.rank_cost[b]
+        if cheapest.keys[0] == np.inf or gap <= 0.0:
+            break
+        best = _nearest_half(cands, plan, grid, givers, a, b, gap)
+        if best < 0:
+            set_key(cheapest, b, np.inf)  # no use to this rank; try the next
+            skipped[n_skipped] = b
+            n_skipped += 1
+            continue
+        _move(cands, plan, grid, givers, a, b, best)
+        for r in (a, b):
+            set_key(cheapest, r, plan.rank_cost[r])
+            set_key(by_cost.costliest, r, -plan.rank_cost[r])
+        moved = True
+        break
+    for t in range(n_skipped):
+        set_key(cheapest, skipped[t], plan.rank_cost[skipped[t]])
+    return moved
+
+
+@kernel
+def _nearest_half(cands: Candidates, plan: Placement, grid: Grid, givers: Givers, a: int, b: int, gap: float) -> int:
+    """The slot in ``givers`` of rank ``a``'s sample that fits a micro-batch of rank ``b`` whose cost is
+    nearest half of ``gap``, below ``gap``; -1 where none scores above 0."""
+    base_b = b * grid.micro
+    room = grid.capacity - plan.tokens[base_b : base_b + grid.micro].min()
+    slots = rooms(plan, grid)
+    best, best_score = -1, -1.0
+    for slot in range(givers.begin[a], givers.begin[a] + givers.count[a]):
+        k = givers.member[slot]
+        cost = cands.cost[k]
+        if cands.length[k] <= room and cost < gap:
+            score = min(cost, gap - cost)
+            if score > best_score and (
+                grid.patch_capacity == 0 or first_fit(slots, b, cands.length[k], cands.patches[k]) >= 0
+            ):
+                best, best_score = slot, score
+    return best if best_score > 0.0 else -1
+
+
+@kernel
+def _move(cands: Candidates, plan: Placement, grid: Grid, givers: Givers, a: int, b: int, slot: int) -> None:
+    """Move the sample at ``slot`` of ``givers`` from rank ``a`` to rank ``b``'s least costly micro-batch with
+    room. A moved sample is not moved again: it leaves its list and joins none."""
+    last = givers.begin[a] + givers.count[a] - 1
+    k = givers.member[slot]
+    givers.member[slot] = givers.member[last]
+    givers.count[a] -= 1
+    move_tokens(plan, a, flat_slot(grid, plan.at[k]), -np.int64(cands.length[k]), -cands.cost[k])
+    move_patches(plan, grid, flat_slot(grid, plan.at[k]), cands, k, -1)
+    place(
+        cands, plan, grid, k, b, least_costly_fit(plan, grid, b, np.int64(cands.length[k]), patches_of(cands, grid, k))
+    )
+
 
 # Partner ranks tried for one rank before giving up on it.
-_TRIES = 32
+_TRADE_TRIES = 32
 # The first pass over the encoder's part stops this far above its lower bound: the total's pass after it
 # needs room under the encoder's maximum to trade, and the last encoder pass gets nearer.
 FIRST_ENCODER_TOLERANCE = 0.01
@@ -160,14 +305,14 @@ def _exchange(
 def _trade(
     cands: Candidates, plan: Placement, grid: Grid, members: Members, balance: Pass, trees: tuple[MinTree, MinTree]
 ) -> bool:
-    """One exchange of the rank of most load with the first of its ``_TRIES`` partners of least load that one
+    """One exchange of the rank of most load with the first of its ``_TRADE_TRIES`` partners of least load that one
     suits (``trees``: least load first, most load first); whether one was made."""
     least, most = trees
     a = most.ids[0]
-    skipped = np.empty(_TRIES, np.int64)
+    skipped = np.empty(_TRADE_TRIES, np.int64)
     n_skipped = 0
     traded = False
-    while n_skipped < _TRIES:
+    while n_skipped < _TRADE_TRIES:
         b = least.ids[0]
         if least.keys[0] == np.inf or balance.load[a] - balance.load[b] <= 0.0:
             break

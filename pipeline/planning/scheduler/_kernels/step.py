@@ -1,19 +1,19 @@
 """The plan of one step in one numba kernel: plain LPT, made starvation-safe two ways, the better kept.
 
-1. Plain LPT over the candidates (``_lpt.py``). It may defer an old sample while it places a newer one at
+1. Plain LPT over the candidates (``greedy.lpt_kernel``). It may defer an old sample while it places a newer one at
    least as long, which the scheduler never does.
-2. The reference: that plan with the swap repair (``_repair.py``), the starvation-safe LPT. The plan
+2. The reference: that plan with the swap repair (``repair.py``), the starvation-safe LPT. The plan
    returned is never worse than it on fill (tokens placed) nor on balance (costliest rank over the lower
    bound of what is placed): ``score``.
 3. *Held back*: the LPT plan without the newest candidates holding ``RESERVE`` of the step's tokens (or
    the tokens LPT deferred, where more); then every deferred candidate, oldest first, goes where there is
-   room without lifting a rank above LPT's costliest (``_topup.py``); the swap repair where an older one
+   room without lifting a rank above LPT's costliest (``greedy.top_up``); the swap repair where an older one
    is still deferred for a newer one. The samples that wait are then the newest ones rather than LPT's
    shortest, and the repair's swaps (which cost fill) are few.
 4. The held-back plan where it is at least as good as the reference on both; else the reference with its
    deferred samples, oldest first, put where there is room without lifting its costliest rank, which
    raises fill and the lower bound and leaves the costliest rank as it is. With one capacity, where LPT
-   deferred a candidate, the prefix plan (``_prefix.py``: LPT over the longest prefix in age order that
+   deferred a candidate, the prefix plan (``greedy.prefix_plan``: LPT over the longest prefix in age order that
    it places whole, then the later samples shorter than every deferred one) replaces that where it is
    no worse on both and better on one; only for steps of at most ``PREFIX_CANDIDATES`` candidates.
 5. Where the caller gives a ``start`` (a placement of its own, such as step composition's packing of the
@@ -22,13 +22,13 @@
    scores higher on balance times fill (``balance_fill``): a fixed set of samples can pack worse than
    the placement it was chosen for.
 6. Samples move from the costliest ranks to the cheapest while the costliest is more than ``tolerance``
-   above the lower bound (``_refine.py``): the costliest rank only falls, what is placed stays.
-7. With two capacities, placed samples trade places between ranks (``_swap.py``): the costliest rank
+   above the lower bound (``rebalance.move_from_costliest``): the costliest rank only falls, what is placed stays.
+7. With two capacities, placed samples trade places between ranks (``rebalance.trade_places``): the costliest rank
    falls where full micro-batches leave no room to move, then the vision encoder's part is evened out
    without lifting the costliest rank.
 
 Where a micro-batch bounds patches too (``Grid.patch_capacity > 0``) every phase tests both rooms through the
-same searches, the candidates go costliest first and the guarantee is on length and patches (``_repair.py``).
+same searches, the candidates go costliest first and the guarantee is on length and patches (``repair.py``).
 A swap of the repair may then raise a rank's cost (a sample with fewer tokens and patches can cost more), so
 in step 4 the reference with its deferred samples put back is kept only where it is no worse than the
 reference on both.
@@ -42,25 +42,23 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
-from pipeline.planning.scheduler._lpt import by_index, lpt_kernel
-from pipeline.planning.scheduler._placement import (
+from pipeline.planning.scheduler._kernels.greedy import lpt_kernel, prefix_plan, top_up
+from pipeline.planning.scheduler._kernels.rebalance import move_from_costliest, trade_places
+from pipeline.planning.scheduler._kernels.repair import deferred_oldest_first, prefer_older
+from pipeline.planning.scheduler._kernels.state import (
     Candidates,
     Grid,
     Placement,
     Samples,
+    by_index,
     copy_of,
     flat_slot,
     move_patches,
     move_tokens,
     on_base,
 )
-from pipeline.planning.scheduler._prefix import prefix_plan
-from pipeline.planning.scheduler._refine import move_from_costliest
-from pipeline.planning.scheduler._repair import deferred_oldest_first, prefer_older
-from pipeline.planning.scheduler._swap import trade_places
-from pipeline.planning.scheduler._topup import top_up
 
-# The prefix plan runs LPT up to ``_prefix.PREFIX_TRIES`` times more: for steps of at most this many
+# The prefix plan runs LPT up to ``greedy.PREFIX_TRIES`` times more: for steps of at most this many
 # candidates, where that is a few milliseconds. Over a large step it buys about 0.05% more tokens placed (and
 # costs a little balance) for several times the planning time (``benchmarks/scheduler_bench.py``).
 PREFIX_CANDIDATES = 50_000
@@ -118,17 +116,11 @@ def _started(start: np.ndarray, cands: Candidates, like: np.ndarray, grid: Grid,
 
 
 @kernel
-def make_safe(cands: Candidates, plan: Placement, grid: Grid) -> None:
-    """The swap repair where an older sample waits for a newer one that it could replace. In place."""
-    prefer_older(cands, plan, grid)
-
-
-@kernel
 def _fill(cands: Candidates, plan: Placement, grid: Grid, cost_cap: float) -> None:
     """Place deferred samples, oldest first, where they fit without lifting a rank above ``cost_cap``, then
     make the plan starvation-safe. In place."""
     top_up(deferred_oldest_first(cands.order, plan.at), cands, plan, grid, cost_cap)
-    make_safe(cands, plan, grid)
+    prefer_older(cands, plan, grid)
 
 
 @kernel
@@ -183,7 +175,7 @@ def plan_kernel(
     cands, plan = lpt_kernel(samples, grid, at, base)
     lpt_whole = (plan.at >= 0).all()
     held = _held_back(samples.lengths, cands, plan, grid)  # from LPT's plan, before the repair below changes it
-    make_safe(cands, plan, grid)
+    prefer_older(cands, plan, grid)
     plan = held if at_least_as_good(score(cands, held), score(cands, plan)) else _filled(cands, plan, grid)
     if grid.patch_capacity == 0 and not lpt_whole and plan.at.shape[0] <= PREFIX_CANDIDATES:
         prefixed = prefix_plan(cands, grid, plan.at, base)
