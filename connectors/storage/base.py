@@ -22,6 +22,15 @@ class ObjectInfo:
     etag: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class StoredBytes:
+    """Bytes of an object as the store keeps them, with the ``Content-Encoding`` the store gives the object
+    (``""`` for none, and on a local disk): ``gzip`` says the bytes are a gzip stream."""
+
+    data: bytes
+    content_encoding: str = ""
+
+
 class Storage(ABC):
     """Objects under one root. ``etag`` arguments pin the version read: a request for another version is
     refused (``ObjectChangedError``), a vanished object is ``ObjectMissingError``; ``""`` reads any version."""
@@ -44,6 +53,10 @@ class Storage(ABC):
     @abstractmethod
     def read_range(self, path: str, start: int, stop: int, etag: str = "") -> bytes:
         """Bytes ``[start, stop)`` of the object."""
+
+    def read_stored(self, path: str, start: int, stop: int, etag: str = "") -> StoredBytes:
+        """:meth:`read_range` with the object's ``Content-Encoding``, from the answer to the same request."""
+        return StoredBytes(self.read_range(path, start, stop, etag))
 
     @abstractmethod
     def open(self, path: str, etag: str = "", *, size: int | None = None, buffer_bytes: int = 1 << 20) -> BinaryIO:
