@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+COMPRESSED_EXTENSIONS: dict[str, str] = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+"""The compressions the line-based readers (JSONL, text) decode, by the extension after the format's own
+(``connectors.compression`` decodes them)."""
+
 
 @dataclass(frozen=True)
 class FileFormat:
