@@ -19,7 +19,7 @@ from connectors.storage.object_file import content_encoding
 from connectors.work_units import WorkUnit
 from topics.errors import MixflowError
 from topics.formats.dead_letter import DeadLetter
-from topics.formats.file_formats import FileFormat
+from topics.formats.file_formats import FileFormat, glob_alternatives
 from topics.formats.media import MediaKind
 
 ContentKind = Literal["text", "tokens", "media"]
@@ -200,7 +200,7 @@ class Reader(ABC):
             msg = f"source {self.source}: root {self.root} does not exist or is not a directory"
             raise SourceNotFoundError(msg)
         try:
-            matches = [p for p in self.root.glob(self.glob) if p.is_file()]
+            matches = {p for pattern in glob_alternatives(self.glob) for p in self.root.glob(pattern) if p.is_file()}
         except (ValueError, NotImplementedError) as exc:  # an absolute or malformed pattern
             msg = f"source {self.source}: glob {self.glob!r} is not a pattern relative to {self.root}: {exc}"
             raise ValueError(msg) from exc
