@@ -139,8 +139,9 @@ def units_of(reader: Reader, max_bytes: int) -> list[WorkUnit]:
     return [unit for layout in reader.layouts() for unit in split_file(reader.source, layout, max_bytes)]
 
 
-def read_units(reader: Reader, units: list[WorkUnit], path: str) -> Read:
-    """The items of ``units`` in order, every mention of ``path`` replaced with ``FILE``."""
+def read_units(reader: Reader, units: list[WorkUnit], path: str, *, build: bool = True) -> Read:
+    """The items of ``units`` in order, every mention of ``path`` replaced with ``FILE``; their samples unless
+    ``build`` is false."""
     items: list[tuple[object, ...]] = []
     documents = []
     for item in _items(reader, units):
@@ -150,6 +151,8 @@ def read_units(reader: Reader, units: list[WorkUnit], path: str) -> Read:
         documents.append(item)
         value = item.text if item.text is not None else tuple(np.asarray(item.tokens).tolist())
         items.append(("doc", item.row, value))
+    if not build:
+        return Read(items, [])
     built = SampleBuilder(None if documents and documents[0].tokens is not None else byte_tokenizer(), max_length=40)
     samples = [(s.sample_id.replace(path, "FILE"), tuple(s.tokens.tolist())) for s in built.build(documents).samples]
     return Read(items, samples)
