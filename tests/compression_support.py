@@ -11,6 +11,7 @@ import json
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import zstandard
@@ -116,13 +117,15 @@ def _last_frame(stored: bytes, codec: str) -> int:
     return last
 
 
-def byte_tokenizer() -> TextTokenizer:
-    """A byte-level tokenizer without merges: one token per byte, made in memory."""
+def byte_tokenizer(save_to: Path | None = None) -> TextTokenizer:
+    """A byte-level tokenizer without merges, one token per byte, made in memory (and saved as ``save_to``)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     tokenizer = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    if save_to is not None:
+        tokenizer.save(str(save_to))
     return TextTokenizer(tokenizer)
 
 
