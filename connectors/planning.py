@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 
@@ -61,21 +62,35 @@ def _split_file(source: str, layout: FileLayout, max_bytes: int, epoch: int) -> 
         return [WorkUnit(source, layout.path, "file", 0, 0, epoch, layout.size_bytes)]
     if layout.num_rows == 0:
         return []
-    allowed = layout.row_groups if layout.row_groups is not None else np.arange(layout.num_rows + 1)
-    rows = cut_rows(bounds, allowed, max_bytes)
+    rows = cut_rows(bounds, _allowed_cuts(layout), max_bytes)
     if len(rows) == 2:
         return [whole]
-    units = []
-    for start, stop in zip(rows[:-1].tolist(), rows[1:].tolist(), strict=True):
-        size = int(bounds[stop] - bounds[start])
-        group = _single_group(layout.row_groups, start, stop)
-        if group is not None:
-            units.append(WorkUnit(source, layout.path, "row_group", start, stop, epoch, size, row_group=group))
-        else:
-            units.append(
-                WorkUnit(source, layout.path, "rows", start, stop, epoch, size, byte_offset=int(bounds[start]))
-            )
-    return units
+    return [
+        _piece(source, layout, start, stop, epoch)
+        for start, stop in zip(rows[:-1].tolist(), rows[1:].tolist(), strict=True)
+    ]
+
+
+def _allowed_cuts(layout: FileLayout) -> np.ndarray:
+    """The rows a unit of ``layout`` may start at (with 0 and the row count): a row group's first row, the first
+    row begun in a frame of a compressed file, or any row."""
+    if layout.row_groups is not None:
+        return layout.row_groups
+    if layout.frames is not None:
+        return layout.frames.cut_rows(layout.row_bounds)
+    return np.arange(layout.num_rows + 1)
+
+
+def _piece(source: str, layout: FileLayout, start: int, stop: int, epoch: int) -> WorkUnit:
+    """Rows ``[start, stop)`` of ``layout`` as a unit: its one row group, or a row range from where row ``start``
+    begins (in a compressed file: the frame holding it, and its bytes before it)."""
+    bounds = layout.row_bounds
+    size = int(bounds[stop] - bounds[start])
+    group = _single_group(layout.row_groups, start, stop)
+    if group is not None:
+        return WorkUnit(source, layout.path, "row_group", start, stop, epoch, size, row_group=group)
+    offset, skip = (int(bounds[start]), 0) if layout.frames is None else layout.frames.entry(int(bounds[start]))
+    return WorkUnit(source, layout.path, "rows", start, stop, epoch, size, byte_offset=offset, skip_bytes=skip)
 
 
 def _single_group(row_groups: np.ndarray | None, start: int, stop: int) -> int | None:
@@ -126,9 +141,10 @@ def split_unit(unit: WorkUnit, layout: FileLayout, max_bytes: int) -> list[WorkU
     """``unit`` cut into finer units of at most ``max_bytes`` each, in row order, covering its rows once.
 
     One level down each time it is too big: a file into runs of whole row groups (where it has them),
-    any piece still too big into row ranges. A single row cannot be cut, so only a piece of one row may
-    exceed ``max_bytes``. The unit comes back alone when it cannot be cut, or its rows do not fit the
-    file's ``layout`` (the file changed since planning: reading the unit reports that)."""
+    any piece still too big into row ranges (in a compressed file, ranges that start where a unit may: at the
+    first row begun in a frame, so a file of one frame is not cut). A single row cannot be cut, so only a piece
+    of one row may exceed ``max_bytes``. The unit comes back alone when it cannot be cut, or its rows do not fit
+    the file's ``layout`` (the file changed since planning: reading the unit reports that)."""
     if max_bytes < 1:
         msg = f"max_bytes must be >= 1, got {max_bytes}"
         raise ValueError(msg)
@@ -143,20 +159,23 @@ def split_unit(unit: WorkUnit, layout: FileLayout, max_bytes: int) -> list[WorkU
         coarse = list(itertools.pairwise(runs.tolist()))
     else:
         coarse = [(start, stop)]
+    ranges = _row_ranges if layout.frames is None else partial(_frame_ranges, layout.frames.cut_rows(bounds))
     for lo, hi in coarse:
-        pieces += _row_ranges(bounds, lo, hi, max_bytes)
+        pieces += ranges(bounds, lo, hi, max_bytes)
     if len(pieces) < 2:
         return [unit]
-    units = []
-    for lo, hi in pieces:
-        size = int(bounds[hi] - bounds[lo])
-        group = _single_group(groups, lo, hi)
-        if group is not None:
-            units.append(WorkUnit(unit.source, unit.path, "row_group", lo, hi, unit.epoch, size, row_group=group))
-        else:
-            offset = int(bounds[lo])
-            units.append(WorkUnit(unit.source, unit.path, "rows", lo, hi, unit.epoch, size, byte_offset=offset))
+    units = [_piece(unit.source, layout, lo, hi, unit.epoch) for lo, hi in pieces]
     return pinned(units, unit.etag, unit.object_size)
+
+
+def _frame_ranges(
+    allowed: np.ndarray, bounds: np.ndarray, start: int, stop: int, max_bytes: int
+) -> list[tuple[int, int]]:
+    """Rows ``[start, stop)`` of a compressed file as ranges of about equal bytes, cut only at the ``allowed``
+    rows (``FrameIndex.cut_rows``): a range exceeds ``max_bytes`` by at most the rows of a frame."""
+    inside = allowed[(allowed > start) & (allowed < stop)]
+    cuts = cut_rows(bounds, np.concatenate([[start], inside, [stop]]).astype(np.int64), max_bytes)
+    return list(itertools.pairwise(cuts.tolist()))
 
 
 def _row_ranges(bounds: np.ndarray, start: int, stop: int, max_bytes: int) -> list[tuple[int, int]]:

@@ -18,11 +18,14 @@ class WorkUnit:
 
     ``kind`` says how the reader addresses them: ``file`` (the whole file), ``row_group`` (Parquet row
     group ``row_group``, whose rows are ``[start, stop)`` of the file) or ``rows`` (a row range of a
-    file that can be split anywhere). ``byte_offset`` is where row ``start`` begins in the file, for
-    readers that can seek to it. ``estimated_bytes`` is the content size the planner costed the unit at.
+    file that can be split anywhere, or only where its planned layout allows). ``byte_offset`` is where row
+    ``start`` begins in the file, for readers that can seek to it; in a compressed file, where the gzip member or
+    zstd frame holding row ``start`` begins, with ``skip_bytes`` of its decompressed bytes before that row (the
+    end of a row begun in the frame before). ``estimated_bytes`` is the content size the planner costed the unit
+    at: decompressed bytes, for a compressed file whose lines were counted.
     ``etag`` and ``object_size``, set for a file in an object store, pin the version planned: reading
-    another version (or none) is refused. They are left out of the JSON while empty, so a local source's
-    units carry neither.
+    another version (or none) is refused. They and ``skip_bytes`` are left out of the JSON while empty, so a local
+    source's units carry neither, and no uncompressed file's unit carries ``skip_bytes``.
 
     The JSON form (:meth:`to_json`, ``topics.formats.json_record``) is an object of exactly these fields, keys
     sorted. :meth:`from_json` validates it with a pydantic model made from them at the first decode (planning
@@ -41,6 +44,7 @@ class WorkUnit:
     byte_offset: int = 0
     etag: str = json_field(omit_default=True, default="")
     object_size: int = json_field(omit_default=True, default=0)
+    skip_bytes: int = json_field(omit_default=True, default=0)
 
     def __post_init__(self) -> None:
         if self.kind not in UNIT_KINDS:
@@ -52,8 +56,11 @@ class WorkUnit:
         if (self.kind == "row_group") != (self.row_group is not None):
             msg = f"work unit of {self.path}: row_group is set exactly when kind is 'row_group'"
             raise ValueError(msg)
-        if min(self.epoch, self.estimated_bytes, self.byte_offset, self.object_size) < 0:
-            msg = f"work unit of {self.path}: epoch, estimated_bytes and byte_offset must be >= 0 (and object_size)"
+        if min(self.epoch, self.estimated_bytes, self.byte_offset, self.object_size, self.skip_bytes) < 0:
+            msg = (
+                f"work unit of {self.path}: epoch, estimated_bytes, byte_offset, object_size and skip_bytes "
+                "must be >= 0"
+            )
             raise ValueError(msg)
 
     @property

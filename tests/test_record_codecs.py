@@ -33,7 +33,8 @@ from topics.formats.dead_letter import DeadLetter, decode_dead_letter, encode_de
 
 def reference_work_unit(unit: WorkUnit) -> bytes:
     body = asdict(unit)
-    for pinned, empty in (("etag", ""), ("object_size", 0)):  # an object's version: left out while empty
+    # an object's version, and a compressed file's skip: left out while empty
+    for pinned, empty in (("etag", ""), ("object_size", 0), ("skip_bytes", 0)):
         if body[pinned] == empty:
             del body[pinned]
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
@@ -120,6 +121,7 @@ def work_units(draw: st.DrawFn) -> WorkUnit:
         draw(naturals),
         draw(st.sampled_from(["", '"0123abcd"', '"9f-2"'])),
         draw(naturals),
+        draw(st.sampled_from([0, 1, 65_535]) | naturals),
     )
 
 
@@ -348,7 +350,7 @@ def _state(**fields: Any) -> bytes:
 BAD_INPUTS = [
     (WorkUnit.from_json, UNIT + ', "epoch": 1.5, "start": true}', "'start' must be int, got True; field 'epoch'"),
     (WorkUnit.from_json, UNIT + ', "row_group": "x"}', "field 'row_group' must be int or null, got 'x'"),
-    (WorkUnit.from_json, UNIT + ', "epoch": -1}', "epoch, estimated_bytes and byte_offset must be >= 0"),
+    (WorkUnit.from_json, UNIT + ', "epoch": -1}', "byte_offset, object_size and skip_bytes must be >= 0"),
     (WorkPlan.from_json, '{"source": "s", "units": "many", "ends": {}}', "field 'units' must be int, got 'many'"),
     (WorkPlan.from_json, '{"source": "s", "units": 1, "ends": {"x": 1}}', "field 'ends' key 'x' must be int"),
     (WorkPlan.from_json, '{"source": "s", "units": Infinity, "ends": {}}', "'units' must be a finite number"),

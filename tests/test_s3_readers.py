@@ -194,7 +194,7 @@ def test_a_prefix_of_many_small_objects_is_planned_from_its_paginated_listing_al
     def no_reads(*args: object, **kwargs: object) -> bytes:
         raise AssertionError(f"planning read an object: {args}")
 
-    storage.read_range = no_reads  # type: ignore[method-assign]
+    storage.read_range = storage.read_stored = no_reads  # type: ignore[method-assign]
     reader = make_reader("jsonl", "many", "s3://corpus/many", storage=storage)
     units = units_of(reader, 1 << 20)
     assert len(units) == 2_500 and {u.kind for u in units} == {"file"}

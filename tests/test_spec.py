@@ -51,7 +51,7 @@ def test_example_loads() -> None:
     assert spec.source_names == ["code", "docstrings", "topics"]
     code, docstrings, topics = spec.sources
     assert code.reader is ReaderKind.PARQUET and code.glob == "**/*.parquet"
-    assert topics.field is None and topics.glob == "**/*.txt"
+    assert topics.field is None and topics.glob == "**/*.{txt,txt.gz,txt.zst,txt.zstd}"
     assert code.path == EXAMPLE.parent / "data" / "code"
     assert docstrings.tokenizer == EXAMPLE.parent / "data" / "tokenizer.json"  # job-level default
     assert spec.step.tokens_per_step == 2 * 2 * 1024

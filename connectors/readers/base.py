@@ -12,12 +12,14 @@ from typing import BinaryIO, ClassVar, Literal, get_args
 
 import numpy as np
 
+from connectors.compression import Codec, FrameIndex, codec_of
 from connectors.sample_ids import document_id
 from connectors.storage import ObjectInfo, Storage, glob_matches, storage_for
+from connectors.storage.object_file import content_encoding
 from connectors.work_units import WorkUnit
 from topics.errors import MixflowError
 from topics.formats.dead_letter import DeadLetter
-from topics.formats.file_formats import FileFormat
+from topics.formats.file_formats import FileFormat, glob_alternatives
 from topics.formats.media import MediaKind
 
 ContentKind = Literal["text", "tokens", "media"]
@@ -123,7 +125,9 @@ class FileLayout:
     be split there. ``problem`` is set when the file could not be inspected; it is then planned as one
     unit and reading it yields the dead letter. ``etag`` is an object's version in an object store (``""``
     on a local disk). ``rows_known`` is False for a small object planned from the listing alone, without
-    reading it: one row spanning its bytes, read as one ``file`` unit.
+    reading it: one row spanning its bytes, read as one ``file`` unit. ``frames``, for a compressed file whose
+    lines were counted: its gzip members or zstd frames, where units may start; ``row_bounds`` are then offsets
+    in its decompressed bytes, and ``size_bytes`` its size as stored.
     """
 
     path: str
@@ -133,6 +137,7 @@ class FileLayout:
     problem: str | None = None
     etag: str = ""
     rows_known: bool = True
+    frames: FrameIndex | None = None
 
     @property
     def num_rows(self) -> int:
@@ -211,7 +216,7 @@ class Reader(ABC):
             msg = f"source {self.source}: root {self.root} does not exist or is not a directory"
             raise SourceNotFoundError(msg)
         try:
-            matches = [p for p in self.root.glob(self.glob) if p.is_file()]
+            matches = {p for pattern in glob_alternatives(self.glob) for p in self.root.glob(pattern) if p.is_file()}
         except (ValueError, NotImplementedError) as exc:  # an absolute or malformed pattern
             msg = f"source {self.source}: glob {self.glob!r} is not a pattern relative to {self.root}: {exc}"
             raise ValueError(msg) from exc
@@ -256,6 +261,12 @@ class Reader(ABC):
             return self.storage.open(path, unit.etag, size=unit.object_size, buffer_bytes=buffer_bytes)
         info = self.object_info(path)
         return self.storage.open(path, info.etag, size=info.size if info.etag else None, buffer_bytes=buffer_bytes)
+
+    def codec(self, path: str, file: BinaryIO) -> Codec | None:
+        """How ``path``'s bytes are compressed: by its name (``.gz``, ``.zst``, ``.zstd``), or else by the
+        ``Content-Encoding`` its object store gives it, as the answer to ``file``'s first read says (a read made
+        now, at ``file``'s position, unless one was made)."""
+        return codec_of(path) or codec_of("", content_encoding(file))
 
     def size_of(self, path: str) -> int:
         return self.full_path(path).stat().st_size if not self.storage.remote else self.object_info(path).size

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import lazy_loader
 
-from connectors.storage.base import LocalStorage, ObjectInfo, Storage, glob_matches
+from connectors.storage.base import LocalStorage, ObjectInfo, Storage, StoredBytes, glob_matches
 from connectors.storage.errors import (
     ObjectChangedError,
     ObjectMissingError,
@@ -49,6 +49,7 @@ __all__ = [
     "StorageError",
     "StorageNotFoundError",
     "StorageUnavailableError",
+    "StoredBytes",
     "glob_matches",
     "is_object_uri",
     "storage_for",

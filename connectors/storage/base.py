@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from connectors.storage.errors import StorageNotFoundError
+from topics.formats.file_formats import glob_alternatives
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +21,15 @@ class ObjectInfo:
     path: str
     size: int
     etag: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBytes:
+    """Bytes of an object as the store keeps them, with the ``Content-Encoding`` the store gives the object
+    (``""`` for none, and on a local disk): ``gzip`` says the bytes are a gzip stream."""
+
+    data: bytes
+    content_encoding: str = ""
 
 
 class Storage(ABC):
@@ -44,6 +54,10 @@ class Storage(ABC):
     @abstractmethod
     def read_range(self, path: str, start: int, stop: int, etag: str = "") -> bytes:
         """Bytes ``[start, stop)`` of the object."""
+
+    def read_stored(self, path: str, start: int, stop: int, etag: str = "") -> StoredBytes:
+        """:meth:`read_range` with the object's ``Content-Encoding``, from the answer to the same request."""
+        return StoredBytes(self.read_range(path, start, stop, etag))
 
     @abstractmethod
     def open(self, path: str, etag: str = "", *, size: int | None = None, buffer_bytes: int = 1 << 20) -> BinaryIO:
@@ -91,12 +105,17 @@ def _path(info: ObjectInfo) -> str:
 
 def glob_matches(pattern: str, path: str) -> bool:
     """Whether ``path`` (relative, '/' separators) matches ``pattern`` as ``Path.glob`` would: ``*``, ``?``
-    and ``[...]`` within one segment, ``**`` any number of whole segments."""
+    and ``[...]`` within one segment, ``**`` any number of whole segments; or one of its ``{a,b}`` alternatives
+    (``topics.formats.file_formats.glob_alternatives``), as a reader globs each of them on a local disk."""
     return _glob_regex(pattern).fullmatch(path) is not None
 
 
 @lru_cache(maxsize=64)
 def _glob_regex(pattern: str) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{_alternative_regex(each)})" for each in glob_alternatives(pattern)))
+
+
+def _alternative_regex(pattern: str) -> str:
     parts = []
     segments = pattern.strip("/").split("/")
     for i, segment in enumerate(segments):
@@ -105,7 +124,7 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
             parts.append("(?:[^/]+/)*" if not last else "(?:[^/]+/)*[^/]+")
             continue
         parts.append(_segment_regex(segment) + ("" if last else "/"))
-    return re.compile("".join(parts))
+    return "".join(parts)
 
 
 def _segment_regex(segment: str) -> str:

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 class ObjectRangeIO(io.RawIOBase):
     """Bytes of ``path`` of ``storage``, version ``etag``, of ``size`` bytes; every ``readinto`` is one
-    ranged GET (``Storage.read_range``) from the current position."""
+    ranged GET (``Storage.read_stored``) from the current position. ``content_encoding``: the object's, as the
+    last GET's answer gave it (``None`` before the first)."""
 
     def __init__(self, storage: Storage, path: str, size: int, etag: str) -> None:
         super().__init__()
@@ -22,6 +23,7 @@ class ObjectRangeIO(io.RawIOBase):
         self.size = size
         self.etag = etag
         self.position = 0
+        self.content_encoding: str | None = None
 
     def readable(self) -> bool:
         return True
@@ -43,7 +45,7 @@ class ObjectRangeIO(io.RawIOBase):
         """The rest of the object, in one request."""
         data = b""
         if self.position < self.size:
-            data = self.storage.read_range(self.path, self.position, self.size, self.etag)
+            data = self._get(self.size)
         self.position += len(data)
         return data
 
@@ -51,11 +53,16 @@ class ObjectRangeIO(io.RawIOBase):
         wanted = min(len(buffer), self.size - self.position)
         if wanted <= 0:
             return 0
-        data = self.storage.read_range(self.path, self.position, self.position + wanted, self.etag)
+        data = self._get(self.position + wanted)
         view = memoryview(buffer).cast("B")
         view[: len(data)] = data
         self.position += len(data)
         return len(data)
+
+    def _get(self, stop: int) -> bytes:
+        stored = self.storage.read_stored(self.path, self.position, stop, self.etag)
+        self.content_encoding = stored.content_encoding
+        return stored.data
 
 
 def open_object(storage: Storage, path: str, size: int, etag: str, buffer_bytes: int) -> BinaryIO:
@@ -63,3 +70,14 @@ def open_object(storage: Storage, path: str, size: int, etag: str, buffer_bytes:
     the object directly, in one request each."""
     raw = ObjectRangeIO(storage, path, size, etag)
     return cast(BinaryIO, io.BufferedReader(raw, buffer_size=max(buffer_bytes, io.DEFAULT_BUFFER_SIZE)))
+
+
+def content_encoding(file: BinaryIO) -> str:
+    """The ``Content-Encoding`` of the object ``file`` reads (as ``open_object`` opened it), from its first ranged
+    GET: made here, filling the read-ahead buffer from the file's position, unless a read made it already.
+    ``""`` for a local file, an object without one, or one with no bytes left to read."""
+    if not isinstance(file, io.BufferedReader) or not isinstance(file.raw, ObjectRangeIO):
+        return ""
+    if file.raw.content_encoding is None:
+        file.peek(1)
+    return file.raw.content_encoding or ""

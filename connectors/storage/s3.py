@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar
 
-from connectors.storage.base import ObjectInfo, Storage
+from connectors.storage.base import ObjectInfo, Storage, StoredBytes
 from connectors.storage.errors import (
     ObjectChangedError,
     ObjectMissingError,
@@ -130,8 +130,11 @@ class S3Storage(Storage):
         return ObjectInfo(path, int(head["ContentLength"]), head.get("ETag", ""))
 
     def read_range(self, path: str, start: int, stop: int, etag: str = "") -> bytes:
+        return self.read_stored(path, start, stop, etag).data
+
+    def read_stored(self, path: str, start: int, stop: int, etag: str = "") -> StoredBytes:
         if stop <= start:
-            return b""
+            return StoredBytes(b"")
         arguments: dict[str, Any] = {
             "Bucket": self.uri.bucket,
             "Key": self.uri.key(path),
@@ -140,9 +143,11 @@ class S3Storage(Storage):
         if etag:
             arguments["IfMatch"] = etag
 
-        def get() -> bytes:
+        def get() -> StoredBytes:
             response = self.client.get_object(**arguments)
-            return response["Body"].read()  # a reset while streaming the body is retried with the request
+            # botocore hands back the stored bytes: a gzip Content-Encoding is not undone on the way
+            data = response["Body"].read()  # a reset while streaming the body is retried with the request
+            return StoredBytes(data, response.get("ContentEncoding", ""))
 
         return self._request(path, get, etag)
 

@@ -14,6 +14,7 @@ from pipeline.spec._locate import duplicate_keys, field_path, known_keys, line_o
 from pipeline.spec._problems import NO_VALUE
 from pipeline.spec.job import JobSpec
 from topics.errors import MixflowError
+from topics.formats.file_formats import glob_alternatives
 from topics.kafka.settings import is_secret_key
 
 _MAX_VALUE_CHARS = 80
@@ -112,7 +113,7 @@ def check_files(spec: JobSpec, file: str | Path = "") -> list[SpecProblem]:
             pass  # an object store's prefix: the loader lists it at start, and says what is wrong there
         elif not source.path.is_dir():
             problems.append(SpecProblem(f"sources[{i}].path", "no such folder", str(source.path), str(file)))
-        elif source.glob and next(source.path.glob(source.glob), None) is None:
+        elif source.glob and not any(next(source.path.glob(each), None) for each in glob_alternatives(source.glob)):
             problems.append(
                 SpecProblem(f"sources[{i}].glob", f"matches no file under {source.path}", source.glob, str(file))
             )

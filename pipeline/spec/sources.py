@@ -53,7 +53,7 @@ class SourceSpec(BaseModel):
     glob: str | None = Field(
         None,
         min_length=1,
-        description="Files under path to read; default per reader: "
+        description="Files under path to read (`**` any folders, `{a,b}` either); default per reader: "
         + ", ".join(f"{r.value} {g}" for r, g in DEFAULT_GLOBS.items()),
     )
     field: str | None = Field(
