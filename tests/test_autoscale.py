@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from pipeline.roles.loader.source_runtime import SourceRuntime
 from pipeline.spec import SpecError, load_spec
 from tests.autoscale_support import REPO, SOURCES, build_job_data, decisions, job_folder, run_job, write_job_spec
 from tests.loader_support import committed_sample_ids, expected_sample_ids
+from tests.ports import free_port
 from topics.formats.names import JobTopics
 from topics.kafka.admin import ensure_job_topics
 
@@ -423,12 +423,6 @@ def test_mixflow_autoscale_exports_the_desired_loaders_of_a_job(kafka_bootstrap:
         _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0, stderr
     assert "code: 0 -> 2 loaders" in stderr and "not measured yet" in stderr, stderr
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_for_metric(port: int, line: str, process: subprocess.Popen, timeout_s: float) -> str:

@@ -5,14 +5,13 @@ sample, to 1e-6 (float64)."""
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.ports import free_port
 from topics.formats.cp_slices import IGNORE_INDEX, slice_of
 
 VOCAB, WIDTH = 97, 24
@@ -86,19 +85,13 @@ def _rank(rank: int, cp: int, port: int, tokens: np.ndarray, out: dict) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize(("length", "cp"), [(37, 2), (129, 3), (9, 4)])
 def test_every_token_s_loss_over_slices_equals_its_loss_over_the_sample(length: int, cp: int) -> None:
     tokens = np.random.default_rng([length, cp]).integers(0, VOCAB, length)
     expected = _whole(tokens)
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_rank, args=(cp, _free_port(), tokens, out), nprocs=cp, join=True)
+        mp.spawn(_rank, args=(cp, free_port(), tokens, out), nprocs=cp, join=True)
         results = dict(out)
     positions = np.concatenate([results[r][0] for r in range(cp)])
     losses = np.concatenate([results[r][1] for r in range(cp)])

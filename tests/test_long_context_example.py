@@ -7,7 +7,6 @@ report finding the trainer's micro-batches as the rank topics hold them."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from pipeline.planning.scheduler.context_parallel import CPMode, CPShape, plan_c
 from pipeline.planning.step.assemble_cp import build_cp_batches
 from pipeline.spec.cp_cost import ContextParallelCost
 from tests.loader_support import REPO, build_example_data
+from tests.ports import free_port
 from topics.formats.cp_batch import CPBatch
 from topics.formats.cp_slices import slice_of
 from topics.formats.sample import Sample
@@ -101,19 +101,13 @@ def _rank(rank: int, port: int, cases: list, out: dict) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_training_on_the_slices_of_planned_steps_is_training_on_the_whole_samples() -> None:
     cases = _cases()
     sizes = {int(c) for _, batches, _ in cases for b in batches for c in b.cp_size}
     assert {1, 2, 3, 4} <= sizes, f"the steps do not use blocks of 1, 2, 3 (free) and 4 ranks: {sizes}"
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_rank, args=(_free_port(), cases, out), nprocs=RANKS, join=True)
+        mp.spawn(_rank, args=(free_port(), cases, out), nprocs=RANKS, join=True)
         results = dict(out)
     for case, (mode, _, samples) in enumerate(cases):
         loss, grads = _whole(samples)

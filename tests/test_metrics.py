@@ -41,6 +41,7 @@ from pipeline.spec.cost import CostModel
 from pipeline.spec.sections import StepSpec
 from pipeline.tools.stack.local_broker import free_port_block
 from tests.loader_support import REPO, build_example_data, start_constructor, write_spec
+from tests.ports import free_port
 from topics.errors import MixflowError
 from topics.formats.batch_codec import decode_batch_message
 from topics.formats.dead_letter import DeadLetter, decode_dead_letter_message
@@ -88,12 +89,6 @@ def value(samples: dict[tuple[str, frozenset], float], name: str, **labels: str)
 def scrape(url: str) -> dict[tuple[str, frozenset], float]:
     with urllib.request.urlopen(url, timeout=5) as response:
         return samples_of(response.read().decode())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(

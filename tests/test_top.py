@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from pipeline.tools.run.progress import _StepsWritten
 from tests.kafka_support import read_to_end
 from tests.loader_support import REPO, build_example_data, start_constructor, start_loader, wait_all, write_spec
 from tests.observe_support import SOURCES, steps
+from tests.ports import free_port
 from topics.errors import MixflowError
 from topics.formats.batch_codec import decode_batch_message, end_of_data_steps
 from topics.formats.lanes import first_step_at_or_after
@@ -256,12 +256,6 @@ def test_sink_steps_from_metrics_files_and_endpoints(tmp_path: Path) -> None:
 def sink_entry(url: str) -> dict:
     """A sink's entry in metrics.json, as `mixflow run --metrics-port-base` writes it."""
     return {"role": "sink", "name": "train", "source": None, "instance": 0, "url": url}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def mixflow(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from hypothesis import strategies as st
 pytest.importorskip("torchtitan")
 
 from tests.integration_support import finish, start
+from tests.ports import free_port
 from tests.torchtitan_cp_support import (
     CAPACITY,
     CP,
@@ -182,12 +182,6 @@ def _rank_losses(rank: int, port: int, folder: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_every_token_s_loss_over_the_slices_is_its_loss_over_the_whole_micro_batch(tmp_path: Path) -> None:
     """Three steps of odd and even lengths (1 to 125 tokens, one sample filling the block, zigzag padding inside the
     slices and loader padding after them), each rank's micro-batches as the sink gives them."""
@@ -196,7 +190,7 @@ def test_every_token_s_loss_over_the_slices_is_its_loss_over_the_whole_micro_bat
     import torchtitan.models.llama3  # noqa: F401
 
     # fork: the processes take torchtitan as imported here (each one importing it again takes tens of seconds)
-    mp.start_processes(_rank_losses, args=(_free_port(), str(tmp_path)), nprocs=CP, join=True, start_method="fork")
+    mp.start_processes(_rank_losses, args=(free_port(), str(tmp_path)), nprocs=CP, join=True, start_method="fork")
     whole = {tuple(map(int, r[:4])): r[4] for r in np.load(tmp_path / "whole.npy")}
     sliced: dict[tuple[int, ...], float] = {}
     for rank in range(CP):
