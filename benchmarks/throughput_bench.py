@@ -50,7 +50,6 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +59,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from benchmarks._table import add_markdown_flag, print_table
+from pipeline.planning.shape import StepShape
 from topics.errors import MixflowError
 from topics.formats.names import JobTopics
 from topics.formats.sample import Sample
@@ -83,26 +83,16 @@ VOCAB = 50_257
 MEAN_LENGTH = 1_000
 
 
-@dataclass(frozen=True)
-class Shape:
-    ranks: int
-    micro_batches: int
-    capacity: int
+def parse_shape(text: str) -> StepShape:
+    match = re.fullmatch(r"(\d+)x(\d+)x(\d+)", text.strip())
+    if not match:
+        msg = f"a shape is RANKSxMICRO_BATCHESxTOKENS, e.g. 256x2x8192, not {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return StepShape(*(int(g) for g in match.groups()))
 
-    @property
-    def tokens(self) -> int:
-        return self.ranks * self.micro_batches * self.capacity
 
-    def __str__(self) -> str:
-        return f"{self.ranks}x{self.micro_batches}x{self.capacity}"
-
-    @classmethod
-    def parse(cls, text: str) -> Shape:
-        match = re.fullmatch(r"(\d+)x(\d+)x(\d+)", text.strip())
-        if not match:
-            msg = f"a shape is RANKSxMICRO_BATCHESxTOKENS, e.g. 256x2x8192, not {text!r}"
-            raise argparse.ArgumentTypeError(msg)
-        return cls(*(int(g) for g in match.groups()))
+def label(shape: StepShape) -> str:
+    return f"{shape.ranks}x{shape.micro_batches}x{shape.tokens_per_micro_batch}"
 
 
 # -- the data ------------------------------------------------------------------------------------------
@@ -172,7 +162,7 @@ def describe_data(config: dict, job: str, counts: dict[str, int], max_length: in
 def write_spec(
     folder: Path,
     job: str,
-    shape: Shape,
+    shape: StepShape,
     composition: bool,
     kafka: dict | None = None,
     steps_per_transaction: int | None = None,
@@ -187,7 +177,11 @@ def write_spec(
             for s in SOURCES
         ],
         "mixture": {"weights": dict(SOURCES)},
-        "step": {"ranks": shape.ranks, "micro_batches": shape.micro_batches, "tokens_per_micro_batch": shape.capacity},
+        "step": {
+            "ranks": shape.ranks,
+            "micro_batches": shape.micro_batches,
+            "tokens_per_micro_batch": shape.tokens_per_micro_batch,
+        },
         "cost": {"hidden_size": 4096, "num_layers": 32},
         "on_exhausted": "stop",
         "seed": 1,
@@ -196,16 +190,16 @@ def write_spec(
         spec["composition"] = None
     if steps_per_transaction is not None:
         spec["constructor"] = {"steps_per_transaction": steps_per_transaction}
-    path = folder / f"spec-{shape}.yaml"
+    path = folder / f"spec-{label(shape)}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
 
-def steps_for(shape: Shape, data: int, composition: bool) -> int:
+def steps_for(shape: StepShape, data: int, composition: bool) -> int:
     """Steps the data fills with room to spare (a draw takes 5% more than a step; composition waits for
     8 steps of every source ahead)."""
     ahead = 9 if composition else 1
-    return max(2, int(data / (shape.tokens * 1.06)) - ahead)
+    return max(2, int(data / (shape.tokens_per_step * 1.06)) - ahead)
 
 
 # -- the constructor, in a child process ---------------------------------------------------------------
@@ -272,7 +266,7 @@ def child_constructor(spec_path: Path, output_job: str, max_steps: int, bootstra
 # -- the raw pipeline: the same bytes, no mixflow work ---------------------------------------------------
 
 
-def run_raw(config: dict, data_job: str, out_job: str, shape: Shape, steps: int, step_payload: int) -> dict:
+def run_raw(config: dict, data_job: str, out_job: str, shape: StepShape, steps: int, step_payload: int) -> dict:
     """Consume the data job's samples and, per step, produce ``step_payload`` of their bytes as one message
     per rank topic of ``out_job`` in one transaction with the source offsets; each transaction produced and
     committed on a thread while the next step is read (as the constructor pipelines)."""
@@ -409,13 +403,13 @@ def constructor_run(
 
 
 def run_shape(
-    args: argparse.Namespace, config: dict, data: int, shape: Shape, classpath: str | None, folder: Path
+    args: argparse.Namespace, config: dict, data: int, shape: StepShape, classpath: str | None, folder: Path
 ) -> list:
     spec = write_spec(folder, args.data_job, shape, args.composition, args.kafka_config, args.steps_per_transaction)
     steps = min(args.steps, steps_for(shape, data, args.composition))
     rows = []
     for repeat in range(args.repeats):
-        out = f"{args.data_job}-{shape}-{uuid.uuid4().hex[:6]}"
+        out = f"{args.data_job}-{label(shape)}-{uuid.uuid4().hex[:6]}"
         ensure_job_topics(config, out, list(SOURCES), shape.ranks, timeout_s=600)
         try:
             base = None
@@ -453,7 +447,7 @@ def run_shape(
             "base_cpu_step": cpu_per_step(base) if base else None,
         }
         rows.append(row)
-        print(f"{shape} repeat {repeat}: {describe_row(row)}", flush=True)
+        print(f"{label(shape)} repeat {repeat}: {describe_row(row)}", flush=True)
     return rows
 
 
@@ -520,7 +514,7 @@ def summary_row(rows: list[dict], with_base: bool, with_tools: bool) -> list[str
         return f"{statistics.median(r[key][0] for r in rows):.3f} ({statistics.median(r[key][1] for r in rows):.3f})"
 
     row = [
-        str(rows[0]["shape"]),
+        label(rows[0]["shape"]),
         f"{med('step_tokens') / 1e6:.2f}M",
         f"{med('size') / 1e3:,.0f}",
         str(rows[0]["steps"]),
@@ -556,7 +550,7 @@ def main() -> int:
     )
     parser.add_argument("--data-job", help="reuse this data job (written by an earlier run with --keep-data)")
     parser.add_argument("--keep-data", action="store_true", help="keep the data job for a later --data-job")
-    parser.add_argument("--profile", type=Shape.parse, help="only profile one constructor run at this shape (cProfile)")
+    parser.add_argument("--profile", type=parse_shape, help="only profile one constructor run at this shape (cProfile)")
     parser.add_argument(
         "--baseline-tree",
         type=Path,
@@ -577,7 +571,7 @@ def main() -> int:
     args = parser.parse_args()
     args.kafka_config = dict(item.split("=", 1) for item in args.kafka_config)
     logging.basicConfig(level=logging.WARNING)
-    shapes = [Shape.parse(s) for s in args.shapes.split(",")]
+    shapes = [parse_shape(s) for s in args.shapes.split(",")]
     config = {"bootstrap.servers": args.bootstrap_servers}
     fresh = args.data_job is None
     args.data_job = args.data_job or f"tbench-{uuid.uuid4().hex[:6]}"
