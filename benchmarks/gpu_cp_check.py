@@ -17,19 +17,21 @@ ready (``CPPlan.step_time_of``, the simulation ``CPPlan.step_time`` runs on the 
 ranks of one block micro-batch hold the same samples, so each distinct micro-batch (its samples' lengths and
 block sizes) is timed once and its time reused.
 
+Megatron-Core's ``BalancedCPScheduler`` (``cp_bench``'s third contender, where ``megatron.core`` imports) is
+timed too, scored as ``cp_bench`` scores it: its groups one after the other, each as long as its slowest rank.
+
 Reported per pool, size and plan: measured step time, the cost model's (``ContextParallelCost`` for one layer
 of this block: ``predicted``, with exposed ring traffic; ``predicted compute``, without), measured / predicted,
-and measured and predicted tokens per second of aligned over static. Megatron-Core's ``BalancedCPScheduler``
-(``cp_bench``'s third contender) is not timed: its groups end at a barrier, which ``CPPlan`` does not model.
+and measured and predicted tokens per second over static's.
 
     python3 -m benchmarks.gpu_cp_check --out $OUT            # on the GPU machine; writes $OUT/gpu_cp_check.json
 
 Run time on an H200, estimated (no GPU run yet) from each distinct micro-batch's FLOPs at 600 TFLOP/s for the
-matmuls and 400 for attention, 2.5 runs each (the median of two, and overhead): about 750 distinct micro-batches
-in all (~150 an aligned plan, under 10 a static one), ~20 s for the three pools at 8k tokens a rank, ~3 minutes
-at 32k (the slices of a 2M-token sample on 64 ranks are the heaviest), ~200 s of GPU time; with start-up and
-the planner's numba compilation on a fresh machine (up to a minute), about 5 minutes. ``--budget-s`` (default
-420) skips the cells left once it is spent; the JSON is written after every cell.
+matmuls and 400 for attention, 2.5 runs each (the median of two, and overhead): ~150 distinct micro-batches an
+aligned plan, under 10 a static one, ~80 Megatron's; ~30 s for the three pools at 8k tokens a rank, ~5 minutes
+at 32k (the slices of a 2M-token sample on 64 ranks weigh most), ~3.5 minutes without Megatron; with start-up
+and the planner's numba compilation on a fresh machine (up to a minute), 5-7 minutes. No cell starts once
+``--budget-s`` (default 300) is spent (those left are listed as skipped); the JSON is written after every cell.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import _cp_block
-from benchmarks.cp_bench import POOLS, pool_of
+from benchmarks.cp_bench import POOLS, megatron_groups, megatron_groups_time, pool_of
 from pipeline.planning.scheduler.context_parallel import CPMode, CPShape, plan_cp_step, static_shape
 from pipeline.planning.scheduler.cp_plan import CPPlan
 from pipeline.spec.cost import CostModel
@@ -105,6 +107,50 @@ def measured_micro_times(
     return times
 
 
+def megatron_row(
+    lengths: np.ndarray, ranks: int, capacity: int, timer: _cp_block.Timer, costs: dict[str, ContextParallelCost]
+) -> dict[str, Any] | None:
+    """Megatron-Core's ``BalancedCPScheduler``'s step, as ``cp_bench`` scores it: its groups one after the other,
+    each as long as its slowest rank; a rank's share of a group timed as one micro-batch (its samples' zigzag
+    slices, its place among each sample's ranks). None where ``megatron.core`` does not import."""
+    try:
+        groups, fits, _ = megatron_groups(lengths, ranks, capacity)
+    except ImportError:
+        return None
+    cache: dict[Any, float] = {}
+    began = time.perf_counter()
+    times = np.zeros((ranks, len(groups)))
+    for g, holders in enumerate(groups):
+        slots: dict[int, list[tuple[int, int, int]]] = {}
+        for i, gpus in holders.items():
+            for place, gpu in enumerate(sorted(gpus)):
+                slots.setdefault(gpu, []).append((int(lengths[i]), len(gpus), place))
+        for gpu, samples in slots.items():
+            key = shape_key(samples)
+            if key not in cache:
+                cache[key] = timer.time(samples)
+            times[gpu, g] = cache[key] / 1000.0
+    row = {
+        "largest_block": max((len(gpus) for holders in groups for gpus in holders.values()), default=0),
+        "tokens": int(lengths[fits].sum()),
+        "distinct_micro_batches": len(cache),
+        "timing_s": time.perf_counter() - began,
+        "measured_s": float(times.max(axis=0).sum()),
+        "micro_times_s": times.tolist(),
+    }
+    for label, cost in costs.items():
+        row[f"{label}_s"] = megatron_groups_time(groups, lengths, ranks, cost)
+    return row
+
+
+def _rates(row: dict[str, Any], labels: list[str]) -> dict[str, Any]:
+    for label in labels[1:]:
+        row[f"measured_over_{label}"] = row["measured_s"] / row[f"{label}_s"]
+    for label in labels:
+        row[f"{label}_tokens_per_s"] = row["tokens"] / row[f"{label}_s"]
+    return row
+
+
 def check_cell(
     pool_name: str,
     ranks: int,
@@ -146,13 +192,15 @@ def check_cell(
         }
         for label, cost in costs.items():
             row[f"{label}_s"] = plan.step_time(lengths, cost)
-            row[f"measured_over_{label}"] = row["measured_s"] / row[f"{label}_s"]
+        out["plans"][name] = _rates(row, ["measured", *costs])
+    megatron = megatron_row(lengths, ranks, capacity, timer, costs)
+    if megatron is not None:
+        out["plans"]["megatron"] = _rates(megatron, ["measured", *costs])
+    static = out["plans"]["static"]
+    for name, row in out["plans"].items():
         for label in ("measured", *costs):
-            row[f"{label}_tokens_per_s"] = tokens / row[f"{label}_s"]
-        out["plans"][name] = row
-    aligned, static = out["plans"]["aligned"], out["plans"]["static"]
-    for label in ("measured", *costs):
-        out[f"aligned_over_static_{label}"] = aligned[f"{label}_tokens_per_s"] / static[f"{label}_tokens_per_s"]
+            if name != "static":
+                out[f"{name}_over_static_{label}"] = row[f"{label}_tokens_per_s"] / static[f"{label}_tokens_per_s"]
     return out
 
 
@@ -164,8 +212,8 @@ def table(cells: list[dict[str, Any]]) -> list[str]:
     for cell in cells:
         for name, row in cell["plans"].items():
             versus = (
-                f"{cell['aligned_over_static_measured']:.3f}, {cell['aligned_over_static_predicted']:.3f}"
-                if name == "aligned"
+                f"{cell[f'{name}_over_static_measured']:.3f}, {cell[f'{name}_over_static_predicted']:.3f}"
+                if name != "static"
                 else "1"
             )
             lines.append(
@@ -190,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block", default="4096,32,8", help="hidden,heads,kv_heads")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs a distinct micro-batch (median)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="no new cell once this is spent")
+    parser.add_argument("--budget-s", type=float, default=300.0, help="no new cell once this is spent")
     args = parser.parse_args(argv)
     hidden, heads, kv_heads = (int(x) for x in args.block.split(","))
     timer = _cp_block.Timer(args.device, hidden, heads, kv_heads, args.repeats)

@@ -3,6 +3,7 @@ has run here first: plans, the rank slices' layout, the timing, the step times a
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -14,11 +15,12 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from benchmarks import _cp_block, gpu_cp_check  # noqa: E402
-from benchmarks.cp_bench import POOLS, pool_of  # noqa: E402
+from benchmarks.cp_bench import POOLS, megatron_step_time, pool_of  # noqa: E402
 from topics.formats.cp_slices import zigzag_positions  # noqa: E402
 
 RANKS, MICRO, CAPACITY, LONGEST = 16, 2, 256, 4096
 POOL_NAMES = ("lognormal", "turns+books")  # the ByteScale-like pool needs samples past 128k
+MEGATRON = importlib.util.find_spec("megatron") is not None
 
 
 @st.composite
@@ -64,7 +66,15 @@ def test_the_check_times_every_plan_and_its_steps_follow_the_plan(tmp_path: Path
         lengths = pool_of(pool, np.random.default_rng([0, RANKS, CAPACITY, LONGEST]), RANKS * MICRO * CAPACITY, LONGEST)
         assert cell["samples"] == lengths.size
         plans = gpu_cp_check.plans_of(lengths, RANKS, MICRO, CAPACITY)
-        assert set(cell["plans"]) == set(plans) == {"aligned", "static"}
+        assert set(cell["plans"]) == {"aligned", "static", *(["megatron"] if MEGATRON else [])}
+        if MEGATRON:
+            row = cell["plans"]["megatron"]
+            times = np.asarray(row["micro_times_s"])
+            assert times.shape[0] == RANKS and (times.max(axis=0) > 0).all() and (times >= 0).all()
+            assert row["measured_s"] == pytest.approx(times.max(axis=0).sum())  # its groups end at a barrier
+            cost = gpu_cp_check.one_layer_cost(64, 4, 2)
+            assert row["predicted_s"] == pytest.approx(megatron_step_time(lengths, RANKS, CAPACITY, cost)[0])
+            assert cell["megatron_over_static_measured"] > 0
         for name, plan in plans.items():
             row = cell["plans"][name]
             times = np.asarray(row["micro_times_s"])
