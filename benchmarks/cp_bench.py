@@ -101,9 +101,11 @@ class _Group:
         return self._size
 
 
-def megatron_step_time(lengths: np.ndarray, ranks: int, capacity: int) -> tuple[float, int, float]:
-    """Megatron-Core's ``BalancedCPScheduler`` on ``lengths`` (run as it is): the step's time (groups one after
-    the other, each as long as its slowest rank), the tokens it could not place, and its planning seconds."""
+def megatron_groups(
+    lengths: np.ndarray, ranks: int, capacity: int
+) -> tuple[list[dict[int, list[int]]], np.ndarray, float]:
+    """Megatron-Core's ``BalancedCPScheduler`` on ``lengths`` (run as it is): its groups, run one after the other,
+    each as the ranks that hold each of its samples; which samples it could place; its planning seconds."""
     from megatron.core.pipeline_parallel.hybrid_cp_schedule import BalancedCPScheduler
 
     began = time.perf_counter()
@@ -113,18 +115,37 @@ def megatron_step_time(lengths: np.ndarray, ranks: int, capacity: int) -> tuple[
         [(i, int(lengths[i])) for i in np.flatnonzero(fits)], SimpleNamespace()
     )
     seconds = time.perf_counter() - began
-    total = 0.0
+    groups = []
     for per_gpu in sample_groups:
         holders: dict[int, list[int]] = {}
         for gpu, ids in enumerate(per_gpu):
             for i in ids:
-                holders.setdefault(i, []).append(gpu)
+                holders.setdefault(int(i), []).append(gpu)
+        groups.append(holders)
+    return groups, fits, seconds
+
+
+def megatron_step_time(
+    lengths: np.ndarray, ranks: int, capacity: int, cost: ContextParallelCost = COST
+) -> tuple[float, int, float]:
+    """The step time of ``megatron_groups`` (groups one after the other, each as long as its slowest rank, every
+    sample scored at the size and ranks it was given), the tokens it could not place, and its planning seconds."""
+    groups, fits, seconds = megatron_groups(lengths, ranks, capacity)
+    return megatron_groups_time(groups, lengths, ranks, cost), int(lengths[~fits].sum()), seconds
+
+
+def megatron_groups_time(
+    groups: list[dict[int, list[int]]], lengths: np.ndarray, ranks: int, cost: ContextParallelCost
+) -> float:
+    """Seconds of ``megatron_groups``' groups one after the other, each as long as its slowest rank."""
+    total = 0.0
+    for holders in groups:
         busy = np.zeros(ranks)
         for i, gpus in holders.items():
             c, first = len(gpus), min(gpus)
-            busy[gpus] += COST.per_rank(np.array([lengths[i]]), c, bool(COST.within_node(first, c)))[0]
+            busy[gpus] += cost.per_rank(np.array([lengths[i]]), c, bool(cost.within_node(first, c)))[0]
         total += float(busy.max())
-    return total, int(lengths[~fits].sum()), seconds
+    return total
 
 
 def bytes_ratio(plan: CPPlan, lengths: np.ndarray, static: bool) -> float:

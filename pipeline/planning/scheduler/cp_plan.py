@@ -134,7 +134,11 @@ class CPPlan:
     def step_time(self, lengths: np.ndarray, cost: ContextParallelCost) -> float:
         """Seconds of the step when every rank runs its micro-batches in order and a block's ranks start a block
         micro-batch together (each waits for the last of them to be ready)."""
-        times = self.micro_times(lengths, cost)
+        return self.step_time_of(self.micro_times(lengths, cost))
+
+    def step_time_of(self, times: np.ndarray) -> float:
+        """``step_time`` of given seconds of every rank's every micro-batch (shape (ranks, max_micro_batches);
+        ``micro_times``' or measured ones)."""
         ready = np.zeros(self.shape.ranks + 1)  # one more: where the last block ends
         micro, first, c, _ = self.block_micro_batches()  # a micro-batch's blocks never overlap
         bounds = np.searchsorted(micro, np.arange(self.shape.max_micro_batches + 1))
