@@ -4,6 +4,8 @@ across its block, for every block size and for odd lengths; each rank's slice is
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
@@ -57,11 +59,17 @@ class _Group:
 
 
 @pytest.fixture(scope="module")
-def one_process_group() -> None:
+def one_process_group() -> Iterator[None]:
+    """A default process group of one for the module, destroyed after it: a group left behind is inherited by
+    the processes later tests on this worker fork, which then cannot make their own."""
     import torch.distributed as dist
 
-    if not dist.is_initialized():
+    made = not dist.is_initialized()
+    if made:
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    yield
+    if made:
+        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("cp", [2, 3, 4, 8])
