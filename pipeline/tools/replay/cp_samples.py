@@ -3,9 +3,10 @@
 Each rank's batch of a context-parallel step (format version 2) holds, for every sample whose block covers the
 rank, only that rank's slice: its tokens, labels and positions in the sample (``topics.formats.cp_slices``).
 Every slice of a sample is in the same step, so the step's batches together hold each of its samples whole:
-the tokens go back by their positions, padding dropped. The slices are checked on the way: each sample's block
-gives exactly one slice on each of its ranks, they agree on the sample's length, block and source, and every
-label is the sample's next token.
+the tokens go back by the zigzag rule (``cp_slices.reassemble``; a batch's positions are checked against it when
+it is decoded), padding dropped. The slices are checked on the way: each sample's block gives exactly one slice
+on each of its ranks, they agree on the sample's length, block and source, and every label is the sample's next
+token.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 from topics.errors import MixflowError
 from topics.formats.cp_batch import CPBatch
-from topics.formats.cp_slices import IGNORE_INDEX, padded_length
+from topics.formats.cp_slices import IGNORE_INDEX, reassemble
 from topics.formats.sample import Sample
 
 
@@ -28,14 +29,14 @@ class SlicesError(MixflowError):
 @dataclass
 class _Pieces:
     """What the step holds of one sample so far: its source, length, block (first rank and size), and each
-    slice found, by its place in the block (tokens, labels, positions)."""
+    slice found, by its place in the block (tokens, labels)."""
 
     source: str
     length: int
     first: int
     size: int
     micro: int = -1  # its micro-batch on the block's first rank
-    slices: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    slices: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,7 +62,7 @@ def read_step(batches: Sequence[CPBatch]) -> StepSamples:
     step = batches[0].step if batches else -1
     held: dict[str, _Pieces] = {}
     for batch in batches:
-        offsets, tokens, labels, positions = batch.offsets, batch.tokens, batch.labels, batch.positions
+        offsets, tokens, labels = batch.offsets, batch.tokens, batch.labels
         lengths, sizes, places = batch.lengths.tolist(), batch.cp_size.tolist(), batch.cp_rank.tolist()
         micro = batch.micro_batch
         for row, (sample_id, source) in enumerate(zip(batch.sample_ids, batch.sources, strict=True)):
@@ -83,7 +84,7 @@ def read_step(batches: Sequence[CPBatch]) -> StepSamples:
                 msg = f"step {step}: sample {sample_id} is there twice (rank {batch.rank} holds its slice again)"
                 raise SlicesError(msg)
             part = slice(offsets[row], offsets[row + 1])
-            pieces.slices[places[row]] = (tokens[part], labels[part], positions[part])
+            pieces.slices[places[row]] = (tokens[part], labels[part])
             if places[row] == 0:
                 pieces.micro = int(micro[row])
     samples = [_whole(step, sample_id, pieces) for sample_id, pieces in held.items()]
@@ -100,14 +101,10 @@ def _whole(step: int, sample_id: str, pieces: _Pieces) -> Sample:
             f"{len(missing) - 1} more) of its block of {pieces.size} ranks from rank {pieces.first}"
         )
         raise SlicesError(msg)
-    length = pieces.length
-    tokens = np.empty(padded_length(length, pieces.size), np.int32)
-    labels = np.empty(tokens.size, np.int32)
-    for part_tokens, part_labels, positions in pieces.slices.values():
-        tokens[positions] = part_tokens
-        labels[positions] = part_labels
-    whole = tokens[:length].copy()
-    if (labels[: length - 1] != whole[1:]).any() or (labels[length - 1 :] != IGNORE_INDEX).any():
+    ordered = [pieces.slices[place] for place in range(pieces.size)]
+    whole = reassemble([tokens for tokens, _ in ordered], pieces.length)
+    labels = reassemble([labels for _, labels in ordered], pieces.length)
+    if (labels[:-1] != whole[1:]).any() or labels[-1] != IGNORE_INDEX:
         msg = f"step {step}: sample {sample_id}'s labels are not its next tokens"
         raise SlicesError(msg)
     return Sample(sample_id, pieces.source, whole)
