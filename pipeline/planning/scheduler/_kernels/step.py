@@ -23,7 +23,7 @@
    the placement it was chosen for.
 6. Samples move from the costliest ranks to the cheapest while the costliest is more than ``tolerance``
    above the lower bound (``rebalance.move_from_costliest``): the costliest rank only falls, what is placed stays.
-7. With two capacities, placed samples trade places between ranks (``rebalance.trade_places``): the costliest rank
+7. With two capacities, placed samples trade places between ranks (``trades.trade_places``): the costliest rank
    falls where full micro-batches leave no room to move, then the vision encoder's part is evened out
    without lifting the costliest rank.
 
@@ -43,7 +43,7 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.scheduler._kernels.greedy import lpt_kernel, prefix_plan, top_up
-from pipeline.planning.scheduler._kernels.rebalance import move_from_costliest, trade_places
+from pipeline.planning.scheduler._kernels.rebalance import move_from_costliest
 from pipeline.planning.scheduler._kernels.repair import deferred_oldest_first, prefer_older
 from pipeline.planning.scheduler._kernels.state import (
     Candidates,
@@ -57,6 +57,7 @@ from pipeline.planning.scheduler._kernels.state import (
     move_tokens,
     on_base,
 )
+from pipeline.planning.scheduler._kernels.trades import trade_places
 
 # The prefix plan runs LPT up to ``greedy.PREFIX_TRIES`` times more: for steps of at most this many
 # candidates, where that is a few milliseconds. Over a large step it buys about 0.05% more tokens placed (and
@@ -167,11 +168,17 @@ def _held_back(lengths: np.ndarray, cands: Candidates, lpt: Placement, grid: Gri
 
 @kernel
 def plan_kernel(
-    samples: Samples, grid: Grid, tolerance: float, at: np.ndarray, start: np.ndarray, base: Placement
+    samples: Samples,
+    grid: Grid,
+    tolerance: float,
+    at: np.ndarray,
+    start: np.ndarray,
+    base: Placement,
+    trade_tries: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rank and micro-batch of every sample (int32, -1 when deferred). ``samples`` are checked already (their
     costs ``CostModel.costs`` or the caller's); ``at`` is scratch for ``lpt_kernel``; ``start`` a checked
-    placement to start from (step 5), or empty."""
+    placement to start from (step 5), or empty; ``trade_tries``: partners a trade pass tries (step 7)."""
     cands, plan = lpt_kernel(samples, grid, at, base)
     lpt_whole = (plan.at >= 0).all()
     held = _held_back(samples.lengths, cands, plan, grid)  # from LPT's plan, before the repair below changes it
@@ -191,5 +198,5 @@ def plan_kernel(
         target = (1.0 + tolerance) * plan.rank_cost.max() / ratio
         move_from_costliest(cands, plan, grid, target, 4 * grid.ranks + 64)
     if grid.patch_capacity > 0:
-        trade_places(cands, plan, grid, tolerance)
+        trade_places(cands, plan, grid, tolerance, trade_tries)
     return by_index(samples.lengths.shape[0], cands.order, plan.at, grid.shift)

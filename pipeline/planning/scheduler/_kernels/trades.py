@@ -1,0 +1,332 @@
+"""The passes that even out the ranks of a plan by trades: exchanges of two placed samples between ranks, with
+two capacities; the total cost evened out, and the vision encoder's part of it.
+
+A multimodal step's micro-batches are often full in tokens or in patches, and then no sample can move to a
+cheaper rank (``rebalance``); two samples can still trade places, each into the other's micro-batch where
+both capacities allow. Only exchanges: what is placed, hence fill, the lower bound and the guarantee
+against starvation, stays as it is.
+
+A pass evens out one load (the total cost, or the encoder's part) under a cap on the other: while the rank
+of most load is above the target, it trades with one of the ranks of least load the pair whose difference
+of load is nearest half their gap, below it (both end below the larger), where neither rank's other load
+then passes the largest other load as it was when the pass began. So neither maximum ever rises.
+
+Balancing the total alone leaves the encoder part uneven (a rank of images, another of text at the same
+total), and once the total is even no trade can move encoder cost; so the encoder's pass comes first,
+while the totals still leave room (to within ``FIRST_ENCODER_TOLERANCE``, which leaves the total's pass
+room under the encoder's maximum), then the total's, then the encoder's again. Where the total and the
+encoder part are even, so is the LLM's. Without encoder costs, only the total's pass runs.
+
+**The pair search.** Two samples can trade only where each fits the other's rank, and a rank's
+micro-batches are mostly full: a sample fits only where the one it replaces is about as long, to within
+the most room of any micro-batch of the rank it goes to. So each rank's samples are kept sorted by length
+(``ByLength``), and a sample is paired only with the partner's samples in that window of lengths (found by
+bisection), not with every one: the same pair as a test of every pair, at the cost of the few that could fit.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from pipeline.planning.kernels.jit import kernel
+from pipeline.planning.kernels.trees import MinTree, new_min_tree, set_key
+from pipeline.planning.scheduler._kernels.state import Candidates, Grid, Placement, flat_slot, move_tokens
+
+TRADE_TRIES = 32
+"""Partner ranks a trade pass tries for one rank before giving up on it (``trade_places``' ``tries``)."""
+# The first pass over the encoder's part stops this far above its lower bound: the total's pass after it
+# needs room under the encoder's maximum to trade, and the last encoder pass gets nearer.
+FIRST_ENCODER_TOLERANCE = 0.01
+
+
+class Members(NamedTuple):
+    """The positions of the placed samples, contiguous by rank: rank ``r``'s are ``member[begin[r] :
+    begin[r + 1]]``; ``where[k]`` is position ``k``'s index in ``member``. Exchanges keep every rank's count."""
+
+    begin: np.ndarray
+    member: np.ndarray
+    where: np.ndarray
+
+
+class Pass(NamedTuple):
+    """What one pass evens out: each rank's ``load`` and each position's ``value`` (cost, or encoder cost);
+    the other load by rank and position, and the most of it a rank may hold (``cap``)."""
+
+    load: np.ndarray
+    value: np.ndarray
+    other: np.ndarray
+    other_value: np.ndarray
+    cap: float
+
+
+class ByLength(NamedTuple):
+    """Each rank's positions in ``Members.member`` sorted by their sample's length: rank ``r``'s are
+    ``at[begin[r] : begin[r + 1]]`` (``Members.begin``), their lengths ``length`` alike."""
+
+    at: np.ndarray
+    length: np.ndarray
+
+
+@kernel
+def by_length_of(cands: Candidates, members: Members, ranks: int) -> ByLength:
+    index = ByLength(np.empty_like(members.member), np.empty(members.member.shape[0], np.int64))
+    for r in range(ranks):
+        sort_rank(cands, members, index, r)
+    return index
+
+
+@kernel
+def sort_rank(cands: Candidates, members: Members, index: ByLength, r: int) -> None:
+    """Sort rank ``r``'s part of ``index`` again, as its members are now. In place."""
+    lo, hi = members.begin[r], members.begin[r + 1]
+    lengths = np.empty(hi - lo, np.int64)
+    for y in range(lo, hi):
+        lengths[y - lo] = cands.length[members.member[y]]
+    order = np.argsort(lengths, kind="mergesort")
+    for t in range(hi - lo):
+        index.at[lo + t] = lo + order[t]
+        index.length[lo + t] = lengths[order[t]]
+
+
+@kernel
+def members_of(plan: Placement, grid: Grid) -> Members:
+    at, shift = plan.at, grid.shift
+    begin = np.zeros(grid.ranks + 1, np.int64)
+    for k in range(at.shape[0]):
+        if at[k] >= 0:
+            begin[(at[k] >> shift) + 1] += 1
+    for r in range(grid.ranks):
+        begin[r + 1] += begin[r]
+    member = np.empty(begin[grid.ranks], np.int64)
+    where = np.full(at.shape[0], -1, np.int64)
+    filled = begin[:-1].copy()
+    for k in range(at.shape[0]):
+        if at[k] >= 0:
+            r = at[k] >> shift
+            member[filled[r]] = k
+            where[k] = filled[r]
+            filled[r] += 1
+    return Members(begin, member, where)
+
+
+@kernel(inline="always")
+def _slot_for(plan: Placement, grid: Grid, leaving: np.int64, k_out: tuple[int, int], k_in: tuple[int, int]) -> int:
+    """The micro-batch (flat) of the rank of micro-batch ``leaving`` that has room for a sample of ``k_in``
+    (tokens, patches) once the one of ``k_out`` leaves ``leaving``: that one first, then the first with
+    room; -1 where none has."""
+    base = leaving - leaving % grid.micro
+    for m in range(-1, grid.micro):
+        slot = leaving if m < 0 else base + m
+        if m >= 0 and slot == leaving:
+            continue
+        freed = slot == leaving
+        tokens = plan.tokens[slot] - (k_out[0] if freed else 0) + k_in[0]
+        patches = plan.patches[slot] - (k_out[1] if freed else 0) + k_in[1]
+        if tokens <= grid.capacity and patches <= grid.patch_capacity:
+            return slot
+    return -1
+
+
+@kernel(inline="always")
+def _sizes(cands: Candidates, k: np.int64) -> tuple[int, int]:
+    return np.int64(cands.length[k]), cands.patches[k]
+
+
+@kernel(inline="always")
+def _targets(cands: Candidates, plan: Placement, grid: Grid, i: np.int64, j: np.int64) -> tuple[int, int]:
+    """Where samples ``i`` and ``j`` go if they trade ranks (flat micro-batches: ``i``'s on ``j``'s rank,
+    ``j``'s on ``i``'s), both capacities kept; -1 for a side without room."""
+    si, sj = flat_slot(grid, plan.at[i]), flat_slot(grid, plan.at[j])
+    return (
+        _slot_for(plan, grid, sj, _sizes(cands, j), _sizes(cands, i)),
+        _slot_for(plan, grid, si, _sizes(cands, i), _sizes(cands, j)),
+    )
+
+
+@kernel(inline="always")
+def _most_room(plan: Placement, grid: Grid, r: int) -> tuple[int, int]:
+    """The most free tokens and the most free patches of any micro-batch of rank ``r``."""
+    tokens, patches = np.int64(0), np.int64(0)
+    for slot in range(r * grid.micro, (r + 1) * grid.micro):
+        tokens = max(tokens, grid.capacity - plan.tokens[slot])
+        patches = max(patches, grid.patch_capacity - plan.patches[slot])
+    return tokens, patches
+
+
+@kernel(inline="always")
+def _bisect(values: np.ndarray, lo: int, hi: int, value: int, right: bool) -> int:
+    """The first index of ``values[lo:hi]`` (sorted) above ``value`` (``right``), or at least ``value``."""
+    while lo < hi:
+        middle = (lo + hi) // 2
+        if values[middle] < value or (right and values[middle] == value):
+            lo = middle + 1
+        else:
+            hi = middle
+    return lo
+
+
+@kernel
+def _nearest_pair(
+    cands: Candidates,
+    plan: Placement,
+    grid: Grid,
+    members: tuple[Members, ByLength],
+    ranks: tuple[int, int],
+    balance: Pass,
+) -> tuple[int, int, int, int]:
+    """Positions ``(i, j)`` of rank ``a``'s and rank ``b``'s samples (``ranks``) that may trade places,
+    whose difference of ``balance.value`` is nearest half the ranks' gap, below it, with neither rank's
+    other load then above ``balance.cap``, and where each goes (``_targets``); all -1 where no pair scores
+    above 0. Of pairs that score the same, the first of ``a``'s samples in member order wins, then the first
+    of ``b``'s. Only ``b``'s samples whose length lies within the window that could fit are tried (module
+    docstring): ``i`` fits on ``b`` only where ``length[i] <= length[j] + room_b`` and ``j`` on ``a`` only
+    where ``length[j] <= length[i] + room_a``, likewise for patches."""
+    held, index = members
+    a, b = ranks
+    gap = balance.load[a] - balance.load[b]
+    room_a, room_b = _most_room(plan, grid, a), _most_room(plan, grid, b)
+    lo_b, hi_b = held.begin[b], held.begin[b + 1]
+    best_i, best_j, best_score, best_x, best_y = -1, -1, 0.0, -1, -1
+    best_to = (-1, -1)
+    for x in range(held.begin[a], held.begin[a + 1]):
+        i = held.member[x]
+        length_i, patches_i = np.int64(cands.length[i]), cands.patches[i]
+        first = _bisect(index.length, lo_b, hi_b, length_i - room_b[0], False)
+        last = _bisect(index.length, first, hi_b, length_i + room_a[0], True)
+        for t in range(first, last):
+            y = index.at[t]
+            j = held.member[y]
+            if patches_i - cands.patches[j] > room_b[1] or cands.patches[j] - patches_i > room_a[1]:
+                continue
+            d = balance.value[i] - balance.value[j]
+            if d <= 0.0 or d >= gap:
+                continue
+            score = min(d, gap - d)
+            if score < best_score or (score == best_score and (x != best_x or y > best_y)):
+                continue
+            shift = balance.other_value[i] - balance.other_value[j]
+            if balance.other[a] - shift > balance.cap or balance.other[b] + shift > balance.cap:
+                continue
+            to = _targets(cands, plan, grid, i, j)
+            if to[0] >= 0 and to[1] >= 0:
+                best_i, best_j, best_score, best_x, best_y, best_to = i, j, score, x, y, to
+    return best_i, best_j, best_to[0], best_to[1]
+
+
+@kernel
+def _exchange(
+    cands: Candidates, plan: Placement, grid: Grid, members: Members, trade: tuple[int, int, int, int]
+) -> None:
+    """Samples ``i`` and ``j`` trade ranks, into micro-batches ``ti`` and ``tj`` (flat). In place."""
+    i, j, ti, tj = trade
+    for k, to in ((i, ti), (j, tj)):
+        slot = flat_slot(grid, plan.at[k])
+        move_tokens(plan, slot // grid.micro, slot, -np.int64(cands.length[k]), -cands.cost[k])
+        plan.patches[slot] -= cands.patches[k]
+        move_tokens(plan, to // grid.micro, to, np.int64(cands.length[k]), cands.cost[k])
+        plan.patches[to] += cands.patches[k]
+        plan.at[k] = ((to // grid.micro) << grid.shift) | (to % grid.micro)
+    wi, wj = members.where[i], members.where[j]
+    members.member[wi], members.member[wj] = j, i
+    members.where[i], members.where[j] = wj, wi
+
+
+@kernel
+def _trade(
+    cands: Candidates,
+    plan: Placement,
+    grid: Grid,
+    members: tuple[Members, ByLength],
+    balance: Pass,
+    trees: tuple[MinTree, MinTree],
+    tries: int,
+) -> bool:
+    """One exchange of the rank of most load with the first of its ``tries`` partners of least load that one
+    suits (``trees``: least load first, most load first); whether one was made."""
+    least, most = trees
+    a = most.ids[0]
+    skipped = np.empty(tries, np.int64)
+    n_skipped = 0
+    traded = False
+    while n_skipped < tries:
+        b = least.ids[0]
+        if least.keys[0] == np.inf or balance.load[a] - balance.load[b] <= 0.0:
+            break
+        trade = _nearest_pair(cands, plan, grid, members, (a, b), balance)
+        if trade[0] < 0:
+            set_key(least, b, np.inf)  # no use to this rank; try the next
+            skipped[n_skipped] = b
+            n_skipped += 1
+            continue
+        _exchange(cands, plan, grid, members[0], trade)
+        for r in (a, b):
+            sort_rank(cands, members[0], members[1], r)
+        i, j = trade[0], trade[1]
+        for load, value in ((balance.load, balance.value), (balance.other, balance.other_value)):
+            load[a] -= value[i] - value[j]
+            load[b] += value[i] - value[j]
+        for r in (a, b):
+            set_key(least, r, balance.load[r])
+            set_key(most, r, -balance.load[r])
+        traded = True
+        break
+    for t in range(n_skipped):
+        set_key(least, skipped[t], balance.load[skipped[t]])
+    return traded
+
+
+@kernel
+def even_out(
+    cands: Candidates,
+    plan: Placement,
+    grid: Grid,
+    members: tuple[Members, ByLength],
+    balance: Pass,
+    target: float,
+    limits: tuple[int, int],
+) -> int:
+    """Exchanges while the rank of most ``balance.load`` is above ``target``; returns how many. In place
+    (``balance.load`` too). ``limits``: the most exchanges, and the partners tried for one (``_trade``)."""
+    max_trades, tries = limits
+    least, most = new_min_tree(grid.ranks), new_min_tree(grid.ranks)
+    for r in range(grid.ranks):
+        set_key(least, r, balance.load[r])
+        set_key(most, r, -balance.load[r])
+    trades = 0
+    while trades < max_trades and balance.load[most.ids[0]] > target:
+        if not _trade(cands, plan, grid, members, balance, (least, most), tries):
+            break
+        trades += 1
+    return trades
+
+
+@kernel
+def trade_places(cands: Candidates, plan: Placement, grid: Grid, tolerance: float, tries: int) -> None:
+    """The passes (see the module docstring), each until its rank of most load is within ``tolerance`` of its
+    lower bound (mean over ranks, or the largest sample's), or no exchange helps (with any of ``tries``
+    partners). In place."""
+    held = members_of(plan, grid)
+    members = (held, by_length_of(cands, held, grid.ranks))
+    n = plan.at.shape[0]
+    has_encoder = cands.encoder.shape[0] > 0
+    total, encoder = plan.rank_cost.copy(), np.zeros(grid.ranks)
+    sample_encoder = cands.encoder if has_encoder else np.zeros(n)
+    largest, largest_encoder = 0.0, 0.0
+    for k in range(n):
+        if plan.at[k] >= 0:
+            encoder[plan.at[k] >> grid.shift] += sample_encoder[k]
+            largest, largest_encoder = max(largest, cands.cost[k]), max(largest_encoder, sample_encoder[k])
+    total_target = (1 + tolerance) * max(total.sum() / grid.ranks, largest)
+    encoder_bound = max(encoder.sum() / grid.ranks, largest_encoder)
+    limits = (4 * grid.ranks + 64, tries)
+    if has_encoder:
+        by_encoder = Pass(encoder, sample_encoder, total, cands.cost, total.max())
+        first_target = (1 + max(tolerance, FIRST_ENCODER_TOLERANCE)) * encoder_bound
+        even_out(cands, plan, grid, members, by_encoder, first_target, limits)
+    by_total = Pass(total, cands.cost, encoder, sample_encoder, encoder.max())
+    even_out(cands, plan, grid, members, by_total, total_target, limits)
+    if has_encoder:
+        by_encoder = Pass(encoder, sample_encoder, total, cands.cost, total.max())
+        even_out(cands, plan, grid, members, by_encoder, (1 + tolerance) * encoder_bound, limits)
