@@ -17,11 +17,12 @@ while the totals still leave room (to within ``FIRST_ENCODER_TOLERANCE``, which 
 room under the encoder's maximum), then the total's, then the encoder's again. Where the total and the
 encoder part are even, so is the LLM's. Without encoder costs, only the total's pass runs.
 
-**The pair search.** Two samples can trade only where each fits the other's rank, and a rank's
-micro-batches are mostly full: a sample fits only where the one it replaces is about as long, to within
-the most room of any micro-batch of the rank it goes to. So each rank's samples are kept sorted by length
-(``ByLength``), and a sample is paired only with the partner's samples in that window of lengths (found by
-bisection), not with every one: the same pair as a test of every pair, at the cost of the few that could fit.
+**The pair search.** A pair trades only where its difference of value lies within the ranks' gap, and
+few do: each rank's samples are kept sorted by the pass's value (``ByValue``), so the partners of a sample
+are a window of that order (found by bisection, with the test the pair's score makes) rather than every
+sample of the partner rank; a sample fits the partner's rank only where the one it replaces is about as
+long (to within the most room of a micro-batch there), which is tested next, before the cost caps and the
+micro-batches. The same pair as a test of every pair, at the cost of those within the gap.
 """
 
 from __future__ import annotations
@@ -61,33 +62,33 @@ class Pass(NamedTuple):
     cap: float
 
 
-class ByLength(NamedTuple):
-    """Each rank's positions in ``Members.member`` sorted by their sample's length: rank ``r``'s are
-    ``at[begin[r] : begin[r + 1]]`` (``Members.begin``), their lengths ``length`` alike."""
+class ByValue(NamedTuple):
+    """Each rank's positions in ``Members.member`` sorted by their sample's value in a pass: rank ``r``'s are
+    ``at[begin[r] : begin[r + 1]]`` (``Members.begin``), their values ``value`` alike."""
 
     at: np.ndarray
-    length: np.ndarray
+    value: np.ndarray
 
 
 @kernel
-def by_length_of(cands: Candidates, members: Members, ranks: int) -> ByLength:
-    index = ByLength(np.empty_like(members.member), np.empty(members.member.shape[0], np.int64))
+def by_value_of(members: Members, values: np.ndarray, ranks: int) -> ByValue:
+    index = ByValue(np.empty_like(members.member), np.empty(members.member.shape[0]))
     for r in range(ranks):
-        sort_rank(cands, members, index, r)
+        sort_rank(members, values, index, r)
     return index
 
 
 @kernel
-def sort_rank(cands: Candidates, members: Members, index: ByLength, r: int) -> None:
+def sort_rank(members: Members, values: np.ndarray, index: ByValue, r: int) -> None:
     """Sort rank ``r``'s part of ``index`` again, as its members are now. In place."""
     lo, hi = members.begin[r], members.begin[r + 1]
-    lengths = np.empty(hi - lo, np.int64)
+    held = np.empty(hi - lo)
     for y in range(lo, hi):
-        lengths[y - lo] = cands.length[members.member[y]]
-    order = np.argsort(lengths, kind="mergesort")
+        held[y - lo] = values[members.member[y]]
+    order = np.argsort(held, kind="mergesort")
     for t in range(hi - lo):
         index.at[lo + t] = lo + order[t]
-        index.length[lo + t] = lengths[order[t]]
+        index.value[lo + t] = held[order[t]]
 
 
 @kernel
@@ -156,14 +157,28 @@ def _most_room(plan: Placement, grid: Grid, r: int) -> tuple[int, int]:
 
 
 @kernel(inline="always")
-def _bisect(values: np.ndarray, lo: int, hi: int, value: int, right: bool) -> int:
-    """The first index of ``values[lo:hi]`` (sorted) above ``value`` (``right``), or at least ``value``."""
+def _first_below(index: ByValue, lo: int, hi: int, value_i: float, bound: float) -> int:
+    """The first position of ``index.value[lo:hi]`` (ascending) whose difference from ``value_i`` is below
+    ``bound`` (the differences fall along it)."""
     while lo < hi:
         middle = (lo + hi) // 2
-        if values[middle] < value or (right and values[middle] == value):
-            lo = middle + 1
-        else:
+        if value_i - index.value[middle] < bound:
             hi = middle
+        else:
+            lo = middle + 1
+    return lo
+
+
+@kernel(inline="always")
+def _first_at_most(index: ByValue, lo: int, hi: int, value_i: float, bound: float) -> int:
+    """The first position of ``index.value[lo:hi]`` (ascending) whose difference from ``value_i`` is at most
+    ``bound``."""
+    while lo < hi:
+        middle = (lo + hi) // 2
+        if value_i - index.value[middle] <= bound:
+            hi = middle
+        else:
+            lo = middle + 1
     return lo
 
 
@@ -172,7 +187,7 @@ def _nearest_pair(
     cands: Candidates,
     plan: Placement,
     grid: Grid,
-    members: tuple[Members, ByLength],
+    members: tuple[Members, ByValue],
     ranks: tuple[int, int],
     balance: Pass,
 ) -> tuple[int, int, int, int]:
@@ -180,9 +195,9 @@ def _nearest_pair(
     whose difference of ``balance.value`` is nearest half the ranks' gap, below it, with neither rank's
     other load then above ``balance.cap``, and where each goes (``_targets``); all -1 where no pair scores
     above 0. Of pairs that score the same, the first of ``a``'s samples in member order wins, then the first
-    of ``b``'s. Only ``b``'s samples whose length lies within the window that could fit are tried (module
-    docstring): ``i`` fits on ``b`` only where ``length[i] <= length[j] + room_b`` and ``j`` on ``a`` only
-    where ``length[j] <= length[i] + room_a``, likewise for patches."""
+    of ``b``'s. Only ``b``'s samples within the gap are tried (``ByValue``), and of those, first, whether
+    they could fit: ``i`` fits on ``b`` only where ``length[i] <= length[j] + room_b`` and ``j`` on ``a``
+    only where ``length[j] <= length[i] + room_a``, likewise for patches."""
     held, index = members
     a, b = ranks
     gap = balance.load[a] - balance.load[b]
@@ -192,15 +207,18 @@ def _nearest_pair(
     best_to = (-1, -1)
     for x in range(held.begin[a], held.begin[a + 1]):
         i = held.member[x]
-        length_i, patches_i = np.int64(cands.length[i]), cands.patches[i]
-        first = _bisect(index.length, lo_b, hi_b, length_i - room_b[0], False)
-        last = _bisect(index.length, first, hi_b, length_i + room_a[0], True)
+        length_i, patches_i, value_i = np.int64(cands.length[i]), cands.patches[i], balance.value[i]
+        first = _first_below(index, lo_b, hi_b, value_i, gap)
+        last = _first_at_most(index, first, hi_b, value_i, 0.0)
         for t in range(first, last):
             y = index.at[t]
             j = held.member[y]
-            if patches_i - cands.patches[j] > room_b[1] or cands.patches[j] - patches_i > room_a[1]:
+            length_j, patches_j = np.int64(cands.length[j]), cands.patches[j]
+            if length_i - length_j > room_b[0] or length_j - length_i > room_a[0]:
                 continue
-            d = balance.value[i] - balance.value[j]
+            if patches_i - patches_j > room_b[1] or patches_j - patches_i > room_a[1]:
+                continue
+            d = value_i - balance.value[j]
             if d <= 0.0 or d >= gap:
                 continue
             score = min(d, gap - d)
@@ -238,7 +256,7 @@ def _trade(
     cands: Candidates,
     plan: Placement,
     grid: Grid,
-    members: tuple[Members, ByLength],
+    members: tuple[Members, ByValue],
     balance: Pass,
     trees: tuple[MinTree, MinTree],
     tries: int,
@@ -262,7 +280,7 @@ def _trade(
             continue
         _exchange(cands, plan, grid, members[0], trade)
         for r in (a, b):
-            sort_rank(cands, members[0], members[1], r)
+            sort_rank(members[0], balance.value, members[1], r)
         i, j = trade[0], trade[1]
         for load, value in ((balance.load, balance.value), (balance.other, balance.other_value)):
             load[a] -= value[i] - value[j]
@@ -282,7 +300,7 @@ def even_out(
     cands: Candidates,
     plan: Placement,
     grid: Grid,
-    members: tuple[Members, ByLength],
+    members: Members,
     balance: Pass,
     target: float,
     limits: tuple[int, int],
@@ -290,13 +308,14 @@ def even_out(
     """Exchanges while the rank of most ``balance.load`` is above ``target``; returns how many. In place
     (``balance.load`` too). ``limits``: the most exchanges, and the partners tried for one (``_trade``)."""
     max_trades, tries = limits
+    index = by_value_of(members, balance.value, grid.ranks)
     least, most = new_min_tree(grid.ranks), new_min_tree(grid.ranks)
     for r in range(grid.ranks):
         set_key(least, r, balance.load[r])
         set_key(most, r, -balance.load[r])
     trades = 0
     while trades < max_trades and balance.load[most.ids[0]] > target:
-        if not _trade(cands, plan, grid, members, balance, (least, most), tries):
+        if not _trade(cands, plan, grid, (members, index), balance, (least, most), tries):
             break
         trades += 1
     return trades
@@ -307,8 +326,7 @@ def trade_places(cands: Candidates, plan: Placement, grid: Grid, tolerance: floa
     """The passes (see the module docstring), each until its rank of most load is within ``tolerance`` of its
     lower bound (mean over ranks, or the largest sample's), or no exchange helps (with any of ``tries``
     partners). In place."""
-    held = members_of(plan, grid)
-    members = (held, by_length_of(cands, held, grid.ranks))
+    members = members_of(plan, grid)
     n = plan.at.shape[0]
     has_encoder = cands.encoder.shape[0] > 0
     total, encoder = plan.rank_cost.copy(), np.zeros(grid.ranks)
