@@ -35,12 +35,20 @@ def parse_loss_spans(text: str, length: int) -> np.ndarray:
     if not _SPANS.fullmatch(text):
         msg = f"{LOSS_SPANS_KEY} {text[:80]!r} is not start:stop ranges joined by commas"
         raise ValueError(msg)
-    bounds = np.array([int(v) for v in re.split("[:,]", text)] if text else [], np.int64)
-    problem = bounds_problem(bounds, length)
-    if problem:
-        msg = f"{LOSS_SPANS_KEY} {text[:80]!r} of a {length}-token sample: {problem}"
-        raise ValueError(msg)
-    return bounds.astype(np.int32)
+    values = [int(v) for v in text.replace(":", ",").split(",")] if text else []
+    previous = 0
+    for start, stop in zip(values[::2], values[1::2], strict=True):
+        problem = (
+            "ranges out of order or overlapping" if start < previous
+            else "an empty or reversed range" if start >= stop
+            else "a range ends after the sample" if stop > length
+            else ""
+        )  # fmt: skip
+        if problem:
+            msg = f"{LOSS_SPANS_KEY} {text[:80]!r} of a {length}-token sample: {problem}"
+            raise ValueError(msg)
+        previous = stop
+    return np.array(values, np.int32)
 
 
 def format_loss_spans(bounds: np.ndarray) -> str:
@@ -55,12 +63,6 @@ def sample_bounds(metadata: dict[str, str], length: int) -> np.ndarray:
     if text is None:
         return np.array([0, length] if length else [], np.int32)
     return parse_loss_spans(text, length)
-
-
-def bounds_problem(bounds: np.ndarray, length: int) -> str:
-    """What is wrong with one sample's ``bounds`` (``""``: nothing)."""
-    problems = rows_problem(np.array([0, bounds.size], np.int64), np.asarray(bounds), np.array([length], np.int64))
-    return problems[1] if problems else ""
 
 
 def rows_problem(bound_offsets: np.ndarray, bounds: np.ndarray, lengths: np.ndarray) -> tuple[int, str] | None:

@@ -114,7 +114,7 @@ def build_batches(
     """One batch per rank of ``plan`` (its shape and capacity) in ``batch_format``, holding the ``samples`` it
     places there, micro-batch by micro-batch in ``rank_order``; ``lengths`` are the samples' token counts."""
     with_media = batch_format.with_media
-    spans = [sample_bounds(s.metadata, s.length) for s in samples] if with_media or any_loss_spans(samples) else None
+    with_spans = with_media or any_loss_spans(samples)
     orders = rank_orders(plan)
     # Each source name once, and each sample's index into them: a rank's source column is built from these.
     names: dict[str, int] = {}
@@ -142,7 +142,9 @@ def build_batches(
                 with_media=with_media,
                 media=[samples[i].media for i in picked] if with_media else None,
                 patches_per_micro_batch=batch_format.patches_per_micro_batch,
-                loss_spans=None if spans is None else [spans[i] for i in picked],
+                loss_spans=[sample_bounds(samples[i].metadata, len(samples[i].tokens)) for i in picked]
+                if with_spans
+                else None,
                 trusted=True,  # the plan places at most capacity tokens a micro-batch, in micro-batch order
             )
         )
