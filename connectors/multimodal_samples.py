@@ -14,6 +14,7 @@ from connectors.media.placeholders import placeholder_block
 from connectors.readers.base import Document, MediaRef
 from connectors.sample_ids import with_suffixes
 from topics.formats.dead_letter import DeadLetter
+from topics.formats.loss_spans import LOSS_SPANS_KEY
 from topics.formats.media import MediaItem
 from topics.formats.sample import Sample
 
@@ -80,11 +81,6 @@ def chunk_segments(
         for chunk in chunks
         if chunk.length
     ]
-
-
-LOSS_SPANS_KEY = "mixflow.loss_spans"
-"""A sample's metadata key naming the tokens that are targets of the loss, ``start:stop`` ranges of its tokens
-joined by commas (``""``: none); absent when every token is. Set for a conversation's samples."""
 
 
 def chunk_loss_spans(document: Document, segments: Sequence[Segment], lengths: Sequence[int]) -> list[str] | None:

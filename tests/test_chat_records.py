@@ -18,7 +18,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import ByteLevelBPETokenizer
 
-from connectors.multimodal_samples import LOSS_SPANS_KEY
 from connectors.planning import split_file
 from connectors.readers import Document, MediaRef, make_reader
 from connectors.readers.chat_parts import ChatError, chat_content
@@ -26,6 +25,7 @@ from connectors.samples import SampleBuilder
 from connectors.tokenizer import TextTokenizer
 from tests.media_support import VISION
 from topics.formats.dead_letter import DeadLetter
+from topics.formats.loss_spans import LOSS_SPANS_KEY
 from topics.formats.sample import Sample
 
 EOD = "<|endoftext|>"

@@ -18,6 +18,7 @@ from pipeline.spec.cp_cost import ContextParallelCost
 from tests.sink_media_support import media_sample
 from topics.formats.batch import Batch
 from topics.formats.batch_codec import encode_batch
+from topics.formats.loss_spans import LOSS_SPANS_KEY
 from topics.formats.names import JobTopics
 from topics.formats.sample import Sample
 from topics.formats.sample_codec import SAMPLE_FINGERPRINT
@@ -73,6 +74,22 @@ def test_snippet_decodes_an_encoded_batch() -> None:
     empty = Batch.from_samples(step=0, rank=0, ranks=1, capacity=1, micro_batches=[[]])
     _, value, headers = encode_batch(empty)
     assert namespace["decode"](value, headers)["sample_id"] == []
+
+
+def test_snippet_decodes_the_loss_spans() -> None:
+    decode_block, _ = _snippets()
+    namespace: dict = {}
+    exec(compile(decode_block, str(FORMAT_MD), "exec"), namespace)
+    samples = [
+        Sample("chat/c.jsonl/0", "chat", np.arange(9, dtype=np.int32), {LOSS_SPANS_KEY: "2:4,6:9"}),
+        Sample("chat/c.jsonl/1", "chat", np.arange(3, dtype=np.int32), {LOSS_SPANS_KEY: ""}),
+        Sample("web/a.jsonl/0", "web", np.arange(5, dtype=np.int32)),
+    ]
+    batch = Batch.from_samples(step=0, rank=0, ranks=1, capacity=20, micro_batches=[samples])
+    decoded = namespace["decode"](*encode_batch(batch)[1:])
+    _assert_matches(decoded, batch)
+    assert decoded["loss_spans"] == [[2, 4, 6, 9], [], [0, 5]]
+    assert "loss_spans" not in namespace["decode"](*encode_batch(_batch())[1:])
 
 
 def _media_batch(encoding: str) -> Batch:

@@ -4,7 +4,7 @@ this rank's slices, laid out as Megatron-Core's packed sequences take them under
 | key | type | meaning |
 |---|---|---|
 | ``input_ids`` | int32 [T] | the slices' tokens, concatenated (padding included); read-only |
-| ``labels`` | int64 [T] | the next token in its sample; ``-100`` at a sample's last token and at padding |
+| ``labels`` | int64 [T] | the next token in its sample where a target; ``-100`` elsewhere, at sample ends and padding |
 | ``position_ids`` | int32 [T] | each slice token's position in its sample |
 | ``cu_seqlens`` | int32 [k + 1] | ``0`` then the running sum of the k samples' whole lengths |
 | ``cu_seqlens_padded`` | int32 [k + 1] | the same of their lengths padded to ``2 * local_cp_size`` |

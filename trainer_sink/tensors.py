@@ -6,13 +6,16 @@ Megatron's packed sequences): the micro-batch's samples concatenated, ``T`` toke
 | key | type | meaning |
 |---|---|---|
 | ``input_ids`` | int32 [T] | token ids; shares memory with the Kafka message (treat as read-only) |
-| ``labels`` | int64 [T] | the next token of the same sample; ``-100`` on each sample's last token |
+| ``labels`` | int64 [T] | the next token of the same sample if a target (below); ``-100`` elsewhere, at sample ends |
 | ``position_ids`` | int32 [T] | restarting at 0 at every sample |
 | ``cu_seqlens`` | int32 [k + 1] | sample ``j`` is ``input_ids[cu_seqlens[j]:cu_seqlens[j + 1]]`` |
 | ``max_seqlen`` | int | the longest sample |
 | ``step``, ``micro_batch``, ``micro_batches``, ``rank`` | int | where this micro-batch belongs |
 | ``sample_ids`` | list[str] | the k sample ids, in order |
 | ``padding_tokens`` | int | tokens of the padding segment (0 unless ``pad_to_multiple_of`` asks for one) |
+
+A token is a target of the loss unless its batch's ``loss_spans`` leave it out (a conversation's user turns,
+role prefixes and placeholders; every token of a sample that names no spans is one).
 
 With ``pad_to_multiple_of=N`` a non-empty micro-batch gets one padding segment after its last sample, so
 that ``T`` is a multiple of N: ``pad_token_id`` tokens, ``labels`` ``-100``, ``position_ids`` from 0, and a

@@ -15,6 +15,14 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 
+from topics.formats.loss_spans import (
+    LOSS_SPANS_FIELD,
+    LOSS_SPANS_KEY,
+    format_loss_spans,
+    rows_problem,
+    sample_bounds,
+    target_mask,
+)
 from topics.formats.media import MediaItem
 from topics.formats.media_checks import check_media
 from topics.formats.media_column import MEDIA_FIELD, MediaTable, media_column
@@ -32,6 +40,10 @@ BATCH_SCHEMA = pa.schema(
 
 MEDIA_BATCH_SCHEMA = BATCH_SCHEMA.append(MEDIA_FIELD)
 """The columns of every batch of a job with media: the four, then ``media`` (``topics.formats.media_column``)."""
+
+OPTIONAL_FIELDS = (MEDIA_FIELD, LOSS_SPANS_FIELD)
+"""Columns a batch may have after the four, in this order: ``media`` and ``loss_spans``
+(``topics.formats.loss_spans``: each sample's tokens that are targets of the loss; without it, every token)."""
 
 T = TypeVar("T")
 
@@ -54,8 +66,9 @@ class Batch:
     ``micro_batch[i]`` (``0 <= micro_batch < micro_batches``, non-decreasing down the rows), and no
     micro-batch holds more than ``capacity`` tokens. A batch of a job with media has the ``media`` column
     too (``MEDIA_BATCH_SCHEMA``; ``topics.formats.media_checks`` says what it must satisfy), and with
-    ``patches_per_micro_batch`` no micro-batch holds more vision patches. Making a Batch that breaks these
-    raises ``ValueError``.
+    ``patches_per_micro_batch`` no micro-batch holds more vision patches. A batch may have ``loss_spans`` last,
+    each row's target bounds (``topics.formats.loss_spans``). Making a Batch that breaks these raises
+    ``ValueError``.
     """
 
     step: int
@@ -89,7 +102,8 @@ class Batch:
 
     def _check_records(self) -> None:
         schema = self.records.schema
-        expected_fields = MEDIA_BATCH_SCHEMA if schema.get_field_index(MEDIA_FIELD.name) >= 0 else BATCH_SCHEMA
+        optional = [f for f in OPTIONAL_FIELDS if schema.get_field_index(f.name) >= 0]
+        expected_fields = pa.schema([*BATCH_SCHEMA, *optional])
         check_columns(self.records, expected_fields)
         tokens = self.records.column("tokens")
         for name in expected_fields.names:
@@ -111,6 +125,15 @@ class Batch:
             worst = int(per_micro_batch.argmax())
             msg = f"micro-batch {worst} holds {per_micro_batch[worst]} tokens, over capacity {self.capacity}"
             raise ValueError(msg)
+        if self.with_loss_spans:
+            column = self.records.column(LOSS_SPANS_FIELD.name)
+            if column.flatten().null_count:
+                raise ValueError("column 'loss_spans' holds null items")
+            bound_offsets, bounds = self.loss_bounds()
+            problem = rows_problem(bound_offsets, bounds, self.lengths)
+            if problem is not None:
+                msg = f"row {problem[0]}: loss_spans hold {problem[1]}"
+                raise ValueError(msg)
 
     @classmethod
     def from_arrays(
@@ -130,6 +153,7 @@ class Batch:
         with_media: bool = False,
         media: Sequence[Sequence[MediaItem]] | None = None,
         patches_per_micro_batch: int | None = None,
+        loss_spans: Sequence[np.ndarray] | None = None,
     ) -> Batch:
         """Build from flat arrays: sample ``i`` has ids ``tokens[offsets[i]:offsets[i + 1]]``.
 
@@ -137,9 +161,11 @@ class Batch:
         ``with_media`` adds the ``media`` column (a job with media sets it on every batch, so that all its
         batches have the same columns), ``media[i]`` sample ``i``'s items (``None``: none at all);
         ``patches_per_micro_batch`` is the vision-patch budget of a micro-batch (``None``: none).
-        ``trusted`` skips ``__post_init__``'s checks of the records (about half the time of this call): only
-        for a caller whose arrays meet them by construction, as the constructor's ``build_batches`` does
-        from a scheduler plan. Batches decoded from Kafka, and all others, are always checked."""
+        ``loss_spans`` adds the ``loss_spans`` column, ``loss_spans[i]`` sample ``i``'s target bounds
+        (``topics.formats.loss_spans``; ``None``: no column, every token a target). ``trusted`` skips
+        ``__post_init__``'s checks of the records (about half the time of this call): only for a caller whose
+        arrays meet them by construction, as the constructor's ``build_batches`` does from a scheduler plan.
+        Batches decoded from Kafka, and all others, are always checked."""
         offsets = np.asarray(offsets, dtype=np.int64)
         tokens = np.asarray(tokens)
         if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != tokens.size:
@@ -162,6 +188,9 @@ class Batch:
         elif media is not None and any(media):
             msg = "media given for a batch without the media column (with_media=False)"
             raise ValueError(msg)
+        if loss_spans is not None:
+            columns.append(_bounds_column(loss_spans))
+            schema = schema.append(LOSS_SPANS_FIELD)
         records = pa.RecordBatch.from_arrays(columns, schema=schema)
         fields = (step, rank, ranks, micro_batches, capacity, records, patches_per_micro_batch)
         return made(cls, fields, trusted)
@@ -179,7 +208,8 @@ class Batch:
         patches_per_micro_batch: int | None = None,
     ) -> Batch:
         """Build from samples grouped by micro-batch (``micro_batches[m]`` are micro-batch ``m``'s); with
-        ``with_media``, with their media (see ``from_arrays``)."""
+        ``with_media``, with their media (see ``from_arrays``); with the ``loss_spans`` column where a sample
+        names its targets (``LOSS_SPANS_KEY`` in its metadata)."""
         samples = [s for group in micro_batches for s in group]
         lengths = np.array([s.length for s in samples], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
@@ -198,6 +228,7 @@ class Batch:
             with_media=with_media,
             media=[s.media for s in samples],
             patches_per_micro_batch=patches_per_micro_batch,
+            loss_spans=[sample_bounds(s.metadata, s.length) for s in samples] if any_loss_spans(samples) else None,
         )
 
     @property
@@ -253,15 +284,39 @@ class Batch:
             return MediaTable.from_column(media_column([()] * self.num_samples))
         return MediaTable.from_column(self.records.column(MEDIA_FIELD.name))
 
+    @property
+    def with_loss_spans(self) -> bool:
+        """Whether the batch has the ``loss_spans`` column (without it, every token is a target)."""
+        return self.records.schema.get_field_index(LOSS_SPANS_FIELD.name) >= 0
+
+    def loss_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """int64 [samples + 1] and int32: row ``i``'s target bounds are ``bounds[offsets[i]:offsets[i + 1]]``
+        (``[0, length]`` each without the ``loss_spans`` column)."""
+        if not self.with_loss_spans:
+            lengths = self.lengths
+            bounds = np.stack([np.zeros_like(lengths), lengths], axis=1)[lengths > 0].ravel()
+            return np.concatenate([[0], np.cumsum(np.where(lengths > 0, 2, 0))]), bounds.astype(np.int32)
+        column = self.records.column(LOSS_SPANS_FIELD.name)
+        offsets = column.offsets.to_numpy().astype(np.int64)
+        return offsets - offsets[0], column.flatten().to_numpy(zero_copy_only=False)
+
+    def targets(self) -> np.ndarray | None:
+        """bool [total tokens]: whether each token is a target of the loss; None without the ``loss_spans``
+        column (every token is)."""
+        return target_mask(self.offsets, *self.loss_bounds()) if self.with_loss_spans else None
+
     def samples(self) -> list[Sample]:
-        """The rows as ``Sample`` objects (token arrays are views into the batch; media frames are copies)."""
+        """The rows as ``Sample`` objects (token arrays are views into the batch; media frames are copies; the
+        ``loss_spans`` of a batch with them as each sample's ``LOSS_SPANS_KEY``)."""
         tokens, offsets = self.tokens, self.offsets
         media = self.media if self.with_media else None
+        spans = self.loss_bounds() if self.with_loss_spans else None
         return [
             Sample(
                 sample_id,
                 source,
                 tokens[offsets[i] : offsets[i + 1]],
+                {} if spans is None else {LOSS_SPANS_KEY: format_loss_spans(spans[1][spans[0][i] : spans[0][i + 1]])},
                 media=media.row_items(i) if media is not None else (),
             )
             for i, (sample_id, source) in enumerate(zip(self.sample_ids, self.sources, strict=True))
@@ -284,6 +339,18 @@ def check_columns(records: pa.RecordBatch, expected_fields: pa.Schema) -> None:
     except pa.ArrowException as exc:
         msg = f"invalid Arrow data: {exc}"
         raise ValueError(msg) from exc
+
+
+def any_loss_spans(samples: Sequence[Sample]) -> bool:
+    """Whether some of ``samples`` name their targets (their batch then has the ``loss_spans`` column)."""
+    return any(LOSS_SPANS_KEY in s.metadata for s in samples)
+
+
+def _bounds_column(loss_spans: Sequence[np.ndarray]) -> pa.ListArray:
+    counts = np.fromiter((np.asarray(b).size for b in loss_spans), np.int64, len(loss_spans))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    flat = np.concatenate([np.zeros(0, np.int32), *loss_spans], dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, pa.int32()))
 
 
 def source_column(sources: Sequence[str] | pa.DictionaryArray) -> pa.DictionaryArray:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from topics.formats.packing import IGNORE_INDEX
+from topics.formats.loss_spans import IGNORE_INDEX, next_token_labels, target_mask
 
 
 def padded_length(length: int, cp: int) -> int:
@@ -45,17 +45,22 @@ def zigzag_positions(lengths: np.ndarray, cp: np.ndarray, rank: np.ndarray) -> t
     return np.where(late, (2 * c - 1 - r) * chunk + within - chunk, r * chunk + within), counts
 
 
-def slice_of(tokens: np.ndarray, cp: int, rank: int, pad: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def slice_of(
+    tokens: np.ndarray, cp: int, rank: int, pad: int = 0, loss_bounds: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rank ``rank``'s slice of a sample's ``tokens``: its tokens (``pad`` at padding), their labels (the next
-    token of the sample; ``IGNORE_INDEX`` at the sample's last token and at padding) and their positions."""
+    token of the sample where it is a target, by ``loss_bounds``, ``topics.formats.loss_spans``, every token
+    where None; ``IGNORE_INDEX`` otherwise, at the sample's last token and at padding) and their positions."""
     tokens = np.asarray(tokens)
     positions = slice_positions(tokens.size, cp, rank)
     inside = positions < tokens.size
     out = np.full(positions.size, pad, dtype=tokens.dtype)
     out[inside] = tokens[positions[inside]]
-    has_next = positions < tokens.size - 1
+    offsets = np.array([0, tokens.size])
+    targets = None if loss_bounds is None else target_mask(offsets, np.array([0, len(loss_bounds)]), loss_bounds)
+    whole = next_token_labels(tokens, offsets, targets)
     labels = np.full(positions.size, IGNORE_INDEX, dtype=np.int64)
-    labels[has_next] = tokens[positions[has_next] + 1]
+    labels[inside] = whole[positions[inside]]
     return out, labels, positions
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from topics.formats.batch import Batch
+from topics.formats.loss_spans import IGNORE_INDEX, next_token_labels
 
-IGNORE_INDEX = -100
-"""The label of a token whose next token belongs to another sample (PyTorch's cross-entropy default)."""
+__all__ = ["IGNORE_INDEX", "PackedMicroBatch", "pack_micro_batches"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,8 +19,9 @@ class PackedMicroBatch:
 
     ``token_ids`` int32 [T], a view into the batch; ``cu_seqlens`` int32 [k + 1], sample ``j`` is
     ``token_ids[cu_seqlens[j]:cu_seqlens[j + 1]]``; ``position_ids`` int32 [T], restarting at 0 at
-    every sample; ``labels`` int64 [T], the next token of the same sample and ``IGNORE_INDEX`` on each
-    sample's last token; ``max_seqlen`` the longest sample (0 when empty); ``sample_ids`` the k ids.
+    every sample; ``labels`` int64 [T], the next token of the same sample where that is a target of the loss
+    (the batch's ``loss_spans``; every token without them), ``IGNORE_INDEX`` elsewhere and on each sample's
+    last token; ``max_seqlen`` the longest sample (0 when empty); ``sample_ids`` the k ids.
     """
 
     token_ids: np.ndarray
@@ -39,9 +40,7 @@ def pack_micro_batches(batch: Batch) -> list[PackedMicroBatch]:
     first = np.searchsorted(batch.micro_batch, np.arange(batch.micro_batches + 1), side="left")
     positions = (np.arange(tokens.size, dtype=np.int64) - np.repeat(offsets[:-1], lengths)).astype(np.int32)
     # Samples never cross micro-batches, so one shifted copy serves every micro-batch.
-    labels = np.empty(tokens.size, np.int64)
-    labels[:-1] = tokens[1:]
-    labels[offsets[1:][lengths > 0] - 1] = IGNORE_INDEX
+    labels = next_token_labels(tokens, offsets, batch.targets())
     packed = []
     for m in range(batch.micro_batches):
         lo, hi = int(first[m]), int(first[m + 1])

@@ -25,6 +25,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from topics.errors import DecodeError
 from topics.formats.headers import Headers, find_header
+from topics.formats.loss_spans import LOSS_SPANS_KEY, parse_loss_spans
 from topics.formats.media import INT_FIELDS, MediaItem
 from topics.formats.sample import Sample
 
@@ -83,6 +84,12 @@ def _check_strings(sample: Sample) -> None:
         if not isinstance(key, str) or not isinstance(value, str):
             msg = f"sample {sample.sample_id!r}: metadata must map str to str, got {key!r}: {value!r}"
             raise ValueError(msg)
+    if LOSS_SPANS_KEY in sample.metadata:
+        try:
+            parse_loss_spans(sample.metadata[LOSS_SPANS_KEY], sample.length)
+        except ValueError as exc:
+            msg = f"sample {sample.sample_id!r}: {exc}"
+            raise ValueError(msg) from exc
 
 
 def _check_media(sample: Sample, length: int) -> None:
@@ -216,7 +223,13 @@ def _to_sample(record: dict[str, Any], error: Callable[[str], DecodeError]) -> S
         raise error(f"length field says {record['length']} tokens but tokens holds {length}")
     tokens = np.frombuffer(token_bytes, dtype="<i4").astype(np.int32, copy=False)
     media = tuple(_to_media_item(k, item, length, error) for k, item in enumerate(record["media"]))
-    return Sample(record["id"], record["source"], tokens, dict(record["metadata"] or {}), media)
+    metadata = dict(record["metadata"] or {})
+    if LOSS_SPANS_KEY in metadata:
+        try:
+            parse_loss_spans(metadata[LOSS_SPANS_KEY], length)
+        except ValueError as exc:
+            raise error(str(exc)) from exc
+    return Sample(record["id"], record["source"], tokens, metadata, media)
 
 
 def _to_media_item(k: int, record: dict[str, Any], length: int, error: Callable[[str], DecodeError]) -> MediaItem:

@@ -10,8 +10,10 @@ What it does for the user:
   ``DataCollatorWithFlattening`` makes it: ``input_ids``, ``labels`` and ``position_ids`` of shape
   ``[1, T]`` (int64), the samples concatenated, ``position_ids`` restarting at 0 at each sample (from which
   transformers' attention, SDPA and eager included, keeps samples apart), ``labels`` the input ids with
-  ``-100`` at each sample's first token (the model shifts them). With ``flash_attn_kwargs`` also
-  ``cu_seq_lens_q/k`` and ``max_length_q/k``. An empty micro-batch becomes one padding token without a label.
+  ``-100`` at each sample's first token and at tokens that are not targets of the loss (a conversation's user
+  turns and role prefixes, as transformers' chat-template training masks them; the model shifts them). With
+  ``flash_attn_kwargs`` also ``cu_seq_lens_q/k`` and ``max_length_q/k``. An empty micro-batch becomes one
+  padding token without a label.
   ``inputs["mixflow"]`` holds the micro-batch's ``step``, ``micro_batch``, ``sample_ids`` and
   ``padding_tokens``; ``training_step`` takes it out before the model sees the batch and keeps it as
   ``trainer.current_micro_batch``.
@@ -65,7 +67,7 @@ def padding_free_batch(micro_batch: MicroBatch, *, pad_token_id: int = 0, flash_
     input_ids = micro_batch["input_ids"].to(torch.int64)
     position_ids = micro_batch["position_ids"].to(torch.int64)
     cu_seqlens = micro_batch["cu_seqlens"].to(torch.int32)
-    # The sink's labels are the next tokens; transformers' models shift their labels themselves.
+    # The sink's labels are the next tokens (-100 where not a target); transformers' models shift them themselves.
     labels = torch.full_like(input_ids, -100)
     labels[1:] = micro_batch["labels"][:-1]
     if input_ids.numel() == 0:

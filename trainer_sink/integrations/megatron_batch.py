@@ -8,9 +8,9 @@ boundaries; ``attention_mask`` only when asked for (bool ``[1, 1, T, T]``, ``Tru
 attend, Megatron's convention), for attention without THD support (Megatron-Core's local
 ``DotProductAttention``); absent otherwise, which ``get_batch_on_this_tp_rank`` reads as ``None``.
 
-Labels are the next token of the same sample; where there is none (a sample's last token, padding) the
-label is ``pad_token_id`` and ``loss_mask`` is 0, as in Megatron's datasets (its vocab-parallel cross
-entropy takes no ignore index).
+Labels are the next token of the same sample; where there is none (a sample's last token, padding) or it
+is not a target of the loss (a conversation's user turn) the label is ``pad_token_id`` and ``loss_mask`` is 0,
+as in Megatron's datasets (its vocab-parallel cross entropy takes no ignore index).
 
 Padding, as Megatron's SFT dataset lays it out: with ``context_parallel`` ``cp > 1`` each sample is padded to
 a multiple of ``2 * cp`` tokens (positions go on counting, no loss), which Megatron-Core's THD split over

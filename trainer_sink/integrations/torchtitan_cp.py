@@ -19,7 +19,7 @@ The batch, each tensor ``[1, n]``:
 | ``block_documents`` | int32 [1, C x T] | per gathered token, its sample's index in the micro-batch; -1 at padding |
 | ``block_positions`` | int32 [1, C x T] | per gathered token, its position in its sample |
 | ``loss_tokens`` | int64 [1] | the step's tokens that take a loss, over every rank: the loss's divisor |
-| labels | int64 [1, T] | the next token in the sample; ``-100`` at a sample's last token and at padding |
+| labels | int64 [1, T] | the next token in the sample where a target; ``-100`` elsewhere, at sample ends and padding |
 
 ``MixflowCPTrainer`` takes ``block_documents``, ``block_positions`` and ``loss_tokens`` out before the model's
 ``forward`` (``cp_block_mask`` makes the mask of them).

@@ -15,7 +15,8 @@ What it does for the user:
   ``input_dict["input"]`` the samples' tokens concatenated, ``input_dict["positions"]`` restarting at 0 at
   each sample (torchtitan's ``Decoder`` builds its document masks from them, with Flex and varlen attention,
   the backends of its language models), ``labels`` the next token of the same sample and ``-100``
-  (torchtitan's ``IGNORE_INDEX``) on each sample's last token: all int64 of shape ``[1, T]``.
+  (torchtitan's ``IGNORE_INDEX``) on each sample's last token and where the next token is not a target of the
+  loss (a conversation's user turns): all int64 of shape ``[1, T]``.
   ``pad_to_multiple_of`` pads each to a multiple of that many tokens, which torchtitan's ``ChunkedLossWrapper``
   needs (a multiple of its ``num_chunks``, 8 by default); an empty micro-batch is one padding segment of that
   many tokens (one token by default) without labels. ``layout="padded"`` pads each to the

@@ -17,15 +17,18 @@ from pipeline.planning.step.assemble_cp import build_cp_batches
 from pipeline.planning.step.core import PlannedStep
 from pipeline.planning.step.pool import Candidate
 from pipeline.spec import JobSpec
-from topics.formats.batch import Batch
+from topics.formats.batch import Batch, any_loss_spans
 from topics.formats.cp_batch import CPBatch
+from topics.formats.loss_spans import sample_bounds
 from topics.formats.sample import Sample
 
 
 @dataclass(frozen=True)
 class BatchFormat:
     """What a job's batches carry besides tokens: the media column (a job with a multimodal source; then every
-    batch has it, empty or not) and the patch budget per micro-batch."""
+    batch has it, empty or not) and the patch budget per micro-batch. The ``loss_spans`` column is in every
+    batch of a job with media (whose conversations name their targets), and in any step where a sample names
+    them."""
 
     with_media: bool = False
     patches_per_micro_batch: int | None = None
@@ -111,6 +114,7 @@ def build_batches(
     """One batch per rank of ``plan`` (its shape and capacity) in ``batch_format``, holding the ``samples`` it
     places there, micro-batch by micro-batch in ``rank_order``; ``lengths`` are the samples' token counts."""
     with_media = batch_format.with_media
+    with_spans = with_media or any_loss_spans(samples)
     orders = rank_orders(plan)
     # Each source name once, and each sample's index into them: a rank's source column is built from these.
     names: dict[str, int] = {}
@@ -138,6 +142,9 @@ def build_batches(
                 with_media=with_media,
                 media=[samples[i].media for i in picked] if with_media else None,
                 patches_per_micro_batch=batch_format.patches_per_micro_batch,
+                loss_spans=[sample_bounds(samples[i].metadata, len(samples[i].tokens)) for i in picked]
+                if with_spans
+                else None,
                 trusted=True,  # the plan places at most capacity tokens a micro-batch, in micro-batch order
             )
         )

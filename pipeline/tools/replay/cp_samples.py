@@ -19,6 +19,7 @@ import numpy as np
 from topics.errors import MixflowError
 from topics.formats.cp_batch import CPBatch
 from topics.formats.cp_slices import IGNORE_INDEX, reassemble
+from topics.formats.loss_spans import LOSS_SPANS_KEY, bounds_from_labels, format_loss_spans
 from topics.formats.sample import Sample
 
 
@@ -93,7 +94,8 @@ def read_step(batches: Sequence[CPBatch]) -> StepSamples:
 
 
 def _whole(step: int, sample_id: str, pieces: _Pieces) -> Sample:
-    """The sample of ``pieces``, checked to be every slice of its block, labelled with its next tokens."""
+    """The sample of ``pieces``, checked to be every slice of its block, labelled with its next tokens where
+    they are targets (which it names as its ``LOSS_SPANS_KEY`` where not every one is)."""
     if len(pieces.slices) != pieces.size:
         missing = sorted(set(range(pieces.size)) - pieces.slices.keys())
         msg = (
@@ -104,7 +106,9 @@ def _whole(step: int, sample_id: str, pieces: _Pieces) -> Sample:
     ordered = [pieces.slices[place] for place in range(pieces.size)]
     whole = reassemble([tokens for tokens, _ in ordered], pieces.length)
     labels = reassemble([labels for _, labels in ordered], pieces.length)
-    if (labels[:-1] != whole[1:]).any() or labels[-1] != IGNORE_INDEX:
+    ignored = labels[:-1] == IGNORE_INDEX
+    if ((labels[:-1] != whole[1:]) & ~ignored).any() or labels[-1] != IGNORE_INDEX:
         msg = f"step {step}: sample {sample_id}'s labels are not its next tokens"
         raise SlicesError(msg)
-    return Sample(sample_id, pieces.source, whole)
+    metadata = {LOSS_SPANS_KEY: format_loss_spans(bounds_from_labels(labels))} if ignored.any() else {}
+    return Sample(sample_id, pieces.source, whole, metadata)
