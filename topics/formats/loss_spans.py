@@ -94,7 +94,7 @@ def target_mask(offsets: np.ndarray, bound_offsets: np.ndarray, bounds: np.ndarr
     """bool [offsets[-1]]: whether each token of the samples laid end to end (sample ``i`` at
     ``offsets[i]:offsets[i + 1]``) is a target, by each sample's bounds."""
     total = int(offsets[-1])
-    counts = np.diff(np.asarray(bound_offsets, np.int64)) // 2
+    counts = np.diff(np.asarray(bound_offsets, np.int64)).astype(np.int64) // 2
     base = np.repeat(np.asarray(offsets[:-1], np.int64), counts)
     bounds = np.asarray(bounds, np.int64)
     # +1 where a range starts, -1 where it ends: the running sum is 1 inside a range, 0 outside.
