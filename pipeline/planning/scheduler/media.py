@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.planning.scheduler.plan import TRADE_TRIES, StepPlan, plan_step
+from pipeline.planning.scheduler.plan import StepPlan, plan_step
 from pipeline.planning.shape import StepShape
 from pipeline.spec.cost import CostModel
 
@@ -18,15 +18,13 @@ def plan_with_media(
     patches: np.ndarray | None,
     encoder_costs: np.ndarray | None,
     even_encoder: bool = True,
-    trade_tries: int = TRADE_TRIES,
 ) -> StepPlan:
     """The plan of a step of ``shape`` whose candidates have ``patches`` and ``encoder_costs`` (None: text).
 
     A step without patches under a patch budget and without encoder costs is planned as text, bit for bit.
     Otherwise each sample costs its LLM cost plus its encoder cost, every micro-batch keeps both
     capacities, ``start`` loses the newest samples with patches of any micro-batch over the budget
-    (``within_patch_capacity``), and with ``even_encoder`` the encoder's part is evened out too
-    (``trade_tries``: ``plan_step``'s)."""
+    (``within_patch_capacity``), and with ``even_encoder`` the encoder's part is evened out too."""
     ranks, micro_batches, patch_capacity = shape.ranks, shape.micro_batches, shape.patches_per_micro_batch
     args = (lengths, ranks, micro_batches, shape.tokens_per_micro_batch, cost_model)
     if patches is None or encoder_costs is None or not planned_with_media(patches, encoder_costs, patch_capacity):
@@ -40,7 +38,6 @@ def plan_with_media(
         patches=patches,
         patch_capacity=patch_capacity,
         encoder_costs=encoder_costs if even_encoder else None,
-        trade_tries=trade_tries,
     )
 
 

@@ -16,7 +16,6 @@ from pipeline.planning.scheduler._kernels.state import (
     step_inputs,
 )
 from pipeline.planning.scheduler._kernels.step import plan_kernel
-from pipeline.planning.scheduler._kernels.trades import TRADE_TRIES
 from pipeline.spec.cost import DEFAULT_COST_MODEL, CostModel
 
 # Samples move off the costliest ranks while they are more than this far above the lower bound.
@@ -129,7 +128,6 @@ def plan_step(
     patches: np.ndarray | None = None,
     patch_capacity: int = 0,
     encoder_costs: np.ndarray | None = None,
-    trade_tries: int = TRADE_TRIES,
 ) -> StepPlan:
     """Plan one global step over ``ranks`` data-parallel ranks of ``micro_batches`` micro-batches,
     each holding at most ``capacity`` tokens (and at most ``patch_capacity`` vision patches, where > 0).
@@ -162,12 +160,11 @@ def plan_step(
     newer placed sample that is at least as long and has at least as many patches. ``start`` must keep
     both capacities. Last, placed samples trade places between ranks where full micro-batches leave no
     room to move them, and ``encoder_costs`` (the vision encoder's part of ``costs``, where given) is
-    evened out over the ranks as far as that lifts no rank above the costliest (``_kernels/trades.py``; a
-    pass gives up on a rank when none of ``trade_tries`` partners can trade with it). Without
+    evened out over the ranks as far as that lifts no rank above the costliest (``_kernels/trades.py``). Without
     them (text) the plan is the one described above, bit for bit.
     """
     return _plan(lengths, ranks, micro_batches, capacity, cost_model, None, tolerance, start, costs, patches,
-                 patch_capacity, encoder_costs, trade_tries)  # fmt: skip
+                 patch_capacity, encoder_costs)  # fmt: skip
 
 
 def plan_step_on(
@@ -183,7 +180,7 @@ def plan_step_on(
     """``plan_step`` (text) of a step that holds ``base`` before its candidates: each rank's cost
     ``base.rank_cost`` and each micro-batch's tokens ``base.tokens`` (a micro-batch it fills takes none of
     them), such as the context-parallel blocks ``plan_cp_step`` placed first."""
-    return _plan(lengths, ranks, micro_batches, capacity, cost_model, base, tolerance, None, None, None, 0, None, 0)
+    return _plan(lengths, ranks, micro_batches, capacity, cost_model, base, tolerance, None, None, None, 0, None)
 
 
 def _plan(
@@ -199,7 +196,6 @@ def _plan(
     patches: np.ndarray | None,
     patch_capacity: int,
     encoder_costs: np.ndarray | None,
-    trade_tries: int,
 ) -> StepPlan:
     lengths, ranks, micro_batches, capacity = check_step(lengths, ranks, micro_batches, capacity)
     if not isinstance(tolerance, float | int) or not 0 <= tolerance < 1:
@@ -210,7 +206,7 @@ def _plan(
     start = _check_start(start, samples, grid)
     scratch = np.empty(lengths.size, at_dtype(ranks, micro_batches))
     base = empty_base(ranks, micro_batches) if base is None else base
-    rank, micro = plan_kernel(samples, grid, float(tolerance), scratch, start, base, int(trade_tries))
+    rank, micro = plan_kernel(samples, grid, float(tolerance), scratch, start, base)
     return StepPlan(rank, micro, ranks, micro_batches, capacity, int(patch_capacity))
 
 

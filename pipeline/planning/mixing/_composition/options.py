@@ -74,8 +74,6 @@ PACK_BELOW = 0.97
 """Where the best option scores below this, options whose holes are packed with window samples compete."""
 PACK_AHEAD = 1.0
 """Micro-batches of tokens a packed option may take from a source beyond its allowance."""
-SCORE_TRADE_TRIES = 32
-"""Partner ranks a trade pass tries for one rank in the plan that scores a multimodal option."""
 
 
 def compose_takes(
@@ -336,7 +334,7 @@ def score(
         balance = _balance(plan.rank_costs(lengths, cost_model))
     else:
         patches, encoder, even = media
-        plan = plan_with_media(lengths, shape, cost_model, start, patches, encoder, even, SCORE_TRADE_TRIES)
+        plan = plan_with_media(lengths, shape, cost_model, start, patches, encoder, even)
         balance = _balance(plan.rank_totals(cost_model.costs(lengths) + encoder))
         if even:
             balance *= _balance(plan.rank_totals(encoder))

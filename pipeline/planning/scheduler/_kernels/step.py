@@ -168,17 +168,11 @@ def _held_back(lengths: np.ndarray, cands: Candidates, lpt: Placement, grid: Gri
 
 @kernel
 def plan_kernel(
-    samples: Samples,
-    grid: Grid,
-    tolerance: float,
-    at: np.ndarray,
-    start: np.ndarray,
-    base: Placement,
-    trade_tries: int,
+    samples: Samples, grid: Grid, tolerance: float, at: np.ndarray, start: np.ndarray, base: Placement
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rank and micro-batch of every sample (int32, -1 when deferred). ``samples`` are checked already (their
     costs ``CostModel.costs`` or the caller's); ``at`` is scratch for ``lpt_kernel``; ``start`` a checked
-    placement to start from (step 5), or empty; ``trade_tries``: partners a trade pass tries (step 7)."""
+    placement to start from (step 5), or empty."""
     cands, plan = lpt_kernel(samples, grid, at, base)
     lpt_whole = (plan.at >= 0).all()
     held = _held_back(samples.lengths, cands, plan, grid)  # from LPT's plan, before the repair below changes it
@@ -198,5 +192,5 @@ def plan_kernel(
         target = (1.0 + tolerance) * plan.rank_cost.max() / ratio
         move_from_costliest(cands, plan, grid, target, 4 * grid.ranks + 64)
     if grid.patch_capacity > 0:
-        trade_places(cands, plan, grid, tolerance, trade_tries)
+        trade_places(cands, plan, grid, tolerance)
     return by_index(samples.lengths.shape[0], cands.order, plan.at, grid.shift)

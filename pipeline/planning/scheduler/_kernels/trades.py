@@ -18,11 +18,12 @@ room under the encoder's maximum), then the total's, then the encoder's again. W
 encoder part are even, so is the LLM's. Without encoder costs, only the total's pass runs.
 
 **The pair search.** A pair trades only where its difference of value lies within the ranks' gap, and
-few do: each rank's samples are kept sorted by the pass's value (``ByValue``), so the partners of a sample
-are a window of that order (found by bisection, with the test the pair's score makes) rather than every
-sample of the partner rank; a sample fits the partner's rank only where the one it replaces is about as
-long (to within the most room of a micro-batch there), which is tested next, before the cost caps and the
-micro-batches. The same pair as a test of every pair, at the cost of those within the gap.
+where each sample fits the other's rank: about as long as the one it replaces, to within the most room of a
+micro-batch there, and likewise in patches. Each rank's samples are kept sorted by the pass's value
+(``ByValue``), so a sample's partners within the gap are a window of the partner rank's order, which only
+moves one way as the rank's own samples are taken by rising value; within it the sizes are tested first,
+then the caps and the micro-batches. At 256 ranks about one pair in four lies within the gap and a few in a
+hundred of those have the sizes to fit. The answer is the pair a test of every pair in member order finds.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import MinTree, new_min_tree, set_key
 from pipeline.planning.scheduler._kernels.state import Candidates, Grid, Placement, flat_slot, move_tokens
 
-TRADE_TRIES = 32
-"""Partner ranks a trade pass tries for one rank before giving up on it (``trade_places``' ``tries``)."""
+# Partner ranks tried for one rank before giving up on it.
+_TRADE_TRIES = 32
 # The first pass over the encoder's part stops this far above its lower bound: the total's pass after it
 # needs room under the encoder's maximum to trade, and the last encoder pass gets nearer.
 FIRST_ENCODER_TOLERANCE = 0.01
@@ -156,32 +157,6 @@ def _most_room(plan: Placement, grid: Grid, r: int) -> tuple[int, int]:
     return tokens, patches
 
 
-@kernel(inline="always")
-def _first_below(index: ByValue, lo: int, hi: int, value_i: float, bound: float) -> int:
-    """The first position of ``index.value[lo:hi]`` (ascending) whose difference from ``value_i`` is below
-    ``bound`` (the differences fall along it)."""
-    while lo < hi:
-        middle = (lo + hi) // 2
-        if value_i - index.value[middle] < bound:
-            hi = middle
-        else:
-            lo = middle + 1
-    return lo
-
-
-@kernel(inline="always")
-def _first_at_most(index: ByValue, lo: int, hi: int, value_i: float, bound: float) -> int:
-    """The first position of ``index.value[lo:hi]`` (ascending) whose difference from ``value_i`` is at most
-    ``bound``."""
-    while lo < hi:
-        middle = (lo + hi) // 2
-        if value_i - index.value[middle] <= bound:
-            hi = middle
-        else:
-            lo = middle + 1
-    return lo
-
-
 @kernel
 def _nearest_pair(
     cands: Candidates,
@@ -205,11 +180,16 @@ def _nearest_pair(
     lo_b, hi_b = held.begin[b], held.begin[b + 1]
     best_i, best_j, best_score, best_x, best_y = -1, -1, 0.0, -1, -1
     best_to = (-1, -1)
-    for x in range(held.begin[a], held.begin[a + 1]):
+    first, last = lo_b, lo_b  # b's window, which only moves right as a's samples go by rising value
+    for u in range(held.begin[a], held.begin[a + 1]):
+        x = index.at[u]
         i = held.member[x]
-        length_i, patches_i, value_i = np.int64(cands.length[i]), cands.patches[i], balance.value[i]
-        first = _first_below(index, lo_b, hi_b, value_i, gap)
-        last = _first_at_most(index, first, hi_b, value_i, 0.0)
+        length_i, patches_i, value_i = np.int64(cands.length[i]), cands.patches[i], index.value[u]
+        while first < hi_b and value_i - index.value[first] >= gap:
+            first += 1
+        last = max(last, first)
+        while last < hi_b and value_i - index.value[last] > 0.0:
+            last += 1
         for t in range(first, last):
             y = index.at[t]
             j = held.member[y]
@@ -218,11 +198,9 @@ def _nearest_pair(
                 continue
             if patches_i - patches_j > room_b[1] or patches_j - patches_i > room_a[1]:
                 continue
-            d = value_i - balance.value[j]
-            if d <= 0.0 or d >= gap:
-                continue
+            d = value_i - index.value[t]
             score = min(d, gap - d)
-            if score < best_score or (score == best_score and (x != best_x or y > best_y)):
+            if score < best_score or (score == best_score and (x > best_x or (x == best_x and y > best_y))):
                 continue
             shift = balance.other_value[i] - balance.other_value[j]
             if balance.other[a] - shift > balance.cap or balance.other[b] + shift > balance.cap:
@@ -322,10 +300,9 @@ def even_out(
 
 
 @kernel
-def trade_places(cands: Candidates, plan: Placement, grid: Grid, tolerance: float, tries: int) -> None:
+def trade_places(cands: Candidates, plan: Placement, grid: Grid, tolerance: float) -> None:
     """The passes (see the module docstring), each until its rank of most load is within ``tolerance`` of its
-    lower bound (mean over ranks, or the largest sample's), or no exchange helps (with any of ``tries``
-    partners). In place."""
+    lower bound (mean over ranks, or the largest sample's), or no exchange helps. In place."""
     members = members_of(plan, grid)
     n = plan.at.shape[0]
     has_encoder = cands.encoder.shape[0] > 0
@@ -338,7 +315,7 @@ def trade_places(cands: Candidates, plan: Placement, grid: Grid, tolerance: floa
             largest, largest_encoder = max(largest, cands.cost[k]), max(largest_encoder, sample_encoder[k])
     total_target = (1 + tolerance) * max(total.sum() / grid.ranks, largest)
     encoder_bound = max(encoder.sum() / grid.ranks, largest_encoder)
-    limits = (4 * grid.ranks + 64, tries)
+    limits = (4 * grid.ranks + 64, _TRADE_TRIES)
     if has_encoder:
         by_encoder = Pass(encoder, sample_encoder, total, cands.cost, total.max())
         first_target = (1 + max(tolerance, FIRST_ENCODER_TOLERANCE)) * encoder_bound
