@@ -1,13 +1,16 @@
 """Balance of multimodal steps: naive per-rank loading against the step core, LLM and vision encoder apart.
 
     .venv/bin/python -m benchmarks.multimodal_balance_bench [--quick] [--steps N] [--seeds N] [--markdown]
+        [--ranks R] [--stream mixed|vlm] [--methods naive,in-order,composed,...]
 
 A stream of text, images and short clips, as a Qwen2-VL loader makes them: an image of H x W pixels (each
 side 256..1280, drawn apart) is smart-resized (sides multiples of 28, at most 1,003,520 pixels, patch 14,
 merge 2) to a grid of h x w patches and h * w / 4 placeholder tokens; a clip of 4..16 frames (256..640 px
 sides) to t x h x w patches (t = frames / 2). A sample's tokens are its text and, per item, its placeholders
-and two vision marker tokens. A step is R = 8 ranks of M micro-batches of C tokens and at most P patches
-each (both capacities bind: see the fills).
+and two vision marker tokens. A step is R = 8 ranks (``--ranks``) of M micro-batches of C tokens and at most P
+patches each (both capacities bind: see the fills). ``--stream vlm`` is a VLM team's stream instead: 55%
+captioned images of 0.8-0.9 megapixels (short captions), 15% interleaved documents of 2-5 such images, 10% clips
+of 2-8 frames pairs (360-720 x 480-1280 px), 20% text.
 
 Costs are the FLOP models of both halves (forward FLOPs; the backward pass scales both alike): the LLM a
 3584-hidden, 28-layer causal transformer (``CostModel.from_transformer(3584, 28)``: 24 h^2 n per token,
@@ -57,6 +60,8 @@ VISION = VisionCostModel.from_vit(1280, 32)
 PATCH, MERGE, MAX_PIXELS, MIN_PIXELS = 14, 2, 1003520, 56 * 56
 # Micro-batches M of C tokens and P patches: 128k or 32k tokens a rank.
 SHAPES = {"16 x 8k": (16, 8192, 16384), "4 x 8k": (4, 8192, 16384), "1 x 32k": (1, 32768, 65536)}
+VLM_SHAPE = {"4 x 8k / 32k patches": (4, 8192, 32768)}  # a VLM job's step: an image of 0.85 MP is 4,300 patches
+"""Not in the default run; ``--contexts "4 x 8k / 32k patches"``."""
 
 
 def smart_resize(height: int, width: int, factor: int = PATCH * MERGE) -> tuple[int, int]:
@@ -81,6 +86,15 @@ class Stream:
     kinds: np.ndarray  # 0 text, 1 images, 2 clip
 
 
+def _stream(lengths: list[int], patches: list[int], items: list[int], counts: list[int], kinds: list[int]) -> Stream:
+    encoder = VISION.sample_costs(np.array(items, np.int64), np.array(counts))
+    return Stream(np.array(lengths), np.array(patches), encoder, np.array(kinds))
+
+
+def _placeholders(patches: list[int]) -> int:
+    return sum(p // MERGE**2 + 2 for p in patches)
+
+
 def _item_patches(rng: np.random.Generator, clip: bool) -> int:
     sides = rng.integers(256, 641 if clip else 1281, 2)
     h, w = smart_resize(int(sides[0]), int(sides[1]))
@@ -97,20 +111,55 @@ def make_stream(rng: np.random.Generator, count: int, capacity: int, patch_capac
         mine: list[int] = []
         for _ in range(n_items):
             item = _item_patches(rng, kind == 2)
-            tokens = text + sum(p // MERGE**2 + 2 for p in [*mine, item])
-            if tokens <= capacity and sum(mine) + item <= patch_capacity:
+            if text + _placeholders([*mine, item]) <= capacity and sum(mine) + item <= patch_capacity:
                 mine.append(item)
-        lengths.append(text + sum(p // MERGE**2 + 2 for p in mine))
+        lengths.append(text + _placeholders(mine))
         patches.append(sum(mine))
         items += mine
         counts.append(len(mine))
         kinds.append(kind if mine else 0)
-    encoder = VISION.sample_costs(np.array(items, np.int64), np.array(counts))
-    return Stream(np.array(lengths), np.array(patches), encoder, np.array(kinds))
+    return _stream(lengths, patches, items, counts, kinds)
+
+
+def _vlm_item(rng: np.random.Generator, clip: bool) -> int:
+    if clip:
+        h, w = smart_resize(int(rng.integers(360, 721)), int(rng.integers(480, 1281)))
+        return int(rng.integers(2, 9)) * (h // PATCH) * (w // PATCH)
+    pixels, aspect = rng.uniform(0.8e6, 0.9e6), rng.uniform(0.6, 1.7)
+    h, w = smart_resize(int(math.sqrt(pixels / aspect)), int(math.sqrt(pixels * aspect)))
+    return (h // PATCH) * (w // PATCH)
+
+
+def make_vlm_stream(rng: np.random.Generator, count: int, capacity: int, patch_capacity: int) -> Stream:
+    """``count`` samples of a VLM team's stream (``--stream vlm``)."""
+    lengths, patches, items, counts, kinds = [], [], [], [], []
+    for kind in rng.choice(4, count, p=[0.55, 0.15, 0.1, 0.2]).tolist():  # caption, interleaved, clip, text
+        if kind == 3:
+            lengths.append(int(np.clip(rng.lognormal(math.log(700), 1.0), 1, capacity)))
+            patches.append(0)
+            counts.append(0)
+            kinds.append(0)
+            continue
+        text = int(np.clip(rng.lognormal(math.log(40 if kind == 0 else 400), 0.6), 1, capacity))
+        mine: list[int] = []
+        for _ in range(int(rng.integers(2, 6)) if kind == 1 else 1):
+            item = _vlm_item(rng, kind == 2)
+            if text + _placeholders([*mine, item]) <= capacity and sum(mine) + item <= patch_capacity:
+                mine.append(item)
+        lengths.append(text + _placeholders(mine))
+        patches.append(sum(mine))
+        items += mine
+        counts.append(len(mine))
+        kinds.append((2 if kind == 2 else 1) if mine else 0)
+    return _stream(lengths, patches, items, counts, kinds)
+
+
+STREAMS = {"mixed": make_stream, "vlm": make_vlm_stream}
 
 
 @dataclass
 class Result:
+    ranks: int = RANKS
     ratios: dict[str, list[float]] = field(default_factory=lambda: {"llm": [], "encoder": [], "total": []})
     tokens: int = 0
     patches: int = 0
@@ -119,8 +168,8 @@ class Result:
     seconds: float = 0.0  # the step core's, over the steps measured
 
     def add(self, stream: Stream, ids: np.ndarray, rank: np.ndarray) -> None:
-        llm = np.bincount(rank, weights=LLM.costs(stream.lengths[ids]), minlength=RANKS)
-        encoder = np.bincount(rank, weights=stream.encoder[ids], minlength=RANKS)
+        llm = np.bincount(rank, weights=LLM.costs(stream.lengths[ids]), minlength=self.ranks)
+        encoder = np.bincount(rank, weights=stream.encoder[ids], minlength=self.ranks)
         for name, costs in (("llm", llm), ("encoder", encoder), ("total", llm + encoder)):
             self.ratios[name].append(float(costs.max() / costs.mean()) if costs.mean() > 0 else 1.0)
         self.tokens += int(stream.lengths[ids].sum())
@@ -131,14 +180,14 @@ class Result:
         return statistics.median(self.ratios[name])
 
 
-def naive(stream: Stream, shape: tuple[int, int, int], steps: int, warm_up: int) -> Result:
+def naive(stream: Stream, shape: tuple[int, int, int], steps: int, warm_up: int, ranks: int = RANKS) -> Result:
     micro_batches, capacity, patch_capacity = shape
-    result = Result()
-    shards = [np.arange(r, len(stream.lengths), RANKS) for r in range(RANKS)]
-    heads = [0] * RANKS
+    result = Result(ranks)
+    shards = [np.arange(r, len(stream.lengths), ranks) for r in range(ranks)]
+    heads = [0] * ranks
     for step in range(warm_up + steps):
-        ids, ranks = [], []
-        for r in range(RANKS):
+        ids, owners = [], []
+        for r in range(ranks):
             tokens, patches, shard = [0] * micro_batches, [0] * micro_batches, shards[r]
             while heads[r] < len(shard):
                 i = int(shard[heads[r]])
@@ -150,19 +199,25 @@ def naive(stream: Stream, shape: tuple[int, int, int], steps: int, warm_up: int)
                 tokens[slot] += length
                 patches[slot] += patch
                 ids.append(i)
-                ranks.append(r)
+                owners.append(r)
                 heads[r] += 1
         if step >= warm_up:
-            result.add(stream, np.array(ids, np.int64), np.array(ranks, np.int64))
+            result.add(stream, np.array(ids, np.int64), np.array(owners, np.int64))
     return result
 
 
 def mixflow(
-    stream: Stream, shape: tuple[int, int, int], steps: int, warm_up: int, composed: bool, even_encoder: bool = True
+    stream: Stream,
+    shape: tuple[int, int, int],
+    steps: int,
+    warm_up: int,
+    composed: bool,
+    even_encoder: bool = True,
+    ranks: int = RANKS,
 ) -> Result:
     """Steps by the constructor's step core over a FIFO of sample ids, the deferred ids first next time."""
-    step_shape = StepShape(RANKS, *shape)
-    result = Result()
+    step_shape = StepShape(ranks, *shape)
+    result = Result(ranks)
     budget = step_budget(step_shape.tokens_per_step)
     composition = Composition(step_shape, LLM, DEFAULT_WINDOW, DEFAULT_DUE) if composed else None
     mixer = Mixer(Schedule(["stream"], [0], [[1.0]]), budget, composition=composition)
@@ -200,24 +255,28 @@ def mixflow(
     return result
 
 
-def run(context: str, seeds: int, steps: int, warm_up: int) -> list[dict[str, object]]:
-    shape = SHAPES[context]
+def run(
+    context: str, seeds: int, steps: int, warm_up: int, ranks: int = RANKS, stream_kind: str = "mixed",
+    methods: tuple[str, ...] | None = None,
+) -> list[dict[str, object]]:  # fmt: skip
+    shape = {**SHAPES, **VLM_SHAPE}[context]
     micro_batches, capacity, patch_capacity = shape
-    methods: dict[str, Callable[[Stream], Result]] = {
-        "naive": lambda stream: naive(stream, shape, steps, warm_up),
-        "in-order, total only": lambda stream: mixflow(stream, shape, steps, warm_up, False, even_encoder=False),
-        "in-order": lambda stream: mixflow(stream, shape, steps, warm_up, composed=False),
-        "composed, total only": lambda stream: mixflow(stream, shape, steps, warm_up, True, even_encoder=False),
-        "composed": lambda stream: mixflow(stream, shape, steps, warm_up, composed=True),
+    every: dict[str, Callable[[Stream], Result]] = {
+        "naive": lambda stream: naive(stream, shape, steps, warm_up, ranks),
+        "in-order, total only": lambda stream: mixflow(stream, shape, steps, warm_up, False, False, ranks),
+        "in-order": lambda stream: mixflow(stream, shape, steps, warm_up, False, True, ranks),
+        "composed, total only": lambda stream: mixflow(stream, shape, steps, warm_up, True, False, ranks),
+        "composed": lambda stream: mixflow(stream, shape, steps, warm_up, True, True, ranks),
     }
-    per_method: dict[str, list[tuple[Result, Stream]]] = {name: [] for name in methods}
+    chosen = {name: method for name, method in every.items() if methods is None or name in methods}
+    per_method: dict[str, list[tuple[Result, Stream]]] = {name: [] for name in chosen}
     for seed in range(seeds):
-        count = int((steps + warm_up + DEFAULT_WINDOW + 4) * RANKS * micro_batches * capacity / 700 * 1.3)
-        stream = make_stream(np.random.default_rng([seed, capacity]), count, capacity, patch_capacity)
-        for name, method in methods.items():
+        count = int((steps + warm_up + DEFAULT_WINDOW + 4) * ranks * micro_batches * capacity / 700 * 1.3)
+        stream = STREAMS[stream_kind](np.random.default_rng([seed, capacity]), count, capacity, patch_capacity)
+        for name, method in chosen.items():
             per_method[name].append((method(stream), stream))
     rows = []
-    slots = RANKS * micro_batches
+    slots = ranks * micro_batches
     for method, results in per_method.items():
 
         def median(value: Callable[[Result], float], results: list[tuple[Result, Stream]] = results) -> float:
@@ -247,15 +306,21 @@ def main() -> None:
     parser.add_argument("--warm-up", type=int, default=12, help="steps run before measuring")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--contexts", default=",".join(SHAPES))
+    parser.add_argument("--ranks", type=int, default=RANKS)
+    parser.add_argument("--stream", choices=sorted(STREAMS), default="mixed")
+    parser.add_argument("--methods", default=None, help="comma-separated methods (default: all)")
     add_markdown_flag(parser)
     args = parser.parse_args()
     contexts, steps, seeds, warm_up = args.contexts.split(","), args.steps, args.seeds, args.warm_up
     if args.quick:
         contexts, steps, seeds, warm_up = ["4 x 8k"], 8, 1, 4
     plan_step(np.arange(1, 100, dtype=np.int64), 4, 2, 1000)  # compile (or load) the kernels first
-    rows = [row for context in contexts for row in run(context, seeds, steps, warm_up)]
+    methods = tuple(args.methods.split(",")) if args.methods else None
+    rows = [row for c in contexts for row in run(c, seeds, steps, warm_up, args.ranks, args.stream, methods)]
     print_table(list(rows[0]), [list(row.values()) for row in rows], markdown=args.markdown)
-    print(f"R = {RANKS}; {steps} steps after {warm_up} of warm-up, median of {seeds} seed(s).")
+    print(
+        f"R = {args.ranks}, stream {args.stream}; {steps} steps after {warm_up} of warm-up, median of {seeds} seed(s)."
+    )
     for row in rows:
         if row["method"] in ("in-order", "composed"):
             for part in ("LLM", "encoder"):
