@@ -210,6 +210,17 @@ def test_multimodal_balance_simulator_smoke() -> None:
     assert "target met: 4 x 8k composed: median max/mean encoder <= 1.05" in result.stdout
 
 
+def test_multimodal_balance_simulator_runs_a_vlm_stream_at_other_ranks() -> None:
+    command = [sys.executable, "-m", "benchmarks.multimodal_balance_bench", "--ranks", "3", "--stream", "vlm"]
+    command += ["--contexts", "4 x 8k / 32k patches", "--methods", "naive,composed", "--steps", "3", "--warm-up", "1"]
+    command += ["--seeds", "1", "--markdown"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| 4 x 8k / 32k patches")]
+    assert [row.split("|")[3].strip() for row in rows] == ["naive", "composed"], result.stdout
+    assert "R = 3, stream vlm" in result.stdout
+
+
 @settings(deadline=None, max_examples=20)
 @given(st.sampled_from(["text", "image-heavy", "mixed"]), st.integers(0, 2**16))
 def test_composition_scores_its_options_with_the_plan_the_step_gets(family: str, seed: int) -> None:
