@@ -5,7 +5,7 @@ mesh, on CPU (gloo):
 
 The job's spec sets ``step.context_parallel`` (``examples/long_context.yaml``), so the constructor decides every
 step which long samples span a block of ranks, and each rank's topic ``<job>.rank.<r>`` holds only its slices
-(format version 2). Each rank reads its own topic through ``trainer_sink.KafkaBatchDataset`` and runs its
+(format version 3). Each rank reads its own topic through ``trainer_sink.KafkaBatchDataset`` and runs its
 micro-batches of a step in order; a micro-batch of a block of ``c > 1`` ranks all-gathers the block's keys and
 values in each layer (``cp_attention``), one of ``c == 1`` runs alone. Loss: each token's cross-entropy divided by
 the step's loss tokens over every rank (``loss_tokens``); at the step's end every rank all-reduces (sums) its

@@ -58,7 +58,7 @@ def step_samples(batches: Sequence[CPBatch]) -> list[Sample]:
 
 
 def checked(batches: Sequence[CPBatch]) -> list[CPBatch]:
-    """``batches`` encoded and read back: version 2's checks run on every one (layout, capacity, positions)."""
+    """``batches`` encoded and read back: version 3's checks run on every one (layout, capacity, positions)."""
     out = []
     for batch in batches:
         _, value, headers = encode_batch(batch)

@@ -1,4 +1,4 @@
-"""Context-parallel batches (format version 2): built from a plan, through the codec and back, every sample comes
+"""Context-parallel batches (format version 3): built from a plan, through the codec and back, every sample comes
 back exactly from the slices of its block; a version-1 reader refuses them; broken layouts are refused."""
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def _one_batch(**changes: object) -> CPBatch:
 
 def test_a_version_1_reader_refuses_a_context_parallel_batch() -> None:
     _key, value, headers = encode_batch(_one_batch())
-    assert dict(headers)["mixflow.batch.version"] == b"2"
+    assert dict(headers)["mixflow.batch.version"] == b"3"
     with pytest.raises(DecodeError, match=r"this reader knows 1 .*context-parallel"):
         decode_batch(value, headers)
     with pytest.raises(DecodeError, match=r"this reader knows 1 .*context-parallel"):

@@ -175,7 +175,7 @@ def test_a_spec_without_context_parallelism_is_refused_on_the_job(
     for command in (["report", "--out", str(tmp_path / "r")], ["top", "--once"]):
         result = mixflow(command[0], "--spec", str(plain), *command[1:], code=2)
         assert result.stderr.count("\n") == 1, result.stderr
-        assert "holds a context-parallel batch (format version 2) but the spec has no step.context_parallel" in (
+        assert "holds a context-parallel batch (format version 2 or 3) but the spec has no step.context_parallel" in (
             result.stderr
         ), result.stderr
 

@@ -19,12 +19,15 @@ import pyarrow as pa
 from topics.errors import DecodeError
 from topics.formats.batch import Batch
 from topics.formats.cp_batch import CPBatch
+from topics.formats.cp_wire import from_wire, to_wire
 from topics.formats.headers import Headers, decimal, find_header, parse_decimal
 
 BATCH_FORMAT_VERSION = 1
 """Bump on any change that a reader of the previous version would misread; see FORMAT.md."""
-CP_BATCH_FORMAT_VERSION = 2
-"""The batches of a context-parallel job (``CPBatch``): slices, labels and positions; see FORMAT.md."""
+CP_BATCH_FORMAT_VERSION = 3
+"""The batches of a context-parallel job (``CPBatch``): slices and what their labels need (``cp_wire``); see
+FORMAT.md. Version 2 carried every slice token's label and position too: readers take both."""
+CP_BATCH_FORMAT_VERSIONS = (2, CP_BATCH_FORMAT_VERSION)
 
 VERSION_KEY = "mixflow.batch.version"
 STEP_KEY = "mixflow.step"
@@ -79,10 +82,10 @@ def _metadata(batch: Batch | CPBatch) -> dict[str, bytes]:
 
 
 def encode_batch(batch: Batch | CPBatch) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
-    """Encode a batch (a context-parallel one as version 2) as ``(key, value, headers)`` for a produce call to
-    ``<job>.rank.<rank>``."""
+    """Encode a batch (a context-parallel one as version 3, ``cp_wire.to_wire``) as ``(key, value, headers)`` for a
+    produce call to ``<job>.rank.<rank>``."""
     meta = _metadata(batch)
-    records = batch.records.replace_schema_metadata(meta)
+    records = (to_wire(batch) if isinstance(batch, CPBatch) else batch.records).replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, records.schema, options=_IPC_OPTIONS) as writer:
         writer.write_batch(records)
@@ -119,7 +122,7 @@ def decode_batch(
     offset: int | None = None,
 ) -> Batch:
     """Decode a message written by ``encode_batch`` (version 1); raise ``DecodeError`` saying where and why if
-    not. A context-parallel batch (version 2) is refused: ``decode_any_batch`` reads both.
+    not. A context-parallel batch (version 2 or 3) is refused: ``decode_any_batch`` reads every version.
 
     With ``headers`` (as ``Message.headers()`` gives them), each ``mixflow.*`` header must agree with
     the schema metadata; with ``None`` the value alone is decoded. Token arrays are views into ``value``.
@@ -136,9 +139,9 @@ def decode_any_batch(
     topic: str | None = None,
     partition: int | None = None,
     offset: int | None = None,
-    versions: tuple[int, ...] = (BATCH_FORMAT_VERSION, CP_BATCH_FORMAT_VERSION),
+    versions: tuple[int, ...] = (BATCH_FORMAT_VERSION, *CP_BATCH_FORMAT_VERSIONS),
 ) -> Batch | CPBatch:
-    """``decode_batch`` for any of ``versions``: a ``Batch`` (version 1) or a ``CPBatch`` (version 2)."""
+    """``decode_batch`` for any of ``versions``: a ``Batch`` (version 1) or a ``CPBatch`` (versions 2 and 3)."""
 
     def error(reason: str) -> DecodeError:
         return DecodeError(reason, topic=topic, partition=partition, offset=offset)
@@ -166,7 +169,7 @@ def decode_any_batch(
 
 
 def _cp_hint(version: bytes | None, versions: tuple[int, ...]) -> str:
-    if version == decimal(CP_BATCH_FORMAT_VERSION) and CP_BATCH_FORMAT_VERSION not in versions:
+    if version in {decimal(v) for v in CP_BATCH_FORMAT_VERSIONS} and not set(CP_BATCH_FORMAT_VERSIONS) & set(versions):
         return " (a context-parallel job's batch: each rank's slices; read it with decode_any_batch)"
     return ""
 
@@ -179,7 +182,7 @@ def _to_batch(records: pa.RecordBatch, headers: Headers, versions: tuple[int, ..
         known = " and ".join(str(v) for v in versions)
         msg = f"batch format version {VERSION_KEY} in the schema metadata is {shown}; this reader knows {known}"
         raise ValueError(msg + _cp_hint(version, versions))
-    cp = version == decimal(CP_BATCH_FORMAT_VERSION)
+    cp = version in {decimal(v) for v in CP_BATCH_FORMAT_VERSIONS}
     fields = _CP_FIELDS if cp else _FIELDS
     values: dict[str, Any] = {}
     for key in (*fields, SAMPLES_KEY):
@@ -197,7 +200,7 @@ def _to_batch(records: pa.RecordBatch, headers: Headers, versions: tuple[int, ..
         return CPBatch(
             **{attr: values[key] for key, attr in fields.items()},
             mode=mode.decode("utf-8", "replace"),
-            records=records,
+            records=from_wire(records) if version == decimal(CP_BATCH_FORMAT_VERSION) else records,
         )
     return Batch(
         **{attr: values[key] for key, attr in fields.items()},
@@ -229,9 +232,9 @@ def decode_batch_message(message: Any) -> Batch:
 
 
 def decode_any_batch_message(
-    message: Any, versions: tuple[int, ...] = (BATCH_FORMAT_VERSION, CP_BATCH_FORMAT_VERSION)
+    message: Any, versions: tuple[int, ...] = (BATCH_FORMAT_VERSION, *CP_BATCH_FORMAT_VERSIONS)
 ) -> Batch | CPBatch:
-    """``decode_batch_message`` for any of ``versions`` (a context-parallel job's batches are version 2)."""
+    """``decode_batch_message`` for any of ``versions`` (a context-parallel job's batches are versions 2 and 3)."""
     where = {"topic": message.topic(), "partition": message.partition(), "offset": message.offset()}
     if message.error() is not None:
         msg = f"the consumer returned an error event, not a message: {message.error()}"

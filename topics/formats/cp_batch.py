@@ -7,7 +7,8 @@ Rows are ordered by micro-batch, and the rank's micro-batches are numbered ``0 .
 non-empty and all of one block (its rows share ``cp_size`` and ``cp_rank``), in the order the rank runs them;
 ranks of a step may run different numbers of micro-batches (at most ``max_micro_batches``), and the ranks of a
 block run its micro-batches in the same order. ``loss_tokens`` is the step's count of tokens that take a loss,
-over every rank. FORMAT.md (version 2) describes the bytes; ``topics.formats.batch_codec`` writes and reads them.
+over every rank. FORMAT.md (version 3; ``cp_wire``) describes the bytes; ``topics.formats.batch_codec`` writes
+and reads them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 data files alone, not from anything the roles say about themselves.
 
 - every rank topic holds steps 0..K-1 in order and then the end-of-data record of K steps, each batch of
-  the spec's shape and within capacity (a context-parallel job's of format version 2);
+  the spec's shape and within capacity (a context-parallel job's of format version 2 or 3);
 - every sample the committed work units give when tokenized here is in the rank topics exactly once,
   with the same tokens (a context-parallel sample's put back together from the slices of its block), and
   nothing else is; every committed source sample reached a rank topic;

@@ -1,4 +1,4 @@
-"""What a context-parallel step holds, from the batches its ranks were written (format version 2): the plan they
+"""What a context-parallel step holds, from the batches its ranks were written (format version 2 or 3): the plan they
 carry (each sample's block and micro-batch), the block sizes used, each rank's micro-batches, and the step's time
 under the job's cost against the lower bound and against static context parallelism sized for the step's longest
 sample. Every time comes from the planner's own functions (``CPPlan.step_time``, ``lower_bound``, ``plan_cp_step``
@@ -66,8 +66,8 @@ class CPWeighing:
 def no_context_parallel(batch: Batch | CPBatch) -> MixflowError:
     """The refusal of a context-parallel batch read under a spec without ``step.context_parallel``."""
     return MixflowError(
-        f"step {batch.step} rank {batch.rank} holds a context-parallel batch (format version 2) but the spec has no "
-        "step.context_parallel: give the job's own spec"
+        f"step {batch.step} rank {batch.rank} holds a context-parallel batch (format version 2 or 3) but the "
+        "spec has no step.context_parallel: give the job's own spec"
     )
 
 

@@ -1,6 +1,6 @@
 """The whole samples of a context-parallel step, put back together from its slices. Pure: no Kafka.
 
-Each rank's batch of a context-parallel step (format version 2) holds, for every sample whose block covers the
+Each rank's batch of a context-parallel step (format version 3) holds, for every sample whose block covers the
 rank, only that rank's slice: its tokens, labels and positions in the sample (``topics.formats.cp_slices``).
 Every slice of a sample is in the same step, so the step's batches together hold each of its samples whole:
 the tokens go back by the zigzag rule (``cp_slices.reassemble``; a batch's positions are checked against it when

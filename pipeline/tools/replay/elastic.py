@@ -5,7 +5,7 @@ The state record of step ``k`` is the original's (but for the offset of the cont
 replayed job's own): the same samples were delivered, so the sources stand where they stood, and
 ``mixflow construct --output-job`` continues the replayed job from there under a spec of the new shape.
 A killed replay resumes after the last step it committed. A context-parallel job's steps (batches of format
-version 2) are put back together from their slices and planned again as such (``reshape_cp``).
+version 2 or 3) are put back together from their slices and planned again as such (``reshape_cp``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pipeline.tools.replay.steps import read_steps
 from topics.errors import MixflowError
 from topics.formats.batch import Batch
 from topics.formats.batch_codec import (
-    CP_BATCH_FORMAT_VERSION,
+    CP_BATCH_FORMAT_VERSIONS,
     decode_any_batch_message,
     decode_batch_message,
     encode_batch,
@@ -124,8 +124,7 @@ class ElasticReplay(TransactionalRole):
         if self.context_parallel is None:
             batches = [decode_batch_message(m) for m in messages]
             return reshape_step(batches, self.ranks, self.micro_batches, self.cost_model, self.vision)
-        versions = (CP_BATCH_FORMAT_VERSION,)
-        slices = [decode_any_batch_message(m, versions) for m in messages]
+        slices = [decode_any_batch_message(m, CP_BATCH_FORMAT_VERSIONS) for m in messages]
         return reshape_cp_step([b for b in slices if isinstance(b, CPBatch)], self.context_parallel, self.cp_cost)
 
     def _state(self, record: StateRecord | None, step: int) -> tuple[bytes | None, bytes]:
