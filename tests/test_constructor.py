@@ -55,6 +55,17 @@ def loaded_job(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -
     return job, data
 
 
+@pytest.fixture(scope="module")
+def reference(
+    kafka_bootstrap: str, loaded_job: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, dict]:
+    """The loaded job constructed once, without interruption, under the default spec (one step a
+    transaction), for the tests that compare another run with it: (output job, its summary)."""
+    spec = _spec(tmp_path_factory.mktemp("reference"), kafka_bootstrap, loaded_job)
+    output_job = f"{loaded_job[0]}-ref"
+    return output_job, _run(spec, output_job)
+
+
 def _spec(tmp_path: Path, bootstrap: str, loaded: tuple[str, Path], **overrides: object) -> Path:
     job, data = loaded
     return write_spec(tmp_path, job, bootstrap, data, **{"on_exhausted": "renormalize", **overrides})
@@ -123,24 +134,31 @@ def _assert_identical(got: Written, expected: Written) -> None:
 
 
 def test_two_constructors_over_the_same_sources_write_identical_batches(
-    kafka_bootstrap: str, loaded_job: tuple[str, Path], tmp_path: Path, unique_name: str
+    kafka_bootstrap: str,
+    loaded_job: tuple[str, Path],
+    reference: tuple[str, dict],
+    tmp_path: Path,
+    unique_name: str,
 ) -> None:
+    first_job, first = reference
     spec = _spec(tmp_path, kafka_bootstrap, loaded_job)
-    first = _run(spec, f"{unique_name}-a")
-    second = _run(spec, f"{unique_name}-b")
+    second = _run(spec, unique_name)
     assert first["finished"] and second["finished"]
-    a, b = _written(kafka_bootstrap, f"{unique_name}-a"), _written(kafka_bootstrap, f"{unique_name}-b")
+    a, b = _written(kafka_bootstrap, first_job), _written(kafka_bootstrap, unique_name)
     assert len(a.steps) == first["steps"] > 10
     _assert_identical(a, b)
 
 
 @pytest.mark.parametrize("per_transaction", [1, 3], ids=["step-per-transaction", "3-steps-per-transaction"])
 def test_every_sample_is_delivered_exactly_once_while_the_constructor_is_killed(
-    kafka_bootstrap: str, loaded_job: tuple[str, Path], tmp_path: Path, unique_name: str, per_transaction: int
+    kafka_bootstrap: str,
+    loaded_job: tuple[str, Path],
+    reference: tuple[str, dict],
+    tmp_path: Path,
+    unique_name: str,
+    per_transaction: int,
 ) -> None:
-    (tmp_path / "ref").mkdir()
-    reference = f"{unique_name}-ref"
-    _run(_spec(tmp_path / "ref", kafka_bootstrap, loaded_job), reference)  # one step a transaction
+    # The reference is written one step a transaction.
     # Groups of steps a transaction must write the same bytes, and resume after the last committed group.
     spec = _spec(tmp_path, kafka_bootstrap, loaded_job, constructor={"steps_per_transaction": per_transaction})
     killed = f"{unique_name}-kill"
@@ -169,7 +187,7 @@ def test_every_sample_is_delivered_exactly_once_while_the_constructor_is_killed(
     assert kills >= 1, "the constructor finished before the first kill"
 
     # The killed and restarted constructor must have written what an uninterrupted one wrote.
-    got, expected = _written(kafka_bootstrap, killed), _written(kafka_bootstrap, reference)
+    got, expected = _written(kafka_bootstrap, killed), _written(kafka_bootstrap, reference[0])
     _assert_identical(got, expected)
     delivered = Counter(got.sample_ids())
     assert max(delivered.values()) == 1, [i for i, n in delivered.items() if n > 1][:5]
@@ -319,14 +337,17 @@ def test_packed_steps_deliver_every_sample_once_and_resume_to_the_same_bytes(
 
 
 def test_resuming_at_each_of_the_last_steps_delivers_what_was_left(
-    kafka_bootstrap: str, loaded_job: tuple[str, Path], tmp_path: Path, unique_name: str
+    kafka_bootstrap: str,
+    loaded_job: tuple[str, Path],
+    reference: tuple[str, dict],
+    tmp_path: Path,
+    unique_name: str,
 ) -> None:
     """Once every source ran out, what is left goes out in final steps. A constructor that resumes between
     them must read its sources again past their low watermarks first: one that did not (its state says
     every source ran out) ended the job there and lost the rest (a lanes run in CI lost 15 samples so)."""
     spec = _spec(tmp_path, kafka_bootstrap, loaded_job)
-    reference = f"{unique_name}-ref"
-    total = _run(spec, reference)["steps"]
+    total = reference[1]["steps"]
     resumed = f"{unique_name}-res"
     assert not _run(spec, resumed, "--max-steps", str(max(total - 6, 1)))["finished"]
     for _ in range(12):  # one step a run: a restart before each of the last steps, the final ones among them
@@ -334,7 +355,7 @@ def test_resuming_at_each_of_the_last_steps_delivers_what_was_left(
             break
     else:
         pytest.fail("the resumed constructor never finished")
-    got, expected = _written(kafka_bootstrap, resumed), _written(kafka_bootstrap, reference)
+    got, expected = _written(kafka_bootstrap, resumed), _written(kafka_bootstrap, reference[0])
     assert len(got.steps) == total
     _assert_identical(got, expected)
 

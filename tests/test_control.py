@@ -175,7 +175,7 @@ def test_state_records_keep_changes_and_old_records_without_them_still_decode() 
 def loaded(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     """The three example sources loaded once: (data folder, spec)."""
     folder = tmp_path_factory.mktemp("control")
-    data = build_example_data(folder / "data", limit=30)
+    data = build_example_data(folder / "data", limit=10)
     job = f"ctl{random.randrange(16**8):08x}"
     spec = write_spec(folder, job, kafka_bootstrap, data, on_exhausted="renormalize", step=STEP)
     load_sources(spec, folder)
@@ -272,31 +272,36 @@ def test_set_mixture_refuses_unknown_sources_and_a_finished_job(
     assert missing.returncode == 4 and "does not exist" in missing.stderr, missing.stderr
 
 
+BROKEN_CONTROL_RECORDS = [
+    (b"spec", b"not json"),
+    (b"spec", b'{"kind": "spec", "from_step": -1}'),
+    (b"mixture-change", b'{"kind": "mixture-change", "from_step": "soon"}'),
+]
+
+
 @pytest.mark.kafka
-@pytest.mark.parametrize(
-    ("key", "value"),
-    [
-        (b"spec", b"not json"),
-        (b"spec", b'{"kind": "spec", "from_step": -1}'),
-        (b"mixture-change", b'{"kind": "mixture-change", "from_step": "soon"}'),
-    ],
-)
-def test_a_broken_control_record_is_skipped_on_resume_and_named_by_replay(
-    kafka_bootstrap: str, loaded: tuple[str, Path], unique_name: str, key: bytes, value: bytes
+def test_broken_control_records_are_skipped_on_resume_and_each_named_by_replay(
+    kafka_bootstrap: str, loaded: tuple[str, Path], unique_name: str
 ) -> None:
+    """Every kind of broken record at once, in one job: each is skipped (a warning names its offset) and
+    named by replay, and none changes the mixture."""
     _, spec = loaded
     out = unique_name
     config = {"bootstrap.servers": kafka_bootstrap}
     _construct(spec, out, "--max-steps", "3")
     producer = Producer(config)
-    producer.produce(JobTopics(out).control, value, key=key)
-    assert producer.flush(30) == 0
-    offset = read_to_end(config, JobTopics(out).control)[-1].offset()
-    process = start_constructor(spec, out)  # resumes past the record, and the job ends
+    for key, value in BROKEN_CONTROL_RECORDS:
+        producer.produce(JobTopics(out).control, value, key=key)
+        assert producer.flush(30) == 0
+    records = read_to_end(config, JobTopics(out).control)
+    offsets = [m.offset() for m in records if (m.key(), m.value()) in BROKEN_CONTROL_RECORDS]
+    assert len(offsets) == len(BROKEN_CONTROL_RECORDS)
+    process = start_constructor(spec, out)  # resumes past the records, and the job ends
     _, stderr = process.communicate(timeout=240)
     assert process.returncode == 0, stderr.decode()[-3000:]
     warnings = [line for line in stderr.decode().splitlines() if " WARNING " in line]
-    assert any(f"{out}.control" in line and f"offset={offset}" in line for line in warnings), warnings
+    for offset in offsets:
+        assert any(f"{out}.control" in line and f"offset={offset}" in line for line in warnings), (offset, warnings)
     state = read_last_state(config, JobTopics(out))
     assert state is not None and state.finished and state.changes == ()
 
@@ -304,5 +309,6 @@ def test_a_broken_control_record_is_skipped_on_resume_and_named_by_replay(
     command += ["--to-job", f"{out}-replay", "--verify"]
     replayed = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=240)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr[-3000:]
-    said = f"{out}.control[0]@{offset} (key {key.decode()}) does not decode, and the job skipped it at step 3"
-    assert said in replayed.stderr, replayed.stderr[-3000:]
+    for (key, _), offset in zip(BROKEN_CONTROL_RECORDS, offsets, strict=True):
+        said = f"{out}.control[0]@{offset} (key {key.decode()}) does not decode, and the job skipped it at step 3"
+        assert said in replayed.stderr, replayed.stderr[-3000:]

@@ -610,6 +610,23 @@ def test_role_endpoints_agree_with_what_the_job_wrote(kafka_bootstrap: str, uniq
                 running=running,
             )
 
+        # The backlog gauge adds the source topic's end to the pool's holdings, which the constructor samples at
+        # most every POOL_LOOK_S: right after the stall, the last sample can still be one from before its steps.
+        backlog = "mixflow_constructor_backlog_tokens"
+
+        def backlog_agrees() -> bool:
+            got = answers("constructor")
+            ranks = _rank_totals(kafka_bootstrap, topics, 2)
+            for source in ("code", "docstrings", "topics"):
+                tokens = sum(t for (_, s), (_, t) in ranks.items() if s == source)
+                in_topic = _source_totals(kafka_bootstrap, topics, source)[1]
+                measured = None if got is None else value(got, backlog, source=source, **job)
+                if measured is None or abs(measured - (in_topic - tokens)) > 0.1 * in_topic + 1024:
+                    return False
+            return True
+
+        wait_until(f"the constructor's {backlog} sampled at the stall", backlog_agrees, 30, logs, running)
+
         # Loaders: what they count is what their source topics hold.
         dead = Counter(
             (d.source, reason_class(d.reason).value)

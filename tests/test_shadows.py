@@ -34,7 +34,7 @@ RANKS = 2
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_example_data(tmp_path_factory.mktemp("shadows") / "data", limit=40)
+    return build_example_data(tmp_path_factory.mktemp("shadows") / "data", limit=12)
 
 
 def _construct(spec: Path, instance: str, log: Path) -> subprocess.Popen:

@@ -66,7 +66,7 @@ def read_to_end(
             if time.monotonic() > deadline:
                 msg = f"reading {topic} to its end {ends} took over {timeout_s} s; positions {positions}"
                 raise TimeoutError(msg)
-            for message in consumer.consume(num_messages=10_000, timeout=0.2):
+            for message in _arrived(consumer):
                 if error := message.error():
                     raise_if_read_refused(config, error, message.topic() or topic)
                     raise KafkaException(error)
@@ -77,6 +77,13 @@ def read_to_end(
         return records
     finally:
         consumer.close()
+
+
+def _arrived(consumer: Consumer) -> list[Message]:
+    """What the client holds: waits up to 0.2 s for the first record, then takes the rest without waiting
+    (a ``consume`` call with a timeout waits all of it out unless its batch fills)."""
+    first = consumer.poll(0.2)
+    return [] if first is None else [first, *consumer.consume(num_messages=10_000, timeout=0)]
 
 
 def _end_offset(consumer: Consumer, partition: TopicPartition, deadline: float) -> int:

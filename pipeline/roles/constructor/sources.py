@@ -34,6 +34,10 @@ SOURCE_FETCH_SETTINGS = {
     # default of 1 MB a partition took several per step at 4M-token steps, with the step's draw waiting).
     "fetch.max.bytes": 64 << 20,
     "max.partition.fetch.bytes": 16 << 20,
+    # A fetch at a partition's end comes back empty after this long, and only then does the client say
+    # the end is reached: librdkafka's default of 500 ms kept a draw waiting a second for a source that had
+    # run out.
+    "fetch.wait.max.ms": 100,
 }
 """Defaults of the constructor's source consumer; the spec's ``kafka.config`` wins."""
 
@@ -60,23 +64,27 @@ class SourceTopicFeed:
         self.buffer_steps = float(BUFFER_STEPS)
         self._weights: dict[str, float] = {}
         self.eof_at: dict[str, int] = {}
+        self._ended: set[str] = set()  # the sources read to their end during the current ``fill``
         self.dead_letters: list[DeadLetter] = []
         self._paused: set[str] = set()
         self._plans: dict[str, WorkPlan] = {}
         self._asked: dict[str, int] = {}  # the epoch last asked for, per source
         self._loader_groups: dict[str, OffsetLookup] = {}
+        self._loaders_finished: set[str] = set()  # sources whose plan the loaders completed, as last planned
         self._source_of: dict[str, str] = {}  # topic name -> source, parsed once per topic
         positions = pool.positions()
         consumer.assign([TopicPartition(topics.src(s), partition, positions[s].low) for s in pool.sources])
 
     def fill(self, wanted: Collection[str], timeout_s: float = 1.0) -> int:
         """Read what is there, for at most ``timeout_s`` and until every source in ``wanted`` has new
-        records, then what the client has fetched meanwhile (without waiting), so that the next draw sees
-        all of it instead of finding too little and waiting again. A source read to its end is waited for
-        too (its loaders may add more): the caller finds out whether it ran out for good
-        (``is_exhausted``) before it asks for more. Returns the records read."""
+        records or has just been read to its end, then what the client has fetched meanwhile (without
+        waiting), so that the next draw sees all of it instead of finding too little and waiting again. A
+        source that reaches its end ends the wait at once: the caller finds out whether it ran out for good
+        (``is_exhausted``) before it asks for more. One at its end already is waited for (its loaders may
+        add more). Returns the records read."""
         self._pause_full(exempt=set(wanted))
         before = {s: self.pool.fifos[s].next_offset for s in wanted}
+        self._ended.clear()
         deadline = time.monotonic() + timeout_s
         read = 0
         while True:
@@ -88,7 +96,7 @@ class SourceTopicFeed:
             pending = [s for s in wanted if self.pool.fifos[s].next_offset == before[s]]
             if not pending:
                 return read + self._drain(len(messages), deadline)
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or all(s in self._ended for s in pending):
                 return read
 
     def _drain(self, last: int, deadline: float) -> int:
@@ -111,10 +119,12 @@ class SourceTopicFeed:
         if message.error():
             if message.error().code() == KafkaError._PARTITION_EOF:
                 self.eof_at[source] = message.offset()
+                self._ended.add(source)
                 return 0
             raise_if_read_refused(self.config, message.error(), topic)
             raise KafkaException(message.error())
         self.eof_at.pop(source, None)
+        self._ended.discard(source)
         try:
             sample = decode_sample_message(message)
         except DecodeError as exc:
@@ -162,8 +172,14 @@ class SourceTopicFeed:
             request_epoch(self.config, self.topics, source, epoch)
             self._asked[source] = epoch
         del self._plans[source]
+        self._loaders_finished.discard(source)
 
     def _loaders_done(self, source: str) -> bool:
+        """Whether the loaders of ``source`` committed every unit of its plan. Once they have, the answer
+        holds until another epoch is asked for (``ask_for_next_epoch``): a complete plan leaves no unit to
+        split, and only an epoch request makes the loaders plan more."""
+        if source in self._loaders_finished:
+            return True
         plan = self._plans.get(source) or read_work_plan(self.config, self.topics, source)
         if plan is None:
             return False
@@ -172,6 +188,8 @@ class SourceTopicFeed:
             self._loader_groups[source] = OffsetLookup(self.config, group=f"{self.topics.job}.loaders.{source}")
         # Loaders may have split units since the plan was read: the plan's ends grow with them.
         done, self._plans[source] = plan_is_complete(self.config, self.topics, self._loader_groups[source], plan)
+        if done:
+            self._loaders_finished.add(source)
         return done
 
     def lag(self, source: str) -> str:
