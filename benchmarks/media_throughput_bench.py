@@ -117,7 +117,7 @@ def write_media_data(
 
 
 def max_sample_tokens(pools: dict[str, list], clips: list, text: int) -> dict[str, int]:
-    """Each source's longest sample (a caption at its longest) and its most patches."""
+    """Each source's longest sample in tokens (an image's or clip's caption at its longest)."""
     longest = {source: max(item.tokens for item in items) + 2 + media.CAPTION[1] for source, items in pools.items()}
     return {**longest, "clips": clips[0].tokens + 2 + media.CAPTION[1], "text": text}
 
