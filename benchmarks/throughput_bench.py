@@ -50,6 +50,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -115,47 +118,67 @@ def token_ids(rng: np.random.Generator, count: int) -> np.ndarray:
 
 def write_data(config: dict, job: str, tokens: int, max_length: int, seed: int = 0) -> dict[str, int]:
     """Write about ``tokens`` tokens of samples to the job's source topics, split by SOURCES' shares."""
-    topics = JobTopics(job)
     ensure_job_topics(config, job, list(SOURCES), 1, timeout_s=600)
     rng = np.random.default_rng(seed)
-    producer = transactional_producer(config, f"{job}.bench-data")
-    counts = {}
-    for source, share in SOURCES.items():
-        lengths = sample_lengths(rng, int(tokens * share), max_length)
-        ids = token_ids(rng, int(lengths.sum()))
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        producer.begin_transaction()
-        for i in range(len(lengths)):
-            sample = Sample(f"{source}/synthetic/{i}", source, ids[offsets[i] : offsets[i + 1]])
-            value, headers = encode_sample(sample)
-            produce(producer, topics.src(source), value, key=sample.sample_id.encode(), headers=headers)
-            if i % 2000 == 1999:
-                commit_or_abort(producer)
-                producer.begin_transaction()
-        commit_or_abort(producer)
-        counts[source] = int(lengths.sum())
-    producer.flush(60)
+    counts: dict[str, int] = {}
+
+    def samples() -> Iterator[Sample]:
+        for source, share in SOURCES.items():
+            lengths = sample_lengths(rng, int(tokens * share), max_length)
+            ids = token_ids(rng, int(lengths.sum()))
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            for i in range(len(lengths)):
+                yield Sample(f"{source}/synthetic/{i}", source, ids[offsets[i] : offsets[i + 1]])
+            counts[source] = int(lengths.sum())
+
+    write_samples(config, job, samples())
     return counts
+
+
+def write_samples(config: dict, job: str, samples: Iterable[Sample], per_transaction: int = 2000) -> None:
+    """Write ``samples`` to their sources' topics of ``job`` (``encode_sample``), ``per_transaction`` a
+    transaction."""
+    topics = JobTopics(job)
+    producer = transactional_producer(config, f"{job}.bench-data")
+    producer.begin_transaction()
+    for i, sample in enumerate(samples):
+        value, headers = encode_sample(sample)
+        produce(producer, topics.src(sample.source), value, key=sample.sample_id.encode(), headers=headers)
+        if i % per_transaction == per_transaction - 1:
+            commit_or_abort(producer)
+            producer.begin_transaction()
+    commit_or_abort(producer)
+    producer.flush(60)
 
 
 def data_tokens(config: dict, job: str, max_length: int) -> int | None:
     """The tokens a data job written by ``write_data`` holds (from its description record), or None when it
     has none or its samples may be longer than ``max_length``."""
+    found = job_description(config, job)
+    if found is None or found.get("max_length", max_length + 1) > max_length:
+        return None
+    return int(found["tokens"])
+
+
+def describe_data(config: dict, job: str, counts: dict[str, int], max_length: int) -> None:
+    describe_job(config, job, {"tokens": sum(counts.values()), "sources": counts, "max_length": max_length})
+
+
+def job_description(config: dict, job: str, key: bytes = b"bench-data") -> dict | None:
+    """The last description a benchmark wrote of its data job under ``key`` (``describe_job``), or None."""
     try:
         records = read_to_end(config, JobTopics(job).control, timeout_s=30)
     except (KafkaException, MixflowError):  # no such topic
         return None
-    found = [json.loads(m.value()) for m in records if m.key() == b"bench-data"]
-    if not found or found[-1].get("max_length", max_length + 1) > max_length:
-        return None
-    return int(found[-1]["tokens"])
+    found = [json.loads(m.value()) for m in records if m.key() == key]
+    return found[-1] if found else None
 
 
-def describe_data(config: dict, job: str, counts: dict[str, int], max_length: int) -> None:
+def describe_job(config: dict, job: str, body: dict, key: bytes = b"bench-data") -> None:
+    """Record what a data job holds on its control topic, for a later run to reuse it."""
     producer = transactional_producer(config, f"{job}.bench-data")
     producer.begin_transaction()
-    body = {"tokens": sum(counts.values()), "sources": counts, "max_length": max_length}
-    produce(producer, JobTopics(job).control, json.dumps(body).encode(), key=b"bench-data")
+    produce(producer, JobTopics(job).control, json.dumps(body).encode(), key=key)
     commit_or_abort(producer)
 
 
@@ -222,12 +245,14 @@ def child_constructor(spec_path: Path, output_job: str, max_steps: int, bootstra
     step_records.encode_batch = counting_encode
     committed: list[tuple[float, int]] = []
     cpu_at: list[tuple[float, float]] = []  # (the process's CPU seconds, the main thread's) at each commit
+    media: list[Counter[str]] = []  # each step's images and clips, by kind
 
     class Timed(DataConstructor):
         def _record(self, assembled: Any, state_bytes: int) -> None:
             super()._record(assembled, state_bytes)
             committed.append((time.monotonic(), assembled.tokens))
             cpu_at.append((time.process_time(), time.thread_time()))  # _record runs on the main thread
+            media.append(Counter(item.kind for c in assembled.delivered for item in c.sample.media))
 
     spec = load_spec(spec_path)
     constructor = Timed(spec, spec.kafka.client_config(bootstrap), ConstructorOptions(output_job, max_steps))
@@ -259,6 +284,9 @@ def child_constructor(spec_path: Path, output_job: str, max_steps: int, bootstra
         # CPU seconds between the first commit and the last: the whole process's and its main thread's.
         "steady_cpu": cpu_at[-1][0] - cpu_at[0][0] if len(cpu_at) > 1 else None,
         "steady_main_cpu": cpu_at[-1][1] - cpu_at[0][1] if len(cpu_at) > 1 else None,
+        # Images and clips in the steps committed after the first, and the process's peak RSS (bytes).
+        "steady_media": dict(sum(media[1:], Counter())),
+        "max_rss": after.ru_maxrss * 1024,
     }
     print(json.dumps(result), flush=True)
 
@@ -266,15 +294,25 @@ def child_constructor(spec_path: Path, output_job: str, max_steps: int, bootstra
 # -- the raw pipeline: the same bytes, no mixflow work ---------------------------------------------------
 
 
-def run_raw(config: dict, data_job: str, out_job: str, shape: StepShape, steps: int, step_payload: int) -> dict:
-    """Consume the data job's samples and, per step, produce ``step_payload`` of their bytes as one message
-    per rank topic of ``out_job`` in one transaction with the source offsets; each transaction produced and
-    committed on a thread while the next step is read (as the constructor pipelines)."""
+def run_raw(
+    config: dict,
+    data_job: str,
+    out_job: str,
+    shape: StepShape,
+    steps: int,
+    step_payload: int,
+    sources: Iterable[str] = tuple(SOURCES),
+) -> dict:
+    """Consume the data job's samples of ``sources`` and, per step, produce ``step_payload`` of their bytes as
+    one message per rank topic of ``out_job`` in one transaction with the source offsets; each transaction
+    produced and committed on a thread while the next step is read (as the constructor pipelines).
+    ``steady_records``: the records of each source topic in the steps after the first (a record counts in the
+    step that takes its last byte)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    sources = JobTopics(data_job)
     consumer = read_committed_consumer(config, f"{out_job}.raw", **RAW_CONSUMER)
-    consumer.assign([TopicPartition(sources.src(s), 0, 0) for s in SOURCES])
+    topics = [JobTopics(data_job).src(s) for s in sources]
+    consumer.assign([TopicPartition(t, 0, 0) for t in topics])
     producer = transactional_producer(config, f"{out_job}.raw")
     out = JobTopics(out_job)
     size = step_payload // shape.ranks
@@ -295,10 +333,13 @@ def run_raw(config: dict, data_job: str, out_job: str, shape: StepShape, steps: 
         next_offsets: dict[str, int] = {}
         ends: set[str] = set()  # sources read to their end and nothing since
         pending = bytearray()  # bytes read and not produced yet: a consume call can overshoot a step
+        queued: deque[list] = deque()  # [topic, bytes not cut yet] of each record in ``pending``
+        moved: Counter[str] = Counter()  # records cut into steps, by topic
+        at_cut: list[Counter[str]] = []  # ``moved`` after each step's cut
         need = size * shape.ranks
         for _ in range(steps):
             while len(pending) < need:
-                if len(ends) == len(SOURCES):
+                if len(ends) == len(topics):
                     raise SystemExit(f"raw pipeline: the data ran out ({len(pending)} of {need} bytes of a step)")
                 for message in consumer.consume(5000, timeout=1.0):
                     if message.error():
@@ -308,9 +349,18 @@ def run_raw(config: dict, data_job: str, out_job: str, shape: StepShape, steps: 
                         raise SystemExit(f"raw pipeline: {message.error()}")
                     ends.discard(message.topic())
                     pending += message.value()
+                    queued.append([message.topic(), len(message.value())])
                     next_offsets[message.topic()] = message.offset() + 1
             values = bytes(pending[:need])
             del pending[:need]
+            left = need
+            while queued and queued[0][1] <= left:
+                topic, size_left = queued.popleft()
+                moved[topic] += 1
+                left -= size_left
+            if queued:
+                queued[0][1] -= left
+            at_cut.append(moved.copy())
             offsets = [TopicPartition(t, 0, o) for t, o in next_offsets.items()]
             if in_flight is not None:
                 committed.append(in_flight.result())
@@ -324,6 +374,8 @@ def run_raw(config: dict, data_job: str, out_job: str, shape: StepShape, steps: 
         "steady_s": committed[-1] - committed[0],
         "steady_bytes": size * shape.ranks * (steps - 1),
         "cores": cpu / wall,
+        "cpu": cpu,
+        "steady_records": dict(at_cut[-1] - at_cut[0]),
     }
 
 
@@ -573,11 +625,9 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     shapes = [parse_shape(s) for s in args.shapes.split(",")]
     config = {"bootstrap.servers": args.bootstrap_servers}
-    fresh = args.data_job is None
-    args.data_job = args.data_job or f"tbench-{uuid.uuid4().hex[:6]}"
     folder = Path(tempfile.mkdtemp(prefix="tbench-"))
-    try:
-        max_length = min(s.capacity for s in shapes)
+    with data_job(config, args, "tbench") as fresh:
+        max_length = min(s.tokens_per_micro_batch for s in shapes)
         data = None if fresh else data_tokens(config, args.data_job, max_length)
         if data is None:
             print(f"writing {args.tokens:,} tokens of samples to job {args.data_job} ...", flush=True)
@@ -598,10 +648,20 @@ def main() -> int:
         classpath = None if args.no_kafka_tools else tools_classpath()
         shape_rows = [run_shape(args, config, data, shape, classpath, folder) for shape in shapes]
         summarize(shape_rows, args.markdown)
+    return 0
+
+
+@contextmanager
+def data_job(config: dict, args: argparse.Namespace, prefix: str) -> Iterator[bool]:
+    """The run's data job: ``args.data_job``, or a new one named after ``prefix`` (set in ``args.data_job``),
+    deleted at the end unless ``args.keep_data``. Yields whether it is new."""
+    fresh = args.data_job is None
+    args.data_job = args.data_job or f"{prefix}-{uuid.uuid4().hex[:6]}"
+    try:
+        yield fresh
     finally:
         if fresh and not args.keep_data:
             delete_job_topics(config, args.data_job)
-    return 0
 
 
 if __name__ == "__main__":
