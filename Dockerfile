@@ -30,7 +30,8 @@ COPY pipeline/ pipeline/
 COPY topics/ topics/
 COPY connectors/ connectors/
 COPY trainer_sink/ trainer_sink/
-RUN pip install . && rm -rf build ./*.egg-info && mixflow --help >/dev/null
+# The planning kernels compiled into the installed package's cache, so that no role compiles them at start.
+RUN pip install . && rm -rf build ./*.egg-info && mixflow --help >/dev/null && python -m pipeline.planning.warm
 COPY examples/ examples/
 
 # Roles run unprivileged. The folders that compose mounts volumes on belong to that user, so the

@@ -21,6 +21,9 @@ echo "test: Kafka at $KAFKA_BOOTSTRAP_SERVERS"
 .venv/bin/ruff format --check .
 .venv/bin/lint-imports
 .venv/bin/mypy  # topics and trainer_sink: [tool.mypy] in pyproject.toml
+# Compile the planning kernels once, into numba's cache: else every worker and role process started before
+# the cache is written compiles its own (about a minute each on a small machine).
+.venv/bin/python -m pipeline.planning.warm
 # The Kafka tests mostly wait on the broker and on role processes, so several workers share the cores
 # well; a test file stays on one worker (module fixtures build a job once). MIXFLOW_TEST_WORKERS=0: serial.
 # --durations: the slowest tests, to see where the suite's time goes.

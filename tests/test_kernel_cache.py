@@ -108,3 +108,11 @@ def test_every_planning_kernel_is_compiled_through_the_kernel_decorator() -> Non
         if "kernels.jit" in path.read_text() and PLANNING not in path.parents
     ]
     assert outside == []
+
+
+def test_the_warm_up_plans_every_kind_of_step() -> None:
+    """``python -m pipeline.planning.warm`` (which scripts/test.sh runs first) plans text, composed, multimodal
+    and context-parallel steps; in the repository's own cache, so a second run only loads."""
+    warm = subprocess.run([sys.executable, "-m", "pipeline.planning.warm"], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert warm.returncode == 0 and "planning kernels ready in" in warm.stdout, warm.stderr
