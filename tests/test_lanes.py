@@ -310,8 +310,9 @@ def _load(lanes: int, bootstrap: str, data: Path, folder: Path) -> LoadedLanes:
     spec = write_spec(folder, job, bootstrap, data, on_exhausted="renormalize", constructor={"lanes": lanes})
     # Created before the roles start, with time to spare on a broker busy with other tests' topics.
     ensure_job_topics(bootstrap, job, SOURCES, RANKS, lanes=lanes, timeout_s=120)
-    # Small units (a row group or a few rows each), so that every lane's partitions get several.
-    wait_all([start_loader(spec, s, 0, folder, "--unit-seconds", "0.005") for s in SOURCES], 240, folder)
+    # Small units (a row group, a file or a few rows each), so that every lane's partitions get several however
+    # fast this machine reads: a unit is sized by the seconds its work measured here takes.
+    wait_all([start_loader(spec, s, 0, folder, "--unit-seconds", "0.001") for s in SOURCES], 240, folder)
     return LoadedLanes(job, lanes, spec)
 
 
