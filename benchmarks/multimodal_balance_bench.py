@@ -86,9 +86,27 @@ class Stream:
     kinds: np.ndarray  # 0 text, 1 images, 2 clip
 
 
-def _stream(lengths: list[int], patches: list[int], items: list[int], counts: list[int], kinds: list[int]) -> Stream:
-    encoder = VISION.sample_costs(np.array(items, np.int64), np.array(counts))
-    return Stream(np.array(lengths), np.array(patches), encoder, np.array(kinds))
+@dataclass
+class _Samples:
+    """A stream being made, sample by sample."""
+
+    lengths: list[int] = field(default_factory=list)
+    patches: list[int] = field(default_factory=list)
+    items: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    kinds: list[int] = field(default_factory=list)
+
+    def add(self, text: int, items: list[int], kind: int) -> None:
+        """A sample of ``text`` tokens and the items of ``items`` patches (its kind 0 where it has none)."""
+        self.lengths.append(text + _placeholders(items))
+        self.patches.append(sum(items))
+        self.items += items
+        self.counts.append(len(items))
+        self.kinds.append(kind if items else 0)
+
+    def stream(self) -> Stream:
+        encoder = VISION.sample_costs(np.array(self.items, np.int64), np.array(self.counts))
+        return Stream(np.array(self.lengths), np.array(self.patches), encoder, np.array(self.kinds))
 
 
 def _placeholders(patches: list[int]) -> int:
@@ -104,7 +122,7 @@ def _item_patches(rng: np.random.Generator, clip: bool) -> int:
 
 def make_stream(rng: np.random.Generator, count: int, capacity: int, patch_capacity: int) -> Stream:
     """``count`` samples: 60% text (lognormal, median 700 tokens), 30% with 1 to 4 images, 10% a clip."""
-    lengths, patches, items, counts, kinds = [], [], [], [], []
+    made = _Samples()
     for kind in rng.choice(3, count, p=[0.6, 0.3, 0.1]).tolist():
         text = int(np.clip(rng.lognormal(math.log(700 if kind == 0 else 120), 1.0), 1, capacity))
         n_items = 0 if kind == 0 else (1 if kind == 2 or rng.random() < 0.8 else int(rng.integers(2, 5)))
@@ -113,12 +131,8 @@ def make_stream(rng: np.random.Generator, count: int, capacity: int, patch_capac
             item = _item_patches(rng, kind == 2)
             if text + _placeholders([*mine, item]) <= capacity and sum(mine) + item <= patch_capacity:
                 mine.append(item)
-        lengths.append(text + _placeholders(mine))
-        patches.append(sum(mine))
-        items += mine
-        counts.append(len(mine))
-        kinds.append(kind if mine else 0)
-    return _stream(lengths, patches, items, counts, kinds)
+        made.add(text, mine, kind)
+    return made.stream()
 
 
 def _vlm_item(rng: np.random.Generator, clip: bool) -> int:
@@ -132,13 +146,10 @@ def _vlm_item(rng: np.random.Generator, clip: bool) -> int:
 
 def make_vlm_stream(rng: np.random.Generator, count: int, capacity: int, patch_capacity: int) -> Stream:
     """``count`` samples of a VLM team's stream (``--stream vlm``)."""
-    lengths, patches, items, counts, kinds = [], [], [], [], []
+    made = _Samples()
     for kind in rng.choice(4, count, p=[0.55, 0.15, 0.1, 0.2]).tolist():  # caption, interleaved, clip, text
         if kind == 3:
-            lengths.append(int(np.clip(rng.lognormal(math.log(700), 1.0), 1, capacity)))
-            patches.append(0)
-            counts.append(0)
-            kinds.append(0)
+            made.add(int(np.clip(rng.lognormal(math.log(700), 1.0), 1, capacity)), [], 0)
             continue
         text = int(np.clip(rng.lognormal(math.log(40 if kind == 0 else 400), 0.6), 1, capacity))
         mine: list[int] = []
@@ -146,12 +157,8 @@ def make_vlm_stream(rng: np.random.Generator, count: int, capacity: int, patch_c
             item = _vlm_item(rng, kind == 2)
             if text + _placeholders([*mine, item]) <= capacity and sum(mine) + item <= patch_capacity:
                 mine.append(item)
-        lengths.append(text + _placeholders(mine))
-        patches.append(sum(mine))
-        items += mine
-        counts.append(len(mine))
-        kinds.append((2 if kind == 2 else 1) if mine else 0)
-    return _stream(lengths, patches, items, counts, kinds)
+        made.add(text, mine, 2 if kind == 2 else 1)
+    return made.stream()
 
 
 STREAMS = {"mixed": make_stream, "vlm": make_vlm_stream}

@@ -67,6 +67,23 @@ def set_key(tree: MinTree, item: int, key: float) -> None:
         ids[node] = ids[pick]
 
 
+@kernel(inline="always")
+def rekey_pair(least: MinTree, most: MinTree, pair: tuple[int, int], load: np.ndarray) -> None:
+    """Ids ``pair`` keyed by their ``load`` in ``least`` and by minus it in ``most`` (least and most load first),
+    after a move or a trade between them."""
+    for item in pair:
+        set_key(least, item, load[item])
+        set_key(most, item, -load[item])
+
+
+@kernel(inline="always")
+def restore_keys(tree: MinTree, skipped: np.ndarray, count: int, load: np.ndarray) -> None:
+    """The first ``count`` ids of ``skipped`` (taken out of ``tree`` with an infinite key while others were
+    tried) keyed by their ``load`` again."""
+    for t in range(count):
+        set_key(tree, skipped[t], load[skipped[t]])
+
+
 @kernel
 def leftmost_above(tree: np.ndarray, leaves: int, start: int, threshold: np.int64) -> int:
     """In a max segment tree (root 1, leaves at ``leaves..2*leaves-1``), the first leaf position

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
-from pipeline.planning.kernels.trees import MinTree, first_fit, new_min_tree, set_key
+from pipeline.planning.kernels.trees import MinTree, first_fit, new_min_tree, rekey_pair, restore_keys, set_key
 from pipeline.planning.scheduler._kernels.state import (
     Candidates,
     Grid,
@@ -108,13 +108,10 @@ def _give_away(cands: Candidates, plan: Placement, grid: Grid, givers: Givers, a
             n_skipped += 1
             continue
         _move(cands, plan, grid, givers, a, b, best)
-        for r in (a, b):
-            set_key(cheapest, r, plan.rank_cost[r])
-            set_key(by_cost.costliest, r, -plan.rank_cost[r])
+        rekey_pair(cheapest, by_cost.costliest, (a, b), plan.rank_cost)
         moved = True
         break
-    for t in range(n_skipped):
-        set_key(cheapest, skipped[t], plan.rank_cost[skipped[t]])
+    restore_keys(cheapest, skipped, n_skipped, plan.rank_cost)
     return moved
 
 

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
-from pipeline.planning.kernels.trees import MinTree, new_min_tree, set_key
+from pipeline.planning.kernels.trees import MinTree, new_min_tree, rekey_pair, restore_keys, set_key
 from pipeline.planning.scheduler._kernels.state import Candidates, Grid, Placement, flat_slot, move_tokens
 
 # Partner ranks tried for one rank before giving up on it.
@@ -263,13 +263,10 @@ def _trade(
         for load, value in ((balance.load, balance.value), (balance.other, balance.other_value)):
             load[a] -= value[i] - value[j]
             load[b] += value[i] - value[j]
-        for r in (a, b):
-            set_key(least, r, balance.load[r])
-            set_key(most, r, -balance.load[r])
+        rekey_pair(least, most, (a, b), balance.load)
         traded = True
         break
-    for t in range(n_skipped):
-        set_key(least, skipped[t], balance.load[skipped[t]])
+    restore_keys(least, skipped, n_skipped, balance.load)
     return traded
 
 
