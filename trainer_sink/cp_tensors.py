@@ -1,4 +1,4 @@
-"""One micro-batch of a context-parallel batch (format version 2) as the dict of tensors a training step takes:
+"""One micro-batch of a context-parallel batch (format version 3) as the dict of tensors a training step takes:
 this rank's slices, laid out as Megatron-Core's packed sequences take them under context parallelism. Pure.
 
 | key | type | meaning |
