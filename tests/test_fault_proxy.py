@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ReadTimeoutError
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pipeline.tools.stack.fault_proxy import Action, FaultProxy, Faults
@@ -22,6 +22,7 @@ seconds = st.floats(0, 1e4, allow_nan=False)
 
 
 @given(latency=seconds, refuse=st.booleans(), until=st.none() | seconds, now=seconds)
+@example(latency=513.0, refuse=False, until=514.4174402315604, now=1.4935945139999944)  # until - now rounds up
 def test_faults_hold_chunks_at_most_their_latency_and_never_past_their_end(
     latency: float, refuse: bool, until: float | None, now: float
 ) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
 import struct
 import threading
@@ -53,7 +54,10 @@ class Faults:
             return 0.0
         if self.until is None:
             return self.latency_s
-        return min(self.latency_s, self.until - now)
+        delay = min(self.latency_s, self.until - now)
+        while delay > 0.0 and now + delay > self.until:  # ``until - now`` rounded up: back off by an ulp
+            delay = math.nextafter(delay, 0.0)
+        return delay
 
     def lasting(self, seconds: float, now: float) -> Faults:
         """These faults, ending ``seconds`` after ``now``."""
