@@ -234,8 +234,18 @@ def test_a_job_survives_a_fault_of_every_kind_with_nothing_lost_or_repeated(tmp_
     spec.write_text(yaml.safe_dump(body, sort_keys=False))
 
     # The constructor stays within 2 steps of the sinks (their progress reports), so sink kills and restarts
-    # pace it under every fault.
-    options = ChaosOptions(spec=spec, faults=7, seed=12, out=tmp_path / "chaos", shadows=1, max_lead_steps=2)
+    # pace it under every fault. Short pauses between faults and a short broker outage: each fault still waits
+    # until the one before is survived, and the schedule's kinds and targets do not depend on these bounds.
+    options = ChaosOptions(
+        spec=spec,
+        faults=7,
+        seed=12,
+        out=tmp_path / "chaos",
+        shadows=1,
+        max_lead_steps=2,
+        max_pause_s=0.5,
+        max_down_s=1.0,
+    )
     report = run_chaos(options)
     print("\n".join(report.lines()))
     assert report.ok, "\n".join(report.lines())
