@@ -177,7 +177,8 @@ def test_a_sink_record_must_hold_each_micro_batch_once(tmp_path: Path) -> None:
 def test_a_killed_sink_resumes_from_its_checkpoint_and_records_each_micro_batch_once(
     kafka_bootstrap: str, unique_name: str, tmp_path: Path
 ) -> None:
-    steps = _steps(np.random.default_rng(4), 400)
+    # The kills land after 20, 24 and 11 more steps (random.Random(4)): 160 steps leave the last run most of them.
+    steps = _steps(np.random.default_rng(4), 160)
     write_steps(kafka_bootstrap, unique_name, steps)
     spec = write_sink_spec(tmp_path, unique_name, kafka_bootstrap, ranks=2, micro_batches=2, capacity=64)
     out = tmp_path / "sinks"
@@ -209,7 +210,7 @@ def test_a_killed_sink_resumes_from_its_checkpoint_and_records_each_micro_batch_
         sink.communicate()
     sink = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert sink.returncode == 0, sink.stderr[-3000:]
-    assert kills > 0 and json.loads(sink.stdout.splitlines()[-1]) == {"rank": 1, "steps": 400}
+    assert kills > 0 and json.loads(sink.stdout.splitlines()[-1]) == {"rank": 1, "steps": 160}
     problems: list[str] = []
     check_sink_record(out / RECEIVED_FILE.format(rank=1), [step[1] for step in steps], problems)
     assert problems == []
