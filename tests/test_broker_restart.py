@@ -65,14 +65,14 @@ def test_idle_loaders_come_back_to_their_group_after_a_long_outage_and_take_new_
     data = build_example_data(tmp_path / "data", limit=12)
     spec = write_spec(tmp_path, unique_name, bootstrap, data, on_exhausted="next_epoch")
     topics = JobTopics(unique_name)
-    extra = ("--bootstrap-servers", bootstrap, "--rejoin-after-s", "3")
+    extra = ("--bootstrap-servers", bootstrap, "--rejoin-after-s", "3", "--session-timeout-ms", "4000")
     loaders = [start_loader(spec, "code", i, tmp_path, *extra) for i in range(2)]
     try:
         wait_for_every_unit(spec, bootstrap, loaders, tmp_path, epochs=1)
 
-        # Longer than the loaders' 10 s session: their membership lapses while the broker is away.
+        # Longer than the loaders' 4 s session: their membership lapses while the broker is away.
         broker.down()
-        time.sleep(12.0)
+        time.sleep(6.0)
         assert broker.up() == bootstrap
         request_epoch({"bootstrap.servers": bootstrap}, topics, "code", 1)
         restarts = wait_for_every_unit(spec, bootstrap, loaders, tmp_path, epochs=2, restart=extra)

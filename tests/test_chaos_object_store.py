@@ -93,6 +93,7 @@ def test_a_job_survives_object_store_restarts_and_stalls(tmp_path: Path, kafka_b
             object_store=store.store.state_dir,
             max_down_s=1.0,
             max_stall_s=2.0,
+            max_pause_s=0.5,  # waiting only: each fault still waits until the one before is survived
             max_lead_steps=2,
         )
         report = run_chaos(options)
@@ -142,9 +143,12 @@ def test_a_job_reading_its_sources_from_the_object_store_survives_its_faults(
             bootstrap=kafka_bootstrap,
             kinds=(*OBJECT_STORE_KINDS, FaultKind.KILL_LOADER, FaultKind.REVOKE_STORAGE_KEY),
             object_store=store.store.state_dir,
-            max_down_s=2.0,
-            max_stall_s=4.0,
+            # Short pauses and outages (waiting only): the seed draws the same kinds and targets whatever these
+            # bounds, each fault waits until the one before is survived, and a stall still lasts at least 1 s.
+            max_down_s=1.0,
+            max_stall_s=2.0,
             max_revoke_s=3.0,
+            max_pause_s=0.5,
             max_lead_steps=2,
         )
         report = run_chaos(options)

@@ -89,9 +89,21 @@ def test_a_job_on_a_secured_broker_survives_a_restart_kills_and_revoked_acls_wit
     spec = write_spec(tmp_path, "chaos", "127.0.0.1:9", data, step=step)
     out = tmp_path / "chaos"
     # Seed 23 revokes the ACLs of the trainer (both sinks), of a loader (loader.topics) and of the constructor
-    # (the active one and its shadow), beside a fault of every other kind.
+    # (the active one and its shadow), beside a fault of every other kind. Short pauses between faults and a
+    # short broker outage: each fault still waits until the one before is survived, and the schedule's kinds
+    # and targets do not depend on these bounds.
     options = ChaosOptions(
-        spec=spec, faults=7, seed=23, out=out, shadows=1, kinds=KINDS, max_lead_steps=2, secure=True, max_revoke_s=3
+        spec=spec,
+        faults=7,
+        seed=23,
+        out=out,
+        shadows=1,
+        kinds=KINDS,
+        max_lead_steps=2,
+        secure=True,
+        max_revoke_s=3,
+        max_pause_s=0.5,
+        max_down_s=1.0,
     )
     report = run_chaos(options)
     print("\n".join(report.lines()))

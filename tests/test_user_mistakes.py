@@ -73,6 +73,7 @@ WITHOUT_BROKER = [
     _case("load --spec {dead} --source code --unit-seconds nan", USAGE, "--unit-seconds: 'nan' is not a finite number"),
     _case("load --spec {dead} --source code --max-units 0", USAGE, "--max-units: must be above 0"),
     _case("load --spec {dead} --source code --rejoin-after-s -1", USAGE, "--rejoin-after-s: must be above 0"),
+    _case("load --spec {dead} --source code --session-timeout-ms 0", USAGE, "--session-timeout-ms: must be above 0"),
     _case("load --spec {dead} --source code --metrics-port 70000", USAGE, "--metrics-port: a port is 0 to 65535"),
     _case("load --spec {dead} --source code --transaction-timeout-ms 0", USAGE, "--transaction-timeout-ms: must be"),
     # construct

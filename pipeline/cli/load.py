@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipeline.cli.arguments import non_negative_int, positive_float, positive_int
 from pipeline.cli.command import add_metrics_port
-from pipeline.roles.loader.defaults import TARGET_UNIT_SECONDS
+from pipeline.roles.loader.defaults import SESSION_TIMEOUT_MS, TARGET_UNIT_SECONDS
 from topics.kafka.group_membership import DEFAULT_REJOIN_AFTER_S
 
 
@@ -35,6 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=60_000,
         help="how long an open transaction of a dead loader blocks readers (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--session-timeout-ms",
+        type=positive_int,
+        default=SESSION_TIMEOUT_MS,
+        help="how long a dead loader keeps its units from the others: its session in the source's group, above "
+        "1000 and the brokers' group.min.session.timeout.ms (default: %(default)s)",
     )
     parser.add_argument(
         "--unit-seconds",
@@ -86,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         instance=args.instance,
         until_drained=args.until_drained,
         transaction_timeout_ms=args.transaction_timeout_ms,
+        session_timeout_ms=args.session_timeout_ms,
         unit_seconds=args.unit_seconds,
         max_units=args.max_units,
         rejoin_after_s=args.rejoin_after_s,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.roles.loader.defaults import SESSION_TIMEOUT_MS
 from pipeline.roles.loader.source_runtime import TARGET_UNIT_SECONDS
 from topics.kafka.fetch_stall import STALL_AFTER_S
 from topics.kafka.group_membership import DEFAULT_REJOIN_AFTER_S
@@ -17,7 +18,7 @@ class LoaderOptions:
     # A dead loader's units move to the others after this long. (Static membership would hand them
     # back to a restarted instance at once, but a static member cannot leave the group when it exits,
     # so every clean exit would stall the others for this long, and a broker restart fences it.)
-    session_timeout_ms: int = 10_000
+    session_timeout_ms: int = SESSION_TIMEOUT_MS
     # A loader without an assignment this long replaces its consumer (see topics.kafka.group_membership).
     rejoin_after_s: float = DEFAULT_REJOIN_AFTER_S
     # A loader whose work partition delivers nothing this long while units lie past it rejoins
