@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -155,28 +155,57 @@ METADATA_WAIT_S = 60.0
 
 def _wait_for(bootstrap_or_config: str | Mapping[str, Any], names: list[str], wait_s: float, timeout_s: float) -> dict:
     """The cluster's topics once every one of ``names`` is among them; ``MixflowError`` after ``wait_s``."""
+
+    def absent(topics: dict[str, int]) -> list[str]:
+        return [name for name in names if name not in topics]
+
+    def say(waiting: list[str]) -> None:
+        log.warning(
+            "waiting for topics %s: this client's principal may not create them; the operator (`mixflow run`) "
+            "or the constructor creates them",
+            ", ".join(waiting),
+        )
+
+    topics, waiting = _poll_metadata(bootstrap_or_config, absent, wait_s, timeout_s, say)
+    if waiting:
+        msg = (
+            f"topics {', '.join(waiting)} do not exist after {wait_s:g} s, and this client's principal may not "
+            "create them: start the job with `mixflow run` (the operator) or start its constructor first"
+        )
+        raise MixflowError(msg)
+    return topics
+
+
+def _wait_gone(admin: DeadlineAdmin, names: list[str], wait_s: float, timeout_s: float) -> None:
+    """Return once none of ``names`` shows in the cluster's metadata: a topic whose deletion the controller
+    accepted stays listed a moment, and one created again meanwhile would be refused."""
+    _, left = _poll_metadata(admin.config, lambda topics: [n for n in names if n in topics], wait_s, timeout_s)
+    if left:
+        msg = f"topics {', '.join(left)} on {admin.servers} are deleted but still listed after {wait_s:g} s"
+        raise MixflowError(msg)
+
+
+def _poll_metadata(
+    bootstrap_or_config: str | Mapping[str, Any],
+    pending: Callable[[dict[str, int]], list[str]],
+    wait_s: float,
+    timeout_s: float,
+    say: Callable[[list[str]], None] | None = None,
+) -> tuple[dict[str, int], list[str]]:
+    """Ask for the cluster's topics until ``pending`` of them is empty or ``wait_s`` has passed; the topics and
+    what was still pending. ``say`` is told what is pending every ``WAIT_LOG_INTERVAL_S``."""
     deadline = time.monotonic() + wait_s
-    said = 0.0
-    delay = 0.2
+    said = time.monotonic() - WAIT_LOG_INTERVAL_S
+    delay = 0.05
     while True:
         topics = DeadlineAdmin(bootstrap_or_config, timeout_s).topics()
-        if not (absent := [name for name in names if name not in topics]):
-            return topics
         now = time.monotonic()
-        if now > deadline:
-            msg = (
-                f"topics {', '.join(absent)} do not exist after {wait_s:g} s, and this client's principal may not "
-                "create them: start the job with `mixflow run` (the operator) or start its constructor first"
-            )
-            raise MixflowError(msg)
-        if now - said >= WAIT_LOG_INTERVAL_S:
+        if not (waiting := pending(topics)) or now > deadline:
+            return topics, waiting
+        if say is not None and now - said >= WAIT_LOG_INTERVAL_S:
             said = now
-            log.warning(
-                "waiting for topics %s: this client's principal may not create them; the operator (`mixflow run`) "
-                "or the constructor creates them",
-                ", ".join(absent),
-            )
-        time.sleep(delay)  # polling the metadata: nothing to wait on for a topic another client creates
+            say(waiting)
+        time.sleep(delay)  # polling the metadata: Kafka has nothing to wait on for another client's change
         delay = min(2 * delay, 2.0)
 
 
@@ -285,7 +314,7 @@ def delete_job_topics(
     batch_topics: int = DEFAULT_BATCH_TOPICS,
 ) -> list[str]:
     """Delete every mixflow topic of ``job`` (and no other topic), ``batch_topics`` a request; returns the
-    names deleted."""
+    names deleted, once none of them shows in the cluster's metadata any more."""
     admin = DeadlineAdmin(bootstrap_or_config, timeout_s, batch_topics)
     names = sorted(name for name in admin.topics() if _is_job_topic(name, job))
     deleted = []
@@ -296,6 +325,7 @@ def delete_job_topics(
         deleted += admin.outcomes(
             futures, "delete topic", benign=KafkaError.UNKNOWN_TOPIC_OR_PART, refusal=("DELETE", "topic", "deleting it")
         )
+    _wait_gone(admin, names, METADATA_WAIT_S, timeout_s)
     return sorted(deleted)
 
 
