@@ -87,9 +87,11 @@ def _piece(source: str, layout: FileLayout, start: int, stop: int, epoch: int) -
     bounds = layout.row_bounds
     size = int(bounds[stop] - bounds[start])
     group = _single_group(layout.row_groups, start, stop)
-    if group is not None:
+    if group is not None and layout.group_offsets is None:
         return WorkUnit(source, layout.path, "row_group", start, stop, epoch, size, row_group=group)
     offset, skip = (int(bounds[start]), 0) if layout.frames is None else layout.frames.entry(int(bounds[start]))
+    if layout.group_offsets is not None and layout.row_groups is not None:
+        offset = int(layout.group_offsets[np.searchsorted(layout.row_groups, start)])
     return WorkUnit(source, layout.path, "rows", start, stop, epoch, size, byte_offset=offset, skip_bytes=skip)
 
 

@@ -1,8 +1,13 @@
-"""Arrow IPC files (also Feather v2), or the IPC stream format; the row is the 0-based row number."""
+"""Arrow IPC files (also Feather v2), or the IPC stream format; the row is the 0-based row number.
+
+A file is planned from one pass over its messages, which notes where each record batch's message begins: units
+start at a record batch, and a unit in an object store reads the schema and then its own batches from there
+(a file with dictionary batches is read from its start instead, and may be cut at any row)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -16,6 +21,8 @@ from connectors.work_units import WorkUnit
 from topics.formats.dead_letter import DeadLetter
 from topics.formats.file_formats import FILE_FORMATS
 
+_SMALL_READ_AHEAD = 8 << 10
+
 
 def read_ipc(full: Path | BinaryIO) -> pa.Table:
     """The whole table, memory-mapped (or from an object's file): the IPC file format when it has a footer,
@@ -26,6 +33,80 @@ def read_ipc(full: Path | BinaryIO) -> pa.Table:
         except pa.ArrowInvalid:
             source.seek(0)
             return pa.ipc.open_stream(source).read_all()
+
+
+@dataclass(frozen=True, slots=True)
+class IpcScan:
+    """A whole IPC file read message by message: its table, and where each record batch's message begins with
+    the rows before it (``batch_rows``: every batch's first row, then the row count); ``batch_offsets`` is None
+    where a batch cannot be read on its own (the file has dictionary batches)."""
+
+    table: pa.Table
+    batch_offsets: np.ndarray | None
+    batch_rows: np.ndarray
+
+
+def scan_ipc(full: Path | BinaryIO) -> IpcScan:
+    """``IpcScan`` of a file in the IPC file or stream format."""
+    with pa.memory_map(str(full)) if isinstance(full, Path) else pa.PythonFile(full, mode="r") as source:
+        schema = _read_schema(source)
+        batches, offsets, addressable = [], [], True
+        while True:
+            offset = source.tell()
+            try:
+                message = pa.ipc.read_message(source)
+            except EOFError:  # the end-of-stream marker (the file format's footer follows it)
+                break
+            if message.type != "record batch":
+                addressable = False  # a dictionary batch: batches refer to dictionaries read before them
+                break
+            batches.append(pa.ipc.read_record_batch(message, schema))
+            offsets.append(offset)
+    if not addressable:
+        table = read_ipc(full if isinstance(full, Path) else _rewound(full))
+        return IpcScan(table, None, np.array([0, table.num_rows], np.int64))
+    rows = np.concatenate([[0], np.cumsum([b.num_rows for b in batches], dtype=np.int64)]).astype(np.int64)
+    return IpcScan(pa.Table.from_batches(batches, schema), np.array(offsets, np.int64), rows)
+
+
+def read_ipc_batches(file: BinaryIO, offset: int, rows: int) -> tuple[pa.Table, int] | None:
+    """Up to ``rows`` rows from the record batch whose message begins at ``offset``, reading the schema and
+    then batches from there, with the rows read (fewer where the file ends first); None where no record batch
+    begins at ``offset`` (a unit planned without batch offsets)."""
+    with pa.PythonFile(file, mode="r") as source:
+        schema = _read_schema(source)
+        source.seek(offset)
+        batches, seen = [], 0
+        while seen < rows:
+            try:
+                message = pa.ipc.read_message(source)
+            except EOFError:
+                break
+            except pa.ArrowInvalid:
+                if batches:
+                    raise
+                return None
+            if message.type != "record batch":
+                return None
+            batches.append(pa.ipc.read_record_batch(message, schema))
+            seen += batches[-1].num_rows
+        return pa.Table.from_batches(batches, schema).slice(0, rows), seen
+
+
+_FILE_MAGIC = b"ARROW1"
+
+
+def _read_schema(source: pa.NativeFile) -> pa.Schema:
+    """The schema at the start of an IPC file or stream, ``source`` left after it."""
+    source.seek(0)
+    start = len(_FILE_MAGIC) + 2 if source.read(len(_FILE_MAGIC)) == _FILE_MAGIC else 0  # magic, 2 bytes padding
+    source.seek(start)
+    return pa.ipc.read_schema(pa.ipc.read_message(source))
+
+
+def _rewound(file: BinaryIO) -> BinaryIO:
+    file.seek(0)
+    return file
 
 
 def read_ipc_rows(file: BinaryIO, start: int, stop: int) -> tuple[pa.Table, int]:
@@ -73,9 +154,10 @@ class ArrowReader(Reader):
     def layout(self, path: str) -> FileLayout:
         try:
             size = self.size_of(path)
-            table = read_ipc(self.full_path(path) if not self.storage.remote else self.open_file(path))
+            scan = scan_ipc(self.full_path(path) if not self.storage.remote else self.open_file(path))
         except (OSError, pa.ArrowException) as exc:
             return FileLayout.unreadable(path, 0, f"cannot open as Arrow IPC: {exc}")
+        table = scan.table
         if self.content == "media":
             media = table.select([n for n in table.column_names if n in set(self.media_fields.names)])
             sizes = np.full(table.num_rows, media.nbytes / max(table.num_rows, 1))
@@ -84,7 +166,9 @@ class ArrowReader(Reader):
         else:
             sizes = np.full(table.num_rows, table.nbytes / max(table.num_rows, 1))
         row_bounds = np.concatenate([[0], np.rint(np.cumsum(sizes))]).astype(np.int64)
-        return FileLayout(path, size, row_bounds)
+        if scan.batch_offsets is None:
+            return FileLayout(path, size, row_bounds)
+        return FileLayout(path, size, row_bounds, row_groups=scan.batch_rows, group_offsets=scan.batch_offsets)
 
     def read(self, unit: WorkUnit) -> Iterator[Document | DeadLetter]:
         self.check_unit(unit)
@@ -118,13 +202,17 @@ class ArrowReader(Reader):
     def _unit_table(self, unit: WorkUnit) -> tuple[pa.Table, int, int]:
         """A table holding the unit's rows, the file row its first row is, and the rows the file has (as far
         as read): memory-mapped on a local disk; from an object store, the whole object for a ``file`` unit,
-        else only the batches that hold its rows."""
+        else the schema and the unit's batches from the offset it was planned with (a unit planned without one:
+        the batches up to its last row)."""
         if not self.storage.remote:
             table = read_ipc(self.full_path(unit.path))
             return table, 0, table.num_rows
-        file = self.open_file(unit.path, unit, buffer_bytes=1 << 16)
         if unit.kind == "file":
-            table = read_ipc(file)
+            table = read_ipc(self.open_file(unit.path, unit, buffer_bytes=1 << 16))
             return table, 0, table.num_rows
+        # A small read-ahead: the schema's message and each batch's metadata are read apart from its body.
+        file = self.open_file(unit.path, unit, buffer_bytes=_SMALL_READ_AHEAD)
+        if unit.byte_offset and (batches := read_ipc_batches(file, unit.byte_offset, unit.num_rows)) is not None:
+            return batches[0], unit.start, unit.start + batches[1]
         table, seen = read_ipc_rows(file, unit.start, unit.stop)
         return table, unit.start, seen

@@ -127,7 +127,9 @@ class FileLayout:
     on a local disk). ``rows_known`` is False for a small object planned from the listing alone, without
     reading it: one row spanning its bytes, read as one ``file`` unit. ``frames``, for a compressed file whose
     lines were counted: its gzip members or zstd frames, where units may start; ``row_bounds`` are then offsets
-    in its decompressed bytes, and ``size_bytes`` its size as stored.
+    in its decompressed bytes, and ``size_bytes`` its size as stored. ``group_offsets``, where set with
+    ``row_groups``: the file offset where each row group begins (an Arrow record batch's message), a unit's
+    ``byte_offset``.
     """
 
     path: str
@@ -138,6 +140,7 @@ class FileLayout:
     etag: str = ""
     rows_known: bool = True
     frames: FrameIndex | None = None
+    group_offsets: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -17,8 +18,9 @@ from connectors.work_units import WorkUnit
 from topics.formats.dead_letter import DeadLetter
 from topics.formats.file_formats import FILE_FORMATS
 
-# Read-ahead of an object's file: small, for pyarrow asks for the footer and each column chunk in one read.
-_OBJECT_BUFFER_BYTES = 64 << 10
+# The tail of an object read for its footer in one request: a footer longer than this takes one more.
+_FOOTER_GUESS_BYTES = 16 << 10
+_MAGIC = b"PAR1"
 # Footers of objects kept, by path and ETag, so the units of one object read its footer once.
 _FOOTERS_KEPT = 64
 
@@ -43,14 +45,15 @@ class ParquetReader(Reader):
         self._footers_lock = threading.Lock()
 
     def parquet_file(self, path: str, unit: WorkUnit | None = None) -> pq.ParquetFile:
-        """The file, opened by path on a local disk; in an object store read by ranges (footer, then the
-        column chunks of the row groups read), at the version ``unit`` planned."""
+        """The file, opened by path on a local disk; in an object store read by exact ranges (the footer, once
+        for each version of an object this reader keeps, then the column chunks of the row groups read), at the
+        version ``unit`` planned."""
         if not self.storage.remote:
             return pq.ParquetFile(self.full_path(path))
-        file = self.open_file(path, unit, buffer_bytes=_OBJECT_BUFFER_BYTES)
+        file = self.open_file(path, unit, buffer_bytes=0)  # pyarrow asks for each column chunk whole
         version = (path, unit.etag if unit is not None else self.object_info(path).etag)
         metadata = self._footers.get(version) if version[1] else None
-        parquet = pq.ParquetFile(file, metadata=metadata)  # a footer read before is not requested again
+        parquet = pq.ParquetFile(file, metadata=metadata or read_footer(file))
         if version[1]:
             with self._footers_lock:  # planning reads layouts on several threads
                 self._footers[version] = parquet.metadata
@@ -144,3 +147,23 @@ class ParquetReader(Reader):
             return self.size_of(path)
         except OSError:
             return 0
+
+
+def read_footer(file: BinaryIO) -> pq.FileMetaData:
+    """The footer of the Parquet file ``file`` (seekable; an object read by ranges), from one read of its last
+    ``_FOOTER_GUESS_BYTES`` and, where the footer is longer, one read of the rest: pyarrow's own footer read asks
+    for the last 64 KiB, most of a small object."""
+    size = file.seek(0, io.SEEK_END)
+    file.seek(max(size - _FOOTER_GUESS_BYTES, 0))
+    tail = file.read()
+    if len(tail) < 8 or tail[-4:] != _MAGIC:
+        msg = "Parquet magic bytes not found in footer. Either the file is corrupted or this is not a parquet file."
+        raise pa.ArrowInvalid(msg)
+    length = int.from_bytes(tail[-8:-4], "little")
+    if length + 8 + len(_MAGIC) > size:
+        msg = f"Parquet footer of {length} bytes does not fit a file of {size} bytes"
+        raise pa.ArrowInvalid(msg)
+    if length + 8 > len(tail):
+        file.seek(size - 8 - length)
+        tail = file.read(length - len(tail) + 8) + tail
+    return pq.read_metadata(pa.BufferReader(_MAGIC + tail[-8 - length :]))

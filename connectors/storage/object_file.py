@@ -67,8 +67,11 @@ class ObjectRangeIO(io.RawIOBase):
 
 def open_object(storage: Storage, path: str, size: int, etag: str, buffer_bytes: int) -> BinaryIO:
     """``ObjectRangeIO`` behind a read-ahead buffer of ``buffer_bytes``; reads longer than the buffer go to
-    the object directly, in one request each."""
+    the object directly, in one request each. ``buffer_bytes`` 0: no buffer, each read one request of exactly
+    its bytes (for a reader that asks for whole ranges, as pyarrow does for Parquet's column chunks)."""
     raw = ObjectRangeIO(storage, path, size, etag)
+    if buffer_bytes <= 0:
+        return cast(BinaryIO, raw)
     return cast(BinaryIO, io.BufferedReader(raw, buffer_size=max(buffer_bytes, io.DEFAULT_BUFFER_SIZE)))
 
 
