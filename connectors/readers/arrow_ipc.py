@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from connectors.readers._columns import column_documents, is_text_type, is_token_type, media_columns, media_documents
 from connectors.readers.base import Document, FileLayout, Reader, location
+from connectors.storage import StorageError
 from connectors.work_units import WorkUnit
 from topics.formats.dead_letter import DeadLetter
 from topics.formats.file_formats import FILE_FORMATS
@@ -80,12 +81,16 @@ def read_ipc_batches(file: BinaryIO, offset: int, rows: int) -> tuple[pa.Table, 
         while seen < rows:
             try:
                 message = pa.ipc.read_message(source)
-            except EOFError:
+            except EOFError:  # the end of the stream
+                if not batches:
+                    return None
                 break
-            except pa.ArrowInvalid:
-                if batches:
+            except StorageError:
+                raise
+            except (OSError, pa.ArrowException):
+                if batches:  # corrupt past the unit's first batch
                     raise
-                return None
+                return None  # no message begins at ``offset``
             if message.type != "record batch":
                 return None
             batches.append(pa.ipc.read_record_batch(message, schema))
@@ -211,8 +216,9 @@ class ArrowReader(Reader):
             table = read_ipc(self.open_file(unit.path, unit, buffer_bytes=1 << 16))
             return table, 0, table.num_rows
         # A small read-ahead: the schema's message and each batch's metadata are read apart from its body.
-        file = self.open_file(unit.path, unit, buffer_bytes=_SMALL_READ_AHEAD)
-        if unit.byte_offset and (batches := read_ipc_batches(file, unit.byte_offset, unit.num_rows)) is not None:
-            return batches[0], unit.start, unit.start + batches[1]
-        table, seen = read_ipc_rows(file, unit.start, unit.stop)
+        if unit.byte_offset:
+            file = self.open_file(unit.path, unit, buffer_bytes=_SMALL_READ_AHEAD)
+            if (batches := read_ipc_batches(file, unit.byte_offset, unit.num_rows)) is not None:
+                return batches[0], unit.start, unit.start + batches[1]
+        table, seen = read_ipc_rows(self.open_file(unit.path, unit, buffer_bytes=1 << 16), unit.start, unit.stop)
         return table, unit.start, seen
