@@ -119,13 +119,14 @@ def run(args: argparse.Namespace) -> int:
         from pipeline.cli import plan_context_parallel
 
         return plan_context_parallel.run(args, lengths)
-    cost_model = read_cost_section(args.cost).cost_model() if args.cost else None
+    section = read_cost_section(args.cost) if args.cost else None
     try:
-        cost_model = cost_model or CostModel(alpha=args.alpha, beta=args.beta)
+        cost_model = section.cost_model() if section else CostModel(alpha=args.alpha, beta=args.beta)
     except ValueError as exc:
         raise MixflowError(str(exc)) from exc
     if args.patches is not None:
-        return plan_media.run(args, lengths, _load_counts(args.patches, "patches"), cost_model)
+        patches = _load_counts(args.patches, "patches")
+        return plan_media.run(args, lengths, patches, cost_model, section.vision_cost_model() if section else None)
     try:
         plan_step(np.array([1, 2, 3], np.int64), 2, 1, 4, cost_model)  # compile (or load) the kernels
         start = time.perf_counter()

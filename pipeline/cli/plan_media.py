@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.cli.plan_context_parallel import read_cost_section
 from pipeline.planning.shape import StepShape
 from pipeline.spec.cost import CostModel, VisionCostModel
 from topics.errors import MixflowError
@@ -56,13 +55,12 @@ def check_patches(patches: np.ndarray, path: Path, lengths: np.ndarray, lengths_
         raise MixflowError(msg)
 
 
-def vision_cost(args: argparse.Namespace) -> VisionCostModel | None:
-    """The encoder's cost model: ``--cost``'s ``vision`` part, or ``--vision-alpha``/``--vision-beta``; None (the
-    encoder costs nothing, only the patch budget binds) as in a spec without ``cost.vision``."""
-    if args.cost is not None:
-        return read_cost_section(args.cost).vision_cost_model()
-    if args.vision_alpha is None:
-        return None
+def vision_cost(args: argparse.Namespace, from_cost: VisionCostModel | None) -> VisionCostModel | None:
+    """The encoder's cost model: ``from_cost`` (``--cost``'s ``vision`` part), or ``--vision-alpha``/
+    ``--vision-beta``; None (the encoder costs nothing, only the patch budget binds) as in a spec without
+    ``cost.vision``."""
+    if args.cost is not None or args.vision_alpha is None:
+        return from_cost
     try:
         return VisionCostModel(alpha=args.vision_alpha, beta=args.vision_beta)
     except ValueError as exc:
@@ -80,11 +78,18 @@ def encoder_costs(patches: np.ndarray, vision: VisionCostModel | None) -> np.nda
     return costs
 
 
-def run(args: argparse.Namespace, lengths: np.ndarray, patches: np.ndarray, cost_model: CostModel) -> int:
+def run(
+    args: argparse.Namespace,
+    lengths: np.ndarray,
+    patches: np.ndarray,
+    cost_model: CostModel,
+    vision: VisionCostModel | None,
+) -> int:
+    """Plan and write the step; ``vision``: the encoder's cost model of ``--cost``, where it has one."""
     from pipeline.planning.scheduler import plan_with_media, validate_plan
 
     check_patches(patches, args.patches, lengths, args.lengths, args.patch_capacity)
-    encoder = encoder_costs(patches, vision_cost(args))
+    encoder = encoder_costs(patches, vision_cost(args, vision))
     try:
         shape = StepShape(args.ranks, args.micro_batches, args.capacity, args.patch_capacity)
         warm = np.array([1, 2, 3], np.int64)
