@@ -1,5 +1,6 @@
 """`mixflow plan`: plan one step from a file of sample lengths and write the assignment (with
-``--context-parallel``, each sample's block of ranks too: ``pipeline.cli.plan_context_parallel``)."""
+``--context-parallel``, each sample's block of ranks too: ``pipeline.cli.plan_context_parallel``; with
+``--patches``, samples with vision patches under both capacities: ``pipeline.cli.plan_media``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.cli import plan_media
 from pipeline.cli.arguments import output_file, positive_int
 from pipeline.cli.plan_context_parallel import context_parallel, read_cost_section
 from pipeline.spec.cost import DEFAULT_COST_MODEL, CostModel
@@ -54,11 +56,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "static: --micro-batches)",
     )
     parser.add_argument(
-        "--out", type=output_file, required=True, help="output .npz with int32 arrays rank, micro (and cp)"
+        "--patches",
+        type=Path,
+        help=".npy file of int64 vision patches, one per sample (aligned with --lengths, 0 for text); a sample's "
+        "patches cost the encoder as one image or clip",
+    )
+    parser.add_argument(
+        "--patch-capacity", type=positive_int, help="with --patches: the vision patches a micro-batch holds"
+    )
+    parser.add_argument(
+        "--vision-alpha",
+        type=float,
+        help="with --patches: encoder cost per pair of a sample's patches, in the unit of --alpha/--beta (the spec's "
+        "cost.vision.alpha; default: cost.vision of --cost, else the encoder costs nothing)",
+    )
+    parser.add_argument("--vision-beta", type=float, help="with --patches: encoder cost per patch (cost.vision.beta)")
+    parser.add_argument(
+        "--out",
+        type=output_file,
+        required=True,
+        help="output .npz with int32 arrays rank, micro (and cp; with --patches, float64 llm_rank_cost and "
+        "encoder_rank_cost, by rank)",
     )
 
 
-def _load_lengths(path: Path) -> np.ndarray:
+def _load_counts(path: Path, what: str = "lengths") -> np.ndarray:
     try:
         lengths = np.load(path, allow_pickle=False)
     except FileNotFoundError as exc:
@@ -69,7 +91,7 @@ def _load_lengths(path: Path) -> np.ndarray:
         raise MixflowError(msg) from exc
     if not isinstance(lengths, np.ndarray) or lengths.dtype != np.int64:
         got = lengths.dtype if isinstance(lengths, np.ndarray) else type(lengths).__name__
-        msg = f"{path} must hold int64 lengths, got {got}"
+        msg = f"{path} must hold int64 {what}, got {got}"
         raise MixflowError(msg)
     return lengths
 
@@ -85,20 +107,27 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if args.cost is not None and (args.alpha != default.alpha or args.beta != default.beta):
         msg = "give --cost or --alpha/--beta, not both"
         raise MixflowError(msg)
+    plan_media.check_media_arguments(args)
 
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.planning.scheduler import plan_step, validate_plan
 
     _check_arguments(args)
-    lengths = _load_lengths(args.lengths)
+    lengths = _load_counts(args.lengths)
     if args.context_parallel is not None:
         from pipeline.cli import plan_context_parallel
 
         return plan_context_parallel.run(args, lengths)
-    cost_model = read_cost_section(args.cost).cost_model() if args.cost else None
+    section = read_cost_section(args.cost) if args.cost else None
     try:
-        cost_model = cost_model or CostModel(alpha=args.alpha, beta=args.beta)
+        cost_model = section.cost_model() if section else CostModel(alpha=args.alpha, beta=args.beta)
+    except ValueError as exc:
+        raise MixflowError(str(exc)) from exc
+    if args.patches is not None:
+        patches = _load_counts(args.patches, "patches")
+        return plan_media.run(args, lengths, patches, cost_model, section.vision_cost_model() if section else None)
+    try:
         plan_step(np.array([1, 2, 3], np.int64), 2, 1, 4, cost_model)  # compile (or load) the kernels
         start = time.perf_counter()
         plan = plan_step(lengths, args.ranks, args.micro_batches, args.capacity, cost_model)

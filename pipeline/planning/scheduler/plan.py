@@ -68,11 +68,14 @@ class StepPlan:
         """Indices of deferred samples, oldest first (int64)."""
         return np.flatnonzero(self.rank < 0)
 
-    def micro_costs(self, lengths: np.ndarray, cost_model: CostModel = DEFAULT_COST_MODEL) -> np.ndarray:
-        """Cost of every micro-batch, shape (ranks, micro_batches)."""
+    def micro_costs(
+        self, lengths: np.ndarray, cost_model: CostModel = DEFAULT_COST_MODEL, *, costs: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Cost of every micro-batch, shape (ranks, micro_batches); ``costs`` (one per sample, such as the LLM's
+        plus the vision encoder's) instead of ``cost_model``'s where given."""
         placed = self.placed_mask
         slots = self.rank[placed].astype(np.int64) * self.micro_batches + self.micro[placed]
-        weights = cost_model.costs(np.asarray(lengths)[placed])
+        weights = _costs(lengths, cost_model, costs)[placed]
         flat = np.bincount(slots, weights=weights, minlength=self.ranks * self.micro_batches)
         return flat.reshape(self.ranks, self.micro_batches)
 
@@ -85,20 +88,24 @@ class StepPlan:
         weights = np.asarray(values, dtype=np.float64)[placed]
         return np.bincount(self.rank[placed], weights=weights, minlength=self.ranks)
 
-    def lower_bound(self, lengths: np.ndarray, cost_model: CostModel = DEFAULT_COST_MODEL) -> float:
+    def lower_bound(
+        self, lengths: np.ndarray, cost_model: CostModel = DEFAULT_COST_MODEL, *, costs: np.ndarray | None = None
+    ) -> float:
         """``max(total placed cost / ranks, largest placed cost)``: no plan of these samples does better."""
-        placed_costs = cost_model.costs(np.asarray(lengths)[self.placed_mask])
+        placed_costs = _costs(lengths, cost_model, costs)[self.placed_mask]
         if placed_costs.size == 0:
             return 0.0
         return max(float(placed_costs.sum()) / self.ranks, float(placed_costs.max()))
 
-    def summary(self, lengths: np.ndarray, cost_model: CostModel = DEFAULT_COST_MODEL) -> PlanSummary:
+    def summary(
+        self, lengths: np.ndarray, cost_model: CostModel = DEFAULT_COST_MODEL, *, costs: np.ndarray | None = None
+    ) -> PlanSummary:
         lengths = np.asarray(lengths)
         placed = self.placed_mask
-        micro_costs = self.micro_costs(lengths, cost_model)
+        micro_costs = self.micro_costs(lengths, cost_model, costs=costs)
         rank_costs = micro_costs.sum(axis=1)
         max_rank_cost = float(rank_costs.max())
-        lower_bound = self.lower_bound(lengths, cost_model)
+        lower_bound = self.lower_bound(lengths, cost_model, costs=costs)
         busy = rank_costs > 0
         mean_micro = rank_costs[busy] / self.micro_batches
         micro_imbalance = float((micro_costs[busy].max(axis=1) / mean_micro).max()) if busy.any() else 1.0
@@ -113,6 +120,10 @@ class StepPlan:
             balance_ratio=max_rank_cost / lower_bound if lower_bound > 0 else 1.0,
             micro_imbalance=micro_imbalance,
         )
+
+
+def _costs(lengths: np.ndarray, cost_model: CostModel, costs: np.ndarray | None) -> np.ndarray:
+    return cost_model.costs(np.asarray(lengths)) if costs is None else np.asarray(costs, dtype=np.float64)
 
 
 def plan_step(
