@@ -16,6 +16,8 @@
    plans them as loader instance 0 does; its wall time and peak RSS. ``--planning-only`` runs this part alone.
 4. Time to first sample: from starting a loader process to the first sample in the source topic, for the
    JSONL source from the bucket and from disk.
+5. Many small objects: ``--small`` JSONL objects of 5-40 documents each (2-20 KB), loader tokens/s from the
+   bucket against disk as in 1 (medians of ``--repeats``; target >= 0.8). ``--small-only`` runs this part alone.
 
 Nothing is asserted: a benchmark prints numbers.
 """
@@ -178,6 +180,36 @@ def reading_rates(server: S3Server, root: str, file_format: str, repeats: int) -
     return statistics.median(ours), statistics.median(plain)
 
 
+def write_small_objects(folder: Path, count: int) -> Path:
+    """``count`` JSONL files of 5-40 documents of 40-120 words each, in 10 sub-folders."""
+    rng = np.random.default_rng(11)
+    out = folder / "small"
+    for i in range(count):
+        texts = [" ".join(rng.choice(WORDS, int(rng.integers(40, 120)))) for _ in range(int(rng.integers(5, 41)))]
+        path = out / f"{i % 10:02d}" / f"doc-{i:05d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return out
+
+
+def loader_rates(
+    folder: Path, server: S3Server, args: argparse.Namespace, tokenizer: Path, local: Path, root: str, file_format: str
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Loader tokens/s and seconds to the first sample over ``local`` and over ``root``, alternately, in fresh
+    jobs, ``args.repeats`` times each."""
+    rates: dict[str, list[float]] = {"disk": [], "bucket": []}
+    firsts: dict[str, list[float]] = {"disk": [], "bucket": []}
+    for _ in range(args.repeats):
+        for where, path in (("disk", str(local)), ("bucket", root)):
+            job = f"osb{uuid.uuid4().hex[:8]}"
+            source = {"name": "bench", "reader": file_format, "path": path}
+            spec = write_spec(folder, job, args.bootstrap_servers, source, tokenizer, server)
+            rate, first = loader_rate(spec, "bench", args.bootstrap_servers)
+            rates[where].append(rate)
+            firsts[where].append(first)
+    return rates, firsts
+
+
 def many_objects(server: S3Server, count: int) -> str:
     """``count`` small JSONL objects under one prefix, written into the server's folder with their ETags."""
     folder = server.bucket("many") / "small"
@@ -244,6 +276,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--objects", type=int, default=100_000)
     parser.add_argument("--planning-only", action="store_true", help="only plan the prefix of --objects")
+    parser.add_argument("--small", type=int, default=250, help="small JSONL objects read by a loader (0: none)")
+    parser.add_argument("--small-only", action="store_true", help="only the loader over --small small objects")
     parser.add_argument("--files", type=int, default=6, help="files per format")
     parser.add_argument("--rows", type=int, default=5_000, help="documents per file")
     parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
@@ -257,22 +291,11 @@ def main() -> None:
         folder = Path(scratch)
         tokenizer = build_example_data(folder / "example", limit=3) / "tokenizer.json"
         loader_rows, reading_rows, first_rows = [], [], []
-        for file_format in () if args.planning_only else ("parquet", "jsonl"):
+        formats = () if args.planning_only or args.small_only else ("parquet", "jsonl")
+        for file_format in formats:
             local = write_corpus(folder / "data", file_format, args.files, args.rows)
             root = upload(server, local, file_format)
-            rates: dict[str, list[float]] = {"disk": [], "bucket": []}
-            firsts: dict[str, list[float]] = {"disk": [], "bucket": []}
-            for _ in range(args.repeats):
-                for where, path in (("disk", str(local)), ("bucket", root)):
-                    job = f"osb{uuid.uuid4().hex[:8]}"
-                    source = {"name": "bench", "reader": file_format, "path": path}
-                    rate, first = loader_rate(
-                        write_spec(folder, job, args.bootstrap_servers, source, tokenizer, server),
-                        "bench",
-                        args.bootstrap_servers,
-                    )
-                    rates[where].append(rate)
-                    firsts[where].append(first)
+            rates, firsts = loader_rates(folder, server, args, tokenizer, local, root, file_format)
             disk, bucket = statistics.median(rates["disk"]), statistics.median(rates["bucket"])
             loader_rows.append([file_format, f"{disk:,.0f}", f"{bucket:,.0f}", f"{bucket / disk:.2f}"])
             first_rows.append(
@@ -280,8 +303,20 @@ def main() -> None:
             )
             ours, plain = reading_rates(server, root, file_format, args.repeats)
             reading_rows.append([file_format, f"{ours:.3f}", f"{plain:.3f}", f"{plain / ours:.2f}"])
+        if args.small and not args.planning_only:
+            local = write_small_objects(folder / "data", args.small)
+            rates, _ = loader_rates(folder, server, args, tokenizer, local, upload(server, local, "small"), "jsonl")
+            disk, bucket = statistics.median(rates["disk"]), statistics.median(rates["bucket"])
+            print_table(
+                ["objects", "disk", "bucket", "bucket/disk"],
+                [[args.small, f"{disk:,.0f}", f"{bucket:,.0f}", f"{bucket / disk:.2f}"]],
+                title=f"loader tokens/s over many small JSONL objects, median of {args.repeats}",
+                markdown=args.markdown,
+            )
         if args.planning_only:
             plan_many(server, args.objects, args.markdown)
+            return
+        if args.small_only:
             return
         title = f"loader tokens/s, median of {args.repeats}, {args.files} files x {args.rows} documents per format"
         print_table(["format", "disk", "bucket", "bucket/disk"], loader_rows, title=title, markdown=args.markdown)

@@ -93,7 +93,12 @@ class SourceLoader(TransactionalRole):
         began = time.monotonic()
         try:
             # Closing the consumer leaves the group, so the other loaders take the units at once.
-            closes = (self.group.close_consumer, lambda: producer.flush(30), self.group.offsets.close)
+            closes = (
+                self.transactions.read_ahead.close,
+                self.group.close_consumer,
+                lambda: producer.flush(30),
+                self.group.offsets.close,
+            )
             with closing_unless_stuck(*closes):
                 try:
                     self._loop(producer)

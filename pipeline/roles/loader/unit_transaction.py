@@ -8,6 +8,7 @@ stop``, aborts the transaction and stops the loader (``ChangedObjectStopError``)
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -17,11 +18,13 @@ from connectors.storage import ObjectRefusedError
 from pipeline.kafka.role_protocol import TransactionalRole
 from pipeline.roles.loader.metrics import LoaderMetrics
 from pipeline.roles.loader.options import LoaderOptions
+from pipeline.roles.loader.read_ahead import ReadAhead
 from pipeline.roles.loader.stats import LoaderStats, UnitCounts
 from pipeline.roles.loader.unit_loading import UnitLoader, decode_unit, where
 from pipeline.roles.loader.work_group import WorkGroup
 from pipeline.roles.loader.work_planning import SourcePlanning
 from topics.errors import RefusedError
+from topics.formats.dead_letter import DeadLetter
 
 
 class ChangedObjectStopError(RefusedError):
@@ -65,24 +68,27 @@ class UnitTransactions:
         self.stats = stats
         self.metrics = metrics
         self.options = options
+        self.read_ahead = ReadAhead(loader.runtime.reader)
 
     def publish(self, producer: Producer, first: Message) -> None:
         """Publish ``first`` and the units ready after it in one transaction, and count them once it
         commits; rewind to redo them when it aborts."""
         began = time.monotonic()
         done: list[PublishedUnit] = []
+        taken: list[Message] = []
         try:
             committed = self.role.transaction(
                 producer,
                 self.group.consumer,
-                lambda: self._publish_units(producer, first, done, began),
+                lambda: self._publish_units(producer, first, done, taken, began),
                 f"units from {where(first)}",
             )
         finally:
             self.stats.busy_seconds += time.monotonic() - began
+            self.read_ahead.forget()
         self.metrics.transaction_ended(committed, time.monotonic() - began)
         if not committed:
-            self.group.rewind([published.message for published in done] or [first])
+            self.group.rewind(taken or [first])
             self.stats.aborted += 1
             return
         self.planning.committed()
@@ -91,17 +97,32 @@ class UnitTransactions:
             self.metrics.unit_committed(published.counts.samples, published.counts.tokens)
 
     def _publish_units(
-        self, producer: Producer, first: Message, done: list[PublishedUnit], began: float
+        self, producer: Producer, first: Message, done: list[PublishedUnit], taken: list[Message], began: float
     ) -> list[TopicPartition]:
-        """Produce ``first`` and the units ready after it (appended to ``done``); their offsets to commit."""
+        """Produce ``first`` and the units ready after it (appended to ``done``; every record taken from the
+        group, in order, to ``taken``); their offsets to commit. From an object store the next units are read
+        while one is tokenized (``ReadAhead``), so a transaction takes up to that many units more than its
+        ``unit_seconds`` would."""
         self.group.revoked = False
         sizer = self.planning.sizer
         if sizer is not None:
             sizer.begin()
-        message: Message | None = first
-        while message is not None:
-            done.append(self._publish_record(producer, message))
-            message = self._next_ready(began, len(done))
+        pending: deque[tuple[Message, WorkUnit | None, list[DeadLetter]]] = deque()
+
+        def take(message: Message) -> None:
+            taken.append(message)
+            unit, letters = decode_unit(message, self.loader.source)
+            pending.append((message, unit, letters))
+            if unit is not None:
+                self.read_ahead.start(unit)
+
+        take(first)
+        while pending:
+            while len(pending) <= self.read_ahead.units and (ready := self._next_ready(began, len(taken))) is not None:
+                take(ready)
+            done.append(self._publish_record(producer, *pending.popleft()))
+            if not pending and (ready := self._next_ready(began, len(taken))) is not None:
+                take(ready)
         if sizer is not None:
             sizer.produce(producer, self.planning.topics, self.planning.plan, self.planning.work_partitions)
         if self.group.revoked:
@@ -114,9 +135,10 @@ class UnitTransactions:
             ends[(m.topic(), m.partition())] = m.offset() + 1
         return [TopicPartition(topic, partition, end) for (topic, partition), end in ends.items()]
 
-    def _publish_record(self, producer: Producer, message: Message) -> PublishedUnit:
+    def _publish_record(
+        self, producer: Producer, message: Message, unit: WorkUnit | None, letters: list[DeadLetter]
+    ) -> PublishedUnit:
         """The unit a work record holds, published; an undecodable record as a dead letter."""
-        unit, letters = decode_unit(message, self.loader.source)
         if unit is None:
             return PublishedUnit(message, None, self.loader.publish_letters(producer, letters))
         try:
@@ -130,12 +152,12 @@ class UnitTransactions:
         produced with the transaction's other records by ``UnitSizer.produce``), timing what is loaded."""
         sizer = self.planning.sizer
         if sizer is None:
-            return self.loader.load(producer, unit, place)
+            return self.loader.load(producer, unit, place, self.read_ahead.items(unit))
         if (children := sizer.split(unit)) is not None:
             sizer.add_split(children)
             return UnitCounts()
         began = time.perf_counter()
-        counts = self.loader.load(producer, unit, place)
+        counts = self.loader.load(producer, unit, place, self.read_ahead.items(unit))
         sizer.add_measurement(unit, time.perf_counter() - began)
         return counts
 
