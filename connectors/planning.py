@@ -91,7 +91,10 @@ def _piece(source: str, layout: FileLayout, start: int, stop: int, epoch: int) -
         return WorkUnit(source, layout.path, "row_group", start, stop, epoch, size, row_group=group)
     offset, skip = (int(bounds[start]), 0) if layout.frames is None else layout.frames.entry(int(bounds[start]))
     if layout.group_offsets is not None and layout.row_groups is not None:
-        offset = int(layout.group_offsets[np.searchsorted(layout.row_groups, start)])
+        # A unit starting at a group reads from it; one a loader's split starts inside a group, from the file's start.
+        group_at = int(np.searchsorted(layout.row_groups, start))
+        begins_group = group_at < len(layout.group_offsets) and layout.row_groups[group_at] == start
+        offset = int(layout.group_offsets[group_at]) if begins_group else 0
     return WorkUnit(source, layout.path, "rows", start, stop, epoch, size, byte_offset=offset, skip_bytes=skip)
 
 

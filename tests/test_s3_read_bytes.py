@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from connectors.planning import split_file
+from connectors.planning import split_file, split_unit
 from connectors.readers import Document, make_reader
 from connectors.storage import storage_for
 from connectors.storage.base import StoredBytes
@@ -125,3 +125,22 @@ def test_an_arrow_unit_planned_without_its_batch_offset_is_read_from_the_start(
         moved = dataclasses.replace(unit, byte_offset=0 if shift is None else unit.byte_offset + shift)
         texts = [d.text for d in reader.read(moved) if isinstance(d, Document)]
         assert texts == data.column("text").to_pylist()[unit.start : unit.stop], unit.unit_id
+
+
+def test_an_arrow_unit_split_inside_its_batches_reads_exactly_its_rows(server: S3Server, tmp_path: Path) -> None:
+    """A loader's split (``split_unit``) may cut a unit inside a record batch: each piece still reads its rows."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    data = table(4)
+    with pa.ipc.new_file(folder / "part.arrow", data.schema) as writer:
+        for batch in data.to_batches(max_chunksize=ROWS):
+            writer.write_batch(batch)
+    root = upload(server, folder, tmp_path.name)
+    reader = make_reader("arrow", "web", root, storage=storage_for(root, server.settings()))
+    (layout,) = reader.layouts()
+    texts = data.column("text").to_pylist()
+    for unit in split_file("web", layout, max_bytes=int(layout.content_bytes / 3)):
+        pieces = split_unit(unit, layout, max_bytes=int(layout.content_bytes / 40))
+        assert len(pieces) > 2 and any(p.start % ROWS for p in pieces)
+        read = [d.text for p in pieces for d in reader.read(p) if isinstance(d, Document)]
+        assert read == texts[unit.start : unit.stop], unit.unit_id
