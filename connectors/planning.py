@@ -165,6 +165,8 @@ def split_unit(unit: WorkUnit, layout: FileLayout, max_bytes: int) -> list[WorkU
     else:
         coarse = [(start, stop)]
     ranges = _row_ranges if layout.frames is None else partial(_frame_ranges, layout.frames.cut_rows(bounds))
+    if layout.group_offsets is not None and groups is not None:
+        ranges = partial(_frame_ranges, groups)  # a unit reads from where its first group begins
     for lo, hi in coarse:
         pieces += ranges(bounds, lo, hi, max_bytes)
     if len(pieces) < 2:
@@ -177,7 +179,8 @@ def _frame_ranges(
     allowed: np.ndarray, bounds: np.ndarray, start: int, stop: int, max_bytes: int
 ) -> list[tuple[int, int]]:
     """Rows ``[start, stop)`` of a compressed file as ranges of about equal bytes, cut only at the ``allowed``
-    rows (``FrameIndex.cut_rows``): a range exceeds ``max_bytes`` by at most the rows of a frame."""
+    rows (``FrameIndex.cut_rows``, or the row groups of a file read from a group's offset): a range exceeds
+    ``max_bytes`` by at most the rows of a frame (a group)."""
     inside = allowed[(allowed > start) & (allowed < stop)]
     cuts = cut_rows(bounds, np.concatenate([[start], inside, [stop]]).astype(np.int64), max_bytes)
     return list(itertools.pairwise(cuts.tolist()))

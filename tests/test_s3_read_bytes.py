@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from connectors.planning import split_file, split_unit
+from connectors.planning import _piece, split_file, split_unit
 from connectors.readers import Document, make_reader
 from connectors.storage import storage_for
 from connectors.storage.base import StoredBytes
@@ -127,8 +127,9 @@ def test_an_arrow_unit_planned_without_its_batch_offset_is_read_from_the_start(
         assert texts == data.column("text").to_pylist()[unit.start : unit.stop], unit.unit_id
 
 
-def test_an_arrow_unit_split_inside_its_batches_reads_exactly_its_rows(server: S3Server, tmp_path: Path) -> None:
-    """A loader's split (``split_unit``) may cut a unit inside a record batch: each piece still reads its rows."""
+def test_an_arrow_unit_split_by_a_loader_reads_exactly_its_rows(server: S3Server, tmp_path: Path) -> None:
+    """A loader's split (``split_unit``) cuts a unit at its record batches, and each piece reads exactly its rows;
+    a piece made to start inside a batch (as no split does) reads from the file's start."""
     folder = tmp_path / "src"
     folder.mkdir()
     data = table(4)
@@ -141,6 +142,9 @@ def test_an_arrow_unit_split_inside_its_batches_reads_exactly_its_rows(server: S
     texts = data.column("text").to_pylist()
     for unit in split_file("web", layout, max_bytes=int(layout.content_bytes / 3)):
         pieces = split_unit(unit, layout, max_bytes=int(layout.content_bytes / 40))
-        assert len(pieces) > 2 and any(p.start % ROWS for p in pieces)
+        assert len(pieces) > 1 and all(p.start % ROWS == 0 and p.byte_offset for p in pieces)
         read = [d.text for p in pieces for d in reader.read(p) if isinstance(d, Document)]
         assert read == texts[unit.start : unit.stop], unit.unit_id
+        inside = _piece("web", layout, unit.start + 7, unit.stop, 0)
+        assert inside.byte_offset == 0
+        assert [d.text for d in reader.read(inside) if isinstance(d, Document)] == texts[unit.start + 7 : unit.stop]
