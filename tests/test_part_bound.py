@@ -86,11 +86,14 @@ def best_plans(shape: StepShape, lengths, patches, values: dict[str, np.ndarray]
 
 
 @settings(max_examples=150, deadline=None)
-@given(pool=pools(60, shapes((1, 6), (1, 4))), llm=LLMS, encoder=ENCODERS)
-def test_the_bound_is_never_above_the_constructors_plan(pool, llm: CostModel, encoder: VisionCostModel) -> None:
+@given(pool=pools(60, shapes((1, 6), (1, 4))), llm=LLMS, encoder=ENCODERS, even=st.booleans())
+def test_the_bound_is_never_above_the_constructors_plan(
+    pool, llm: CostModel, encoder: VisionCostModel, even: bool
+) -> None:
+    """The constructor's plan of the pool (``plan_with_media``, the encoder's part evened out or not)."""
     shape, lengths, patches = pool
     values = part_values(lengths, patches, llm, encoder)
-    plan = plan_with_media(lengths, shape, llm, None, patches, values["encoder"])
+    plan = plan_with_media(lengths, shape, llm, None, patches, values["encoder"], even)
     placed = plan.placed_mask
     for part, costs in values.items():
         bound = largest_rank_bound(costs[placed], lengths[placed], patches[placed], shape)
