@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.planning.scheduler.media import plan_with_media
-from pipeline.planning.scheduler.part_bound import cheapest_cover, largest_rank_bound, pigeonhole_bound
+from pipeline.planning.scheduler.part_bound import (
+    cheapest_cover,
+    cramped_bound,
+    largest_rank_bound,
+    most_within,
+    pigeonhole_bound,
+    room_bound,
+)
 from pipeline.planning.shape import StepShape
 from pipeline.spec.cost import CostModel, VisionCostModel
 
@@ -140,6 +147,14 @@ def test_each_argument_binds_where_it_should() -> None:
     # The same by patches: a budget of 10 a micro-batch.
     patched = StepShape(ranks=2, micro_batches=2, tokens_per_micro_batch=1000, patches_per_micro_batch=10)
     assert largest_rank_bound(values, np.ones(4, np.int64), lengths, patched) == pytest.approx(11.0)
+    # A cramped rank: the text sample fills its micro-batch, so its rank holds 2 of the 6 images at most.
+    cramped = StepShape(ranks=2, micro_batches=2, tokens_per_micro_batch=10, patches_per_micro_batch=10)
+    lengths, patches = np.array([10, *[2] * 6]), np.array([0, *[5] * 6])
+    values = np.array([0.0, *[1.0] * 6])  # the encoder's part
+    assert max(values.sum() / 2, pigeonhole_bound(values, 2), room_bound(values, patches, 20)) == 3.0
+    assert cramped_bound(values, lengths, patches, cramped) == pytest.approx(4.0)
+    assert largest_rank_bound(values, lengths, patches, cramped) == pytest.approx(4.0)
+    assert best_plans(cramped, lengths, patches, {"x": values})["x"] == pytest.approx(4.0)
 
 
 @given(
@@ -163,3 +178,22 @@ def test_the_cover_is_the_cheapest_fractional_one(values: list[float], weights: 
         assert cover == pytest.approx(v.sum())
     if need <= 0:
         assert cover == 0.0
+
+
+@given(
+    values=st.lists(st.floats(0, 100), min_size=1, max_size=12),
+    weights=st.lists(st.integers(0, 20), min_size=12, max_size=12),
+    budget=st.integers(0, 120),
+)
+def test_the_knapsack_holds_at_least_any_whole_choice(values: list[float], weights: list[int], budget: int) -> None:
+    """Against every subset: no whole samples within ``budget`` hold more than the fractional knapsack."""
+    v, w = np.array(values), np.array(weights[: len(values)], dtype=np.float64)
+    most = most_within(v, w, float(budget))
+    wholes = [
+        v[list(subset)].sum()
+        for k in range(v.size + 1)
+        for subset in itertools.combinations(range(v.size), k)
+        if w[list(subset)].sum() <= budget
+    ]
+    assert max(wholes) <= tolerance(most)
+    assert most <= tolerance(float(v.sum()))
