@@ -71,8 +71,10 @@ BOUND_NOTE = (
     "A part's bound is, per step, the least largest rank cost of that part any plan of the step's samples could "
     "reach on its ranks and micro-batches, over the mean: no plan of those samples does better "
     "(`largest_rank_bound`: the mean; the costliest samples, some of which must share a rank; what a rank must hold "
-    "that the other ranks have no room for). Planned over it is each step's figure over its bound: at 1.000 the "
-    "plan is the best those samples allow; above it, the plan is at most that far from the best."
+    "that the other ranks have no room for; what a rank cramped by a sample that fills its micro-batch cannot "
+    "hold). Planned over it is each step's figure over its bound: at 1.000 the plan is the best those samples "
+    "allow; above it, the plan is at most that far from the best. Each part's bound is of that part alone: the "
+    "scheduler balances both together first, and naive loading leaves out the samples it cannot fit."
 )
 
 
