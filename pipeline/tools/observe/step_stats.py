@@ -246,8 +246,7 @@ def step_stats(
     lengths = np.concatenate([b.lengths for b in batches]).astype(np.int64)  # (n,) the step's order
     vision = step_vision(batches, encoder) if encoder is not None else None
     parts = written_parts(batches, cost, vision) if vision is not None else None
-    shape = written_shape(batches)
-    bounds = part_bounds(lengths, cost.costs(lengths), vision, shape) if vision is not None else None
+    bounds = None if vision is None else part_bounds(lengths, cost.costs(lengths), vision, written_shape(batches))
     return StepStats(
         step=first.step,
         rank_costs=rank_costs(batches, cost) if parts is None else parts.total(vision.in_total),
