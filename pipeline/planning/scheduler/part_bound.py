@@ -27,15 +27,15 @@ import numpy as np
 from pipeline.planning.shape import StepShape
 
 ROOM_CANDIDATES = 8
-"""The costliest samples the room argument is tried for (each is sound; the costliest gain the most)."""
+"""How many samples the room and cramped rank arguments are each tried for: the costliest and those that fill
+their micro-batch the most (any sample gives a sound bound; those give the highest)."""
 
 
 def largest_rank_bound(values: np.ndarray, lengths: np.ndarray, patches: np.ndarray, shape: StepShape) -> float:
     """A lower bound of the largest rank's sum of ``values`` (one per sample, >= 0: a part of each sample's
     cost) over every plan of these samples (``lengths`` tokens and ``patches`` patches each) on ``shape``'s
     ranks and micro-batches: the largest of the mean, pigeonhole, room and cramped rank arguments (the module
-    docstring).
-    0 for no samples."""
+    docstring); 0 for no samples."""
     values = np.asarray(values, dtype=np.float64).reshape(-1)
     if not values.size:
         return 0.0
