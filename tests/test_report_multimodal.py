@@ -21,6 +21,8 @@ from matplotlib.image import imread
 from rich.console import Console
 from tokenizers import AddedToken, ByteLevelBPETokenizer, Tokenizer
 
+from pipeline.planning.scheduler.part_bound import largest_rank_bound
+from pipeline.planning.shape import StepShape
 from pipeline.spec import load_spec
 from pipeline.spec.cost import CostModel, VisionCostModel
 from pipeline.tools.observe.frame import JobFacts, build_frame, render_frame
@@ -164,6 +166,13 @@ def test_step_parts_add_up_to_the_batches_and_naive_keeps_both_capacities(job, w
         np.testing.assert_allclose(stats.rank_costs, llm + encoder if weighing.in_total else llm, rtol=1e-12)
         assert stats.encoder_imbalance == pytest.approx(float(imbalance(encoder)))
         assert stats.llm_imbalance == pytest.approx(float(imbalance(llm)))
+        # The batches are one plan of their samples: the bound of each part is never above it, nor below 1.
+        for bound, written in (
+            (stats.encoder_bound_imbalance, stats.encoder_imbalance),
+            (stats.llm_bound_imbalance, stats.llm_imbalance),
+            (stats.bound_imbalance, stats.imbalance),
+        ):
+            assert 1.0 <= bound <= written * (1 + 1e-9) + 1e-9, (bound, written)
 
         samples = [s for b in batches for s in b.samples()]
         naive = naive_by_hand(samples, first.ranks, first.micro_batches, first.capacity, first.patches_per_micro_batch)
@@ -195,7 +204,10 @@ def test_run_summary_deals_the_shuffled_samples_under_both_capacities(job, weigh
         naive_encoder, naive_llm = part_costs(naive["held"], weighing)
         encoder, llm = part_costs([b.samples() for b in batches], weighing)
         expected = (imbalance(encoder), imbalance(naive_encoder), imbalance(llm), imbalance(naive_llm))
-        assert balance.by_part[-1] == pytest.approx([float(x) for x in expected])
+        assert balance.by_part[-1][:4] == pytest.approx([float(x) for x in expected])
+        stats = step_stats(batches, SOURCES, LLM, weighing)  # the report's bounds, the same
+        bounds = (stats.encoder_bound_imbalance, stats.llm_bound_imbalance, stats.bound_imbalance)
+        assert balance.by_part[-1][4:] == pytest.approx(bounds)
         total = llm + encoder if weighing.in_total else llm
         naive_total = naive_llm + naive_encoder if weighing.in_total else naive_llm
         assert balance.balanced[-1] == pytest.approx(float(imbalance(total)))
@@ -204,6 +216,7 @@ def test_run_summary_deals_the_shuffled_samples_under_both_capacities(job, weigh
     assert parts is not None and len(parts.encoder) == len(job)
     lines = parts.lines()
     assert lines[0].startswith(f"  {weighing.label}: ") and lines[1].startswith("  LLM: ")
+    assert all(re.search(r"; bound [\d.]+, 95th percentile [\d.]+$", line) for line in lines), lines
 
 
 def test_naive_loading_without_vision_is_the_text_packing() -> None:
@@ -235,22 +248,27 @@ def timeline_of(job, weighing: EncoderWeighing | None) -> JobTimeline:
 
 ROW = re.compile(
     r"^\| (?P<label>[^|]+): largest / mean rank cost, median \(p95\) \| (?P<m>[\d.]+) \((?P<h>[\d.]+)\); "
+    r"bound (?P<bm>[\d.]+) \((?P<bh>[\d.]+)\), planned over it (?P<om>[\d.]+) \((?P<oh>[\d.]+)\); "
     r"naive per-rank loading (?P<nm>[\d.]+) \((?P<nh>[\d.]+)\) \|$",
     re.MULTILINE,
 )
+FIGURES = ("m", "h", "nm", "nh", "bm", "bh", "om", "oh")
+"""A part's row: as written, naive, the bound and written over the bound; each median and 95th percentile."""
 
 
 def part_rows_of(summary: str) -> dict[str, tuple[float, ...]]:
-    return {m["label"]: tuple(float(m[k]) for k in ("m", "h", "nm", "nh")) for m in ROW.finditer(summary)}
+    return {m["label"]: tuple(float(m[k]) for k in FIGURES) for m in ROW.finditer(summary)}
 
 
 def spread(values) -> tuple[float, float]:
     return float(np.median(values)), float(np.percentile(values, 95))
 
 
-def assert_row(row: tuple[float, ...], balanced, naive) -> None:
-    expected = (*spread(balanced), *spread(naive))
+def assert_row(row: tuple[float, ...], balanced, naive, bound) -> None:
+    balanced, bound = np.asarray(balanced), np.asarray(bound)
+    expected = (*spread(balanced), *spread(naive), *spread(bound), *spread(balanced / bound))
     assert row == pytest.approx(expected, abs=5e-4 + 1e-9), (row, expected)
+    assert (bound <= balanced * (1 + 1e-9)).all() and (bound >= 1).all(), (balanced, bound)
 
 
 @settings(max_examples=4, deadline=None)
@@ -264,10 +282,14 @@ def test_report_rows_plot_and_top_show_each_part(tmp_path_factory, job, weighing
     rows = part_rows_of(summary)
     assert list(rows) == [weighing.label, "LLM", weighing.total_label], summary
     stats = timeline.stats
-    assert_row(rows[weighing.label], [s.encoder_imbalance for s in stats], [s.naive_encoder_imbalance for s in stats])
-    assert_row(rows["LLM"], [s.llm_imbalance for s in stats], [s.naive_llm_imbalance for s in stats])
-    assert_row(rows[weighing.total_label], [s.imbalance for s in stats], [s.naive_imbalance for s in stats])
+    for label, balanced, naive, bound in (
+        (weighing.label, "encoder_imbalance", "naive_encoder_imbalance", "encoder_bound_imbalance"),
+        ("LLM", "llm_imbalance", "naive_llm_imbalance", "llm_bound_imbalance"),
+        (weighing.total_label, "imbalance", "naive_imbalance", "bound_imbalance"),
+    ):
+        assert_row(rows[label], *([getattr(s, name) for s in stats] for name in (balanced, naive, bound)))
     assert "naive loading fills each micro-batch under its patch budget" in summary
+    assert "A part's bound is, per step, the least largest rank cost" in summary
     # Three panels, one above the other: total, encoder, LLM.
     assert imread(images["imbalance"]).shape[0] > 2 * imread(images["shares"]).shape[0]
 
@@ -279,10 +301,17 @@ def test_report_rows_plot_and_top_show_each_part(tmp_path_factory, job, weighing
     assert [p.part for p in frame.parts] == [weighing.total_label, weighing.label, "LLM"]
     assert frame.parts[1].imbalance_median == pytest.approx(np.median([s.encoder_imbalance for s in stats]))
     assert frame.parts[2].naive_imbalance_median == pytest.approx(np.median([s.naive_llm_imbalance for s in stats]))
-    assert frame.to_dict()["parts"][0]["part"] == weighing.total_label
+    assert frame.parts[1].bound_median == pytest.approx(np.median([s.encoder_bound_imbalance for s in stats]))
+    assert frame.parts[2].bound_max == pytest.approx(max(s.llm_bound_imbalance for s in stats))
+    as_json = frame.to_dict()["parts"][0]
+    assert as_json["part"] == weighing.total_label
+    assert as_json["bound_median"] == pytest.approx(np.median([s.bound_imbalance for s in stats]))
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(render_frame(frame))
-    assert f"rank cost by part: the last {len(stats)} steps" in console.export_text()
+    shown = console.export_text()
+    assert f"rank cost by part: the last {len(stats)} steps" in shown
+    header = r"\s*┃\s*".join(("part", "imbalance", "worst", "bound", "bound worst", "naive"))
+    assert re.search(header, shown), shown
     text_frame = build_frame(JobFacts("t", 10.0, [], {}, len(job), 0, True, timeline_of(job, None).stats, None))
     assert text_frame.parts == [] and "parts" not in text_frame.to_dict()
 
@@ -370,10 +399,11 @@ NUMBER = r"(\d+\.\d+)"
 
 
 def summary_line(stdout: str, label: str) -> tuple[float, ...]:
-    """The median, naive median, high percentile and naive high percentile of one part's line."""
+    """The median, naive median, high percentile, naive high percentile, bound median and bound high percentile
+    of one part's line."""
     pattern = (
         rf"^  {re.escape(label)}: {NUMBER} balanced, {NUMBER} with naive per-rank loading; "
-        rf"95th percentile {NUMBER} balanced, {NUMBER} naive$"
+        rf"95th percentile {NUMBER} balanced, {NUMBER} naive; bound {NUMBER}, 95th percentile {NUMBER}$"
     )
     found = re.search(pattern, stdout, re.MULTILINE)
     assert found, f"no line for {label!r} in:\n{stdout}"
@@ -398,8 +428,9 @@ def test_run_and_report_show_the_encoder_and_llm_balance_of_a_multimodal_job(
 
     # Recomputed from the batches' samples: as written, and under naive loading in the written order (the
     # report) and in the order of the run summary's shuffle (seed 0, one permutation per step).
-    written, naive, shuffled = [], [], []
+    written, naive, shuffled, bounds = [], [], [], []
     rng = np.random.default_rng(0)
+    step_shape = StepShape(ranks=2, micro_batches=2, tokens_per_micro_batch=256, patches_per_micro_batch=400)
     for batches in steps:
         held = [b.samples() for b in batches]
         samples = [s for mine in held for s in mine]
@@ -414,25 +445,41 @@ def test_run_and_report_show_the_encoder_and_llm_balance_of_a_multimodal_job(
         ):
             encoder, llm = part_costs(dealt, weighing)
             out_list.append([float(imbalance(x)) for x in (encoder, llm, encoder + llm)])
+        # The least largest / mean rank cost any plan of the step's samples could reach, part by part.
+        lengths = np.array([s.length for s in samples], dtype=np.int64)
+        patches = np.array([s.patches for s in samples], dtype=np.int64)
+        encoder_costs = np.array([encoder_cost(s, ENCODER) for s in samples])
+        llm_costs = LLM.costs(lengths)
+        bounds.append(
+            [
+                largest_rank_bound(costs, lengths, patches, step_shape) / (costs.sum() / 2)
+                for costs in (encoder_costs, llm_costs, encoder_costs + llm_costs)
+            ]
+        )
     written_by_part, naive_by_part, shuffled_by_part = (np.array(x).T for x in (written, naive, shuffled))
+    bound_by_part = np.array(bounds).T
 
     rows = part_rows_of(summary)
     assert list(rows) == ["vision encoder", "LLM", "encoder + LLM"], summary
     for i, label in enumerate(rows):
-        assert_row(rows[label], written_by_part[i], naive_by_part[i])
+        assert_row(rows[label], written_by_part[i], naive_by_part[i], bound_by_part[i])
     assert "![imbalance](imbalance.png)" in summary
 
     for i, label in enumerate(("vision encoder", "LLM")):
-        median, naive_median, high, naive_high = summary_line(stdout, label)
-        expected = (*spread(written_by_part[i]), *spread(shuffled_by_part[i]))
-        assert (median, high, naive_median, naive_high) == pytest.approx(expected, abs=5e-4 + 1e-9), stdout
+        median, naive_median, high, naive_high, bound_median, bound_high = summary_line(stdout, label)
+        expected = (*spread(written_by_part[i]), *spread(shuffled_by_part[i]), *spread(bound_by_part[i]))
+        got = (median, high, naive_median, naive_high, bound_median, bound_high)
+        assert got == pytest.approx(expected, abs=5e-4 + 1e-9), stdout
     total = re.search(
         rf"largest rank cost / mean, median over steps: {NUMBER} balanced, {NUMBER} with naive per-rank loading "
-        rf"\(step-time speedup {NUMBER}x\); 95th percentile {NUMBER} balanced, {NUMBER} naive",
+        rf"\(step-time speedup {NUMBER}x\); 95th percentile {NUMBER} balanced, {NUMBER} naive; "
+        rf"bound {NUMBER}, 95th percentile {NUMBER}$",
         stdout,
+        re.MULTILINE,
     )
     assert total, stdout
-    median, naive_median, _, high, naive_high = (float(x) for x in total.groups())
-    expected = (*spread(written_by_part[2]), *spread(shuffled_by_part[2]))
-    assert (median, high, naive_median, naive_high) == pytest.approx(expected, abs=5e-4 + 1e-9), stdout
+    median, naive_median, _, high, naive_high, bound_median, bound_high = (float(x) for x in total.groups())
+    expected = (*spread(written_by_part[2]), *spread(shuffled_by_part[2]), *spread(bound_by_part[2]))
+    got = (median, high, naive_median, naive_high, bound_median, bound_high)
+    assert got == pytest.approx(expected, abs=5e-4 + 1e-9), stdout
     assert "each sample exactly once: yes" in stdout

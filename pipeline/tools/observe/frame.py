@@ -80,12 +80,15 @@ class ConstructorRow:
 @dataclass(frozen=True)
 class PartRow:
     """A multimodal job's balance of one part of the rank cost over the recent steps: largest / mean rank
-    cost, as written (median and worst) and under naive per-rank loading (median)."""
+    cost, as written (median and worst), at the bound, the least any plan of each step's samples could reach
+    (median and worst), and under naive per-rank loading (median)."""
 
     part: str
     imbalance_median: float
     imbalance_max: float
     naive_imbalance_median: float
+    bound_median: float
+    bound_max: float
 
 
 @dataclass(frozen=True)
@@ -163,13 +166,29 @@ def part_rows(recent: Sequence[StepStats]) -> list[PartRow]:
     if encoder is None:
         return []
     rows = []
-    for part, balanced, naive in (
-        (encoder.total_label, [s.imbalance for s in recent], [s.naive_imbalance for s in recent]),
-        (encoder.label, [s.encoder_imbalance for s in recent], [s.naive_encoder_imbalance for s in recent]),
-        ("LLM", [s.llm_imbalance for s in recent], [s.naive_llm_imbalance for s in recent]),
+    for part, balanced, bound, naive in (
+        (
+            encoder.total_label,
+            [s.imbalance for s in recent],
+            [s.bound_imbalance for s in recent],
+            [s.naive_imbalance for s in recent],
+        ),
+        (
+            encoder.label,
+            [s.encoder_imbalance for s in recent],
+            [s.encoder_bound_imbalance for s in recent],
+            [s.naive_encoder_imbalance for s in recent],
+        ),
+        (
+            "LLM",
+            [s.llm_imbalance for s in recent],
+            [s.llm_bound_imbalance for s in recent],
+            [s.naive_llm_imbalance for s in recent],
+        ),
     ):
-        values = np.array(balanced, dtype=np.float64)
-        rows.append(PartRow(part, float(np.median(values)), float(values.max()), float(np.median(naive))))
+        values, bounds = np.array(balanced, dtype=np.float64), np.array(bound, dtype=np.float64)
+        median, worst, naive_median = float(np.median(values)), float(values.max()), float(np.median(naive))
+        rows.append(PartRow(part, median, worst, naive_median, float(np.median(bounds)), float(bounds.max())))
     return rows
 
 
@@ -274,15 +293,18 @@ def render_frame(frame: Frame) -> Group:
 
 
 def render_parts(parts: Sequence[PartRow], steps: int) -> Table:
-    """A multimodal job's balance by part of the rank cost."""
+    """A multimodal job's balance by part of the rank cost: as written, at the bound (the least any plan of the
+    step's samples could reach), and under naive per-rank loading."""
     table = Table(title=Text(f"rank cost by part: the last {steps} steps"), title_justify="left")
-    for header in ("part", "imbalance", "worst", "naive"):
+    for header in ("part", "imbalance", "worst", "bound", "bound worst", "naive"):
         table.add_column(header, justify="left" if header == "part" else "right")
     for row in parts:
         table.add_row(
             Text(row.part),
             _num(row.imbalance_median, ".3f"),
             _num(row.imbalance_max, ".3f"),
+            _num(row.bound_median, ".3f"),
+            _num(row.bound_max, ".3f"),
             _num(row.naive_imbalance_median, ".3f"),
         )
     return table

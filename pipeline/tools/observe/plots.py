@@ -54,10 +54,14 @@ def plot_shares(series: ReportSeries, timeline: JobTimeline, path: Path) -> Path
     return _save(figure, path)
 
 
-def _imbalance_panel(ax: Axes, steps: np.ndarray, balanced: np.ndarray, naive: np.ndarray | None, title: str) -> None:
+def _imbalance_panel(
+    ax: Axes, steps: np.ndarray, balanced: np.ndarray, naive: np.ndarray | None, title: str, bound: np.ndarray | None
+) -> None:
     if naive is not None:
         _per_step(ax, steps, naive, "naive per-rank loading")
     _per_step(ax, steps, balanced, "as written (balanced)")
+    if bound is not None:
+        _per_step(ax, steps, bound, "bound: the least any plan of the step's samples reaches")
     ax.set(xlabel="step", ylabel="largest / mean rank cost", title=title)
     ax.set_ylim(bottom=min(1.0, float(balanced.min(initial=1.0))) - 0.02)
     ax.legend(loc="best", fontsize="small")
@@ -66,20 +70,22 @@ def _imbalance_panel(ax: Axes, steps: np.ndarray, balanced: np.ndarray, naive: n
 
 def plot_imbalance(series: ReportSeries, timeline: JobTimeline, path: Path) -> Path:
     """Per step, largest / mean rank cost as written and under naive loading; a multimodal job's in three
-    panels: both parts together, the vision encoder's and the LLM's; a context-parallel job's as written only."""
+    panels, each with its bound: both parts together, the vision encoder's and the LLM's; a context-parallel job's
+    as written only."""
     title = f"{timeline.job}: per-step imbalance (1 = every rank equally costly)"
     parts = series.parts
     if parts is None:
         figure = Figure(figsize=(8, 4.5))
         naive = series.naive_imbalance if series.cp is None else None
-        _imbalance_panel(figure.add_subplot(), series.steps, series.imbalance, naive, title)
+        _imbalance_panel(figure.add_subplot(), series.steps, series.imbalance, naive, title, None)
         return _save(figure, path)
     figure = Figure(figsize=(8, 11))
     total_ax, encoder_ax, llm_ax = figure.subplots(3, 1, sharex=True)
     total = parts.weighing.total_label
-    _imbalance_panel(total_ax, series.steps, series.imbalance, series.naive_imbalance, f"{title}\n{total}")
-    _imbalance_panel(encoder_ax, series.steps, parts.encoder, parts.naive_encoder, parts.weighing.label)
-    _imbalance_panel(llm_ax, series.steps, parts.llm, parts.naive_llm, "LLM")
+    steps = series.steps
+    _imbalance_panel(total_ax, steps, series.imbalance, series.naive_imbalance, f"{title}\n{total}", parts.bound)
+    _imbalance_panel(encoder_ax, steps, parts.encoder, parts.naive_encoder, parts.weighing.label, parts.bound_encoder)
+    _imbalance_panel(llm_ax, steps, parts.llm, parts.naive_llm, "LLM", parts.bound_llm)
     for ax in (total_ax, encoder_ax):
         ax.set(xlabel="")
     return _save(figure, path)

@@ -36,8 +36,9 @@ from pipeline.tools.observe.step_stats import (
     schedule_drift,
     tokens_by_source,
     written_parts,
+    written_shape,
 )
-from pipeline.tools.observe.vision_parts import EncoderWeighing, RankParts, step_vision
+from pipeline.tools.observe.vision_parts import EncoderWeighing, RankParts, over_mean, part_bounds, step_vision
 from topics.formats.batch import Batch
 from topics.formats.batch_codec import decode_any_batch_message, end_of_data_steps
 from topics.formats.cp_batch import CPBatch
@@ -49,18 +50,22 @@ from topics.kafka.log_reader import read_to_end
 @dataclass(frozen=True)
 class ReportParts:
     """A multimodal job's per-step largest / mean rank cost in the vision encoder and in the LLM, as written
-    and under naive per-rank loading, (steps,) each."""
+    and under naive per-rank loading, and of each part and both together at the bound (the least any plan of
+    the step's samples could reach), (steps,) each."""
 
     weighing: EncoderWeighing  # how the encoder's part was weighed (and named)
     encoder: np.ndarray
     naive_encoder: np.ndarray
     llm: np.ndarray
     naive_llm: np.ndarray
+    bound_encoder: np.ndarray
+    bound_llm: np.ndarray
+    bound: np.ndarray
 
     def lines(self) -> list[str]:
         return [
-            _part_line(self.weighing.label, self.encoder, self.naive_encoder),
-            _part_line("LLM", self.llm, self.naive_llm),
+            _part_line(self.weighing.label, self.encoder, self.naive_encoder, self.bound_encoder),
+            _part_line("LLM", self.llm, self.naive_llm, self.bound_llm),
         ]
 
 
@@ -69,10 +74,17 @@ def _high(balanced: np.ndarray, naive: np.ndarray) -> str:
     return f"{HIGH_PERCENTILE}th percentile {high:.3f} balanced, {naive_high:.3f} naive"
 
 
-def _part_line(label: str, balanced: np.ndarray, naive: np.ndarray) -> str:
+def _bound(bound: np.ndarray) -> str:
+    median, high = median_and_high(bound)
+    return f"bound {median:.3f}, {HIGH_PERCENTILE}th percentile {high:.3f}"
+
+
+def _part_line(label: str, balanced: np.ndarray, naive: np.ndarray, bound: np.ndarray) -> str:
     return (
         f"  {label}: {np.median(balanced):.3f} balanced, {np.median(naive):.3f} with naive per-rank loading; "
         + _high(balanced, naive)
+        + "; "
+        + _bound(bound)
     )
 
 
@@ -152,7 +164,7 @@ class JobReport:
             f"(step-time speedup {np.median(self.naive_imbalance / self.imbalance):.2f}x)"
         )
         if self.parts is not None:
-            balance += "; " + _high(self.imbalance, self.naive_imbalance)
+            balance += "; " + _high(self.imbalance, self.naive_imbalance) + "; " + _bound(self.parts.bound)
         return [balance, *(self.parts.lines() if self.parts is not None else [])]
 
     def _context_parallel(self, cp: CPSummary) -> list[str]:
@@ -195,7 +207,8 @@ class StepBalance:
         self.rng = np.random.default_rng(seed)
         self.balanced: list[float] = []
         self.naive: list[float] = []
-        self.by_part: list[tuple[float, float, float, float]] = []  # encoder, naive encoder, LLM, naive LLM
+        # encoder, naive encoder, LLM, naive LLM, and the bound of the encoder, the LLM and both
+        self.by_part: list[tuple[float, ...]] = []
         self.cp_steps: list[CPStepStats] = []  # a context-parallel job's CPStepStats, step by step
 
     def add(self, batches: Sequence[Batch] | Sequence[CPBatch]) -> None:
@@ -224,7 +237,18 @@ class StepBalance:
         self.balanced.append(float(imbalance(written.total(vision.in_total))))
         self.naive.append(float(imbalance(dealt.rank_costs)))
         encoder, naive_encoder = float(imbalance(written.encoder)), float(imbalance(naive_parts.encoder))
-        self.by_part.append((encoder, naive_encoder, float(imbalance(written.llm)), float(imbalance(naive_parts.llm))))
+        bounds = part_bounds(lengths, self.cost.costs(lengths), vision, written_shape(batches))
+        self.by_part.append(
+            (
+                encoder,
+                naive_encoder,
+                float(imbalance(written.llm)),
+                float(imbalance(naive_parts.llm)),
+                over_mean(bounds.encoder, written.encoder),
+                over_mean(bounds.llm, written.llm),
+                over_mean(bounds.total, written.total(vision.in_total)),
+            )
+        )
 
     def cp_summary(self) -> CPSummary | None:
         if self.cp is None:
@@ -234,7 +258,7 @@ class StepBalance:
     def parts(self) -> ReportParts | None:
         if self.encoder is None:
             return None
-        columns = np.array(self.by_part, dtype=np.float64).reshape(-1, 4).T
+        columns = np.array(self.by_part, dtype=np.float64).reshape(-1, 7).T
         return ReportParts(self.encoder, *columns)
 
 

@@ -40,14 +40,18 @@ def rolling_median(values: np.ndarray, window: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PartSeries:
-    """A multimodal job's per-step largest / mean rank cost of each part, as written and under naive
-    per-rank loading: (K,) each. ``weighing``: how the encoder's part was weighed (and named)."""
+    """A multimodal job's per-step largest / mean rank cost of each part, as written, at the bound (the least
+    any plan of the step's samples could reach) and under naive per-rank loading: (K,) each. ``weighing``: how
+    the encoder's part was weighed (and named); ``bound``: the bound of both parts together."""
 
     weighing: EncoderWeighing
     encoder: np.ndarray
     naive_encoder: np.ndarray
     llm: np.ndarray
     naive_llm: np.ndarray
+    bound_encoder: np.ndarray
+    bound_llm: np.ndarray
+    bound: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,9 @@ def part_series(timeline: JobTimeline) -> PartSeries | None:
         naive_encoder=np.array([s.naive_encoder_imbalance for s in stats], dtype=np.float64),
         llm=np.array([s.llm_imbalance for s in stats], dtype=np.float64),
         naive_llm=np.array([s.naive_llm_imbalance for s in stats], dtype=np.float64),
+        bound_encoder=np.array([s.encoder_bound_imbalance for s in stats], dtype=np.float64),
+        bound_llm=np.array([s.llm_bound_imbalance for s in stats], dtype=np.float64),
+        bound=np.array([s.bound_imbalance for s in stats], dtype=np.float64),
     )
 
 

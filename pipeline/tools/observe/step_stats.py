@@ -1,6 +1,7 @@
 """What each written step holds, as numbers: rank costs and their imbalance, tokens per source, fill, and
 what naive per-rank loading of the same samples would have given; for a multimodal job, each rank's cost
-in two parts too, the vision encoder's and the LLM's (``vision_parts.py``); for a context-parallel job, each
+in two parts too, the vision encoder's and the LLM's, and the bound of each, the least largest rank cost any plan
+of the step's samples could reach (``vision_parts.py``); for a context-parallel job, each
 rank's time and the step's against the bound and static CP instead of naive loading (``cp_steps.py``). Pure.
 
 Shared by ``mixflow top``, ``mixflow report`` and the end-of-job report of ``mixflow run``
@@ -14,9 +15,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.planning.shape import StepShape
 from pipeline.spec.cost import CostModel
 from pipeline.tools.observe.cp_steps import CPStepStats, CPWeighing, counted_sources, cp_step_stats, no_context_parallel
-from pipeline.tools.observe.vision_parts import EncoderWeighing, RankParts, StepVision, rank_sums, step_vision
+from pipeline.tools.observe.vision_parts import (
+    EncoderWeighing,
+    PartBounds,
+    RankParts,
+    StepVision,
+    over_mean,
+    part_bounds,
+    rank_sums,
+    step_vision,
+)
 from topics.formats.batch import Batch
 from topics.formats.cp_batch import CPBatch
 
@@ -130,6 +141,7 @@ class StepStats:
     parts: RankParts | None = None  # a multimodal job's: each rank's encoder and LLM cost, as written
     encoder: EncoderWeighing | None = None  # and how its encoder's part is weighed
     cp: CPStepStats | None = None  # a context-parallel step's blocks, micro-batches and times
+    bounds: PartBounds | None = None  # a multimodal job's: the least largest rank cost of each part, any plan
 
     @property
     def tokens(self) -> int:
@@ -160,6 +172,19 @@ class StepStats:
         return None if self.naive.parts is None else float(imbalance(self.naive.parts.llm))
 
     @property
+    def bound_imbalance(self) -> float | None:
+        """The least largest / mean rank cost (both parts) any plan of the step's samples could reach."""
+        return None if self.bounds is None else over_mean(self.bounds.total, self.rank_costs)
+
+    @property
+    def encoder_bound_imbalance(self) -> float | None:
+        return None if self.bounds is None or self.parts is None else over_mean(self.bounds.encoder, self.parts.encoder)
+
+    @property
+    def llm_bound_imbalance(self) -> float | None:
+        return None if self.bounds is None or self.parts is None else over_mean(self.bounds.llm, self.parts.llm)
+
+    @property
     def fill(self) -> float:
         return self.tokens / self.capacity
 
@@ -188,6 +213,15 @@ def tokens_by_source(batches: Sequence[Batch | CPBatch], sources: Sequence[str])
     return out
 
 
+def written_shape(batches: Sequence[Batch] | Sequence[CPBatch]) -> StepShape:
+    """The shape a step's batches (rank order) were written for: ranks, the most micro-batches a rank, tokens and
+    patches a micro-batch (0: no patch budget, as for a context-parallel batch)."""
+    first = batches[0]
+    micro_batches = max(b.micro_batches for b in batches)
+    budget = first.patches_per_micro_batch if isinstance(first, Batch) else None
+    return StepShape(first.ranks, micro_batches, first.capacity, budget or 0)
+
+
 def written_parts(batches: Sequence[Batch], cost: CostModel, vision: StepVision) -> RankParts:
     """Each rank's encoder and LLM cost as the batches hold their samples (``vision``: the step's)."""
     rank_of = np.repeat(np.arange(len(batches)), [b.num_samples for b in batches])
@@ -212,6 +246,7 @@ def step_stats(
     lengths = np.concatenate([b.lengths for b in batches]).astype(np.int64)  # (n,) the step's order
     vision = step_vision(batches, encoder) if encoder is not None else None
     parts = written_parts(batches, cost, vision) if vision is not None else None
+    bounds = None if vision is None else part_bounds(lengths, cost.costs(lengths), vision, written_shape(batches))
     return StepStats(
         step=first.step,
         rank_costs=rank_costs(batches, cost) if parts is None else parts.total(vision.in_total),
@@ -221,6 +256,7 @@ def step_stats(
         naive=naive_loading(lengths, first.ranks, first.micro_batches, first.capacity, cost, vision),
         parts=parts,
         encoder=encoder,
+        bounds=bounds,
     )
 
 

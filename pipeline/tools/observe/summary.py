@@ -28,12 +28,25 @@ def _balance_row(label: str, balanced: np.ndarray, naive: np.ndarray) -> str:
     )
 
 
+def _part_row(label: str, balanced: np.ndarray, bound: np.ndarray, naive: np.ndarray) -> str:
+    median, high = median_and_high(balanced)
+    bound_median, bound_high = median_and_high(bound)
+    over_median, over_high = median_and_high(balanced / bound)
+    naive_median, naive_high = median_and_high(naive)
+    return (
+        f"| {label}: largest / mean rank cost, median (p{HIGH_PERCENTILE}) | {median:.3f} ({high:.3f}); "
+        f"bound {bound_median:.3f} ({bound_high:.3f}), planned over it {over_median:.3f} ({over_high:.3f}); "
+        f"naive per-rank loading {naive_median:.3f} ({naive_high:.3f}) |"
+    )
+
+
 def _part_rows(series: ReportSeries, parts: PartSeries) -> list[str]:
-    """A multimodal job's rows: the balance of the vision encoder's part, the LLM's, and their total."""
+    """A multimodal job's rows: the balance of the vision encoder's part, the LLM's, and their total, each
+    against its bound and naive per-rank loading."""
     return [
-        _balance_row(parts.weighing.label, parts.encoder, parts.naive_encoder),
-        _balance_row("LLM", parts.llm, parts.naive_llm),
-        _balance_row(parts.weighing.total_label, series.imbalance, series.naive_imbalance),
+        _part_row(parts.weighing.label, parts.encoder, parts.bound_encoder, parts.naive_encoder),
+        _part_row("LLM", parts.llm, parts.bound_llm, parts.naive_llm),
+        _part_row(parts.weighing.total_label, series.imbalance, parts.bound, series.naive_imbalance),
     ]
 
 
@@ -50,8 +63,19 @@ def _part_note(parts: PartSeries) -> str:
         )
     return (
         f"With images and clips, a rank's cost {weighed}; naive loading fills each micro-batch under its patch "
-        "budget (`patches_per_micro_batch`) too."
+        "budget (`patches_per_micro_batch`) too. " + BOUND_NOTE
     )
+
+
+BOUND_NOTE = (
+    "A part's bound is, per step, the least largest rank cost of that part any plan of the step's samples could "
+    "reach on its ranks and micro-batches, over the mean: no plan of those samples does better "
+    "(`largest_rank_bound`: the mean; the costliest samples, some of which must share a rank; what a rank must hold "
+    "that the other ranks have no room for; what a rank cramped by a sample that fills its micro-batch cannot "
+    "hold). Planned over it is each step's figure over its bound: at 1.000 the plan is the best those samples "
+    "allow; above it, the plan is at most that far from the best. Each part's bound is of that part alone: the "
+    "scheduler balances both together first, and naive loading leaves out the samples it cannot fit."
+)
 
 
 def _balance_rows(series: ReportSeries) -> list[str]:

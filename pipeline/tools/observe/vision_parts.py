@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.planning.scheduler.part_bound import largest_rank_bound
+from pipeline.planning.shape import StepShape
 from pipeline.spec import JobSpec
 from pipeline.spec.cost import VisionCostModel
 from topics.formats.batch import Batch
@@ -97,3 +99,30 @@ class RankParts:
 def rank_sums(rank_of: np.ndarray, values: np.ndarray, ranks: int) -> np.ndarray:
     """(R,) the sum of ``values`` over the samples of each rank (``rank_of``: the rank of each)."""
     return np.bincount(rank_of, weights=np.asarray(values, dtype=np.float64), minlength=ranks)
+
+
+@dataclass(frozen=True)
+class PartBounds:
+    """Lower bounds of the largest rank cost over every plan of a step's samples on its shape
+    (``largest_rank_bound``): of the encoder's part, the LLM's, and the rank's whole cost (``RankParts.total``)."""
+
+    encoder: float
+    llm: float
+    total: float
+
+
+def part_bounds(lengths: np.ndarray, llm_costs: np.ndarray, vision: StepVision, shape: StepShape) -> PartBounds:
+    """The bounds of a step's samples (``lengths`` tokens and ``llm_costs`` each, ``vision`` their vision side, all
+    in the step's order) on ``shape``."""
+    lengths, patches = np.asarray(lengths, dtype=np.int64), vision.patches
+    encoder = largest_rank_bound(vision.encoder_costs, lengths, patches, shape)
+    llm = largest_rank_bound(llm_costs, lengths, patches, shape)
+    total = largest_rank_bound(llm_costs + vision.encoder_costs, lengths, patches, shape) if vision.in_total else llm
+    return PartBounds(encoder, llm, total)
+
+
+def over_mean(bound: float, rank_costs: np.ndarray) -> float:
+    """``bound`` over the mean of ``rank_costs`` (1 for a step of no cost): the largest / mean rank cost of a plan
+    that reached it."""
+    mean = float(np.mean(rank_costs))
+    return bound / mean if mean > 0 else 1.0

@@ -1,0 +1,143 @@
+"""``largest_rank_bound``: how low the costliest rank of a step can go. For the samples a step holds and one part of
+their cost (the vision encoder's, the LLM's, or both together), a lower bound of the largest rank's sum of that
+part over every plan that puts each sample whole on one rank and keeps both capacities of a micro-batch. Pure.
+
+Each argument below holds for every such plan, so their largest does too:
+
+- the mean: the ranks hold every sample between them, so the costliest holds at least the total over ``R``;
+- pigeonhole: of the ``k*R + 1`` costliest samples (any ``k >= 0``) some rank holds ``k + 1``, which cost at least
+  the ``k + 1`` cheapest of them (``k = 0``: the costliest sample alone; ``k = 1``: the R-th and (R+1)-th);
+- room: the other ``R - 1`` ranks hold at most ``micro_batches * tokens_per_micro_batch`` tokens each (and
+  ``micro_batches * patches_per_micro_batch`` patches, under a patch budget), so the rank of sample ``h`` holds,
+  besides ``h``, the tokens (patches) that do not fit there; whichever samples bring them, they cost at least the
+  least that samples taken in any fractions can (the fractional covering, taken cheapest per token first), so
+  that rank costs at least ``cost(h)`` plus it;
+- a cramped rank: the micro-batch of sample ``j`` has ``tokens_per_micro_batch - tokens(j)`` tokens and
+  ``patches_per_micro_batch - patches(j)`` patches left for the others, and its rank's other micro-batches a
+  micro-batch's each, so that rank holds at most what samples taken in any fractions can bring within that room
+  (the fractional knapsack, by tokens and by patches: the lesser); the other ``R - 1`` ranks hold the rest, and
+  the costliest of them at least its mean. A text sample that fills its micro-batch leaves its rank a
+  micro-batch's patches fewer: the encoder's work it cannot take goes to the other ranks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.planning.shape import StepShape
+
+ROOM_CANDIDATES = 8
+"""How many samples the room and cramped rank arguments are each tried for: the costliest and those that fill
+their micro-batch the most (any sample gives a sound bound; those give the highest)."""
+
+
+def largest_rank_bound(values: np.ndarray, lengths: np.ndarray, patches: np.ndarray, shape: StepShape) -> float:
+    """A lower bound of the largest rank's sum of ``values`` (one per sample, >= 0: a part of each sample's
+    cost) over every plan of these samples (``lengths`` tokens and ``patches`` patches each) on ``shape``'s
+    ranks and micro-batches: the largest of the mean, pigeonhole, room and cramped rank arguments (the module
+    docstring); 0 for no samples."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    if not values.size:
+        return 0.0
+    lengths = np.asarray(lengths, dtype=np.float64).reshape(-1)
+    patches = np.asarray(patches, dtype=np.float64).reshape(-1)
+    if not values.size == lengths.size == patches.size:
+        msg = f"one value, length and patch count a sample: got {values.size}, {lengths.size}, {patches.size}"
+        raise ValueError(msg)
+    ranks = shape.ranks
+    bound = max(float(values.sum()) / ranks, pigeonhole_bound(values, ranks))
+    room = [(lengths, shape.micro_batches * shape.tokens_per_micro_batch)]
+    if shape.patches_per_micro_batch > 0:
+        room.append((patches, shape.micro_batches * shape.patches_per_micro_batch))
+    for weights, per_rank in room:
+        bound = max(bound, room_bound(values, weights, (ranks - 1) * per_rank))
+    return max(bound, cramped_bound(values, lengths, patches, shape))
+
+
+def pigeonhole_bound(values: np.ndarray, ranks: int) -> float:
+    """The largest over ``k >= 0`` of the sum of the ``k + 1`` smallest of the ``k*ranks + 1`` largest
+    ``values``: some rank holds ``k + 1`` of those samples."""
+    ordered = np.sort(np.asarray(values, dtype=np.float64))[::-1]  # costliest first
+    sums = np.concatenate([[0.0], np.cumsum(ordered)])
+    k = np.arange((ordered.size - 1) // ranks + 1)
+    top = k * ranks + 1  # the k*R + 1 costliest samples
+    return float((sums[top] - sums[top - k - 1]).max())
+
+
+def room_bound(values: np.ndarray, weights: np.ndarray, others_hold: float) -> float:
+    """The largest over the ``ROOM_CANDIDATES`` costliest samples ``h`` of ``values[h]`` plus the least
+    ``values`` the other samples bring to ``h``'s rank: ``weights`` (tokens or patches) that the other
+    ranks, holding at most ``others_hold`` of them, leave there."""
+    values = np.asarray(values, dtype=np.float64)
+    weights = np.asarray(weights, dtype=np.float64)
+    left = float(weights.sum()) - others_hold
+    if left <= 0:
+        return 0.0
+    best = 0.0
+    for h in np.argsort(-values, kind="stable")[:ROOM_CANDIDATES].tolist():
+        others = np.ones(values.size, dtype=bool)
+        others[h] = False
+        need = left - weights[h]
+        best = max(best, float(values[h]) + cheapest_cover(values[others], weights[others], need))
+    return best
+
+
+def cheapest_cover(values: np.ndarray, weights: np.ndarray, need: float) -> float:
+    """The least sum of ``values`` of samples taken in fractions whose ``weights`` add up to ``need``: the
+    cheapest per unit of weight first (the fractional covering; whole samples cost at least as much). All
+    the values where the weights add up to less (no plan holds the samples then)."""
+    if need <= 0:
+        return 0.0
+    useful = weights > 0  # a sample of no weight covers nothing
+    v, w = values[useful], weights[useful]
+    order = np.argsort(v / w, kind="stable")
+    v, w = v[order], w[order]
+    held = np.cumsum(w)
+    last = int(np.searchsorted(held, need))  # the first prefix that covers it
+    if last >= w.size:
+        return float(values.sum())
+    short = need - (held[last] - w[last])
+    return float(v[:last].sum() + v[last] * short / w[last])
+
+
+def cramped_bound(values: np.ndarray, lengths: np.ndarray, patches: np.ndarray, shape: StepShape) -> float:
+    """The largest over the ``ROOM_CANDIDATES`` samples ``j`` that fill their micro-batch the most of the mean
+    of the other ranks' ``values``, given all that ``j``'s rank could hold (0 for one rank)."""
+    ranks, micro_batches = shape.ranks, shape.micro_batches
+    capacity, budget = shape.tokens_per_micro_batch, shape.patches_per_micro_batch
+    if ranks < 2:
+        return 0.0
+    fullness = lengths / capacity if budget <= 0 else np.maximum(lengths / capacity, patches / budget)
+    total, best = float(values.sum()), 0.0
+    for j in np.argsort(-fullness, kind="stable")[:ROOM_CANDIDATES].tolist():
+        others = np.ones(values.size, dtype=bool)
+        others[j] = False
+        v, t, p = values[others], lengths[others], patches[others]
+        tokens_left = max(0.0, capacity - float(lengths[j]))  # in j's micro-batch
+        held = most_within(v, t, (micro_batches - 1) * capacity + tokens_left)
+        if budget > 0:
+            patches_left = max(0.0, budget - float(patches[j]))
+            tokens_in = min(tokens_left, most_within(t, p, patches_left))  # what the others bring in both limits
+            patches_in = min(patches_left, most_within(p, t, tokens_left))
+            held = min(
+                most_within(v, t, (micro_batches - 1) * capacity + tokens_in),
+                most_within(v, p, (micro_batches - 1) * budget + patches_in),
+            )
+        best = max(best, (total - float(values[j]) - held) / (ranks - 1))
+    return best
+
+
+def most_within(values: np.ndarray, weights: np.ndarray, budget: float) -> float:
+    """The largest sum of ``values`` of samples taken in fractions whose ``weights`` add up to at most
+    ``budget``: every sample of no weight, then the most per unit of weight first (the fractional knapsack;
+    whole samples hold no more)."""
+    free = weights <= 0
+    v, w = values[~free], weights[~free]
+    order = np.argsort(-(v / w), kind="stable")
+    v, w = v[order], w[order]
+    held = np.cumsum(w)
+    whole = int(np.searchsorted(held, budget, side="right"))  # the samples that fit whole
+    out = float(values[free].sum() + v[:whole].sum())
+    if whole < w.size:
+        out += float(v[whole]) * (budget - (held[whole - 1] if whole else 0.0)) / float(w[whole])
+    return out
