@@ -5,6 +5,7 @@ every placement of tiny pools, and reached by each of its arguments where that a
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -166,12 +167,7 @@ def test_the_cover_is_the_cheapest_fractional_one(values: list[float], weights: 
     """Against every subset: the whole samples covering ``need`` never cost less than the fractional cover."""
     v, w = np.array(values), np.array(weights[: len(values)], dtype=np.float64)
     cover = cheapest_cover(v, w, float(need))
-    wholes = [
-        v[list(subset)].sum()
-        for k in range(v.size + 1)
-        for subset in itertools.combinations(range(v.size), k)
-        if w[list(subset)].sum() >= need
-    ]
+    wholes = subset_sums(v, w, lambda weight: weight >= need)
     if wholes:
         assert cover <= tolerance(min(wholes))
     else:
@@ -189,11 +185,12 @@ def test_the_knapsack_holds_at_least_any_whole_choice(values: list[float], weigh
     """Against every subset: no whole samples within ``budget`` hold more than the fractional knapsack."""
     v, w = np.array(values), np.array(weights[: len(values)], dtype=np.float64)
     most = most_within(v, w, float(budget))
-    wholes = [
-        v[list(subset)].sum()
-        for k in range(v.size + 1)
-        for subset in itertools.combinations(range(v.size), k)
-        if w[list(subset)].sum() <= budget
-    ]
+    wholes = subset_sums(v, w, lambda weight: weight <= budget)
     assert max(wholes) <= tolerance(most)
     assert most <= tolerance(float(v.sum()))
+
+
+def subset_sums(values: np.ndarray, weights: np.ndarray, keep: Callable[[float], bool]) -> list[float]:
+    """The values' sum of every subset of the samples whose weight ``keep`` takes."""
+    subsets = (list(s) for k in range(values.size + 1) for s in itertools.combinations(range(values.size), k))
+    return [float(values[s].sum()) for s in subsets if keep(float(weights[s].sum()))]

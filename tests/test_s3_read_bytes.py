@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from connectors.planning import _piece, split_file, split_unit
-from connectors.readers import Document, make_reader
+from connectors.readers import Document, Reader, make_reader
+from connectors.readers.base import FileLayout
 from connectors.storage import storage_for
 from connectors.storage.base import StoredBytes
 from connectors.storage.s3 import S3Storage
@@ -63,9 +64,7 @@ def test_each_unit_reads_its_own_rows_bytes_and_little_more(
     if file_format == "parquet":
         pq.write_table(data, path, row_group_size=ROWS)
     else:
-        with pa.ipc.new_file(path, data.schema) as writer:
-            for batch in data.to_batches(max_chunksize=ROWS):
-                writer.write_batch(batch)
+        write_arrow(path, data)
     root = upload(server, folder, f"{tmp_path.name}-{file_format}")
     planner = make_reader(file_format, "web", root, storage=storage_for(root, server.settings()))
     (layout,) = planner.layouts()
@@ -112,15 +111,7 @@ def test_an_arrow_unit_planned_without_its_batch_offset_is_read_from_the_start(
 ) -> None:
     """A unit whose ``byte_offset`` is not where a record batch begins (0, or a size estimate, as planned
     before units started at batches) still reads exactly its rows."""
-    folder = tmp_path / "src"
-    folder.mkdir()
-    data = table(3)
-    with pa.ipc.new_file(folder / "part.arrow", data.schema) as writer:
-        for batch in data.to_batches(max_chunksize=ROWS):
-            writer.write_batch(batch)
-    root = upload(server, folder, tmp_path.name)
-    reader = make_reader("arrow", "web", root, storage=storage_for(root, server.settings()))
-    (layout,) = reader.layouts()
+    data, reader, layout = arrow_source(server, tmp_path, seed=3)
     for unit in split_file("web", layout, max_bytes=int(layout.content_bytes / 4)):
         moved = dataclasses.replace(unit, byte_offset=0 if shift is None else unit.byte_offset + shift)
         texts = [d.text for d in reader.read(moved) if isinstance(d, Document)]
@@ -130,15 +121,7 @@ def test_an_arrow_unit_planned_without_its_batch_offset_is_read_from_the_start(
 def test_an_arrow_unit_split_by_a_loader_reads_exactly_its_rows(server: S3Server, tmp_path: Path) -> None:
     """A loader's split (``split_unit``) cuts a unit at its record batches, and each piece reads exactly its rows;
     a piece made to start inside a batch (as no split does) reads from the file's start."""
-    folder = tmp_path / "src"
-    folder.mkdir()
-    data = table(4)
-    with pa.ipc.new_file(folder / "part.arrow", data.schema) as writer:
-        for batch in data.to_batches(max_chunksize=ROWS):
-            writer.write_batch(batch)
-    root = upload(server, folder, tmp_path.name)
-    reader = make_reader("arrow", "web", root, storage=storage_for(root, server.settings()))
-    (layout,) = reader.layouts()
+    data, reader, layout = arrow_source(server, tmp_path, seed=4)
     texts = data.column("text").to_pylist()
     for unit in split_file("web", layout, max_bytes=int(layout.content_bytes / 3)):
         pieces = split_unit(unit, layout, max_bytes=int(layout.content_bytes / 40))
@@ -148,3 +131,22 @@ def test_an_arrow_unit_split_by_a_loader_reads_exactly_its_rows(server: S3Server
         inside = _piece("web", layout, unit.start + 7, unit.stop, 0)
         assert inside.byte_offset == 0
         assert [d.text for d in reader.read(inside) if isinstance(d, Document)] == texts[unit.start + 7 : unit.stop]
+
+
+def arrow_source(server: S3Server, tmp_path: Path, seed: int) -> tuple[pa.Table, Reader, FileLayout]:
+    """An Arrow file of ``table(seed)`` in batches of ``ROWS`` rows in the bucket: the table, a reader of it and
+    its layout."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    data = table(seed)
+    write_arrow(folder / "part.arrow", data)
+    root = upload(server, folder, tmp_path.name)
+    reader = make_reader("arrow", "web", root, storage=storage_for(root, server.settings()))
+    (layout,) = reader.layouts()
+    return data, reader, layout
+
+
+def write_arrow(path: Path, data: pa.Table) -> None:
+    with pa.ipc.new_file(path, data.schema) as writer:
+        for batch in data.to_batches(max_chunksize=ROWS):
+            writer.write_batch(batch)
