@@ -20,7 +20,6 @@ Nothing is asserted: a benchmark prints numbers.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -30,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks._table import add_markdown_flag, print_table
-from benchmarks.object_store_bench import WORDS
+from benchmarks.object_store_bench import write_corpus
 from connectors.planning import split_file
 from connectors.readers import Document, make_reader
 from connectors.storage import storage_for
@@ -40,8 +39,6 @@ from connectors.work_units import WorkUnit
 from tests.s3_support import S3Server, running_server, upload
 
 FORMATS = ("parquet", "arrow", "jsonl", "text")
-SUFFIX = {"parquet": "parquet", "arrow": "arrow", "jsonl": "jsonl", "text": "txt"}
-GROUP_ROWS = 1_000
 UNIT_BYTES = 96 << 10
 
 
@@ -60,27 +57,6 @@ class GetCounter:
             return stored
 
         S3Storage.read_stored = counted  # type: ignore[method-assign]
-
-
-def write_files(folder: Path, file_format: str, files: int, rows: int) -> Path:
-    rng = np.random.default_rng(7)
-    out = folder / file_format
-    out.mkdir(parents=True)
-    for f in range(files):
-        texts = [" ".join(rng.choice(WORDS, int(rng.integers(40, 120)))) for _ in range(rows)]
-        table = pa.table({"text": texts, "other": [t.upper() for t in texts]})
-        path = out / f"part-{f:03d}.{SUFFIX[file_format]}"
-        if file_format == "parquet":
-            pq.write_table(table, path, row_group_size=GROUP_ROWS)
-        elif file_format == "arrow":
-            with pa.ipc.new_file(path, table.schema) as writer:
-                for batch in table.to_batches(max_chunksize=GROUP_ROWS):
-                    writer.write_batch(batch)
-        elif file_format == "jsonl":
-            path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-        else:
-            path.write_text("\n".join(texts) + "\n")
-    return out
 
 
 def needed_bytes(file_format: str, local: Path, units: list[WorkUnit]) -> int:
@@ -130,7 +106,7 @@ def arrow_pieces(path: Path) -> tuple[list[tuple[int, int]], int]:
 
 
 def measure(server: S3Server, scratch: Path, file_format: str, args: argparse.Namespace, gets: GetCounter) -> list:
-    local = write_files(scratch / "data", file_format, args.files, args.rows)
+    local = write_corpus(scratch / "data", file_format, args.files, args.rows, unread_column=True)
     root = upload(server, local, file_format)
     gets.counts.clear()
     gets.phase = "planning"

@@ -55,6 +55,7 @@ from topics.formats.names import JobTopics
 from topics.kafka.admin import delete_job_topics
 
 REPO = Path(__file__).resolve().parent.parent
+GROUP_ROWS = 1_000
 WORDS = [
     "def",
     "return",
@@ -76,17 +77,28 @@ WORDS = [
 ]
 
 
-def write_corpus(folder: Path, file_format: str, files: int, rows: int) -> Path:
-    """``files`` files of ``rows`` documents of 40-120 words each (Parquet in row groups of 1,000)."""
+def write_corpus(folder: Path, file_format: str, files: int, rows: int, *, unread_column: bool = False) -> Path:
+    """``files`` files of ``rows`` documents of 40-120 words each in ``file_format`` (parquet, arrow, jsonl or
+    text; Parquet in row groups and Arrow in record batches of 1,000); ``unread_column``: the columnar formats
+    with a second column as large as ``text``, which a source reading ``text`` does not read."""
     rng = np.random.default_rng(7)
     out = folder / file_format
     out.mkdir(parents=True)
+    suffix = {"text": "txt"}.get(file_format, file_format)
     for f in range(files):
         texts = [" ".join(rng.choice(WORDS, int(rng.integers(40, 120)))) for _ in range(rows)]
+        table = pa.table({"text": texts, **({"other": [t.upper() for t in texts]} if unread_column else {})})
+        path = out / f"part-{f:03d}.{suffix}"
         if file_format == "parquet":
-            pq.write_table(pa.table({"text": texts}), out / f"part-{f:03d}.parquet", row_group_size=1_000)
+            pq.write_table(table, path, row_group_size=GROUP_ROWS)
+        elif file_format == "arrow":
+            with pa.ipc.new_file(path, table.schema) as writer:
+                for batch in table.to_batches(max_chunksize=GROUP_ROWS):
+                    writer.write_batch(batch)
+        elif file_format == "jsonl":
+            path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
         else:
-            (out / f"part-{f:03d}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+            path.write_text("\n".join(texts) + "\n")
     return out
 
 
