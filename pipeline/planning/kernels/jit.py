@@ -63,10 +63,11 @@ class _PlanningCache(FunctionCache):
 
 
 def kernel(function: Callable[..., Any] | None = None, *, inline: str = "never") -> Any:
-    """``njit`` (nopython) with the cache above; ``@kernel`` or ``@kernel(inline="always")``."""
+    """``njit`` (nopython, releasing the GIL: a kernel touches only its arrays, so plans can run on several
+    threads) with the cache above; ``@kernel`` or ``@kernel(inline="always")``."""
 
     def compile_lazily(py_func: Callable[..., Any]) -> Any:
-        dispatcher = njit(inline=inline)(py_func)
+        dispatcher = njit(inline=inline, nogil=True)(py_func)
         dispatcher._cache = _PlanningCache(py_func)  # what enable_caching() does, with this cache class
         return dispatcher
 

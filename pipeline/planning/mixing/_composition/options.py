@@ -46,6 +46,7 @@ from functools import cache
 
 import numpy as np
 
+from pipeline.planning.mixing._composition import speculative
 from pipeline.planning.mixing._composition.groups import build_groups
 from pipeline.planning.mixing._composition.packing import pack_bins
 from pipeline.planning.mixing._composition.values import (
@@ -223,7 +224,11 @@ class _Composition:
             return scores[i]
 
         upper_bound = min(self.bound, shape.tokens_per_step) / shape.tokens_per_step + 1e-9
-        winner = choose_option(count, upper_of, score_of, PREFER_OLDER, upper_bound)
+        scorer = speculative.SpeculativeScores(score_of, count, speculative.PLANNING_THREADS)
+        try:
+            winner = choose_option(count, upper_of, scorer, PREFER_OLDER, upper_bound)
+        finally:
+            scorer.close()
         return winner, {s: fill.positions for s, fill in option(winner).items()}, scores[winner]
 
     def _media_of(
