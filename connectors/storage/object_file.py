@@ -77,8 +77,15 @@ def open_object(storage: Storage, path: str, size: int, etag: str, buffer_bytes:
 
 def content_encoding(file: BinaryIO) -> str:
     """The ``Content-Encoding`` of the object ``file`` reads (as ``open_object`` opened it), from its first ranged
-    GET: made here, filling the read-ahead buffer from the file's position, unless a read made it already.
+    GET: made here (filling the read-ahead buffer from the file's position; without a buffer, a GET of one byte),
+    unless a read made it already.
     ``""`` for a local file, an object without one, or one with no bytes left to read."""
+    if isinstance(file, ObjectRangeIO):  # opened without a buffer: a read of one byte, then back
+        if file.content_encoding is None and file.position < file.size:
+            position = file.position
+            file.read(1)
+            file.seek(position)
+        return file.content_encoding or ""
     if not isinstance(file, io.BufferedReader) or not isinstance(file.raw, ObjectRangeIO):
         return ""
     if file.raw.content_encoding is None:
