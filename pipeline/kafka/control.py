@@ -25,6 +25,7 @@ from pipeline.planning.mixing import MixtureChange
 from topics.errors import DecodeError, MixflowError
 from topics.formats.json_record import decode, encode, json_record
 from topics.formats.names import JobTopics
+from topics.kafka.authorization import raise_if_read_refused
 from topics.kafka.clients import KafkaConfig, produce, read_committed_settings
 from topics.kafka.log_reader import read_to_end
 from topics.kafka.renewing_consumer import RenewingConsumer
@@ -112,9 +113,9 @@ class ControlReader:
 
     def __init__(self, config: KafkaConfig, topics: JobTopics, offset: int) -> None:
         self.topic = topics.control
-        self.consumer = RenewingConsumer(
-            read_committed_settings(config, f"{topics.job}.constructor.control", **{"enable.partition.eof": True})
-        )
+        group = f"{topics.job}.constructor.control"
+        self.settings = read_committed_settings(config, group, **{"enable.partition.eof": True})
+        self.consumer = RenewingConsumer(self.settings)
         self.consumer.assign([TopicPartition(self.topic, 0, offset)])
         self.next_offset = offset
         self._at_end = False
@@ -131,6 +132,7 @@ class ControlReader:
                     if message.error().code() == KafkaError._PARTITION_EOF:
                         self._at_end = True
                         continue
+                    raise_if_read_refused(self.settings, message.error(), self.topic)
                     raise KafkaException(message.error())
                 self._at_end = False
                 if message.key() != SPEC_KEY:  # see pipeline.kafka.spec_record

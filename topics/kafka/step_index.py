@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from topics.errors import DecodeError
 from topics.formats.batch_codec import STEP_KEY, end_of_data_steps
 from topics.formats.headers import find_header, parse_decimal
+from topics.kafka.authorization import raise_if_read_refused
 from topics.kafka.librdkafka_log import logged
 from topics.kafka.offset_lookup import OffsetLookup
 
@@ -71,7 +72,7 @@ def locate_step(
     )
     ends = OffsetLookup(config, isolation="read_committed")
     try:
-        probe = _Probe(consumer, ends, topic, partition, time.monotonic() + timeout_s)
+        probe = _Probe(consumer, ends, topic, partition, time.monotonic() + timeout_s, config)
         low, high = probe.watermarks()
         # Every committed record below low holds an earlier step; the first at or after high (None past
         # the end) holds step or a later one.
@@ -90,7 +91,16 @@ def locate_step(
 
 
 class _Probe:
-    def __init__(self, consumer: Consumer, ends: OffsetLookup, topic: str, partition: int, deadline: float) -> None:
+    def __init__(
+        self,
+        consumer: Consumer,
+        ends: OffsetLookup,
+        topic: str,
+        partition: int,
+        deadline: float,
+        config: Mapping[str, Any],
+    ) -> None:
+        self.config = config
         self.consumer = consumer
         self.ends = ends
         self.topic = topic
@@ -114,6 +124,7 @@ class _Probe:
             if error.code() == KafkaError._PARTITION_EOF:
                 return None
             if error.fatal() or not error.retriable():
+                raise_if_read_refused(self.config, error, self.topic)
                 raise KafkaException(error)
         msg = f"looking for a step in {self.topic}[{self.partition}]: no answer from the broker at offset {offset}"
         raise TimeoutError(msg)
