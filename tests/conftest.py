@@ -35,8 +35,6 @@ os.environ.setdefault("MIXFLOW_CHECK_TRUSTED_BATCHES", "1")
 
 log = logging.getLogger(__name__)
 
-pytest_plugins = ["tests.file_order"]
-
 REPO = Path(__file__).resolve().parent.parent
 KAFKA_IMAGE = "apache/kafka:4.1.1"
 
