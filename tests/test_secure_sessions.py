@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -230,8 +231,10 @@ def test_a_removed_users_live_session_is_refused_within_its_lifetime(secure_stac
             return bool(reading.refused_since(gone))
 
         refused_at = _wait_for(writes, bound, f"a session of the removed user {user} was not refused")
-        # The live connection's own login, made again on the broker's word (KIP-368), is what fails first.
-        assert "during re-authentication due to invalid credentials" in reading.refused_since(gone)[0]
+        # The live connection's own login, made again on the broker's word (KIP-368), is what fails; on a loaded
+        # machine the broker may close the connection at its expiry first, and the new connection's login fails.
+        refusal = reading.refused_since(gone)[0]
+        assert re.search(r"during (re-)?authentication due to invalid credentials", refusal), refusal
         # Watched for a while: records written after the refusal never reach the removed user (what it had
         # fetched before is handed out within moments of it).
         watch_until = time.monotonic() + REAUTH_LISTENER_S

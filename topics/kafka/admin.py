@@ -135,9 +135,11 @@ def ensure_topics(
     ``wait_for_others_s`` for the role that may (the operator's ``mixflow run``, or the constructor) to create
     them, saying so every ``WAIT_LOG_INTERVAL_S``."""
     admin = DeadlineAdmin(bootstrap_or_config, timeout_s, batch_topics)
-    existing = admin.topics()
+    existing = admin.topics([spec.name for spec in layout])
     missing = [spec for spec in layout if spec.name not in existing]
-    factor = default_replication_factor(admin.brokers) if replication_factor is None else replication_factor
+    factor = replication_factor
+    if factor is None:
+        factor = default_replication_factor(admin.live_brokers()) if missing else 1
     refused: list[str] = []
     created = _create(admin, missing, factor, refused if others_create else None)
     if not_ours := [name for name in refused if name not in others_create]:
@@ -166,7 +168,7 @@ def _wait_for(bootstrap_or_config: str | Mapping[str, Any], names: list[str], wa
             ", ".join(waiting),
         )
 
-    topics, waiting = _poll_metadata(bootstrap_or_config, absent, wait_s, timeout_s, say)
+    topics, waiting = _poll_metadata(bootstrap_or_config, names, absent, wait_s, timeout_s, say)
     if waiting:
         msg = (
             f"topics {', '.join(waiting)} do not exist after {wait_s:g} s, and this client's principal may not "
@@ -179,7 +181,7 @@ def _wait_for(bootstrap_or_config: str | Mapping[str, Any], names: list[str], wa
 def _wait_gone(admin: DeadlineAdmin, names: list[str], wait_s: float, timeout_s: float) -> None:
     """Return once none of ``names`` shows in the cluster's metadata: a topic whose deletion the controller
     accepted stays listed a moment, and one created again meanwhile would be refused."""
-    _, left = _poll_metadata(admin.config, lambda topics: [n for n in names if n in topics], wait_s, timeout_s)
+    _, left = _poll_metadata(admin.config, names, lambda topics: [n for n in names if n in topics], wait_s, timeout_s)
     if left:
         msg = f"topics {', '.join(left)} on {admin.servers} are deleted but still listed after {wait_s:g} s"
         raise MixflowError(msg)
@@ -187,18 +189,19 @@ def _wait_gone(admin: DeadlineAdmin, names: list[str], wait_s: float, timeout_s:
 
 def _poll_metadata(
     bootstrap_or_config: str | Mapping[str, Any],
+    names: list[str],
     pending: Callable[[dict[str, int]], list[str]],
     wait_s: float,
     timeout_s: float,
     say: Callable[[list[str]], None] | None = None,
 ) -> tuple[dict[str, int], list[str]]:
-    """Ask for the cluster's topics until ``pending`` of them is empty or ``wait_s`` has passed; the topics and
-    what was still pending. ``say`` is told what is pending every ``WAIT_LOG_INTERVAL_S``."""
+    """Ask for the topics ``names`` until ``pending`` of those that exist is empty or ``wait_s`` has passed; the
+    topics that exist and what was still pending. ``say`` is told what is pending every ``WAIT_LOG_INTERVAL_S``."""
     deadline = time.monotonic() + wait_s
     said = time.monotonic() - WAIT_LOG_INTERVAL_S
     delay = 0.05
     while True:
-        topics = DeadlineAdmin(bootstrap_or_config, timeout_s).topics()
+        topics = DeadlineAdmin(bootstrap_or_config, timeout_s).topics(names)
         now = time.monotonic()
         if not (waiting := pending(topics)) or now > deadline:
             return topics, waiting
@@ -270,7 +273,7 @@ def _check_layout(admin: DeadlineAdmin, specs: list[TopicSpec], partitions: dict
         time.sleep(delay)
         delay = min(delay * 2, 1.0)
         admin.restart_clock()
-        partitions = admin.topics()
+        partitions = admin.topics([spec.name for spec in specs])
     admin.restart_clock()
     configs = admin.configs([spec.name for spec in specs])
     problems = []
@@ -303,7 +306,7 @@ def describe_job_topics(
 def topic_exists(
     bootstrap_or_config: str | Mapping[str, Any], topic: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> bool:
-    return topic in DeadlineAdmin(bootstrap_or_config, timeout_s).topics()
+    return topic in DeadlineAdmin(bootstrap_or_config, timeout_s).topics([topic])
 
 
 def delete_job_topics(
