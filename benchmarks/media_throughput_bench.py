@@ -1,7 +1,7 @@
 """The constructor on media-heavy sources, next to a raw pipeline moving the same records, in one run.
 
     .venv/bin/python -m benchmarks.media_throughput_bench [--images 4000] [--megapixels 0.25,1,4]
-        [--shapes 16x4x8192,256x4x8192] [--windows 2,8,16] [--steps 6] [--repeats 3] [--data-job NAME]
+        [--shapes 16x4x8192,256x4x8192] [--windows 2,8,16] [--window-mb 0] [--steps 6] [--repeats 3] [--data-job NAME]
         [--keep-data] [--bootstrap-servers HOST:PORT] [--markdown]
 
 Data (``benchmarks/_media_data.py``): written once, straight to ``<job>.src.<source>`` topics in the loaders'
@@ -150,10 +150,13 @@ def steps_filled(description: dict, sources: dict[str, float], shape: StepShape,
 # -- the arms ------------------------------------------------------------------------------------------
 
 
-def media_spec(folder: Path, job: str, shape: StepShape, weights: dict[str, float], window: float) -> Path:
+def media_spec(
+    folder: Path, job: str, shape: StepShape, weights: dict[str, float], window: float, window_mb: int = 0
+) -> Path:
     """``throughput_bench.write_spec``'s job over these sources: the image and clip sources multimodal (their
     records are read as written, the vision section only makes the batches carry media), the patch budget
-    ``shape``'s, Qwen2-VL's encoder in the cost, composition at ``window``."""
+    ``shape``'s, Qwen2-VL's encoder in the cost, composition at ``window`` (and ``window_bytes`` of
+    ``window_mb`` MiB where above 0)."""
     path = write_spec(folder, job, shape, composition=True)
     body = yaml.safe_load(path.read_text())
     empty, text = body["sources"][0]["path"], {**body["sources"][0], "name": "text"}
@@ -164,8 +167,8 @@ def media_spec(folder: Path, job: str, shape: StepShape, weights: dict[str, floa
     body["mixture"] = {"weights": weights}
     body["step"]["patches_per_micro_batch"] = shape.patches_per_micro_batch
     body["cost"]["vision"] = {"hidden_size": 1280, "num_layers": 32}
-    body["composition"] = {"window_steps": window}
-    out = folder / f"spec-{label(shape)}-{'-'.join(weights)}-w{window:g}.yaml"
+    body["composition"] = {"window_steps": window, **({"window_bytes": window_mb << 20} if window_mb else {})}
+    out = folder / f"spec-{label(shape)}-{'-'.join(weights)}-w{window:g}-{window_mb}.yaml"
     out.write_text(yaml.safe_dump(body, sort_keys=False))
     return out
 
@@ -202,7 +205,7 @@ def run_case(args: argparse.Namespace, config: dict, description: dict, case: tu
     images = media.image_source(megapixels)
     weights = {images: SHARES["images"], "clips": SHARES["clips"], "text": SHARES["text"]}
     check_fits(description, list(weights), shape)
-    spec = media_spec(folder, args.data_job, shape, weights, window)
+    spec = media_spec(folder, args.data_job, shape, weights, window, args.window_mb)
     steps = min(args.steps, steps_filled(description, weights, shape, window))
     rows = []
     for repeat in range(args.repeats):
@@ -244,6 +247,7 @@ HEADERS = [
     "images",
     "R x M x C",
     "window",
+    "window MiB",
     "steps",
     "step MB",
     "constructor MB/s",
@@ -258,7 +262,7 @@ HEADERS = [
 ]
 
 
-def summary_row(case: tuple, rows: list[dict]) -> list[str]:
+def summary_row(case: tuple, rows: list[dict], window_mb: int) -> list[str]:
     def med(key: str) -> float:
         return statistics.median(r[key] for r in rows)
 
@@ -272,6 +276,7 @@ def summary_row(case: tuple, rows: list[dict]) -> list[str]:
         f"{megapixels:g} MP",
         label(shape),
         f"{window:g}",
+        f"{window_mb:,}" if window_mb else "-",
         str(rows[0]["steps"]),
         f"{med('step_mb'):.1f}",
         spread([r["mbs"] for r in rows]),
@@ -294,6 +299,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--patches-ratio", type=int, default=4, help="patch budget of a micro-batch per token")
     parser.add_argument("--windows", default="2,8,16", help="composition window_steps, comma-separated")
     parser.add_argument("--steps", type=int, default=6, help="at most this many steps per run")
+    parser.add_argument(
+        "--window-mb", type=int, default=0, help="composition window_bytes in MiB, every case (0: no byte limit)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--data-job", help="reuse this data job (written by an earlier run with --keep-data)")
     parser.add_argument("--keep-data", action="store_true", help="keep the data job for a later --data-job")
@@ -322,7 +330,7 @@ def main() -> int:
             description = write_media_data(config, args.data_job, args.images, megapixels, max_text)
         print(f"data job {args.data_job}: {json.dumps(description['sources'])}", flush=True)
         cases = [(mp, shape, window) for mp in megapixels for shape in shapes for window in windows]
-        table = [summary_row(case, run_case(args, config, description, case, folder)) for case in cases]
+        table = [summary_row(case, run_case(args, config, description, case, folder), args.window_mb) for case in cases]
         title = f"medians [min-max] of {args.repeats} repeats; MB = 10^6 bytes; images/s and clips/s: constructor (raw)"
         print_table(HEADERS, table, title=title, markdown=args.markdown)
     return 0

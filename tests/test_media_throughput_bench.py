@@ -62,14 +62,15 @@ def test_steps_are_what_the_data_fills_beyond_the_window(tokens: int, window: fl
 
 def test_a_tiny_run_prints_both_arms_and_removes_its_data(kafka_bootstrap: str) -> None:
     command = [sys.executable, "-m", "benchmarks.media_throughput_bench", "--images", "320", "--megapixels", "0.05"]
-    command += ["--shapes", "2x2x2048", "--windows", "2", "--steps", "3", "--repeats", "1", "--markdown"]
-    command += ["--bootstrap-servers", kafka_bootstrap]
+    command += ["--shapes", "2x2x2048", "--windows", "2", "--window-mb", "1", "--steps", "3", "--repeats", "1"]
+    command += ["--markdown", "--bootstrap-servers", kafka_bootstrap]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     header = next(line for line in done.stdout.splitlines() if line.startswith("| images"))
     row = next(line for line in done.stdout.splitlines() if line.startswith("| 0.05 MP"))
     cells = dict(zip(re.split(r"\s*\|\s*", header)[1:-1], re.split(r"\s*\|\s*", row)[1:-1], strict=True))
     assert cells["R x M x C"] == "2x2x2048" and cells["window"] == "2" and cells["steps"] == "3"
+    assert cells["window MiB"] == "1"
     for arm in ("constructor MB/s", "raw MB/s"):
         assert float(cells[arm].split()[0]) > 0, cells
     # items/s, constructor (raw): the raw arm reads the topics in fetches, not by the mixture's shares, so its

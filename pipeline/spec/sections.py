@@ -323,6 +323,13 @@ class CompositionSpec(BaseModel):
         allow_inf_nan=False,
         description="Share of a step of each source taken from its head whatever the balance; bounds the wait.",
     )
+    window_bytes: int | None = Field(
+        None,
+        ge=1 << 20,
+        description="Most bytes of samples (tokens and media) the look-ahead holds, the sources sharing it by "
+        "their weights: a source's window ends at window_steps or where its share runs out, never short of one "
+        "step of its tokens. Bounds the constructor's memory where steps are large. Default: no byte limit.",
+    )
 
 
 RANKS_PER_TRANSACTION_STEP = 256

@@ -13,6 +13,13 @@ composed only when every window is complete, or its source is exhausted (then th
 has); otherwise the draw is ``WAITING`` for those sources. The result is a pure function of the windows,
 the deferred samples and the mixer state, never of how many more samples are buffered.
 
+**Window bytes.** With ``window_bytes``, a source's window also ends where its samples' bytes (tokens and
+media, ``sizes``) would pass its weight's share of ``window_bytes``, though never short of one step of its
+tokens: ``window_need``. Where that share runs out before ``window`` steps, the window is only as long as
+the share allows; which samples those are depends on the FIFO alone, so the result stays a pure function
+of it. This bounds the look-ahead's memory where steps are large (a thousand ranks of media), at the cost
+of choice (a window of one or two steps still holds a whole step's samples to choose from).
+
 **Waiting bound.** Every sample with fewer than ``due * weight * goal`` tokens before it in its source's
 FIFO is *due*, and due samples are taken first, in FIFO order, while the source is behind its target
 (the last one may pass it, as in ``draw_step``). A source that is not ahead of its share thus loses at
@@ -88,6 +95,21 @@ def waiting_bound(
     return math.ceil(window / due) - 1 + math.ceil(2 * longest_per_unit + PACK_AHEAD * capacity_per_unit)
 
 
+def window_need(
+    lengths: np.ndarray, sizes: np.ndarray | None, unit: float, window: float, byte_share: float | None
+) -> float:
+    """The tokens a source's window must hold: ``window`` steps of its ``unit`` tokens a step, or, where
+    ``byte_share`` (the source's bytes of look-ahead) runs out before that among the FIFO's samples
+    (``lengths`` and their ``sizes`` in bytes), the tokens of the samples within it, but at least ``unit``."""
+    need = window * unit
+    if byte_share is None or sizes is None or len(sizes) == 0:
+        return need
+    within = int(np.searchsorted(np.cumsum(sizes), byte_share, side="right"))
+    if within == len(sizes):
+        return need  # the share is not reached yet: its end is not known, wait for window steps as ever
+    return min(need, max(unit, float(lengths[:within].sum())))
+
+
 def compose_step(
     state: MixerState,
     weights: Mapping[str, float],
@@ -102,6 +124,8 @@ def compose_step(
     window: float = DEFAULT_WINDOW,
     due: float = DEFAULT_DUE,
     media: StepMedia | None = None,
+    window_bytes: float | None = None,
+    sizes: Mapping[str, ArrayLike] | None = None,
 ) -> Draw:
     """Draw step ``state.step`` from look-ahead windows (see the module docstring).
 
@@ -114,7 +138,9 @@ def compose_step(
     packing, for the scheduler to start from (``plan_step``'s ``start``). ``media``: where the samples
     carry images or clips, their patches and encoder costs (aligned with ``available`` and ``deferred``):
     the options are chosen by length as ever, and scored with the plan the step will get, by true costs
-    under both capacities, tokens and ``shape``'s patch budget (``plan_with_media``).
+    under both capacities, tokens and ``shape``'s patch budget (``plan_with_media``). ``window_bytes``
+    (all sources together) with ``sizes`` (each sample's bytes, aligned with ``available``): see Window
+    bytes in the module docstring.
     """
     if not (math.isfinite(window) and window >= 1) or not (math.isfinite(due) and 0 < due <= 1):
         msg = f"need window >= 1 and 0 < due <= 1, got window={window!r}, due={due!r}"
@@ -129,7 +155,8 @@ def compose_step(
     before = {s: first.lengths[s][: len(first.lengths[s]) - len(first.take[s])] for s in sources}
     in_play = [s for s in sources if first.weights.get(s, 0.0) > 0 and s not in first.exhausted]
     unit = {s: first.weights[s] * goal for s in in_play}
-    waiting = tuple(s for s in in_play if s not in final and float(avail[s].sum()) < window * unit[s])
+    need = {s: _need(s, avail[s], sizes, unit[s], window, window_bytes, first.weights[s]) for s in in_play}
+    waiting = tuple(s for s in in_play if s not in final and float(avail[s].sum()) < need[s])
     if waiting:
         return Draw(first.step, DrawStatus.WAITING, waiting_for=waiting, state_before=state)
     if not in_play:
@@ -137,7 +164,7 @@ def compose_step(
     windows = {}
     for s in in_play:
         total = np.cumsum(avail[s])
-        n = len(avail[s]) if s in final else int(np.searchsorted(total, window * unit[s], side="left")) + 1
+        n = len(avail[s]) if s in final else int(np.searchsorted(total, need[s], side="left")) + 1
         n = min(max(n, len(first.take[s])), len(avail[s]))
         lengths = avail[s][:n]
         ahead = total[:n] - lengths
@@ -156,3 +183,21 @@ def compose_step(
     lengths = {s: np.concatenate([before[s], avail[s][take[s]]]) for s in sources}
     long = {s: v >= first.min_length for s, v in lengths.items()}
     return replace(first, take=take, lengths=lengths, long=long, placement=composed.placement)
+
+
+def _need(
+    source: str,
+    lengths: np.ndarray,
+    sizes: Mapping[str, ArrayLike] | None,
+    unit: float,
+    window: float,
+    window_bytes: float | None,
+    weight: float,
+) -> float:
+    if window_bytes is None or sizes is None:
+        return window * unit
+    of = np.asarray(sizes.get(source, EMPTY), dtype=np.int64).reshape(-1)
+    if len(of) != len(lengths):
+        msg = f"source {source}: {len(of)} sizes for {len(lengths)} samples"
+        raise ValueError(msg)
+    return window_need(lengths, of, unit, window, weight * window_bytes)

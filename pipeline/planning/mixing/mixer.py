@@ -48,6 +48,7 @@ class Composition:
     cost_model: CostModel
     window: float
     due: float
+    window_bytes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class Mixer:
                 spec.cost.cost_model(),
                 spec.composition.window_steps,
                 spec.composition.due_share,
+                spec.composition.window_bytes,
             )
         return cls(
             Schedule.from_spec(spec.mixture, spec.source_names),
@@ -102,9 +104,11 @@ class Mixer:
         deferred: Mapping[str, ArrayLike] | None = None,
         exhausted: Collection[str] = (),
         media: StepMedia | None = None,
+        sizes: Mapping[str, ArrayLike] | None = None,
     ) -> Draw:
         """Draw step ``state.step`` with the schedule's weights at that step: composed from look-ahead
-        windows (``compose_step``, which scores its options with the samples' ``media`` where given) or,
+        windows (``compose_step``, which scores its options with the samples' ``media`` where given, and
+        bounds its windows by the samples' ``sizes`` in bytes where the composition has ``window_bytes``) or,
         without composition, from each source's FIFO head (``draw_step``)."""
         args = (state, self.weights_at(state.step), self.budget_tokens, available, deferred)
         if (c := self.composition) is not None:
@@ -117,5 +121,7 @@ class Mixer:
                 window=c.window,
                 due=c.due,
                 media=media,
+                window_bytes=c.window_bytes,
+                sizes=sizes,
             )
         return draw_step(*args, exhausted=exhausted, on_exhausted=self.on_exhausted, long_context=self.long_context)

@@ -45,7 +45,9 @@ class StepWindow:
     Where samples carry images or clips: ``patches`` and ``encoder_costs``, per source and aligned with
     ``available``, each sample's vision patches (int64) and its cost in the vision encoder (float64, in the
     unit of the LLM's cost model; ``VisionCostModel.sample_costs``), and ``deferred_patches`` and
-    ``deferred_encoder_costs`` the same of the deferred samples. None (all four): text only."""
+    ``deferred_encoder_costs`` the same of the deferred samples. None (all four): text only. ``sizes``: per
+    source, aligned with ``available``, each sample's bytes held (``pool.held_bytes``), for a composition with
+    ``window_bytes``; None: no byte limit applies."""
 
     available: dict[str, np.ndarray]
     deferred_source: np.ndarray
@@ -54,6 +56,7 @@ class StepWindow:
     encoder_costs: dict[str, np.ndarray] | None = None
     deferred_patches: np.ndarray | None = None
     deferred_encoder_costs: np.ndarray | None = None
+    sizes: dict[str, np.ndarray] | None = None
 
     @property
     def sources(self) -> list[str]:
@@ -145,7 +148,8 @@ class StepCore:
     def draw(self, mixer: Mixer, state: MixerState, window: StepWindow, exhausted: Collection[str] = ()) -> Draw:
         """The first half of ``next_step``: the mixer's draw (composition scoring its options with the
         window's patches and encoder costs, where it has them)."""
-        return mixer.draw(state, window.available, window.deferred_by_source(), exhausted, self._media(window))
+        deferred = window.deferred_by_source()
+        return mixer.draw(state, window.available, deferred, exhausted, self._media(window), window.sizes)
 
     def _media(self, window: StepWindow) -> StepMedia | None:
         if window.patches is None or window.encoder_costs is None:

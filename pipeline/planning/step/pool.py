@@ -26,6 +26,11 @@ class Candidate:
     encoder_cost: float = 0.0
 
 
+def held_bytes(sample: Sample) -> int:
+    """The bytes a sample holds in the look-ahead: its tokens and its media's frames."""
+    return sample.tokens.nbytes + sum(len(frame) for item in sample.media for frame in item.frames)
+
+
 def encoder_cost(sample: Sample, vision: VisionCostModel | None) -> float:
     """The sample's cost in the vision encoder: 0 for text, or without a vision cost model."""
     if vision is None or not sample.media:
@@ -43,14 +48,20 @@ class SourceFifo:
         self.lengths: list[int] = []
         self.patches: list[int] = []
         self.encoder_costs: list[float] = []
+        self.sizes: list[int] = []  # held_bytes of each sample
         self.next_offset = position.low  # the next offset to read
         self.delivered: set[int] = set(position.used)  # delivered (or dead-lettered) offsets >= low
         self.read_tokens = self.read_samples = 0  # samples read into it so far (for metrics)
         self._tokens = 0  # sum(lengths)
+        self._bytes = 0  # sum(sizes)
 
     @property
     def tokens(self) -> int:
         return self._tokens
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
 
     def append(self, offset: int, sample: Sample, encoder_cost: float = 0.0) -> None:
         length = sample.length
@@ -59,7 +70,10 @@ class SourceFifo:
         self.lengths.append(length)
         self.patches.append(sample.patches if sample.media else 0)
         self.encoder_costs.append(encoder_cost)
+        size = held_bytes(sample)
+        self.sizes.append(size)
         self._tokens += length
+        self._bytes += size
 
     def take(self, positions: np.ndarray) -> list[Candidate]:
         """Remove and return the samples at ``positions`` (indices into the FIFO), in that order."""
@@ -71,7 +85,8 @@ class SourceFifo:
             for i in picked
         ]
         self._tokens -= sum(self.lengths[i] for i in picked)
-        columns = ("offsets", "samples", "lengths", "patches", "encoder_costs")
+        self._bytes -= sum(self.sizes[i] for i in picked)
+        columns = ("offsets", "samples", "lengths", "patches", "encoder_costs", "sizes")
         if np.array_equal(positions, np.arange(len(picked))):  # the head: what an in-order draw takes
             for name in columns:
                 del getattr(self, name)[: len(picked)]
@@ -144,8 +159,9 @@ class SamplePool:
         n = len(self.deferred)
         deferred_source = np.fromiter((index[c.ref.source] for c in self.deferred), np.int64, n)
         deferred_lengths = np.fromiter((c.sample.length for c in self.deferred), np.int64, n)
+        sizes = {s: np.asarray(f.sizes, dtype=np.int64) for s, f in self.fifos.items()}
         if not self.multimodal:
-            return StepWindow(available, deferred_source, deferred_lengths)
+            return StepWindow(available, deferred_source, deferred_lengths, sizes=sizes)
         return StepWindow(
             available,
             deferred_source,
@@ -154,6 +170,7 @@ class SamplePool:
             {s: np.asarray(f.encoder_costs, dtype=np.float64) for s, f in self.fifos.items()},
             np.fromiter((c.sample.patches for c in self.deferred), np.int64, n),
             np.fromiter((c.encoder_cost for c in self.deferred), np.float64, n),
+            sizes,
         )
 
     def take(self, positions: Mapping[str, np.ndarray], order: np.ndarray | None = None) -> list[Candidate]:
@@ -196,3 +213,6 @@ class SamplePool:
 
     def tokens_held(self) -> Mapping[str, int]:
         return {s: f.tokens for s, f in self.fifos.items()}
+
+    def bytes_held(self) -> Mapping[str, int]:
+        return {s: f.bytes for s, f in self.fifos.items()}

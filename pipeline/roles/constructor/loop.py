@@ -142,7 +142,8 @@ class StepLoop:
         self.control.read(state.step, self.core.lanes, self.spec.source_names)
         mixer = self.control.mixer(self.mixer)
         if mixer.composition is not None:
-            self.feed.hold(mixer.composition.window + 2, mixer.weights_at(state.step))
+            c = mixer.composition
+            self.feed.hold(c.window + 2, mixer.weights_at(state.step), c.window_bytes)
         return self.core.next_step(mixer, state, self.pool.window(), exhausted)
 
     def _wait_for(self, sources: tuple[str, ...], step: int, exhausted: set[str]) -> bool:

@@ -63,6 +63,7 @@ class SourceTopicFeed:
         self.budget_tokens = budget_tokens
         self.buffer_steps = float(BUFFER_STEPS)
         self._weights: dict[str, float] = {}
+        self._window_bytes: float | None = None
         self.eof_at: dict[str, int] = {}
         self._ended: set[str] = set()  # the sources read to their end during the current ``fill``
         self.dead_letters: list[DeadLetter] = []
@@ -134,24 +135,31 @@ class SourceTopicFeed:
         self.pool.add(source, message.offset(), sample)
         return 1
 
-    def hold(self, steps: float, weights: dict[str, float]) -> None:
-        """Read ahead ``steps`` steps of each source's share at ``weights`` (plus a step)."""
+    def hold(self, steps: float, weights: dict[str, float], window_bytes: float | None = None) -> None:
+        """Read ahead ``steps`` steps of each source's share at ``weights`` (plus a step); with
+        ``window_bytes``, stop short of that once a source holds more than its share of those bytes and two
+        steps of its share of tokens (what a window bounded by bytes needs)."""
         self.buffer_steps, self._weights = max(float(BUFFER_STEPS), steps), weights
+        self._window_bytes = window_bytes
 
     def _pause_full(self, exempt: set[str]) -> None:
         """Pause sources holding more than their read-ahead, except those a draw waits for: a
         long-context draw can need samples from deeper in a source than that."""
-        held = self.pool.tokens_held()
-        full = {
-            s
-            for s, tokens in held.items()
-            if tokens > self.budget_tokens * (self.buffer_steps * self._weights.get(s, 1.0) + 1)
-        } - exempt
+        tokens, held_bytes = self.pool.tokens_held(), self.pool.bytes_held()
+        full = {s for s in tokens if self._full(s, tokens[s], held_bytes[s])} - exempt
         if pause := full - self._paused:
             self.consumer.pause([TopicPartition(self.topics.src(s), self.partition) for s in pause])
         if resume := self._paused - full:
             self.consumer.resume([TopicPartition(self.topics.src(s), self.partition) for s in resume])
         self._paused = full
+
+    def _full(self, source: str, tokens: int, held_bytes: int) -> bool:
+        weight = self._weights.get(source, 1.0)
+        if tokens > self.budget_tokens * (self.buffer_steps * weight + 1):
+            return True
+        share = None if self._window_bytes is None else self._window_bytes * weight
+        # Two steps of its share: the least a window holds (one step) and room for the source's credit.
+        return share is not None and held_bytes > share and tokens > 2 * weight * self.budget_tokens
 
     def is_exhausted(self, source: str) -> bool:
         """True when the source's loaders have committed every unit and everything is read."""

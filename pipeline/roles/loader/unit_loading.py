@@ -38,17 +38,16 @@ class UnitLoader:
         self._lanes: int | None = None  # partitions of the source topic, read at the first unit
 
     def load(
-        self, producer: Producer, unit: WorkUnit, place: int, items: Iterator[Document | DeadLetter] | None = None
+        self, producer: Producer, unit: WorkUnit, place: int, items: Iterator[Document | DeadLetter]
     ) -> UnitCounts:
-        """Read and tokenize ``unit`` (or its ``items``, where already read); ``place``, its work partition
-        plus its offset there, picks the source topic's partition, which spreads a source's units over the
-        constructor lanes."""
+        """Tokenize ``unit``'s ``items`` (what its reader, or the read-ahead, gives); ``place``, its work
+        partition plus its offset there, picks the source topic's partition, which spreads a source's units
+        over the constructor lanes."""
         samples = tokens = letters = 0
         src_topic = self.topics.src(self.source)
         # Each constructor lane reads one partition: a unit's samples go together, in order, to one of them.
         partition = unit_partition(place, self._src_partitions())
-        read = self.runtime.reader.read(unit) if items is None else items
-        for documents, bad in batches(read, DOCUMENTS_PER_BATCH):
+        for documents, bad in batches(items, DOCUMENTS_PER_BATCH):
             built = self.runtime.builder.build(documents, epoch=unit.epoch) if documents else None
             for sample in built.samples if built else ():
                 value, headers = encode_sample(sample)
