@@ -70,6 +70,7 @@ class _StepsTrained:
         self.paths = [folder / RECEIVED_FILE.format(rank=r) for r in range(ranks)]
         self.files: list[IO[str] | None] = [None] * ranks
         self.done = [0] * ranks
+        self.partial = [""] * ranks  # the start of a line the trainer is still writing
         self.micro_batches = micro_batches
 
     def poll(self) -> int:
@@ -77,7 +78,11 @@ class _StepsTrained:
             if self.files[r] is None and path.exists():
                 self.files[r] = path.open()
             handle = self.files[r]
-            while handle is not None and (line := handle.readline()).endswith("\n"):
+            while handle is not None and (read := handle.readline()):
+                line, self.partial[r] = self.partial[r] + read, ""
+                if not line.endswith("\n"):
+                    self.partial[r] = line  # read again, whole, once the trainer has written the rest
+                    break
                 record = json.loads(line)
                 if record["micro_batch"] == record.get("micro_batches", self.micro_batches) - 1:
                     self.done[r] += 1
