@@ -120,15 +120,26 @@ class TransactionalRole:
             raise_if_fenced(error, self.transactional_id)
             raise_if_fatal(error, f"{self.kind} {self.transactional_id}: {what}")
             if not (error.txn_requires_abort() or error.retriable()):
-                abort(producer)
+                abort_after(producer, exc)
                 raise
             log.warning("%s %s: aborting %s: %s", self.kind, self.transactional_id, what, exc)
             abort(producer)
             return False
-        except BaseException:
-            abort(producer)
+        except BaseException as exc:
+            abort_after(producer, exc)
             raise
         return True
+
+
+def abort_after(producer: Producer, cause: BaseException) -> None:
+    """Abort the open transaction because of ``cause``, which the caller raises next. Should the abort fail too
+    (the broker may have ended the transaction at its timeout while ``cause`` was being handled), that is
+    logged and ``cause`` stays the error reported: nothing of the transaction commits either way, as the broker
+    aborts a transaction that is never ended."""
+    try:
+        abort(producer)
+    except Exception as exc:
+        log.warning("aborting the transaction after %s failed as well: %s", type(cause).__name__, exc)
 
 
 @contextmanager
