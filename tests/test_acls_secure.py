@@ -44,6 +44,7 @@ from topics.kafka.admin import ensure_job_topics, ensure_loader_topics, list_job
 from topics.kafka.authorization import AuthorizationError
 from topics.kafka.clients import commit_or_abort, produce, transactional_producer
 from topics.kafka.log_reader import read_to_end
+from topics.kafka.offset_lookup import OffsetLookup
 from trainer_sink.dataset import KafkaBatchDataset
 from trainer_sink.read_options import ReadOptions
 
@@ -297,6 +298,29 @@ def test_a_loader_refused_its_work_group_stops_with_the_reason(secured_job: Secu
     assert f"refused {principal} READ on group {group} (loader {secured_job.job}.loader.docstrings.0 joining it)" in (
         done.stderr
     )
+
+
+def test_asking_what_a_group_committed_without_its_rights_is_refused_at_once(secure_stack: SecureStack) -> None:
+    """A consumer asking a group it may not read only times out (librdkafka waits for a coordinator that never
+    answers it); the lookup says it is refused, so a loader whose rights go while it checks its plan stops
+    naming them instead of retrying for minutes."""
+    user, password, topic = f"g{uuid.uuid4().hex[:8]}", uuid.uuid4().hex, f"offsets.{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(secure_stack.admin_config)
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+    ensure_users(secure_stack.admin_config, {user: password})
+    reads = [
+        Binding(f"User:{user}", Resource.TOPIC, Pattern.LITERAL, topic, op)
+        for op in (Operation.READ, Operation.DESCRIBE)
+    ]
+    AclAdmin(secure_stack.admin_config).create(reads)
+    lookup = OffsetLookup(secure_stack.client_config(user, password), group=f"{topic}.loaders")
+    began = time.monotonic()
+    try:
+        with pytest.raises(AuthorizationError, match=f"refused User:{user} READ on group {topic}.loaders"):
+            lookup.committed([TopicPartition(topic, 0)], timeout_s=5)
+    finally:
+        lookup.close()
+    assert time.monotonic() - began < 30
 
 
 @pytest.mark.parametrize(

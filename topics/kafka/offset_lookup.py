@@ -18,8 +18,10 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
+from topics.kafka.authorization import is_authorization_error, refused
 from topics.kafka.librdkafka_log import logged
 from topics.kafka.retry import is_retriable
 
@@ -39,8 +41,9 @@ class OffsetLookup:
     def __init__(
         self, config: Mapping[str, Any], isolation: Isolation = "read_committed", group: str | None = None
     ) -> None:
+        self._config = logged(config)
         self._settings = {
-            **logged(config),
+            **self._config,
             "group.id": group or f"mixflow-ends-{uuid.uuid4().hex[:12]}",  # asked, never joined
             "enable.auto.commit": False,
             "isolation.level": isolation,
@@ -56,7 +59,26 @@ class OffsetLookup:
         return self._ask(lambda c, left_s: c.get_watermark_offsets(partition, timeout=left_s), timeout_s)
 
     def committed(self, partitions: list[TopicPartition], timeout_s: float) -> list[TopicPartition]:
-        return self._ask(lambda c, left_s: c.committed(partitions, timeout=left_s), timeout_s)
+        try:
+            return self._ask(lambda c, left_s: c.committed(partitions, timeout=left_s), timeout_s)
+        except KafkaException as exc:
+            if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError._TIMED_OUT:
+                self._raise_if_group_refused(partitions)
+            raise
+
+    def _raise_if_group_refused(self, partitions: list[TopicPartition]) -> None:
+        """A consumer asking a group it may not read waits for its coordinator until it times out, saying
+        nothing more; an admin client's request for the same offsets is answered with the refusal."""
+        group = str(self._settings["group.id"])
+        asked = [ConsumerGroupTopicPartitions(group, partitions)]
+        admin = AdminClient(self._config)  # held while its answer is awaited: a freed client drops its requests
+        try:
+            admin.list_consumer_group_offsets(asked, request_timeout=10)[group].result(10)
+        except KafkaException as exc:
+            if exc.args and is_authorization_error(exc.args[0]):
+                raise refused(self._config, "READ", "group", group, "reading what it committed") from exc
+        except TimeoutError:
+            pass  # unanswered as well: the timeout stands
 
     def partitions(self, topic: str, timeout_s: float) -> list[int]:
         """The topic's partitions; none while it does not exist."""
