@@ -184,3 +184,15 @@ def start_constructor(spec: Path, output_job: str, *extra: str, log: Path | None
     ]
     out = log.open("ab") if log else subprocess.PIPE
     return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT if log else subprocess.PIPE, cwd=REPO)
+
+
+def example_body(example: str, data: Path, job: str, bootstrap: str, tokenizer: str) -> dict:
+    """``examples/<example>`` as a dict, run as ``job`` on ``bootstrap`` over ``data`` (each source's folder of
+    the same name there, the ``tokenizer`` file there)."""
+    body = yaml.safe_load((REPO / "examples" / example).read_text())
+    body["job"] = job
+    body["kafka"]["bootstrap_servers"] = bootstrap
+    body["tokenizer"] = str(data / tokenizer)
+    for source in body["sources"]:
+        source["path"] = str(data / Path(source["path"]).name)
+    return body

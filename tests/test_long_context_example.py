@@ -21,7 +21,7 @@ import yaml
 from pipeline.planning.scheduler.context_parallel import CPMode, CPShape, plan_cp_step
 from pipeline.planning.step.assemble_cp import build_cp_batches
 from pipeline.spec.cp_cost import ContextParallelCost
-from tests.loader_support import REPO, build_example_data
+from tests.loader_support import REPO, build_example_data, example_body
 from tests.ports import free_port
 from topics.formats.cp_batch import CPBatch
 from topics.formats.cp_slices import slice_of
@@ -175,12 +175,8 @@ TRAINER = (
 
 def _spec(tmp_path: Path, data: Path, job: str, bootstrap: str) -> Path:
     """examples/long_context.yaml on the small data, each rank holding 512 tokens (samples up to 2,048)."""
-    body = yaml.safe_load((EXAMPLES / "long_context.yaml").read_text())
-    body["job"] = job
-    body["kafka"]["bootstrap_servers"] = bootstrap
-    body["tokenizer"] = str(data / "tokenizer.json")
+    body = example_body("long_context.yaml", data, job, bootstrap, "tokenizer.json")
     for source in body["sources"]:
-        source["path"] = str(data / Path(source["path"]).name)
         source["max_sample_length"] = 2048
     body["step"]["tokens_per_micro_batch"] = 512
     path = tmp_path / "long_context.yaml"

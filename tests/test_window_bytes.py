@@ -5,7 +5,6 @@ families of lengths and of sample sizes uncorrelated with them (media) and propo
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -24,12 +23,12 @@ from pipeline.planning.scheduler import CostModel
 from pipeline.planning.shape import StepShape
 from pipeline.planning.step.core import StepCore, StepWindow
 from pipeline.spec import load_spec
+from tests.loader_support import REPO
+from tests.multimodal_example_support import multimodal_data_builder, multimodal_spec
 from topics.errors import MixflowError
 
 SHAPE = StepShape(2, 2, 1024)
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = REPO / "examples"
-EXAMPLE = EXAMPLES / "example.yaml"
+EXAMPLE = REPO / "examples" / "example.yaml"
 COST = CostModel(alpha=1.0, beta=1.0 / 1024)
 
 
@@ -109,6 +108,13 @@ def test_draws_choose_within_the_bytes_are_pure_and_keep_the_waiting_bound(
     state = mixer.initial_state()
     steps = 14
     shortened = 0
+
+    def window_of(held: dict[str, np.ndarray]) -> StepWindow:
+        by_source = {s: lengths[ids] for s, ids in held.items()}
+        return StepWindow(
+            by_source, source[deferred], lengths[deferred], sizes={s: sizes[ids] for s, ids in held.items()}
+        )
+
     for step in range(steps):
         ends, seen = {}, {}
         for s, w in weights.items():
@@ -116,12 +122,7 @@ def test_draws_choose_within_the_bytes_are_pure_and_keep_the_waiting_bound(
             inside = fifo[s][: ends[s]]
             entered[inside[entered[inside] < 0]] = step
             shortened += ends[s] < _window_end(lengths[fifo[s]], sizes[fifo[s]], w * goal, window, math.inf)[0]
-        held = StepWindow(
-            {s: lengths[ids] for s, ids in fifo.items()},
-            source[deferred],
-            lengths[deferred],
-            sizes={s: sizes[ids] for s, ids in fifo.items()},
-        )
+        held = window_of(fifo)
         draw = core.draw(mixer, state, held)
         assert draw.status is DrawStatus.OK
         # The in-order draw's head is always in the window (one step of a source's tokens and its credit).
@@ -129,13 +130,7 @@ def test_draws_choose_within_the_bytes_are_pure_and_keep_the_waiting_bound(
         ends = {s: max(ends[s], len(head.take[s])) for s in names}
         # Cut to the samples that show where each window ends: the same draw.
         cut = {s: fifo[s][: max(ends[s], seen[s]) + 1] for s in names}
-        shorter = StepWindow(
-            {s: lengths[ids] for s, ids in cut.items()},
-            source[deferred],
-            lengths[deferred],
-            sizes={s: sizes[ids] for s, ids in cut.items()},
-        )
-        again = core.draw(mixer, state, shorter)
+        again = core.draw(mixer, state, window_of(cut))
         for s in names:
             np.testing.assert_array_equal(draw.take[s], again.take[s], err_msg=f"{s}: the draw saw past its window")
             assert not len(draw.take[s]) or draw.take[s][-1] < ends[s], f"{s}: a sample past its window was chosen"
@@ -162,18 +157,8 @@ def test_a_multimodal_job_with_its_look_ahead_bounded_by_bytes_delivers_each_sam
     of this job's images): the constructor's feed pauses sources by bytes and the windows end by bytes, and
     the run's report finds every sample once."""
     data = tmp_path / "data"
-    _multimodal_builder().build(data, pairs=40, documents=8, clips=6, limit=12)
-    body = yaml.safe_load((EXAMPLES / "multimodal.yaml").read_text())
-    body["job"] = unique_name
-    body["kafka"]["bootstrap_servers"] = kafka_bootstrap
-    body["tokenizer"] = str(data / "mm-tokenizer.json")
-    for source in body["sources"]:
-        source["path"] = str(data / Path(source["path"]).name)
-    body["step"]["tokens_per_micro_batch"] = 512
-    body["step"]["patches_per_micro_batch"] = 1024
-    body["composition"] = {**(body.get("composition") or {}), "window_bytes": 1 << 20}
-    spec = tmp_path / "multimodal.yaml"
-    spec.write_text(yaml.safe_dump(body, sort_keys=False))
+    multimodal_data_builder().build(data, pairs=40, documents=8, clips=6, limit=12)
+    spec = multimodal_spec(tmp_path, data, unique_name, kafka_bootstrap, window_bytes=1 << 20)
     command = [sys.executable, "-m", "pipeline.cli", "run", "--spec", str(spec), "--job", unique_name]
     run = subprocess.run(
         [*command, "--state-dir", str(tmp_path / "state")], cwd=REPO, capture_output=True, text=True, timeout=300
@@ -181,12 +166,3 @@ def test_a_multimodal_job_with_its_look_ahead_bounded_by_bytes_delivers_each_sam
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "each sample exactly once: yes" in run.stdout, run.stdout
     assert "every committed source sample reached a rank topic: yes" in run.stdout, run.stdout
-
-
-def _multimodal_builder():
-    sys.path.insert(0, str(EXAMPLES))
-    loaded = importlib.util.spec_from_file_location("build_multimodal_data", EXAMPLES / "build_multimodal_data.py")
-    assert loaded is not None and loaded.loader is not None
-    module = importlib.util.module_from_spec(loaded)
-    loaded.loader.exec_module(module)
-    return module
