@@ -151,15 +151,16 @@ class SamplePool:
 
     # -- drawing ----------------------------------------------------------------------------------
 
-    def window(self) -> StepWindow:
+    def window(self, with_sizes: bool = False) -> StepWindow:
         """What the next step is drawn from: each source's FIFO lengths and the deferred samples, and once
-        samples with media have arrived, the patches and encoder costs of each."""
+        samples with media have arrived, the patches and encoder costs of each; ``with_sizes``: each sample's
+        bytes too (for a composition with ``window_bytes``; built only then, a step's arrays being per sample)."""
         available = {s: np.asarray(f.lengths, dtype=np.int64) for s, f in self.fifos.items()}
         index = {s: k for k, s in enumerate(self.sources)}
         n = len(self.deferred)
         deferred_source = np.fromiter((index[c.ref.source] for c in self.deferred), np.int64, n)
         deferred_lengths = np.fromiter((c.sample.length for c in self.deferred), np.int64, n)
-        sizes = {s: np.asarray(f.sizes, dtype=np.int64) for s, f in self.fifos.items()}
+        sizes = {s: np.asarray(f.sizes, dtype=np.int64) for s, f in self.fifos.items()} if with_sizes else None
         if not self.multimodal:
             return StepWindow(available, deferred_source, deferred_lengths, sizes=sizes)
         return StepWindow(

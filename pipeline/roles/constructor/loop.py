@@ -141,10 +141,11 @@ class StepLoop:
     def _next_step(self, state: MixerState, exhausted: Collection[str]) -> StepOutcome:
         self.control.read(state.step, self.core.lanes, self.spec.source_names)
         mixer = self.control.mixer(self.mixer)
-        if mixer.composition is not None:
-            c = mixer.composition
+        c = mixer.composition
+        if c is not None:
             self.feed.hold(c.window + 2, mixer.weights_at(state.step), c.window_bytes)
-        return self.core.next_step(mixer, state, self.pool.window(), exhausted)
+        window = self.pool.window(with_sizes=c is not None and c.window_bytes is not None)
+        return self.core.next_step(mixer, state, window, exhausted)
 
     def _wait_for(self, sources: tuple[str, ...], step: int, exhausted: set[str]) -> bool:
         """Read more of ``sources``, which the draw of ``step`` waits for; a source that ran out joins
