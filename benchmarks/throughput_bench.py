@@ -513,7 +513,8 @@ def kafka_tools(bootstrap: str, config: dict, classpath: str, topic: str, payloa
             classpath, bootstrap, topic, records
         )
     finally:
-        AdminClient(config).delete_topics([topic], operation_timeout=30)  # not a job topic kind
+        admin = AdminClient(config)  # held until the deletion is answered: a freed client drops its requests
+        admin.delete_topics([topic], operation_timeout=30)[topic].result(timeout=60)  # not a job topic kind
 
 
 def cpu_per_step(run: dict) -> tuple[float, float] | None:

@@ -15,12 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from hypothesis import HealthCheck, settings
 
 from pipeline.tools.stack.fault_proxy import FaultProxy
 from pipeline.tools.stack.local_broker import LocalBroker, free_port_pair
 from tests.object_store import ObjectStoreEndpoint, running_object_store
-from tests.secure_stack import SecureStack, start_secure_stack
+from tests.secure_stack import SecureStack, running_secure_stack, start_secure_stack
 
 # Property tests draw the same examples on every run, so a red CI run is reproducible and a green one
 # stays green; `--hypothesis-profile default` draws new ones.
@@ -85,13 +86,40 @@ def kafka_bootstrap() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def secure_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureStack]:
-    """A secured broker of this test session's own (``tests/secure_stack.py``): SASL_SSL with SCRAM-SHA-512,
-    ACLs enforced, its admin a super user; started on first use, stopped at the end."""
-    stack = start_secure_stack(tmp_path_factory.mktemp("secure-stack"))
-    try:
-        yield stack
-    finally:
+def secure_stack(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterator[SecureStack]:
+    """A secured broker of this test run's own (``tests/secure_stack.py``): SASL_SSL with SCRAM-SHA-512, ACLs
+    enforced, its admin a super user; started on first use. Under xdist one serves every worker (each would
+    otherwise start a broker of its own, a JVM of up to 1 GB and half a minute of two cores): the first worker
+    to ask starts it in the run's folder, the controller stops it when the run ends."""
+    if worker_id == "master":
+        stack = start_secure_stack(tmp_path_factory.mktemp("secure-stack"))
+        try:
+            yield stack
+        finally:
+            stack.down()
+        return
+    shared = _run_folder(tmp_path_factory.getbasetemp()) / SHARED_SECURE_STACK
+    with FileLock(str(shared) + ".lock"):
+        stack = running_secure_stack(shared) or start_secure_stack(shared)
+    yield stack
+
+
+SHARED_SECURE_STACK = "secure-stack-shared"
+
+
+def _run_folder(basetemp: Path) -> Path:
+    """The folder of the whole run: a worker's base folder is ``popen-gw<N>`` inside the controller's."""
+    return basetemp.parent if basetemp.name.startswith("popen-gw") else basetemp
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The controller of an xdist run stops the secured broker its workers shared."""
+    if hasattr(session.config, "workerinput"):
+        return
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    if (stack := running_secure_stack(factory.getbasetemp() / SHARED_SECURE_STACK)) is not None:
         stack.down()
 
 

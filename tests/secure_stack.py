@@ -1,12 +1,15 @@
 """A secured single-node broker for tests (``mixflow stack up --secure`` as a library call), in a state folder of
-the test's own on free ports, never the session's plaintext broker. The ``secure_stack`` fixture of
-``tests/conftest.py`` starts one per test session on first use and stops it at the end.
+the test run's own on free ports, never the session's plaintext broker. The ``secure_stack`` fixture of
+``tests/conftest.py`` starts one on first use and stops it at the end.
 
 Beside its SASL_SSL client listener and its mTLS listener (``mtls_bootstrap``: client certificates) it has two TLS
 listeners whose certificates clients must refuse, signed by the same CA: ``wrong_host_bootstrap`` presents a
 certificate for another host, ``expired_bootstrap`` one that has expired; and a second SASL_SSL listener,
 ``reauth_bootstrap``, whose logins last ``REAUTH_LISTENER_S`` instead of the stack's ``SESSION_LIFETIME_S``, for
-tests of what happens when a session ends without waiting a minute for it."""
+tests of what happens when a session ends without waiting a minute for it.
+
+Under pytest-xdist the workers share one such broker: the first to need it starts it, the others find it
+(``running_secure_stack``), and the run's controller stops it at the end (``tests/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,14 @@ from pathlib import Path
 
 from pipeline.tools.stack.client_certs import issue_client_certificate
 from pipeline.tools.stack.local_broker import DEFAULT_HOST, LocalBroker, free_port_block
-from pipeline.tools.stack.secure import SCRAM_MECHANISM, SUPER_USERS, StackSecrets, broker_security, ensure_secrets
+from pipeline.tools.stack.secure import (
+    SCRAM_MECHANISM,
+    SUPER_USERS,
+    StackSecrets,
+    broker_security,
+    ensure_secrets,
+    secrets_dir,
+)
 from pipeline.tools.stack.tls import Issued, issue, key_store_pem
 
 WRONG_HOST = "elsewhere.invalid"
@@ -60,11 +70,12 @@ class SecureStack:
 
 
 def _refused_certificates(secrets: StackSecrets) -> tuple[Path, Path]:
-    """Key stores, signed by the stack's CA, for another host and expired (a year ago)."""
+    """Key stores, signed by the stack's CA, for another host and expired (a year ago): made once."""
+    wrong_host, expired = secrets.folder / "wrong-host.pem", secrets.folder / "expired.pem"
+    if wrong_host.exists() and expired.exists():
+        return wrong_host, expired
     ca = Issued.from_pem(secrets.ca_key.read_bytes(), secrets.ca.read_bytes())
-    wrong_host = secrets.folder / "wrong-host.pem"
     wrong_host.write_bytes(key_store_pem(issue(ca, WRONG_HOST, [WRONG_HOST]), ca))
-    expired = secrets.folder / "expired.pem"
     year_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=365)
     expired.write_bytes(key_store_pem(issue(ca, "mixflow-expired", [DEFAULT_HOST], days=1, not_before=year_ago), ca))
     return wrong_host, expired
@@ -74,9 +85,31 @@ def start_secure_stack(state_dir: Path, timeout_s: float = 120.0) -> SecureStack
     """Start a secured broker in ``state_dir`` on free ports (client, controller, mTLS and the three test
     listeners)."""
     port = free_port_block(6)
+    ensure_secrets(state_dir, [DEFAULT_HOST], f"{DEFAULT_HOST}:{port}")
+    stack = _secure_stack(state_dir, port)
+    stack.broker.up(timeout_s=timeout_s)
+    (state_dir / PORT_FILE).write_text(stack.bootstrap.rpartition(":")[2])
+    return stack
+
+
+def running_secure_stack(state_dir: Path) -> SecureStack | None:
+    """The stack ``start_secure_stack`` started in ``state_dir`` and that still runs, or None."""
+    try:
+        port = int((state_dir / PORT_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    stack = _secure_stack(state_dir, port)
+    return stack if stack.broker.running_pid() is not None else None
+
+
+PORT_FILE = "stack-port"
+
+
+def _secure_stack(state_dir: Path, port: int) -> SecureStack:
+    """The stack in ``state_dir`` (its secrets made already) on ``port`` and the five ports after it."""
     host = DEFAULT_HOST
     bootstrap = f"{host}:{port}"
-    secrets = ensure_secrets(state_dir, [host], bootstrap)
+    secrets = StackSecrets(secrets_dir(state_dir))
     wrong_host, expired = _refused_certificates(secrets)
     security = broker_security(secrets, bootstrap)
     overrides = security.overrides
@@ -94,7 +127,6 @@ def start_secure_stack(state_dir: Path, timeout_s: float = 120.0) -> SecureStack
     }
     broker = LocalBroker(state_dir, host=host, port=port, overrides=test_listeners)
     broker.security = security
-    broker.up(timeout_s=timeout_s)
     mtls = f"{host}:{broker.mtls_port}"
     return SecureStack(
         broker, secrets, bootstrap, f"{host}:{port + 3}", f"{host}:{port + 4}", mtls, f"{host}:{port + 5}"
