@@ -40,7 +40,7 @@ class MediaItem:
     ``merge_size``: the LLM gets one placeholder token per
     ``merge_size x merge_size`` patches, so ``tokens = grid_t * grid_h * grid_w // merge_size**2``.
     ``token_offset``: index in the sample's tokens of the first placeholder token.
-    ``frames``: the frames, one ``bytes`` each, in ``encoding``.
+    ``frames``: the frames, one ``bytes`` each (or a view of a record's bytes), in ``encoding``.
     """
 
     kind: str
@@ -53,7 +53,7 @@ class MediaItem:
     width: int
     token_offset: int
     encoding: str
-    frames: tuple[bytes, ...]
+    frames: tuple[bytes | memoryview, ...]
 
     @property
     def grid(self) -> tuple[int, int, int]:

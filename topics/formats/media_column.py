@@ -150,7 +150,7 @@ class MediaTable:
             kind=self.kind[k],
             **{name: self.int_at(k, name) for name in INT_FIELDS},
             encoding=self.encoding[k],
-            frames=tuple(self.frames(k)) if frames is None else frames,  # type: ignore[arg-type]
+            frames=tuple(self.frames(k)) if frames is None else frames,
         )
 
     def row_items(self, row: int) -> tuple[MediaItem, ...]:

@@ -28,13 +28,12 @@ from topics.formats.headers import Headers, find_header
 from topics.formats.loss_spans import LOSS_SPANS_KEY, parse_loss_spans
 from topics.formats.media import INT_FIELDS, MediaItem
 from topics.formats.sample import Sample
+from topics.formats.sample_wire import read_sample
 
 SCHEMA_HEADER = "mixflow.schema"
 """Kafka header holding the writer schema's 8-byte CRC-64-AVRO fingerprint."""
 
 _INT32_MIN, _INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
-_WIRE_TOKENS = np.dtype("<i4")
-_WIRE_IS_NATIVE = np.little_endian  # "<i4" is the native int32: tokens are a view, no conversion
 
 
 def _load_schema(name: str) -> tuple[dict[str, Any], bytes]:
@@ -144,7 +143,7 @@ def decode_sample(
 
     if value is None:
         raise error("the record has no value")
-    if headers == _CURRENT_HEADERS and (sample := _decode_current(value)) is not None:
+    if (sample := _read_fast(value, headers)) is not None:
         return sample
     try:
         fp = find_header(headers, SCHEMA_HEADER)
@@ -166,52 +165,19 @@ def decode_sample(
     return _to_sample(record, error)
 
 
-_CURRENT_HEADERS = [(SCHEMA_HEADER, SAMPLE_FINGERPRINT)]
-"""The headers ``encode_sample`` writes, as ``Message.headers()`` returns them."""
+_FAST_HEADERS = (
+    ([(SCHEMA_HEADER, SAMPLE_FINGERPRINT)], False),
+    ([(SCHEMA_HEADER, MEDIA_SAMPLE_FINGERPRINT)], True),
+)
+"""The headers ``encode_sample`` writes, as ``Message.headers()`` returns them, and whether that schema has media."""
 
 
-def _varint(value: bytes, pos: int) -> tuple[int, int]:
-    """Avro's zig-zag varint at ``pos``: (the long, the position after it). IndexError past the end;
-    ValueError for more than 10 bytes."""
-    byte = value[pos]
-    pos += 1
-    if byte < 0x80:  # one byte: ids and sources shorter than 64 bytes
-        return (byte >> 1) ^ -(byte & 1), pos
-    raw, shift = byte & 0x7F, 7
-    while byte & 0x80:
-        if shift > 63:
-            raise ValueError("varint longer than 10 bytes")
-        byte = value[pos]
-        pos += 1
-        raw |= (byte & 0x7F) << shift
-        shift += 7
-    return (raw >> 1) ^ -(raw & 1), pos
-
-
-def _decode_current(value: bytes) -> Sample | None:
-    """Decode a record of the current schema without metadata, as ``schemaless_reader`` would, about ten
-    times faster; None for anything else (metadata, or any inconsistency), which the general path decodes
-    or refuses with its reason."""
-    try:
-        n, pos = _varint(value, 0)
-        if n < 0 or pos + n > len(value):
-            return None
-        sample_id = value[pos : pos + n].decode("utf-8")
-        n, pos = _varint(value, pos + n)
-        if n < 0 or pos + n > len(value):
-            return None
-        source = value[pos : pos + n].decode("utf-8")
-        n, pos = _varint(value, pos + n)
-        if n < 0 or n % 4 or pos + n > len(value):
-            return None
-        tokens_at, count = pos, n // 4
-        length, pos = _varint(value, pos + n)
-        if length != count or pos + 1 != len(value) or value[pos] != 0:  # 0: the union's null branch, last
-            return None
-    except (IndexError, ValueError):  # UnicodeDecodeError is a ValueError
-        return None
-    tokens = np.frombuffer(value, dtype=_WIRE_TOKENS, count=count, offset=tokens_at)
-    return Sample(sample_id, source, tokens if _WIRE_IS_NATIVE else tokens.astype(np.int32), {})
+def _read_fast(value: bytes, headers: Headers) -> Sample | None:
+    """The sample as ``sample_wire.read_sample`` reads it, where the headers name a current schema."""
+    for fast_headers, with_media in _FAST_HEADERS:
+        if headers == fast_headers:
+            return read_sample(value, with_media=with_media)
+    return None
 
 
 def _to_sample(record: dict[str, Any], error: Callable[[str], DecodeError]) -> Sample:
@@ -245,9 +211,9 @@ def _to_media_item(k: int, record: dict[str, Any], length: int, error: Callable[
 
 def decode_sample_message(message: Any) -> Sample:
     """Decode a ``confluent_kafka.Message``; errors name its topic, partition and offset."""
-    if message.headers() == _CURRENT_HEADERS and message.error() is None:
+    if message.error() is None:
         value = message.value()
-        if value is not None and (sample := _decode_current(value)) is not None:
+        if value is not None and (sample := _read_fast(value, message.headers())) is not None:
             return sample
     where = {"topic": message.topic(), "partition": message.partition(), "offset": message.offset()}
     if message.error() is not None:
