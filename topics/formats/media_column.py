@@ -43,7 +43,7 @@ def media_column(media: Sequence[Sequence[MediaItem]]) -> pa.ListArray:
     frame_counts = np.fromiter((len(it.frames) for it in items), np.int64, len(items))
     frames = pa.ListArray.from_arrays(
         pa.array(_offsets(frame_counts), pa.int32()),
-        pa.array([frame for it in items for frame in it.frames], pa.binary()),
+        _binary([frame for it in items for frame in it.frames]),
         type=FRAMES_TYPE,
     )
     struct = pa.StructArray.from_arrays(
@@ -56,6 +56,18 @@ def media_column(media: Sequence[Sequence[MediaItem]]) -> pa.ListArray:
         fields=list(MEDIA_ITEM_TYPE),
     )
     return pa.ListArray.from_arrays(pa.array(_offsets(counts), pa.int32()), struct, type=MEDIA_TYPE)
+
+
+def _binary(values: Sequence[bytes | memoryview]) -> pa.BinaryArray:
+    """``values`` as an Arrow binary array, each copied once into a buffer of their total size from Arrow's
+    memory pool (``pa.array`` grows its buffer as it goes, copying what it holds at each growth)."""
+    sizes = np.fromiter(map(len, values), np.int64, len(values))
+    offsets = _offsets(sizes)
+    data = pa.allocate_buffer(int(offsets[-1]))
+    into = memoryview(data).cast("B")  # Arrow exports signed bytes ("b"); frames are "B"
+    for value, start, end in zip(values, offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
+        into[start:end] = value
+    return pa.Array.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(offsets), data])
 
 
 def _offsets(counts: np.ndarray) -> np.ndarray:
