@@ -327,28 +327,29 @@ def _client_error(status: int, code: str, message: str = "", operation: str = "G
     return ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": status}}, operation)
 
 
-@pytest.mark.parametrize(
-    ("status", "code", "kind"),
-    [
-        (404, "NoSuchKey", ObjectMissingError),
-        (404, "", ObjectMissingError),  # a HEAD's 404 has no body
-        (404, "404", ObjectMissingError),
-        (404, "NoSuchBucket", StorageNotFoundError),
-        (404, "XAdminUserNotFound", StorageAccessError),  # versitygw's answer to an unknown access key
-        (404, "NoSuchUser", StorageAccessError),
-        (403, "AccessDenied", StorageAccessError),
-        (403, "InvalidAccessKeyId", StorageAccessError),
-        (403, "SignatureDoesNotMatch", StorageAccessError),
-        (400, "ExpiredToken", StorageAccessError),
-        (403, "403", StorageAccessError),
-        (403, "", StorageAccessError),
-        (412, "PreconditionFailed", ObjectChangedError),
-        (503, "SlowDown", TransientError),
-        (500, "InternalError", TransientError),
-        (429, "", TransientError),
-        (400, "InvalidBucketName", StorageError),
-    ],
-)
+STORE_ANSWERS = [
+    (404, "NoSuchKey", ObjectMissingError),
+    (404, "", ObjectMissingError),  # a HEAD's 404 has no body
+    (404, "404", ObjectMissingError),
+    (404, "NoSuchBucket", StorageNotFoundError),
+    (404, "XAdminUserNotFound", StorageAccessError),  # versitygw's answer to an unknown access key
+    (404, "NoSuchUser", StorageAccessError),
+    (403, "AccessDenied", StorageAccessError),
+    (403, "InvalidAccessKeyId", StorageAccessError),
+    (403, "SignatureDoesNotMatch", StorageAccessError),
+    (400, "ExpiredToken", StorageAccessError),
+    (403, "403", StorageAccessError),
+    (403, "", StorageAccessError),
+    (412, "PreconditionFailed", ObjectChangedError),
+    (503, "SlowDown", TransientError),
+    (500, "InternalError", TransientError),
+    (429, "", TransientError),
+    (400, "InvalidBucketName", StorageError),
+]
+"""(HTTP status, error code, what it is): every answer a store may give that ``classify`` tells apart."""
+
+
+@pytest.mark.parametrize(("status", "code", "kind"), STORE_ANSWERS)
 def test_every_storage_answer_is_classified_by_what_it_means(status: int, code: str, kind: type) -> None:
     known = classify(_client_error(status, code, "the server's words"), "s3://b/k", "http://store")
     assert type(known) is kind, known

@@ -1,8 +1,9 @@
-"""Which storage errors are worth trying again, and the message of each that is not: each names the server's
-code and message. A 404 means a missing object only where its code is about the key (``NoSuchKey``, or none
-at all, as a HEAD answers); any other 404 (an unknown access key answers ``XAdminUserNotFound`` on some
-gateways) is a refusal of the credentials. ``S3Storage`` confirms a missing key with a listing before a unit
-is dead-lettered for it."""
+"""Which storage errors are worth trying again, and the message of each that is not: each names the server's code
+and message (botocore's errors and obstore's both read as the store's status, code and message). A 404 means a
+missing object only where its code is about the key (``NoSuchKey``, or none at all, as a HEAD answers); any
+other 404 (an unknown access key answers ``XAdminUserNotFound`` on some gateways) is a refusal of the
+credentials. ``S3Storage`` confirms a missing key with a listing before a unit is dead-lettered for it. An
+obstore error with no answer in it (no connection, a timeout) is transient."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from connectors.storage.errors import (
     StorageNotFoundError,
 )
 from connectors.storage.retry import TransientError
+from connectors.storage.s3_get import GetFailed, StoreAnswer
 
 _TRANSIENT_CODES = frozenset(
     {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling", "ThrottlingException"}
@@ -44,7 +46,13 @@ def classify(exc: Exception, where: str, endpoint: str | None, etag: str = "") -
     if isinstance(exc, StorageError | TransientError):
         return exc
     if isinstance(exc, botocore_errors.ClientError):
-        return _client_error(exc, where, etag)
+        error = exc.response.get("Error", {})
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        return _answered(StoreAnswer(status, str(error.get("Code", "")), error.get("Message", "")), where, etag)
+    if isinstance(exc, GetFailed):
+        if exc.answer is None:
+            return TransientError(f"endpoint {endpoint or 'AWS'} did not answer: {exc}")
+        return _answered(exc.answer, where, etag)
     if isinstance(exc, botocore_errors.NoCredentialsError | botocore_errors.PartialCredentialsError):
         hint = "set them in the environment or name them in the spec"
         return StorageAccessError(f"{where}: no AWS credentials: {exc} ({hint})")
@@ -65,11 +73,9 @@ def classify(exc: Exception, where: str, endpoint: str | None, etag: str = "") -
     return exc
 
 
-def _client_error(exc: Exception, where: str, etag: str) -> Exception:
-    error = getattr(exc, "response", {}).get("Error", {})
-    code = str(error.get("Code", ""))
-    status = int(getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-    message = error.get("Message") or code or "no message"
+def _answered(answer: StoreAnswer, where: str, etag: str) -> Exception:
+    status, code = answer.status, answer.code
+    message = answer.message or code or "no message"
     said = f"{status} {code}" if code and code != str(status) else str(status or code)
     if code in _TRANSIENT_CODES or status >= 500 or status == 429:
         return TransientError(f"{where}: {code or status} {message}")

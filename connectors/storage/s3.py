@@ -1,5 +1,6 @@
-"""Objects in an S3-compatible store, through boto3: a paginated listing, ranged GETs with ``If-Match``,
-and every request under botocore's own retries plus one ``RetryPolicy`` with a deadline."""
+"""Objects in an S3-compatible store: a paginated listing and HEADs through boto3, ranged GETs with ``If-Match``
+through obstore (``s3_get``), every request tried once by its client and retried by one ``RetryPolicy`` with a
+deadline."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from connectors.storage.errors import (
 from connectors.storage.faults import classify
 from connectors.storage.object_file import open_object
 from connectors.storage.retry import STORAGE_RETRY, TransientError
+from connectors.storage.s3_get import KeyNotSupported, RangedGets
 from connectors.storage.uri import ObjectUri
 from topics.retry import RetryPolicy
 
@@ -67,6 +69,7 @@ class S3Storage(Storage):
         self.uri = uri if isinstance(uri, ObjectUri) else ObjectUri.parse(uri)
         self.settings = settings or S3Settings()
         self._client: S3Client | None = None
+        self._gets: RangedGets | None = None
         self._lock = threading.Lock()
         self._reached = False
 
@@ -76,6 +79,13 @@ class S3Storage(Storage):
             if self._client is None:
                 self._client = _make_client(self.settings)
             return self._client
+
+    @property
+    def gets(self) -> RangedGets:
+        with self._lock:
+            if self._gets is None:
+                self._gets = RangedGets(self.uri.bucket, self.settings)
+            return self._gets
 
     def list(self) -> list[ObjectInfo]:
         """One paginated listing of the root's own objects and its sub-folders, then each sub-folder listed
@@ -135,21 +145,24 @@ class S3Storage(Storage):
     def read_stored(self, path: str, start: int, stop: int, etag: str = "") -> StoredBytes:
         if stop <= start:
             return StoredBytes(b"")
-        arguments: dict[str, Any] = {
-            "Bucket": self.uri.bucket,
-            "Key": self.uri.key(path),
-            "Range": f"bytes={start}-{stop - 1}",
-        }
-        if etag:
-            arguments["IfMatch"] = etag
+        key = self.uri.key(path)
 
         def get() -> StoredBytes:
-            response = self.client.get_object(**arguments)
-            # botocore hands back the stored bytes: a gzip Content-Encoding is not undone on the way
-            data = response["Body"].read()  # a reset while streaming the body is retried with the request
-            return StoredBytes(data, response.get("ContentEncoding", ""))
+            try:
+                return self.gets.get(key, start, stop, etag)
+            except KeyNotSupported:
+                return self._get_with_boto3(key, start, stop, etag)
 
         return self._request(path, get, etag)
+
+    def _get_with_boto3(self, key: str, start: int, stop: int, etag: str) -> StoredBytes:
+        arguments: dict[str, Any] = {"Bucket": self.uri.bucket, "Key": key, "Range": f"bytes={start}-{stop - 1}"}
+        if etag:
+            arguments["IfMatch"] = etag
+        response = self.client.get_object(**arguments)
+        # botocore hands back the stored bytes: a gzip Content-Encoding is not undone on the way
+        data = response["Body"].read()  # a reset while streaming the body is retried with the request
+        return StoredBytes(data, response.get("ContentEncoding", ""))
 
     def open(self, path: str, etag: str = "", *, size: int | None = None, buffer_bytes: int = 1 << 20) -> BinaryIO:
         if size is None or not etag:
