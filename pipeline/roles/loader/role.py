@@ -127,6 +127,10 @@ class SourceLoader(TransactionalRole):
             if self.options.max_units is not None and self.stats.units >= self.options.max_units:
                 log.info("loader %s: did its %d units; leaving", self.transactional_id, self.stats.units)
                 return
+            if self.group.ended_while_busy:  # the end was read inside the transaction: no poll will say it again
+                self.group.ended_while_busy = False
+                if self._done_while_idle():
+                    return
 
     def _done_while_idle(self) -> bool:
         """No unit came: instance 0 of a ``next_epoch`` job plans the epochs asked for. True when the loader

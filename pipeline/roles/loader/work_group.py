@@ -37,6 +37,7 @@ class WorkGroup:
         self.name = name
         self.stats = stats
         self.revoked = False  # set when a rebalance takes partitions away during a transaction
+        self.ended_while_busy = False  # a partition's end came while units were taken without waiting (``ready``)
         self._membership = MembershipWatch(options.rejoin_after_s)
         self._consumer: Consumer | None = None  # replaced when its membership is stuck or its fetching stalled
         # Ends and the group's committed offsets, on a client of its own that never joins the group.
@@ -100,6 +101,7 @@ class WorkGroup:
         """A unit already fetched, without waiting; None when there is none (or an error, logged)."""
         message = self.consumer.poll(0)
         if message is not None and self._fetch.saw(message):
+            self.ended_while_busy = True
             return None  # the end of a partition
         if message is not None and message.error():
             self.on_consumer_error(message.error())
