@@ -38,6 +38,10 @@ SOURCE_FETCH_SETTINGS = {
     # the end is reached: librdkafka's default of 500 ms kept a draw waiting a second for a source that had
     # run out.
     "fetch.wait.max.ms": 100,
+    # Fetching goes on while a step is planned and written: with librdkafka's 64 MB the client stopped
+    # fetching a media step's records a fraction of the way in and the next draw waited for them
+    # (benchmarks/README.md, media throughput). The raw pipeline it is measured against queues as much.
+    "queued.max.messages.kbytes": 256 << 10,
 }
 """Defaults of the constructor's source consumer; the spec's ``kafka.config`` wins."""
 
