@@ -8,8 +8,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from connectors.storage.base import ObjectInfo, Storage, StoredBytes
 from connectors.storage.errors import (
@@ -22,44 +21,19 @@ from connectors.storage.errors import (
 )
 from connectors.storage.faults import classify
 from connectors.storage.object_file import open_object
-from connectors.storage.retry import STORAGE_RETRY, TransientError
+from connectors.storage.retry import TransientError
 from connectors.storage.s3_get import KeyNotSupported, RangedGets
+from connectors.storage.s3_settings import FIRST_CONTACT_S, S3Settings
 from connectors.storage.uri import ObjectUri
-from topics.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client  # type: ignore[import-not-found]
 
 T = TypeVar("T")
-AddressingStyle = Literal["path", "virtual", "auto"]
+__all__ = ["FIRST_CONTACT_S", "S3Settings", "S3Storage"]
 _LISTING_THREADS = 16  # sub-folders listed at once
-FIRST_CONTACT_S = 5.0  # how long a command tries an endpoint it has never reached
 FIRST_ANSWER_NOTICE_S = 2.0  # a first request unanswered this long says what it waits for
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class S3Settings:
-    """How to reach the store. Credentials left ``None`` come from the standard AWS chain (environment,
-    shared files, ``profile``, instance roles); given ones are never shown (``repr``) nor logged.
-    ``first_contact_s``: how long an endpoint never reached yet is tried before it is reported unreachable
-    (after the first answer, transient errors are retried for ``retry.deadline_s``). A request waits for its
-    answer at most ``connect_timeout_s`` and ``read_timeout_s``, each capped at the smaller of those two.
-    ``stop_on_changed``: a read pinned to an ETag finds the object changed or gone: ``ObjectRefusedError``
-    rather than the ``OSError`` a reader turns into a dead letter."""
-
-    endpoint_url: str | None = None
-    region: str | None = None
-    addressing_style: AddressingStyle = "auto"
-    profile: str | None = None
-    access_key_id: str | None = field(default=None, repr=False)
-    secret_access_key: str | None = field(default=None, repr=False)
-    session_token: str | None = field(default=None, repr=False)
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 30.0
-    retry: RetryPolicy = STORAGE_RETRY
-    first_contact_s: float = FIRST_CONTACT_S
-    stop_on_changed: bool = False
 
 
 class S3Storage(Storage):

@@ -23,7 +23,7 @@ from connectors.storage.errors import StorageAccessError, StorageError
 if TYPE_CHECKING:
     from obstore.store import S3Store
 
-    from connectors.storage.s3 import S3Settings
+    from connectors.storage.s3_settings import S3Settings
 
 DEFAULT_REGION = "us-east-1"
 _VIRTUAL_HOSTABLE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
