@@ -235,14 +235,14 @@ def child_constructor(spec_path: Path, output_job: str, max_steps: int, bootstra
     from pipeline.spec import load_spec
 
     payload = [0]
-    encode = step_records.encode_batch  # what a step's transaction encodes each rank's batch with
+    encode = step_records.encode_batch_buffer  # what a step's transaction encodes each rank's batch with
 
-    def counting_encode(batch: Any) -> tuple[bytes, bytes, Any]:
+    def counting_encode(batch: Any) -> tuple[bytes, Any, Any]:
         key, value, headers = encode(batch)
-        payload[0] += len(value)
+        payload[0] += value.size
         return key, value, headers
 
-    step_records.encode_batch = counting_encode
+    step_records.encode_batch_buffer = counting_encode
     committed: list[tuple[float, int]] = []
     cpu_at: list[tuple[float, float]] = []  # (the process's CPU seconds, the main thread's) at each commit
     media: list[Counter[str]] = []  # each step's images and clips, by kind

@@ -22,6 +22,7 @@ from topics.formats.batch_codec import (
     decode_batch,
     decode_batch_message,
     encode_batch,
+    encode_batch_buffer,
     encode_end_of_data,
     end_of_data_steps,
 )
@@ -87,6 +88,9 @@ def test_round_trip(batch: Batch) -> None:
     assert_same(decode_batch(value), batch)
     assert decoded.records.schema.remove_metadata().equals(BATCH_SCHEMA)
     assert_invariants(decoded)
+    buffer_key, buffer, buffer_headers = encode_batch_buffer(batch)  # what the constructor produces
+    assert (buffer_key, buffer.to_pybytes(), buffer_headers) == (key, value, headers)
+    assert buffer.size == len(value)
 
 
 @settings(deadline=None, max_examples=15)

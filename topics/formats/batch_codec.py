@@ -84,12 +84,25 @@ def _metadata(batch: Batch | CPBatch) -> dict[str, bytes]:
 def encode_batch(batch: Batch | CPBatch) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
     """Encode a batch (a context-parallel one as version 3, ``cp_wire.to_wire``) as ``(key, value, headers)`` for a
     produce call to ``<job>.rank.<rank>``."""
+    key, value, headers = encode_batch_buffer(batch)
+    return key, value.to_pybytes(), headers
+
+
+def encode_batch_buffer(batch: Batch | CPBatch) -> tuple[bytes, pa.Buffer, list[tuple[str, bytes]]]:
+    """``encode_batch`` with the value in an Arrow buffer of exactly its size, written once (a producer takes it as
+    it is): no growing stream and no copy into ``bytes``, which for a media step is its payload twice more."""
     meta = _metadata(batch)
     records = (to_wire(batch) if isinstance(batch, CPBatch) else batch.records).replace_schema_metadata(meta)
-    sink = pa.BufferOutputStream()
+    sized = pa.MockOutputStream()  # counts what the stream would write, copying nothing
+    _write_stream(sized, records)
+    value = pa.allocate_buffer(sized.size())
+    _write_stream(pa.FixedSizeBufferWriter(value), records)
+    return batch_key(batch.step), value, list(meta.items())
+
+
+def _write_stream(sink: pa.NativeFile, records: pa.RecordBatch) -> None:
     with pa.ipc.new_stream(sink, records.schema, options=_IPC_OPTIONS) as writer:
         writer.write_batch(records)
-    return batch_key(batch.step), sink.getvalue().to_pybytes(), list(meta.items())
 
 
 def encode_end_of_data(steps: int) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -17,6 +17,9 @@ from topics.kafka.authorization import AUTHORIZATION_FAILED, is_authorization_er
 from topics.kafka.librdkafka_log import logged
 from topics.kafka.renewing_consumer import RenewingConsumer
 from topics.kafka.retry import KAFKA_RETRY, KafkaUnavailableError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +131,7 @@ def read_committed_settings(base: KafkaConfig, group_id: str, **overrides: Any) 
     }
 
 
-def produce(producer: Producer, topic: str, value: bytes, **kwargs: Any) -> None:
+def produce(producer: Producer, topic: str, value: bytes | pa.Buffer, **kwargs: Any) -> None:
     """``producer.produce`` that waits for room when the local queue is full instead of failing."""
     if type(producer) is TransactionalProducer:
         producer.written.add(topic)

@@ -11,7 +11,7 @@ from confluent_kafka import TopicPartition
 from pipeline.planning.step.assemble import AssembledStep
 from pipeline.planning.step.state import ConstructorState
 from pipeline.roles.constructor.writer import PreparedStep, Record
-from topics.formats.batch_codec import batch_key, encode_batch, encode_end_of_data
+from topics.formats.batch_codec import batch_key, encode_batch_buffer, encode_end_of_data
 from topics.formats.dead_letter import DeadLetter, encode_dead_letter
 from topics.formats.names import JobTopics
 
@@ -42,8 +42,8 @@ class StepRecords:
         records: list[Record] = []
         if assembled is not None:
             for batch in assembled.batches:
-                key, value, headers = encode_batch(batch)
-                records.append(Record(self.out.rank(batch.rank), value, key, headers, self.lane))
+                key, buffer, headers = encode_batch_buffer(batch)
+                records.append(Record(self.out.rank(batch.rank), buffer, key, headers, self.lane))
         step = state.mixer.step
         if state.finished:
             # Readers of a finished job (lane) stop at this record instead of waiting for more steps.

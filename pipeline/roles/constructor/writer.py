@@ -20,19 +20,22 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from confluent_kafka import Producer, TopicPartition
 
 from pipeline.kafka.role_protocol import TransactionalRole
 from topics.kafka.clients import GroupConsumer, commit_or_abort, produce
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 
 class Record(NamedTuple):
     """One record of a step's transaction: where it goes and what it holds."""
 
     topic: str
-    value: bytes
+    value: bytes | pa.Buffer  # a batch's Arrow stream as it was written (the producer copies it)
     key: bytes
     headers: list[tuple[str, bytes]] | None
     partition: int
