@@ -12,7 +12,7 @@ import pytest
 from botocore.config import Config
 from obstore import exceptions
 
-from connectors.storage import ObjectChangedError, ObjectMissingError, StorageAccessError
+from connectors.storage import ObjectChangedError, ObjectMissingError, StorageAccessError, StorageError
 from connectors.storage.faults import classify
 from connectors.storage.retry import TransientError
 from connectors.storage.s3 import S3Storage
@@ -142,3 +142,19 @@ def test_an_unreachable_endpoint_is_retried_until_the_deadline(server: S3Server,
     settings = replace(settings, retry=replace(settings.retry, deadline_s=1.0, backoff_s=0.05))
     with pytest.raises(StorageUnavailableError, match="did not answer"):
         S3Storage("s3://gets-bucket", settings).read_range("k.txt", 0, 4)
+
+
+def test_the_ca_bundle_botocore_trusts_is_trusted_by_the_gets_too(
+    server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.tools.stack.tls import new_ca
+
+    bundle = tmp_path / "private-ca.pem"
+    bundle.write_bytes(new_ca("a private store's CA").certificate_pem())
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    gets = RangedGets("gets-bucket", server.settings())
+    assert gets.store.client_options is not None
+    assert gets.store.client_options["root_certificate"] == bundle.read_bytes()
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(tmp_path / "missing.pem"))
+    with pytest.raises(StorageError, match=r"missing\.pem"):
+        RangedGets("gets-bucket", server.settings())

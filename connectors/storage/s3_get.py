@@ -4,10 +4,10 @@ A unit of a small object is one GET, and botocore spends about 1.4 ms of the loa
 endpoint ruleset per key, signing, parsing, event hooks), holding the GIL that the loader's tokenizing needs.
 obstore's GET costs about 0.3 ms, most of it on its own threads without the GIL. Listings and HEADs stay with
 boto3 (``connectors.storage.s3``); a GET goes here, to the same endpoint, bucket, addressing style, credentials
-(given ones, or boto3's chain for the profile through obstore's ``Boto3CredentialProvider``) and timeouts, with
-obstore's own retries off: ``RetryPolicy`` retries what is transient. Its errors carry the store's status and
-XML ``<Code>``, which ``answer_of`` reads back for ``faults.classify``. A key obstore cannot name (an empty
-segment, ``.`` or ``..`` as a segment) raises ``KeyNotSupported``: boto3 reads that one."""
+(given ones, or boto3's chain for the profile through obstore's ``Boto3CredentialProvider``), CA bundle and
+timeouts, with obstore's own retries off: ``RetryPolicy`` retries what is transient. Its errors carry the
+store's status and XML ``<Code>``, which ``answer_of`` reads back for ``faults.classify``. A key obstore cannot
+name (an empty segment, ``.`` or ``..`` as a segment) raises ``KeyNotSupported``: boto3 reads that one."""
 
 from __future__ import annotations
 
@@ -110,6 +110,8 @@ def _make_store(bucket: str, settings: S3Settings) -> S3Store:
         "timeout": timedelta(seconds=min(settings.read_timeout_s, bound)),
         "allow_http": bool(endpoint and endpoint.startswith("http://")),
     }
+    if (certificates := _ca_bundle(settings)) is not None:
+        client_options["root_certificate"] = certificates
     virtual = virtual_hosted(bucket, settings.addressing_style, endpoint)
     if endpoint and virtual:
         parts = urlsplit(endpoint)
@@ -135,6 +137,22 @@ def _make_store(bucket: str, settings: S3Settings) -> S3Store:
         raise
     except Exception as exc:  # obstore's configuration errors, botocore's ProfileNotFound, ...
         raise StorageError(f"cannot make an S3 client for {settings.endpoint_url or 'AWS'}: {exc}") from exc
+
+
+def _ca_bundle(settings: S3Settings) -> bytes | None:
+    """The CA certificates botocore would trust besides the system's (``AWS_CA_BUNDLE`` or the profile's
+    ``ca_bundle``), so that a store behind a private CA answers both clients."""
+    import botocore.session
+
+    path = botocore.session.Session(profile=settings.profile).get_config_variable("ca_bundle")
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as exc:
+        msg = f"cannot read the CA bundle {path} (AWS_CA_BUNDLE or the profile's ca_bundle): {exc}"
+        raise StorageError(msg) from exc
 
 
 def _credential_chain(settings: S3Settings) -> dict[str, Any]:
