@@ -60,7 +60,8 @@ def test_a_drained_loader_leaves_without_waiting_out_a_poll(
     topics = JobTopics(spec.job)
     # One work partition: its one end-of-partition event is the one the last transaction reads.
     ensure_job_topics(config, spec.job, spec.source_names, spec.step.ranks, work_partitions=1)
-    # Short transactions: the last begins long after the end of the work partition was fetched, and reads it.
+    # One long transaction takes every unit; units slowed a little let the partition's end be fetched meanwhile,
+    # so the transaction reads it (``WorkGroup.ready``) and no poll after it says it again.
     options = LoaderOptions(until_drained=True, poll_timeout_s=POLL_S, unit_seconds=POLL_S)
     loader = SourceLoader(config, topics, SourceRuntime.from_spec(spec, "small"), spec.seed, options)
     load = loader.transactions.loader.load
