@@ -369,7 +369,7 @@ def test_constructor_counts_each_committed_step(steps: list[list[tuple[str, int]
     for k, samples in enumerate(steps):
         candidates = [Candidate(SampleRef(s, i), _sample(s, i, n)) for i, (s, n) in enumerate(samples)]
         assembled = assemble_step(k, candidates, StepShape.from_spec(SHAPE), COST)
-        metrics.step_committed(assembled, [DeadLetter("a", f"t[0]@{k}", "unknown schema")])
+        metrics.step_committed(assembled.summary(), [DeadLetter("a", f"t[0]@{k}", "unknown schema")])
         delivered.append(assembled)
     metrics.step_committed(None, [])  # the final state alone: no step
     got = samples_of(generate_latest(registry).decode())

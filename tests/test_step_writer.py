@@ -96,12 +96,14 @@ def test_steps_commit_in_order_and_an_abort_rewinds_to_the_last_committed(
     ended: list[bool] = []
     writer = StepWriter(role, producer, consumer, lambda committed, seconds: ended.append(committed), per_transaction)
     done: list[int] = []
+    handed: list[PreparedStep] = []
     k, refused = 0, 0
     deadline = time.monotonic() + 60
     while True:
         while k < steps:
             assert time.monotonic() < deadline, f"steps did not finish in 60 s: done {done}"
-            if writer.write(_step(topic, source, k, records, done)):
+            handed.append(_step(topic, source, k, records, done))
+            if writer.write(handed[-1]):
                 k += 1
             else:  # as the constructor does: drop the prepared steps, resume after the last committed one
                 refused += 1
@@ -113,6 +115,8 @@ def test_steps_commit_in_order_and_an_abort_rewinds_to_the_last_committed(
     writer.close()
 
     assert done == list(range(steps))
+    committed = {step.what: step for step in handed}  # each step's last attempt: the one committed
+    assert not any(step.records for step in committed.values()), "produced records are held past their transaction"
     assert refused == len(aborted)
     assert sorted(ended) == [False] * len(aborted) + [True] * -(-steps // per_transaction)
     values = [m.value().decode() for m in read_to_end(config["bootstrap.servers"], topic)]

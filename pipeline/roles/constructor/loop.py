@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Protocol
 
 from pipeline.planning.mixing import DrawStatus, Mixer, MixerState
-from pipeline.planning.step.assemble import AssembledStep, BatchFormat, assemble_planned
+from pipeline.planning.step.assemble import AssembledStep, BatchFormat, StepSummary, assemble_planned
 from pipeline.planning.step.core import PlannedStep, StepCore, StepOutcome
 from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.state import ConstructorState, SourcePosition
@@ -21,7 +21,7 @@ from pipeline.roles.constructor.lead import TrainerPacing
 from pipeline.roles.constructor.metrics import ConstructorMetrics
 from pipeline.roles.constructor.sources import SourceTopicFeed
 from pipeline.roles.constructor.step_records import StepRecords
-from pipeline.roles.constructor.writer import StepWriter
+from pipeline.roles.constructor.writer import PreparedStep, StepWriter
 from pipeline.spec import JobSpec, OnExhausted
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class LoopHost(Protocol):
 
     def end_at_max_steps(self) -> None: ...
 
-    def step_done(self, assembled: AssembledStep, state_bytes: int) -> None:
+    def step_done(self, step: StepSummary, state_bytes: int) -> None:
         """A step committed (on the main thread)."""
         ...
 
@@ -127,7 +127,7 @@ class StepLoop:
                     return
                 mixer_state = planned.next_state
         last = mixer_state.step - self.core.lanes
-        if self._write(None, mixer_state, exhausted, finished=True) and self.writer.wait():
+        if self._write(mixer_state, exhausted, finished=True) and self.writer.wait():
             self.host.job_finished()
             log.info("job %s finished after step %d", self.records.out.job, last)
 
@@ -199,17 +199,24 @@ class StepLoop:
     # -- handing steps to the writer --------------------------------------------------------------
 
     def _write_planned(self, planned: PlannedStep, exhausted: Collection[str]) -> bool:
-        """Take the ``planned`` step's samples from the pool, build its batches and hand it to the writer."""
+        """Take the ``planned`` step's samples from the pool, build and encode its batches and hand it to the
+        writer. The samples are let go once encoded, before this waits for the transaction in flight."""
+        prepared = self._prepare(self._assembled(planned), planned.next_state, exhausted)
+        return self._hand_over(prepared, planned.next_state)
+
+    def _assembled(self, planned: PlannedStep) -> AssembledStep:
         assembled = assemble_planned(planned, self.pool.take(planned.taken, planned.order), self.batch_format)
         self.pool.settle(assembled.delivered, assembled.deferred)
-        return self._write(assembled, planned.next_state, exhausted)
+        return assembled
 
-    def _write(
+    def _write(self, mixer: MixerState, exhausted: Collection[str], finished: bool) -> bool:
+        """Hand the state alone (no step) to the writer."""
+        return self._hand_over(self._prepare(None, mixer, exhausted, finished), mixer)
+
+    def _prepare(
         self, assembled: AssembledStep | None, mixer: MixerState, exhausted: Collection[str], finished: bool = False
-    ) -> bool:
-        """Hand one step (or, with ``assembled`` None, only the final state) to the writer, whose thread
-        writes it while this one prepares the next. False when the step before it was aborted: this one is
-        dropped, and the caller resumes from the last committed state."""
+    ) -> PreparedStep:
+        """One step's transaction (or, with ``assembled`` None, only the final state's), encoded."""
         control = self.control
         state = ConstructorState(
             mixer,
@@ -224,14 +231,20 @@ class StepLoop:
         letters = list(self.feed.dead_letters)
         self.feed.dead_letters.clear()  # an aborted step makes the next attempt read them again
 
-        def done(state_bytes: int) -> None:
-            if assembled is not None:
-                self.host.step_done(assembled, state_bytes)
+        def done(step: StepSummary | None, state_bytes: int) -> None:
+            if step is not None:
+                self.host.step_done(step, state_bytes)
 
-        def committed() -> None:  # on the writer thread at once: the metrics do not wait for the next step
-            self.metrics.step_committed(assembled, letters)
+        def committed(step: StepSummary | None) -> None:  # on the writer thread at once: no wait for the next step
+            self.metrics.step_committed(step, letters)
 
-        if not self.writer.write(self.records.prepare(assembled, state, letters, done, committed)):
+        return self.records.prepare(assembled, state, letters, done, committed)
+
+    def _hand_over(self, prepared: PreparedStep, mixer: MixerState) -> bool:
+        """Hand a prepared step to the writer, whose thread writes it while this one prepares the next. False
+        when the step before it was aborted: this one is dropped, and the caller resumes from the last
+        committed state."""
+        if not self.writer.write(prepared):
             written = mixer.step - self.core.lanes
             log.warning("a step up to step %d was aborted; resuming from the last committed step", written)
             return False

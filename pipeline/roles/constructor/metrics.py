@@ -26,7 +26,7 @@ from topics.kafka.clients import KafkaConfig
 from topics.kafka.offset_lookup import OffsetLookup
 
 if TYPE_CHECKING:
-    from pipeline.planning.step.assemble import AssembledStep
+    from pipeline.planning.step.assemble import StepSummary
     from pipeline.planning.step.pool import SamplePool
     from pipeline.spec import JobSpec
 
@@ -190,26 +190,22 @@ class ConstructorMetrics:
             for source, fifo in pool.fifos.items()
         }
 
-    def step_committed(self, assembled: AssembledStep | None, letters: Iterable[DeadLetter]) -> None:
-        """A step's transaction committed: its samples (None for the final state alone) and the dead letters
+    def step_committed(self, step: StepSummary | None, letters: Iterable[DeadLetter]) -> None:
+        """A step's transaction committed: what it wrote (None for the final state alone) and the dead letters
         it wrote, which are records of a source topic that did not decode."""
         count_reasons(self.dead_letters, self.job, ((d.source, DeadLetterReason.UNDECODABLE_SAMPLE) for d in letters))
-        if assembled is None:
+        if step is None:
             return
         self.steps.inc()
-        self.last_step.set(assembled.step)
-        samples: dict[str, int] = {}
-        tokens: dict[str, int] = {}
-        for c in assembled.delivered:
-            samples[c.ref.source] = samples.get(c.ref.source, 0) + 1
-            tokens[c.ref.source] = tokens.get(c.ref.source, 0) + c.sample.length
-        for source, n in samples.items():
+        self.last_step.set(step.step)
+        tokens = step.tokens_by_source
+        for source, n in step.samples_by_source.items():
             self.samples.labels(self.job, source).inc(n)
             self.tokens.labels(self.job, source).inc(tokens[source])
-        self.deferred.inc(len(assembled.deferred))
-        self.packed.inc(int(assembled.started))
-        self.waiting_deferred.set(len(assembled.deferred))
-        costs = assembled.rank_costs(self.cost_model)
+        self.deferred.inc(step.deferred)
+        self.packed.inc(int(step.started))
+        self.waiting_deferred.set(step.deferred)
+        costs = step.rank_costs(self.cost_model)
         max_cost, mean_cost = float(costs.max()), float(costs.mean())
         imbalance = max_cost / mean_cost if mean_cost > 0 else 1.0
         fill = sum(tokens.values()) / self.capacity

@@ -42,7 +42,7 @@ from pipeline.planning.mixing import Mixer, MixtureChange
 from pipeline.planning.scheduler import plan_step
 from pipeline.planning.scheduler.context_parallel import cp_shape_of
 from pipeline.planning.shape import StepShape
-from pipeline.planning.step.assemble import AssembledStep, build_batches
+from pipeline.planning.step.assemble import StepSummary, build_batches
 from pipeline.planning.step.core import StepCore
 from pipeline.planning.step.pool import SamplePool
 from pipeline.planning.step.spec_change import carry_over, check_step_shape
@@ -276,29 +276,26 @@ class DataConstructor(TransactionalRole):
     def end_at_max_steps(self) -> None:
         self._stopping = True
 
-    def step_done(self, assembled: AssembledStep, state_bytes: int) -> None:
-        self._record(assembled, state_bytes)
+    def step_done(self, step: StepSummary, state_bytes: int) -> None:
+        self._record(step, state_bytes)
 
     def job_finished(self) -> None:
         self.stats.finished = True
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
-    def _record(self, assembled: AssembledStep, state_bytes: int) -> None:
-        costs = assembled.rank_costs(self.cost_model)
-        by_source: dict[str, int] = {}
-        for c in assembled.delivered:
-            by_source[c.ref.source] = by_source.get(c.ref.source, 0) + c.sample.length
+    def _record(self, step: StepSummary, state_bytes: int) -> None:
+        costs = step.rank_costs(self.cost_model)
         record = StepRecord(
-            step=assembled.step,
-            tokens=assembled.tokens,
-            samples=len(assembled.delivered),
-            deferred=len(assembled.deferred),
+            step=step.step,
+            tokens=step.tokens,
+            samples=step.samples,
+            deferred=step.deferred,
             state_bytes=state_bytes,
             max_rank_cost=float(costs.max()),
             mean_rank_cost=float(costs.mean()),
-            tokens_by_source=by_source,
-            packed=assembled.started,
+            tokens_by_source=dict(step.tokens_by_source),
+            packed=step.started,
         )
         self.stats.add(record)
         log.debug(

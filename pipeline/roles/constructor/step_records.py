@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import TopicPartition
 
-from pipeline.planning.step.assemble import AssembledStep
+from pipeline.planning.step.assemble import AssembledStep, StepSummary
 from pipeline.planning.step.state import ConstructorState
 from pipeline.roles.constructor.writer import PreparedStep, Record
 from topics.formats.batch_codec import batch_key, encode_batch_buffer, encode_end_of_data
@@ -32,16 +32,20 @@ class StepRecords:
         assembled: AssembledStep | None,
         state: ConstructorState,
         letters: Sequence[DeadLetter],
-        done: Callable[[int], None],
-        committed: Callable[[], None],
+        done: Callable[[StepSummary | None, int], None],
+        committed: Callable[[StepSummary | None], None],
     ) -> PreparedStep:
-        """The transaction of the step before ``state`` (with ``assembled`` None: only the final state).
-        ``done`` gets the state record's size once the step is committed (on the main thread); ``committed``
-        is called on the writer thread as soon as it commits."""
+        """The transaction of the step before ``state`` (with ``assembled`` None: only the final state), each
+        rank's batch built and encoded in turn and its samples let go (``drain_batches``): beside the encoded
+        values this holds the samples not yet encoded and one rank's batch. ``done`` gets the step's summary
+        and the state record's size once the step is committed (on the main thread); ``committed`` gets the
+        summary on the writer thread as soon as it commits."""
         state_bytes = state.to_bytes()
         records: list[Record] = []
+        summary = None
         if assembled is not None:
-            for batch in assembled.batches:
+            summary = assembled.summary()
+            for batch in assembled.drain_batches():
                 key, buffer, headers = encode_batch_buffer(batch)
                 records.append(Record(self.out.rank(batch.rank), buffer, key, headers, self.lane))
         step = state.mixer.step
@@ -54,4 +58,10 @@ class StepRecords:
             records.append(Record(self.out.dlq, value, key, headers, 0))
         records.append(Record(self.out.state, state_bytes, batch_key(max(step - self.lanes, 0)), None, self.lane))
         offsets = [TopicPartition(self.sources.src(s), self.lane, p.low) for s, p in state.positions.items()]
-        return PreparedStep(f"step {step - self.lanes}", records, offsets, lambda: done(len(state_bytes)), committed)
+        return PreparedStep(
+            f"step {step - self.lanes}",
+            records,
+            offsets,
+            lambda: done(summary, len(state_bytes)),
+            lambda: committed(summary),
+        )

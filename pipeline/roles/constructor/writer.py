@@ -107,7 +107,12 @@ class StepWriter:
     def _transaction(self, steps: list[PreparedStep]) -> bool:
         def produce_records() -> list[TopicPartition]:
             for step in steps:
-                for topic, value, key, headers, partition in step.records:
+                # The producer copies each value: ours are let go as they are produced (an aborted step is
+                # prepared again from the last committed state, never produced again from these).
+                records, step.records = step.records, []
+                records.reverse()
+                while records:
+                    topic, value, key, headers, partition = records.pop()
                     produce(self.producer, topic, value, key=key, headers=headers, partition=partition)
             return steps[-1].offsets  # cumulative positions: the last step's cover every step before it
 
