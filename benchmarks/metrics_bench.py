@@ -90,14 +90,15 @@ def constructor_steps(
             candidates = pool.take(take)
             assembled = assemble_step(k, candidates, step_shape, cost)
             pool.settle(assembled.delivered, assembled.deferred)
-            _record(assembled, cost)  # the constructor's StepRecord, made with or without metrics
+            summary = assembled.summary()
+            _record(summary, cost)  # the constructor's StepRecord, made with or without metrics
             if metrics is not None:
                 began = time.perf_counter()
-                metrics.step_committed(assembled, [])
+                metrics.step_committed(summary, [])
                 hooks += time.perf_counter() - began
                 if hook_seconds is not None:
                     hook_seconds.append(hooks)
-            read(len(assembled.delivered))
+            read(summary.samples)
         return steps
 
     return run
@@ -128,22 +129,19 @@ def _spec(shape: StepSpec) -> SimpleNamespace:
     return SimpleNamespace(step=shape, cost=SimpleNamespace(cost_model=lambda: COST), source_names=list(SOURCES))
 
 
-def _record(assembled, cost) -> object:
+def _record(summary, cost) -> object:
     from pipeline.roles.constructor.stats import StepRecord
 
-    costs = assembled.plan.rank_costs(assembled.lengths, cost)
-    by_source: dict[str, int] = {}
-    for c in assembled.delivered:
-        by_source[c.ref.source] = by_source.get(c.ref.source, 0) + c.sample.length
+    costs = summary.rank_costs(cost)
     return StepRecord(
-        assembled.step,
-        assembled.tokens,
-        len(assembled.delivered),
-        len(assembled.deferred),
+        summary.step,
+        summary.tokens,
+        summary.samples,
+        summary.deferred,
         0,
         float(costs.max()),
         float(costs.mean()),
-        by_source,
+        dict(summary.tokens_by_source),
     )
 
 

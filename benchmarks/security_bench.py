@@ -72,8 +72,8 @@ def child_constructor(spec_path: Path, output_job: str, max_steps: int, bootstra
     committed: list[float] = []
 
     class Timed(DataConstructor):
-        def _record(self, assembled: Any, state_bytes: int) -> None:
-            super()._record(assembled, state_bytes)
+        def _record(self, step: Any, state_bytes: int) -> None:  # a StepSummary
+            super()._record(step, state_bytes)
             committed.append(time.monotonic())
 
     spec = load_spec(spec_path)

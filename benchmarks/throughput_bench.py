@@ -231,6 +231,7 @@ def steps_for(shape: StepShape, data: int, composition: bool) -> int:
 def child_constructor(spec_path: Path, output_job: str, max_steps: int, bootstrap: str, profile: Path | None) -> None:
     """Run the constructor in this process and print its timings as one JSON line."""
     import pipeline.roles.constructor.step_records as step_records
+    from pipeline.planning.step.assemble import StepSummary
     from pipeline.roles.constructor import ConstructorOptions, DataConstructor
     from pipeline.spec import load_spec
 
@@ -248,11 +249,11 @@ def child_constructor(spec_path: Path, output_job: str, max_steps: int, bootstra
     media: list[Counter[str]] = []  # each step's images and clips, by kind
 
     class Timed(DataConstructor):
-        def _record(self, assembled: Any, state_bytes: int) -> None:
-            super()._record(assembled, state_bytes)
-            committed.append((time.monotonic(), assembled.tokens))
+        def _record(self, step: StepSummary, state_bytes: int) -> None:
+            super()._record(step, state_bytes)
+            committed.append((time.monotonic(), step.tokens))
             cpu_at.append((time.process_time(), time.thread_time()))  # _record runs on the main thread
-            media.append(Counter(item.kind for c in assembled.delivered for item in c.sample.media))
+            media.append(Counter(step.media_by_kind))
 
     spec = load_spec(spec_path)
     constructor = Timed(spec, spec.kafka.client_config(bootstrap), ConstructorOptions(output_job, max_steps))

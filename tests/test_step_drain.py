@@ -65,6 +65,8 @@ def test_drained_batches_are_the_batches_and_let_go_of_each_rank_as_built(
     gc.collect()
     assert all(t() is None for t in tokens)
     assert got == expected
+    images = sum(min(m, n) for (n, m), p in zip(pool, placed.tolist(), strict=True) if p)
+    assert summary.media_by_kind == ({"image": images} if images else {})
     assert summary.samples == int(placed.sum()) and summary.deferred == len(pool) - int(placed.sum())
     lengths = [n for n, _ in pool]
     assert summary.tokens == sum(n for n, p in zip(lengths, placed.tolist(), strict=True) if p)

@@ -56,6 +56,7 @@ class StepSummary:
     samples_by_source: dict[str, int]
     tokens_by_source: dict[str, int]
     deferred: int
+    media_by_kind: dict[str, int] = field(default_factory=dict)  # the images and clips delivered
 
     @property
     def tokens(self) -> int:
@@ -118,12 +119,15 @@ class AssembledStep:
     def summary(self) -> StepSummary:
         samples: dict[str, int] = {}
         tokens: dict[str, int] = {}
+        media: dict[str, int] = {}
         for c in self.delivered:
             samples[c.ref.source] = samples.get(c.ref.source, 0) + 1
             tokens[c.ref.source] = tokens.get(c.ref.source, 0) + c.sample.length
+            for item in c.sample.media:
+                media[item.kind] = media.get(item.kind, 0) + 1
         deferred = len(self.candidates) - sum(samples.values())
         return StepSummary(
-            self.step, self.plan, self.lengths, self.started, self.encoder_costs, samples, tokens, deferred
+            self.step, self.plan, self.lengths, self.started, self.encoder_costs, samples, tokens, deferred, media
         )
 
 
