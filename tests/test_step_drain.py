@@ -38,7 +38,7 @@ def _step(pool: list[tuple[int, int]], shape: StepShape, with_media: bool) -> As
     return replace(assemble_step(5, candidates, shape, COST), batch_format=BatchFormat(with_media))
 
 
-@settings(deadline=None, max_examples=60)
+@settings(deadline=None, max_examples=30)
 @given(
     st.lists(st.tuples(st.integers(1, 32), st.integers(0, 3)), max_size=30),
     st.sampled_from(SHAPES),
