@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.media_throughput_bench [--images 4000] [--megapixels 0.25,1,4]
         [--shapes 16x4x8192,256x4x8192] [--windows 2,8,16] [--window-mb 0] [--steps 6] [--repeats 3] [--data-job NAME]
-        [--keep-data] [--bootstrap-servers HOST:PORT] [--markdown]
+        [--keep-data] [--kafka-config KEY=VALUE ...] [--bootstrap-servers HOST:PORT] [--markdown]
 
 Data (``benchmarks/_media_data.py``): written once, straight to ``<job>.src.<source>`` topics in the loaders'
 media format (``sample_media.avsc``: each image or clip a ``MediaItem`` with its grid and JPEG frames), and
@@ -56,6 +56,7 @@ import yaml
 from benchmarks import _media_data as media
 from benchmarks._table import add_markdown_flag, print_table
 from benchmarks.throughput_bench import (
+    add_kafka_config_flag,
     constructor_run,
     cpu_per_step,
     data_job,
@@ -151,13 +152,19 @@ def steps_filled(description: dict, sources: dict[str, float], shape: StepShape,
 
 
 def media_spec(
-    folder: Path, job: str, shape: StepShape, weights: dict[str, float], window: float, window_mb: int = 0
+    folder: Path,
+    job: str,
+    shape: StepShape,
+    weights: dict[str, float],
+    window: float,
+    window_mb: int = 0,
+    kafka: dict | None = None,
 ) -> Path:
     """``throughput_bench.write_spec``'s job over these sources: the image and clip sources multimodal (their
     records are read as written, the vision section only makes the batches carry media), the patch budget
     ``shape``'s, Qwen2-VL's encoder in the cost, composition at ``window`` (and ``window_bytes`` of
-    ``window_mb`` MiB where above 0)."""
-    path = write_spec(folder, job, shape, composition=True)
+    ``window_mb`` MiB where above 0), ``kafka`` the clients' settings."""
+    path = write_spec(folder, job, shape, composition=True, kafka=kafka)
     body = yaml.safe_load(path.read_text())
     empty, text = body["sources"][0]["path"], {**body["sources"][0], "name": "text"}
     vision = [s for s in weights if s != "text"]
@@ -205,7 +212,7 @@ def run_case(args: argparse.Namespace, config: dict, description: dict, case: tu
     images = media.image_source(megapixels)
     weights = {images: SHARES["images"], "clips": SHARES["clips"], "text": SHARES["text"]}
     check_fits(description, list(weights), shape)
-    spec = media_spec(folder, args.data_job, shape, weights, window, args.window_mb)
+    spec = media_spec(folder, args.data_job, shape, weights, window, args.window_mb, args.kafka_config)
     steps = min(args.steps, steps_filled(description, weights, shape, window))
     rows = []
     for repeat in range(args.repeats):
@@ -213,7 +220,7 @@ def run_case(args: argparse.Namespace, config: dict, description: dict, case: tu
         ensure_job_topics(config, out, list(weights), shape.ranks, timeout_s=600)
         try:
             built = constructor_run(spec, out, steps, args.bootstrap_servers)
-            raw = raw_run(config, args.data_job, out, shape, built, list(weights))
+            raw = raw_run({**config, **args.kafka_config}, args.data_job, out, shape, built, list(weights))
         finally:
             delete_job_topics(config, out)
         row = measures(built, raw, JobTopics(args.data_job), images)
@@ -306,8 +313,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--data-job", help="reuse this data job (written by an earlier run with --keep-data)")
     parser.add_argument("--keep-data", action="store_true", help="keep the data job for a later --data-job")
     parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    add_kafka_config_flag(parser)
     add_markdown_flag(parser)
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.kafka_config = dict(args.kafka_config)
+    return args
 
 
 def main() -> int:

@@ -610,20 +610,14 @@ def main() -> int:
         type=Path,
         help="also run the constructor with this copy of mixflow's code (e.g. `git archive HEAD | tar -x -C DIR`)",
     )
-    parser.add_argument(
-        "--kafka-config",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a librdkafka setting for the constructor's and the raw arm's clients, e.g. compression.type=none",
-    )
+    add_kafka_config_flag(parser)
     parser.add_argument(
         "--no-kafka-tools", action="store_true", help="leave out ProducerPerformance and ConsumerPerformance"
     )
     parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
     add_markdown_flag(parser)
     args = parser.parse_args()
-    args.kafka_config = dict(item.split("=", 1) for item in args.kafka_config)
+    args.kafka_config = dict(args.kafka_config)
     logging.basicConfig(level=logging.WARNING)
     shapes = [parse_shape(s) for s in args.shapes.split(",")]
     config = {"bootstrap.servers": args.bootstrap_servers}
@@ -664,6 +658,25 @@ def data_job(config: dict, args: argparse.Namespace, prefix: str) -> Iterator[bo
     finally:
         if fresh and not args.keep_data:
             delete_job_topics(config, args.data_job)
+
+
+def add_kafka_config_flag(parser: argparse.ArgumentParser) -> None:
+    """``--kafka-config KEY=VALUE``, repeatable: a list of (key, value) pairs (``dict(args.kafka_config)``)."""
+
+    def setting(item: str) -> tuple[str, str]:
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise argparse.ArgumentTypeError(f"{item!r} is not KEY=VALUE")
+        return key, value
+
+    parser.add_argument(
+        "--kafka-config",
+        action="append",
+        default=[],
+        type=setting,
+        metavar="KEY=VALUE",
+        help="a librdkafka setting for the constructor's and the raw arm's clients, e.g. compression.type=none",
+    )
 
 
 if __name__ == "__main__":
