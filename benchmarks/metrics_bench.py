@@ -132,17 +132,7 @@ def _spec(shape: StepSpec) -> SimpleNamespace:
 def _record(summary, cost) -> object:
     from pipeline.roles.constructor.stats import StepRecord
 
-    costs = summary.rank_costs(cost)
-    return StepRecord(
-        summary.step,
-        summary.tokens,
-        summary.samples,
-        summary.deferred,
-        0,
-        float(costs.max()),
-        float(costs.mean()),
-        dict(summary.tokens_by_source),
-    )
+    return StepRecord.of(summary, cost, 0)
 
 
 def sink_hand_out(micro_batches: int, with_metrics: bool) -> Callable[[], int]:

@@ -285,18 +285,7 @@ class DataConstructor(TransactionalRole):
     # -- bookkeeping ------------------------------------------------------------------------------
 
     def _record(self, step: StepSummary, state_bytes: int) -> None:
-        costs = step.rank_costs(self.cost_model)
-        record = StepRecord(
-            step=step.step,
-            tokens=step.tokens,
-            samples=step.samples,
-            deferred=step.deferred,
-            state_bytes=state_bytes,
-            max_rank_cost=float(costs.max()),
-            mean_rank_cost=float(costs.mean()),
-            tokens_by_source=dict(step.tokens_by_source),
-            packed=step.started,
-        )
+        record = StepRecord.of(step, self.cost_model, state_bytes)
         self.stats.add(record)
         log.debug(
             "step %d: %d tokens, %d samples, %d deferred", record.step, record.tokens, record.samples, record.deferred

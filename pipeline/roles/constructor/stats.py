@@ -10,6 +10,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.planning.scheduler import CostModel
+    from pipeline.planning.step.assemble import StepSummary
 
 DEFAULT_RECENT_STEPS = 1024
 
@@ -25,6 +30,22 @@ class StepRecord:
     mean_rank_cost: float
     tokens_by_source: Mapping[str, int]
     packed: bool = False  # composition packed the holes and the scheduler started from its packing
+
+    @classmethod
+    def of(cls, step: StepSummary, cost_model: CostModel, state_bytes: int) -> StepRecord:
+        """The record of a written ``step`` whose state record took ``state_bytes``."""
+        costs = step.rank_costs(cost_model)
+        return cls(
+            step=step.step,
+            tokens=step.tokens,
+            samples=step.samples,
+            deferred=step.deferred,
+            state_bytes=state_bytes,
+            max_rank_cost=float(costs.max()),
+            mean_rank_cost=float(costs.mean()),
+            tokens_by_source=dict(step.tokens_by_source),
+            packed=step.started,
+        )
 
 
 @dataclass
