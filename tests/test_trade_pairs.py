@@ -19,6 +19,7 @@ from pipeline.planning.scheduler._kernels.trades import (
     _nearest_pair,
     _targets,
     by_value_of,
+    even_out,
     members_of,
     sort_rank,
 )
@@ -41,6 +42,9 @@ def reference_pair(
                 continue
             shift = balance.other_value[i] - balance.other_value[j]
             if balance.other[a] - shift > balance.cap or balance.other[b] + shift > balance.cap:
+                continue
+            shift = balance.third_value[i] - balance.third_value[j]
+            if balance.third[a] - shift > balance.third_cap or balance.third[b] + shift > balance.third_cap:
                 continue
             to = _targets.py_func(cands, plan, grid, np.int64(i), np.int64(j))
             if to[0] >= 0 and to[1] >= 0:
@@ -68,21 +72,25 @@ def _plan(seed: int, ranks: int, micro: int) -> tuple[Candidates, Placement, Gri
     seed=st.integers(0, 2**32 - 1),
     ranks=st.integers(2, 12),
     micro=st.integers(1, 4),
-    by_encoder=st.booleans(),
+    by=st.sampled_from(["encoder", "total", "LLM"]),
     cap_room=st.sampled_from([0.0, 0.01, 0.1, 10.0]),
 )
 def test_the_indexed_search_finds_the_pair_every_pair_finds(
-    seed: int, ranks: int, micro: int, by_encoder: bool, cap_room: float
+    seed: int, ranks: int, micro: int, by: str, cap_room: float
 ) -> None:
     cands, plan, grid, encoder = _plan(seed, ranks, micro)
     members = members_of(plan, grid)
     rank_of = np.where(plan.at >= 0, plan.at >> grid.shift, -1)
     total = np.bincount(rank_of[rank_of >= 0], weights=cands.cost[rank_of >= 0], minlength=ranks)
     enc = np.bincount(rank_of[rank_of >= 0], weights=encoder[rank_of >= 0], minlength=ranks)
-    if by_encoder:
-        balance = Pass(enc, encoder, total, cands.cost, float(total.max()) * (1 + cap_room))
-    else:
-        balance = Pass(total, cands.cost, enc, encoder, float(enc.max()) * (1 + cap_room))
+    free = (np.zeros(ranks), np.zeros(len(encoder)), np.inf)
+    if by == "encoder":
+        balance = Pass(enc, encoder, total, cands.cost, float(total.max()) * (1 + cap_room), *free)
+    elif by == "total":
+        balance = Pass(total, cands.cost, enc, encoder, float(enc.max()) * (1 + cap_room), *free)
+    else:  # the LLM's part, under caps on the total and on the encoder's part
+        total_cap, encoder_cap = (float(load.max()) * (1 + cap_room) for load in (total, enc))
+        balance = Pass(total - enc, cands.cost - encoder, total, cands.cost, total_cap, enc, encoder, encoder_cap)
     index = by_value_of(members, balance.value, ranks)
     rng = np.random.default_rng(seed ^ 0x5EED)
     for _ in range(6):
@@ -103,3 +111,38 @@ def test_a_rank_sorted_again_follows_its_members() -> None:
     sort_rank(members, cands.cost, index, 1)
     assert index.at[lo] == lo and index.value[lo] == -1.0
     assert np.all(np.diff(index.value[lo:hi]) >= 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), ranks=st.integers(2, 12), micro=st.integers(1, 4))
+def test_the_llm_pass_lowers_no_maximum_and_keeps_what_is_placed(seed: int, ranks: int, micro: int) -> None:
+    """The LLM's part evened out under caps on the total and on the encoder's part: none of the three largest
+    rank loads rises, both capacities hold, and the samples placed stay placed."""
+    cands, plan, grid, encoder = _plan(seed, ranks, micro)
+    placed = plan.at >= 0
+    rank_of = np.where(placed, plan.at >> grid.shift, -1)
+
+    def loads() -> tuple[np.ndarray, np.ndarray]:
+        of = np.where(plan.at >= 0, plan.at >> grid.shift, -1)
+        on = of >= 0
+        total = np.bincount(of[on], weights=cands.cost[on], minlength=ranks)
+        return total, np.bincount(of[on], weights=encoder[on], minlength=ranks)
+
+    total, enc = loads()
+    llm = total - enc
+    capped = (total.copy(), cands.cost, total.max(), enc.copy(), encoder, enc.max())
+    balance = Pass(llm.copy(), cands.cost - encoder, *capped)
+    target = max(llm.sum() / ranks, float((cands.cost - encoder)[placed].max(initial=0.0)))
+    even_out(cands, plan, grid, members_of(plan, grid), balance, target, (4 * ranks + 64, 32))
+    after_total, after_enc = loads()
+    slack = 1e-9 * max(float(total.max()), 1.0)
+    assert after_total.max() <= total.max() + slack
+    assert after_enc.max() <= enc.max() + slack
+    assert (after_total - after_enc).max() <= llm.max() + slack
+    np.testing.assert_allclose(balance.load, after_total - after_enc, rtol=1e-9, atol=slack)
+    assert np.array_equal(plan.at >= 0, placed) and np.bincount(rank_of[placed], minlength=ranks).sum() == placed.sum()
+    slots = np.where(plan.at >= 0, (plan.at >> grid.shift) * grid.micro + (plan.at & ((1 << grid.shift) - 1)), -1)
+    on = slots >= 0
+    tokens = np.bincount(slots[on], weights=cands.length[on], minlength=ranks * micro)
+    patches = np.bincount(slots[on], weights=cands.patches[on], minlength=ranks * micro)
+    assert tokens.max() <= grid.capacity and patches.max() <= grid.patch_capacity

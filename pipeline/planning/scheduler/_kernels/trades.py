@@ -6,16 +6,21 @@ cheaper rank (``rebalance``); two samples can still trade places, each into the 
 both capacities allow. Only exchanges: what is placed, hence fill, the lower bound and the guarantee
 against starvation, stays as it is.
 
-A pass evens out one load (the total cost, or the encoder's part) under a cap on the other: while the rank
-of most load is above the target, it trades with one of the ranks of least load the pair whose difference
-of load is nearest half their gap, below it (both end below the larger), where neither rank's other load
-then passes the largest other load as it was when the pass began. So neither maximum ever rises.
+A pass evens out one load (the total cost, the encoder's part or the LLM's) under caps on the others:
+while the rank of most load is above the target, it trades with one of the ranks of least load the pair
+whose difference of load is nearest half their gap, below it (both end below the larger), where neither
+rank's other loads then pass their caps (the largest of each as it was when the pass began). So no capped
+maximum ever rises.
 
 Balancing the total alone leaves the encoder part uneven (a rank of images, another of text at the same
 total), and once the total is even no trade can move encoder cost; so the encoder's pass comes first,
 while the totals still leave room (to within ``FIRST_ENCODER_TOLERANCE``, which leaves the total's pass
 room under the encoder's maximum), then the total's, then the encoder's again. Where the total and the
-encoder part are even, so is the LLM's. Without encoder costs, only the total's pass runs.
+encoder part are even, so is the LLM's; where samples that fill their micro-batch keep the encoder part
+uneven, the LLM's is too, and a last pass evens it out under caps on both the total and the encoder part
+(a ``Pass``'s third load), so that neither of their maxima rises (with FSDP each part's layers wait for the
+slowest rank of that part, so a step takes about the largest encoder part plus the largest LLM part).
+Without encoder costs, only the total's pass runs.
 
 **The pair search.** A pair trades only where its difference of value lies within the ranks' gap, and
 where each sample fits the other's rank: about as long as the one it replaces, to within the most room of a
@@ -53,14 +58,18 @@ class Members(NamedTuple):
 
 
 class Pass(NamedTuple):
-    """What one pass evens out: each rank's ``load`` and each position's ``value`` (cost, or encoder cost);
-    the other load by rank and position, and the most of it a rank may hold (``cap``)."""
+    """What one pass evens out: each rank's ``load`` and each position's ``value`` (cost, encoder cost or LLM
+    cost); two other loads by rank and position, and the most of each a rank may hold (``cap``,
+    ``third_cap``: ``math.inf`` where the third is not held down)."""
 
     load: np.ndarray
     value: np.ndarray
     other: np.ndarray
     other_value: np.ndarray
     cap: float
+    third: np.ndarray
+    third_value: np.ndarray
+    third_cap: float
 
 
 class ByValue(NamedTuple):
@@ -205,6 +214,9 @@ def _nearest_pair(
             shift = balance.other_value[i] - balance.other_value[j]
             if balance.other[a] - shift > balance.cap or balance.other[b] + shift > balance.cap:
                 continue
+            shift = balance.third_value[i] - balance.third_value[j]
+            if balance.third[a] - shift > balance.third_cap or balance.third[b] + shift > balance.third_cap:
+                continue
             to = _targets(cands, plan, grid, i, j)
             if to[0] >= 0 and to[1] >= 0:
                 best_i, best_j, best_score, best_x, best_y, best_to = i, j, score, x, y, to
@@ -260,7 +272,8 @@ def _trade(
         for r in (a, b):
             sort_rank(members[0], balance.value, members[1], r)
         i, j = trade[0], trade[1]
-        for load, value in ((balance.load, balance.value), (balance.other, balance.other_value)):
+        moved = (balance.load, balance.value), (balance.other, balance.other_value)
+        for load, value in (*moved, (balance.third, balance.third_value)):
             load[a] -= value[i] - value[j]
             load[b] += value[i] - value[j]
         rekey_pair(least, most, (a, b), balance.load)
@@ -313,12 +326,21 @@ def trade_places(cands: Candidates, plan: Placement, grid: Grid, tolerance: floa
     total_target = (1 + tolerance) * max(total.sum() / grid.ranks, largest)
     encoder_bound = max(encoder.sum() / grid.ranks, largest_encoder)
     limits = (4 * grid.ranks + 64, _TRADE_TRIES)
+    free, free_value = np.zeros(grid.ranks), np.zeros(n)  # a third load no trade is held to
     if has_encoder:
-        by_encoder = Pass(encoder, sample_encoder, total, cands.cost, total.max())
+        by_encoder = Pass(encoder, sample_encoder, total, cands.cost, total.max(), free, free_value, np.inf)
         first_target = (1 + max(tolerance, FIRST_ENCODER_TOLERANCE)) * encoder_bound
         even_out(cands, plan, grid, members, by_encoder, first_target, limits)
-    by_total = Pass(total, cands.cost, encoder, sample_encoder, encoder.max())
+    by_total = Pass(total, cands.cost, encoder, sample_encoder, encoder.max(), free, free_value, np.inf)
     even_out(cands, plan, grid, members, by_total, total_target, limits)
     if has_encoder:
-        by_encoder = Pass(encoder, sample_encoder, total, cands.cost, total.max())
+        by_encoder = Pass(encoder, sample_encoder, total, cands.cost, total.max(), free, free_value, np.inf)
         even_out(cands, plan, grid, members, by_encoder, (1 + tolerance) * encoder_bound, limits)
+        llm, sample_llm = total - encoder, cands.cost - sample_encoder
+        largest_llm = 0.0
+        for k in range(n):
+            if plan.at[k] >= 0:
+                largest_llm = max(largest_llm, sample_llm[k])
+        llm_target = (1 + tolerance) * max(llm.sum() / grid.ranks, largest_llm)
+        by_llm = Pass(llm, sample_llm, total, cands.cost, total.max(), encoder, sample_encoder, encoder.max())
+        even_out(cands, plan, grid, members, by_llm, llm_target, limits)
