@@ -26,10 +26,11 @@ from pipeline.planning.shape import StepShape
 from pipeline.spec import load_spec
 from pipeline.spec.cost import CostModel, VisionCostModel
 from pipeline.tools.observe.frame import JobFacts, build_frame, render_frame
+from pipeline.tools.observe.naive import first_fit, naive_loading
 from pipeline.tools.observe.plots import write_plots
 from pipeline.tools.observe.rank_topics import StepBalance, read_steps
 from pipeline.tools.observe.series import report_series
-from pipeline.tools.observe.step_stats import first_fit, imbalance, naive_loading, step_stats
+from pipeline.tools.observe.step_stats import imbalance, step_stats
 from pipeline.tools.observe.summary import summary_markdown
 from pipeline.tools.observe.timeline import JobTimeline
 from pipeline.tools.observe.vision_parts import PATCHES, EncoderWeighing
@@ -122,6 +123,33 @@ def naive_by_hand(samples: list[Sample], ranks: int, micro_batches: int, capacit
     return {"held": held, "left_out": left_out}
 
 
+class NaiveRunByHand:
+    """Naive loading as one run over a job's steps, by hand: sample i of the job to rank i mod R; each step a rank
+    packs first-fit what waits from before, then its new samples; what fits no micro-batch waits for its next."""
+
+    def __init__(self, ranks: int) -> None:
+        self.waiting: list[list[Sample]] = [[] for _ in range(ranks)]
+        self.dealt = 0
+
+    def step(self, samples: list[Sample], micro_batches: int, capacity: int, budget: int | None) -> list[list[Sample]]:
+        for sample in samples:
+            self.waiting[self.dealt % len(self.waiting)].append(sample)
+            self.dealt += 1
+        held = []
+        for r, waiting in enumerate(self.waiting):
+            mine = [s for g in _pack(waiting, micro_batches, capacity, budget) for s in g]
+            taken = {id(s) for s in mine}
+            held.append([s for s in waiting if id(s) in taken])  # in the order they waited
+            self.waiting[r] = [s for s in waiting if id(s) not in taken]
+        return held
+
+    def drain(self, micro_batches: int, capacity: int, budget: int | None) -> list[list[list[Sample]]]:
+        steps = []
+        while any(self.waiting):
+            steps.append(self.step([], micro_batches, capacity, budget))
+        return steps
+
+
 def part_costs(held: list[list[Sample]], weighing: EncoderWeighing) -> tuple[np.ndarray, np.ndarray]:
     encoder = np.array([sum(encoder_cost(s, weighing.model) for s in mine) for mine in held])
     llm = np.array([float(LLM.costs(np.array([s.length for s in mine], dtype=np.int64)).sum()) for mine in held])
@@ -192,28 +220,39 @@ def test_step_parts_add_up_to_the_batches_and_naive_keeps_both_capacities(job, w
 @settings(max_examples=15, deadline=None)
 @given(job=multimodal_steps(), weighing=WEIGHINGS, seed=st.integers(0, 2**32 - 1))
 def test_run_summary_deals_the_shuffled_samples_under_both_capacities(job, weighing: EncoderWeighing, seed) -> None:
+    """The run summary's naive loading: each step's samples shuffled, then dealt and packed as one run over the
+    job (what fits no micro-batch waits for its rank's next step), its last steps for what still waits."""
     balance = StepBalance(LLM, weighing, seed)
     rng = np.random.default_rng(seed)
+    by_hand = NaiveRunByHand(job[0][0].ranks)
+    naive_steps: list[list[list[Sample]]] = []
+    first = job[0][0]
+    shape = (first.micro_batches, first.capacity, first.patches_per_micro_batch)
     for batches in job:
         balance.add(batches)
         samples = [s for b in batches for s in b.samples()]
         order = rng.permutation(len(samples))
-        first = batches[0]
-        budget = first.patches_per_micro_batch
-        naive = naive_by_hand([samples[i] for i in order], first.ranks, first.micro_batches, first.capacity, budget)
-        naive_encoder, naive_llm = part_costs(naive["held"], weighing)
+        naive_steps.append(by_hand.step([samples[i] for i in order], *shape))
         encoder, llm = part_costs([b.samples() for b in batches], weighing)
-        expected = (imbalance(encoder), imbalance(naive_encoder), imbalance(llm), imbalance(naive_llm))
-        assert balance.by_part[-1][:4] == pytest.approx([float(x) for x in expected])
+        assert balance.by_part[-1][:2] == pytest.approx([float(imbalance(encoder)), float(imbalance(llm))])
         stats = step_stats(batches, SOURCES, LLM, weighing)  # the report's bounds, the same
         bounds = (stats.encoder_bound_imbalance, stats.llm_bound_imbalance, stats.bound_imbalance)
-        assert balance.by_part[-1][4:] == pytest.approx(bounds)
+        assert balance.by_part[-1][2:] == pytest.approx(bounds)
         total = llm + encoder if weighing.in_total else llm
-        naive_total = naive_llm + naive_encoder if weighing.in_total else naive_llm
         assert balance.balanced[-1] == pytest.approx(float(imbalance(total)))
-        assert balance.naive[-1] == pytest.approx(float(imbalance(naive_total)))
+    balance.finish()
+    naive_steps += by_hand.drain(*shape)
+    assert len(balance.naive) == len(balance.naive_parts) == len(naive_steps) >= len(job)
+    naive_time = 0.0
+    for k, held in enumerate(naive_steps):
+        naive_encoder, naive_llm = part_costs(held, weighing)
+        naive_total = naive_llm + naive_encoder if weighing.in_total else naive_llm
+        assert balance.naive_parts[k] == pytest.approx([float(imbalance(naive_encoder)), float(imbalance(naive_llm))])
+        assert balance.naive[k] == pytest.approx(float(imbalance(naive_total)))
+        naive_time += float(naive_total.max())
+    assert balance.naive_time == pytest.approx(naive_time)
     parts = balance.parts()
-    assert parts is not None and len(parts.encoder) == len(job)
+    assert parts is not None and len(parts.encoder) == len(job) and len(parts.naive_encoder) == len(naive_steps)
     lines = parts.lines()
     assert lines[0].startswith(f"  {weighing.label}: ") and lines[1].startswith("  LLM: ")
     assert all(re.search(r"; bound [\d.]+, 95th percentile [\d.]+$", line) for line in lines), lines
@@ -426,9 +465,11 @@ def test_run_and_report_show_the_encoder_and_llm_balance_of_a_multimodal_job(
     assert any(b.media.patches.size for batches in steps for b in batches), "the job's batches hold images"
     weighing = EncoderWeighing(ENCODER, in_total=True)
 
-    # Recomputed from the batches' samples: as written, and under naive loading in the written order (the
-    # report) and in the order of the run summary's shuffle (seed 0, one permutation per step).
+    # Recomputed from the batches' samples: as written, and under naive loading as one run over the job's
+    # samples in the written order (the report) and in the order of the run summary's shuffle (seed 0, one
+    # permutation per step), each with the steps it needs after the job's for what still waits.
     written, naive, shuffled, bounds = [], [], [], []
+    naive_runs = {"report": NaiveRunByHand(2), "run summary": NaiveRunByHand(2)}
     rng = np.random.default_rng(0)
     step_shape = StepShape(ranks=2, micro_batches=2, tokens_per_micro_batch=256, patches_per_micro_batch=400)
     for batches in steps:
@@ -440,8 +481,8 @@ def test_run_and_report_show_the_encoder_and_llm_balance_of_a_multimodal_job(
         order = rng.permutation(len(samples))
         for out_list, dealt in (
             (written, held),
-            (naive, naive_by_hand(samples, *shape)["held"]),
-            (shuffled, naive_by_hand([samples[i] for i in order], *shape)["held"]),
+            (naive, naive_runs["report"].step(samples, *shape[1:])),
+            (shuffled, naive_runs["run summary"].step([samples[i] for i in order], *shape[1:])),
         ):
             encoder, llm = part_costs(dealt, weighing)
             out_list.append([float(imbalance(x)) for x in (encoder, llm, encoder + llm)])
@@ -456,6 +497,10 @@ def test_run_and_report_show_the_encoder_and_llm_balance_of_a_multimodal_job(
                 for costs in (encoder_costs, llm_costs, encoder_costs + llm_costs)
             ]
         )
+    for out_list, run in ((naive, naive_runs["report"]), (shuffled, naive_runs["run summary"])):
+        for dealt in run.drain(*shape[1:]):
+            encoder, llm = part_costs(dealt, weighing)
+            out_list.append([float(imbalance(x)) for x in (encoder, llm, encoder + llm)])
     written_by_part, naive_by_part, shuffled_by_part = (np.array(x).T for x in (written, naive, shuffled))
     bound_by_part = np.array(bounds).T
 

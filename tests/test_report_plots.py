@@ -13,13 +13,12 @@ from hypothesis import strategies as st
 from matplotlib.image import imread
 
 from pipeline.spec.cost import CostModel
+from pipeline.tools.observe.naive import first_fit, naive_loading
 from pipeline.tools.observe.plots import write_plots
 from pipeline.tools.observe.series import rate_over_time, report_series, rolling_median
 from pipeline.tools.observe.step_stats import (
     cumulative_shares,
-    first_fit,
     imbalance,
-    naive_loading,
     schedule_drift,
     scheduled_tokens,
     step_stats,

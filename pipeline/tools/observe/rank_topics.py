@@ -5,7 +5,8 @@ cost with what naive per-rank loading of the same samples gives: the step's samp
 round-robin to ranks, as a ``DistributedSampler`` does, so every rank gets about the same number of
 samples but not the same cost. A multimodal job's rank cost has two parts, the vision encoder's and the
 LLM's (``vision_parts.py``), each compared too; its naive ranks pack their samples first-fit into their
-micro-batches under both capacities, tokens and patches (a sample that fits none is left out). A
+micro-batches under both capacities, tokens and patches, as one run over the job's samples (a sample that fits
+none waits for its rank's next step: ``naive.py``). A
 context-parallel job's steps are compared with the lower bound and with static context parallelism sized for
 each step's longest sample instead (``cp_steps.py``): naive loading would leave its long samples out.
 """
@@ -27,11 +28,11 @@ from pipeline.tools.dead_letters import DEFAULT_ALLOWED_SHARE, over_share, repor
 from pipeline.tools.delivery import SourceCheck, TrainerCheck, TrainerSummary, check_sources, check_trainer
 from pipeline.tools.observe.cp_steps import CPStepStats, CPWeighing, counted_ids, cp_step_stats, no_context_parallel
 from pipeline.tools.observe.cp_summary import CPSummary, cp_summary
+from pipeline.tools.observe.naive import NaiveLoading, NaiveStream
 from pipeline.tools.observe.step_stats import (
     HIGH_PERCENTILE,
     imbalance,
     median_and_high,
-    naive_loading,
     rank_costs,
     schedule_drift,
     tokens_by_source,
@@ -50,8 +51,8 @@ from topics.kafka.log_reader import read_to_end
 @dataclass(frozen=True)
 class ReportParts:
     """A multimodal job's per-step largest / mean rank cost in the vision encoder and in the LLM, as written
-    and under naive per-rank loading, and of each part and both together at the bound (the least any plan of
-    the step's samples could reach), (steps,) each."""
+    and under naive per-rank loading (over its own steps), and of each part and both together at the bound (the
+    least any plan of the step's samples could reach), (steps,) each."""
 
     weighing: EncoderWeighing  # how the encoder's part was weighed (and named)
     encoder: np.ndarray
@@ -96,7 +97,8 @@ class JobReport:
     duplicates: int
     capacity_tokens: int
     imbalance: np.ndarray  # (steps,) largest rank cost / mean rank cost, as written
-    naive_imbalance: np.ndarray  # (steps,) the same for naive per-rank loading of the same samples
+    naive_imbalance: np.ndarray  # the same for naive per-rank loading of the same samples, over its steps
+    naive_time: float  # naive loading's time for the same samples over the job's (``StepBalance``)
     share_error: np.ndarray  # (sources,) largest cumulative |tokens - schedule| in tokens, while all had data
     steps_with_all_sources: int  # steps before the first source ran out
     sources: list[str]
@@ -161,7 +163,7 @@ class JobReport:
         balance = (
             f"largest rank cost / mean, median over steps: {np.median(self.imbalance):.3f} balanced, "
             f"{np.median(self.naive_imbalance):.3f} with naive per-rank loading "
-            f"(step-time speedup {np.median(self.naive_imbalance / self.imbalance):.2f}x)"
+            f"(step-time speedup {self.naive_time:.2f}x)"
         )
         if self.parts is not None:
             balance += "; " + _high(self.imbalance, self.naive_imbalance) + "; " + _bound(self.parts.bound)
@@ -194,9 +196,12 @@ def read_steps(config: KafkaConfig, job: str, ranks: int) -> list[list[Batch | C
 
 
 class StepBalance:
-    """Per step, largest / mean rank cost as written and under naive per-rank loading (the step's samples
-    shuffled by ``seed`` and dealt round-robin); with ``encoder`` (a multimodal job's), of each part too; with
-    ``cp`` (a context-parallel job's), of the ranks' times, and the step's ``CPStepStats`` instead of naive."""
+    """Per step, largest / mean rank cost as written, and under naive per-rank loading: for a text job the step's
+    samples shuffled by ``seed`` and dealt round-robin, step by step; with ``encoder`` (a multimodal job's), of
+    each part too, naive loading packing under both capacities as one run over the job's samples (each step's
+    shuffled), what fits no micro-batch waiting for its rank's next step (``NaiveStream``: its own steps, more
+    than the job's where it needs them; call ``finish`` after the last step); with ``cp`` (a context-parallel
+    job's), of the ranks' times, and the step's ``CPStepStats`` instead of naive."""
 
     def __init__(
         self, cost: CostModel, encoder: EncoderWeighing | None, seed: int, cp: CPWeighing | None = None
@@ -205,10 +210,14 @@ class StepBalance:
         self.encoder = encoder
         self.cp = cp
         self.rng = np.random.default_rng(seed)
+        self.stream = NaiveStream(cost)
         self.balanced: list[float] = []
-        self.naive: list[float] = []
-        # encoder, naive encoder, LLM, naive LLM, and the bound of the encoder, the LLM and both
+        self.naive: list[float] = []  # naive loading's steps
+        self.written_time = 0.0  # the sum of the steps' largest rank cost, as written
+        self.naive_time = 0.0  # and naive loading's
+        # encoder, LLM, and the bound of the encoder, the LLM and both
         self.by_part: list[tuple[float, ...]] = []
+        self.naive_parts: list[tuple[float, float]] = []  # naive loading's steps: encoder, LLM
         self.cp_steps: list[CPStepStats] = []  # a context-parallel job's CPStepStats, step by step
 
     def add(self, batches: Sequence[Batch] | Sequence[CPBatch]) -> None:
@@ -221,34 +230,52 @@ class StepBalance:
             return
         lengths = np.concatenate([b.lengths for b in batches]).astype(np.int64)
         if self.encoder is None:
-            self.balanced.append(float(imbalance(rank_costs(batches, self.cost))))
+            written = rank_costs(batches, self.cost)
+            self._written(written)
             dealt = self.rng.permutation(lengths.size) % len(batches)  # (n,) rank of each sample
-            naive = np.bincount(dealt, weights=self.cost.costs(lengths), minlength=len(batches))
-            self.naive.append(float(imbalance(naive)))
+            self._naive(np.bincount(dealt, weights=self.cost.costs(lengths), minlength=len(batches)))
             return
         vision = step_vision(batches, self.encoder)
-        written = written_parts(batches, self.cost, vision)
+        parts = written_parts(batches, self.cost, vision)
         order = self.rng.permutation(lengths.size)  # the samples in the order they are dealt
         first = batches[0]
-        dealt = naive_loading(
-            lengths[order], len(batches), first.micro_batches, first.capacity, self.cost, vision.take(order)
+        self._naive_step(
+            self.stream.step(lengths[order], len(batches), first.micro_batches, first.capacity, vision.take(order))
         )
-        naive_parts = dealt.parts or RankParts(np.zeros(len(batches)), dealt.rank_costs)  # parts: given vision
-        self.balanced.append(float(imbalance(written.total(vision.in_total))))
-        self.naive.append(float(imbalance(dealt.rank_costs)))
-        encoder, naive_encoder = float(imbalance(written.encoder)), float(imbalance(naive_parts.encoder))
+        self._written(parts.total(vision.in_total))
         bounds = part_bounds(lengths, self.cost.costs(lengths), vision, written_shape(batches))
         self.by_part.append(
             (
-                encoder,
-                naive_encoder,
-                float(imbalance(written.llm)),
-                float(imbalance(naive_parts.llm)),
-                over_mean(bounds.encoder, written.encoder),
-                over_mean(bounds.llm, written.llm),
-                over_mean(bounds.total, written.total(vision.in_total)),
+                float(imbalance(parts.encoder)),
+                float(imbalance(parts.llm)),
+                over_mean(bounds.encoder, parts.encoder),
+                over_mean(bounds.llm, parts.llm),
+                over_mean(bounds.total, parts.total(vision.in_total)),
             )
         )
+
+    def finish(self) -> None:
+        """Naive loading's steps for the samples still waiting once the job's last step is added."""
+        for step in self.stream.drain():
+            self._naive_step(step)
+
+    def _written(self, costs: np.ndarray) -> None:
+        self.balanced.append(float(imbalance(costs)))
+        self.written_time += float(costs.max())
+
+    def _naive(self, costs: np.ndarray) -> None:
+        self.naive.append(float(imbalance(costs)))
+        self.naive_time += float(costs.max())
+
+    def _naive_step(self, step: NaiveLoading) -> None:
+        parts = step.parts or RankParts(np.zeros(len(step.rank_costs)), step.rank_costs)  # parts: given vision
+        self._naive(step.rank_costs)
+        self.naive_parts.append((float(imbalance(parts.encoder)), float(imbalance(parts.llm))))
+
+    @property
+    def time_over_naive(self) -> float:
+        """Naive loading's time for the same samples over the job's: the sums of the steps' largest rank cost."""
+        return self.naive_time / self.written_time if self.written_time > 0 else float("nan")
 
     def cp_summary(self) -> CPSummary | None:
         if self.cp is None:
@@ -258,8 +285,9 @@ class StepBalance:
     def parts(self) -> ReportParts | None:
         if self.encoder is None:
             return None
-        columns = np.array(self.by_part, dtype=np.float64).reshape(-1, 7).T
-        return ReportParts(self.encoder, *columns)
+        encoder, llm, *bounds = np.array(self.by_part, dtype=np.float64).reshape(-1, 5).T
+        naive_encoder, naive_llm = np.array(self.naive_parts, dtype=np.float64).reshape(-1, 2).T
+        return ReportParts(self.encoder, encoder, naive_encoder, llm, naive_llm, *bounds)
 
 
 def first_exhausted_step(config: KafkaConfig, job: str, lanes: int = 1) -> int:
@@ -296,6 +324,7 @@ def job_report(
         for b in batches:
             seen.update(counted_ids(b))
         per_source[k] = tokens_by_source(batches, sources)
+    balance.finish()
     full = min(len(steps), first_exhausted_step(config, job or spec.job, spec.constructor.lanes))
     weights = Schedule.from_spec(spec.mixture, sources).weights_array(np.arange(full))  # (full, S)
     drift = schedule_drift(per_source[:full], weights)
@@ -307,6 +336,7 @@ def job_report(
         capacity_tokens=spec.step.tokens_per_step,
         imbalance=np.asarray(balance.balanced),
         naive_imbalance=np.asarray(balance.naive),
+        naive_time=balance.time_over_naive,
         share_error=drift,
         steps_with_all_sources=full,
         sources=sources,

@@ -18,6 +18,7 @@ import numpy as np
 from pipeline.planning.shape import StepShape
 from pipeline.spec.cost import CostModel
 from pipeline.tools.observe.cp_steps import CPStepStats, CPWeighing, counted_sources, cp_step_stats, no_context_parallel
+from pipeline.tools.observe.naive import NaiveLoading, NaiveStream
 from pipeline.tools.observe.vision_parts import (
     EncoderWeighing,
     PartBounds,
@@ -49,81 +50,6 @@ def imbalance(rank_costs: np.ndarray) -> np.ndarray:
     costs = np.asarray(rank_costs, dtype=np.float64)
     mean = costs.mean(axis=-1)
     return np.divide(costs.max(axis=-1), mean, out=np.ones_like(mean), where=mean > 0)
-
-
-def first_fit(
-    lengths: np.ndarray,
-    bins: int,
-    capacity: int,
-    patches: np.ndarray | None = None,
-    patch_capacity: int | None = None,
-) -> np.ndarray:
-    """The bin of each sample, packed in order into the first of ``bins`` bins of ``capacity`` tokens with
-    room for it (and, with ``patches``, room for its vision patches under ``patch_capacity``, None: no
-    limit); -1 for a sample that fits in none."""
-    if patches is None:
-        return _first_fit_tokens(np.asarray(lengths, dtype=np.int64), bins, capacity)
-    room = np.full(bins, capacity, dtype=np.int64)
-    patch_room = np.full(bins, np.iinfo(np.int64).max if patch_capacity is None else patch_capacity, dtype=np.int64)
-    out = np.full(len(lengths), -1, dtype=np.int64)
-    sizes = zip(np.asarray(lengths, dtype=np.int64).tolist(), np.asarray(patches, dtype=np.int64).tolist(), strict=True)
-    for i, (length, n) in enumerate(sizes):
-        fits = np.flatnonzero((room >= length) & (patch_room >= n))
-        if fits.size:
-            out[i] = fits[0]
-            room[fits[0]] -= length
-            patch_room[fits[0]] -= n
-    return out
-
-
-def _first_fit_tokens(lengths: np.ndarray, bins: int, capacity: int) -> np.ndarray:
-    room = np.full(bins, capacity, dtype=np.int64)
-    out = np.full(len(lengths), -1, dtype=np.int64)
-    for i, length in enumerate(lengths.tolist()):
-        fits = np.flatnonzero(room >= length)
-        if fits.size:
-            out[i] = fits[0]
-            room[fits[0]] -= length
-    return out
-
-
-@dataclass(frozen=True)
-class NaiveLoading:
-    """Naive per-rank loading of one step's samples: sample ``i`` (in the step's order) goes to rank
-    ``i mod R``, which packs its samples first-fit into its micro-batches; a sample that fits in none is
-    left out of the step (it would wait for the rank's next step). With media, a micro-batch holds the
-    sample only if its patches fit the patch budget too."""
-
-    rank_costs: np.ndarray  # (R,) cost of the samples each rank packed
-    tokens: int  # tokens packed in all
-    left_out: int  # samples that fit in no micro-batch of their rank
-    parts: RankParts | None = None  # with media: each rank's encoder and LLM cost
-
-
-def naive_loading(
-    lengths: np.ndarray,
-    ranks: int,
-    micro_batches: int,
-    capacity: int,
-    cost: CostModel,
-    vision: StepVision | None = None,
-) -> NaiveLoading:
-    lengths = np.asarray(lengths, dtype=np.int64)
-    rank_of = np.arange(lengths.size) % ranks  # (n,)
-    placed = np.zeros(lengths.size, dtype=bool)
-    for r in range(ranks):
-        mine = np.flatnonzero(rank_of == r)
-        if vision is None:
-            placed[mine] = first_fit(lengths[mine], micro_batches, capacity) >= 0
-        else:
-            bins = first_fit(lengths[mine], micro_batches, capacity, vision.patches[mine], vision.patch_capacity)
-            placed[mine] = bins >= 0
-    rank_costs = np.bincount(rank_of[placed], weights=cost.costs(lengths[placed]), minlength=ranks)
-    tokens, left_out = int(lengths[placed].sum()), int((~placed).sum())
-    if vision is None:
-        return NaiveLoading(rank_costs, tokens, left_out)
-    parts = RankParts(rank_sums(rank_of[placed], vision.encoder_costs[placed], ranks), rank_costs)
-    return NaiveLoading(parts.total(vision.in_total), tokens, left_out, parts)
 
 
 @dataclass(frozen=True)
@@ -234,10 +160,12 @@ def step_stats(
     cost: CostModel,
     encoder: EncoderWeighing | None = None,
     cp: CPWeighing | None = None,
+    naive: NaiveStream | None = None,
 ) -> StepStats:
     """The numbers of one step from the batch of every rank (rank order); with ``encoder`` (a multimodal
     job's), each rank's cost in two parts, the vision encoder's and the LLM's, besides their total; a
-    context-parallel step's with ``cp`` (the job's), refused without it (``MixflowError``)."""
+    context-parallel step's with ``cp`` (the job's), refused without it (``MixflowError``). ``naive``: the job's
+    naive loading so far, which this step goes on (None: naive loading of this step's samples alone)."""
     first = batches[0]
     if isinstance(first, CPBatch):
         if cp is None:
@@ -253,7 +181,7 @@ def step_stats(
         tokens_by_source=tokens_by_source(batches, sources),
         samples=int(lengths.size),
         capacity=first.ranks * first.micro_batches * first.capacity,
-        naive=naive_loading(lengths, first.ranks, first.micro_batches, first.capacity, cost, vision),
+        naive=(naive or NaiveStream(cost)).step(lengths, first.ranks, first.micro_batches, first.capacity, vision),
         parts=parts,
         encoder=encoder,
         bounds=bounds,

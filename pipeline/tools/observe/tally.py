@@ -11,10 +11,14 @@ import numpy as np
 
 from pipeline.spec.cost import CostModel
 from pipeline.tools.observe.cp_steps import CPWeighing, counted_sources
+from pipeline.tools.observe.naive import NaiveStream
 from pipeline.tools.observe.step_stats import StepStats, step_stats
 from pipeline.tools.observe.vision_parts import EncoderWeighing
 from topics.formats.batch import Batch
 from topics.formats.cp_batch import CPBatch
+
+NAIVE_BACKLOG_STEPS = 8
+"""Steps of a rank's tokens that naive loading (the comparison ``mixflow top`` shows) holds waiting at most."""
 
 
 class StepTally:
@@ -47,6 +51,8 @@ class StepTally:
         self.scheduled = np.zeros(len(self.sources))
         self.recent_steps = recent
         self.recent: list[StepStats] = []
+        # Naive loading of the steps as they complete, holding at most a few steps of samples waiting a rank.
+        self.naive = NaiveStream(cost, backlog_steps=NAIVE_BACKLOG_STEPS)
 
     def add(self, batch: Batch | CPBatch) -> StepStats | None:
         """Take one rank's batch; the step's numbers once it is complete."""
@@ -59,7 +65,7 @@ class StepTally:
             return None
         del self.pending[batch.step]
         batches = [parts[r] for r in range(self.ranks)]
-        stats = step_stats(batches, self.sources, self.cost, self.encoder, self.cp)
+        stats = step_stats(batches, self.sources, self.cost, self.encoder, self.cp, self.naive)
         self.steps += 1
         index = {s: i for i, s in enumerate(self.sources)}
         of_sample = np.array([index[s] for b in batches for s in counted_sources(b)[0]], dtype=np.int64)

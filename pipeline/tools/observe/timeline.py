@@ -8,7 +8,7 @@ source's count of records at a time comes from the broker's index of record time
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from pipeline.planning.mixing.changes import MixtureTimeline
 from pipeline.roles.constructor import ConstructorState
 from pipeline.spec import JobSpec
 from pipeline.tools.observe.cp_steps import CPWeighing
+from pipeline.tools.observe.naive import NaiveLoading, NaiveStream
 from pipeline.tools.observe.offsets import OffsetProbe
 from pipeline.tools.observe.rank_topics import read_steps
 from pipeline.tools.observe.step_stats import StepStats, step_stats
@@ -44,6 +45,7 @@ class JobTimeline:
     backlog: np.ndarray  # (T, S) source offsets written but not yet delivered into a step, at each time
     encoder: EncoderWeighing | None = None  # a multimodal job's weighing of the vision encoder
     cp: CPWeighing | None = None  # a context-parallel job's shape and cost
+    naive_tail: list[NaiveLoading] = field(default_factory=list)  # naive loading's steps after the job's last
 
     @property
     def tokens_per_step(self) -> np.ndarray:
@@ -70,7 +72,9 @@ def read_timeline(config: KafkaConfig, spec: JobSpec, job: str | None = None) ->
     job = job or spec.job
     sources = spec.source_names
     cost, encoder, cp = spec.cost.cost_model(), EncoderWeighing.for_spec(spec), CPWeighing.for_spec(spec)
-    stats = [step_stats(batches, sources, cost, encoder, cp) for batches in read_steps(config, job, spec.step.ranks)]
+    naive = NaiveStream(cost)  # the job's samples in written order, as one run of naive per-rank loading
+    steps = read_steps(config, job, spec.step.ranks)
+    stats = [step_stats(batches, sources, cost, encoder, cp, naive) for batches in steps]
     states = {r.step: r for r in first_per_step(read_state_records(config, JobTopics(job)))}
     written = [states[s.step] for s in stats if s.step in states]
     if len(written) != len(stats):
@@ -90,6 +94,7 @@ def read_timeline(config: KafkaConfig, spec: JobSpec, job: str | None = None) ->
         backlog=backlog,
         encoder=encoder,
         cp=cp,
+        naive_tail=naive.drain(),
     )
 
 
