@@ -7,9 +7,10 @@ sample that fits no micro-batch of its rank is left out of that figure, so its f
 (at a multimodal job's patch budget, a tenth of them or more). A per-rank loader does not drop such a sample:
 it loads it in its next step. ``NaiveStream`` runs naive loading so over a whole job: each step deals the
 samples written in it, each rank packs what it holds waiting first, then its new samples, and what fits none
-of its micro-batches waits for its next step. Its steps are fuller than the per-step figure's, it may need
-steps more than the job to load the same samples (``drain``), and the sum of its steps' largest rank cost against the
-job's is the time naive loading takes for the same samples."""
+of its micro-batches waits for its next step. Its steps are fuller than the per-step figure's; it may need steps
+more than the job to load the same samples (``drain``: nearly empty steps, counted in its time but not in its
+figures), and the sum of its steps' largest rank cost against the job's is the time naive loading takes for the
+same samples."""
 
 from __future__ import annotations
 

@@ -54,17 +54,11 @@ def plot_shares(series: ReportSeries, timeline: JobTimeline, path: Path) -> Path
     return _save(figure, path)
 
 
-def naive_steps(steps: np.ndarray, naive: np.ndarray) -> np.ndarray:
-    """The step numbers of naive loading's steps (``naive``: a value each), counted from the job's first step: it
-    may need steps more than the job for the same samples."""
-    return (int(steps[0]) if len(steps) else 0) + np.arange(len(naive))
-
-
 def _imbalance_panel(
     ax: Axes, steps: np.ndarray, balanced: np.ndarray, naive: np.ndarray | None, title: str, bound: np.ndarray | None
 ) -> None:
     if naive is not None:
-        _per_step(ax, naive_steps(steps, naive), naive, "naive per-rank loading (its own steps)")
+        _per_step(ax, steps, naive, "naive per-rank loading")
     _per_step(ax, steps, balanced, "as written (balanced)")
     if bound is not None:
         _per_step(ax, steps, bound, "bound: the least any plan of the step's samples reaches")
@@ -101,7 +95,7 @@ def plot_fill(series: ReportSeries, timeline: JobTimeline, path: Path) -> Path:
     figure = Figure(figsize=(8, 4.5))
     ax = figure.add_subplot()
     if series.cp is None:
-        _per_step(ax, naive_steps(series.steps, series.naive_fill), series.naive_fill, "naive per-rank loading")
+        _per_step(ax, series.steps, series.naive_fill, "naive per-rank loading")
     _per_step(ax, series.steps, series.fill, "as written")
     ax.set(xlabel="step", ylabel="tokens / step capacity", ylim=(0, 1.02), title=f"{timeline.job}: fill per step")
     ax.legend(loc="lower left", fontsize="small")

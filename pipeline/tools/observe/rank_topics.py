@@ -97,7 +97,7 @@ class JobReport:
     duplicates: int
     capacity_tokens: int
     imbalance: np.ndarray  # (steps,) largest rank cost / mean rank cost, as written
-    naive_imbalance: np.ndarray  # the same for naive per-rank loading of the same samples, over its steps
+    naive_imbalance: np.ndarray  # (steps,) the same for naive per-rank loading of the same samples
     naive_time: float  # naive loading's time for the same samples over the job's (``StepBalance``)
     share_error: np.ndarray  # (sources,) largest cumulative |tokens - schedule| in tokens, while all had data
     steps_with_all_sources: int  # steps before the first source ran out
@@ -199,9 +199,9 @@ class StepBalance:
     """Per step, largest / mean rank cost as written, and under naive per-rank loading: for a text job the step's
     samples shuffled by ``seed`` and dealt round-robin, step by step; with ``encoder`` (a multimodal job's), of
     each part too, naive loading packing under both capacities as one run over the job's samples (each step's
-    shuffled), what fits no micro-batch waiting for its rank's next step (``NaiveStream``: its own steps, more
-    than the job's where it needs them; call ``finish`` after the last step); with ``cp`` (a context-parallel
-    job's), of the ranks' times, and the step's ``CPStepStats`` instead of naive."""
+    shuffled), what fits no micro-batch waiting for its rank's next step (``NaiveStream``: its step as each step
+    is written; ``finish``, after the last step, adds the steps it needs for what still waits to its time); with
+    ``cp`` (a context-parallel job's), of the ranks' times, and the step's ``CPStepStats`` instead of naive."""
 
     def __init__(
         self, cost: CostModel, encoder: EncoderWeighing | None, seed: int, cp: CPWeighing | None = None
@@ -212,12 +212,12 @@ class StepBalance:
         self.rng = np.random.default_rng(seed)
         self.stream = NaiveStream(cost)
         self.balanced: list[float] = []
-        self.naive: list[float] = []  # naive loading's steps
+        self.naive: list[float] = []  # naive loading's step as each step is written
         self.written_time = 0.0  # the sum of the steps' largest rank cost, as written
         self.naive_time = 0.0  # and naive loading's
         # encoder, LLM, and the bound of the encoder, the LLM and both
         self.by_part: list[tuple[float, ...]] = []
-        self.naive_parts: list[tuple[float, float]] = []  # naive loading's steps: encoder, LLM
+        self.naive_parts: list[tuple[float, float]] = []  # and its encoder and LLM parts
         self.cp_steps: list[CPStepStats] = []  # a context-parallel job's CPStepStats, step by step
 
     def add(self, batches: Sequence[Batch] | Sequence[CPBatch]) -> None:
@@ -255,9 +255,9 @@ class StepBalance:
         )
 
     def finish(self) -> None:
-        """Naive loading's steps for the samples still waiting once the job's last step is added."""
+        """Naive loading's time for the samples still waiting once the job's last step is added."""
         for step in self.stream.drain():
-            self._naive_step(step)
+            self.naive_time += float(step.rank_costs.max())
 
     def _written(self, costs: np.ndarray) -> None:
         self.balanced.append(float(imbalance(costs)))

@@ -10,7 +10,7 @@ import numpy as np
 
 from pipeline.tools.observe.cp_summary import CPSummary, cp_summary
 from pipeline.tools.observe.naive import NaiveLoading
-from pipeline.tools.observe.step_stats import cumulative_shares, imbalance, schedule_drift, scheduled_tokens
+from pipeline.tools.observe.step_stats import cumulative_shares, schedule_drift, scheduled_tokens
 from pipeline.tools.observe.timeline import JobTimeline
 from pipeline.tools.observe.vision_parts import EncoderWeighing
 
@@ -42,10 +42,10 @@ def rolling_median(values: np.ndarray, window: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PartSeries:
-    """A multimodal job's per-step largest / mean rank cost of each part, as written and at the bound (the least
-    any plan of the step's samples could reach), (K,) each, and under naive per-rank loading of the same
-    samples, (N,) over its own steps (``ReportSeries.naive_imbalance``). ``weighing``: how the encoder's part was
-    weighed (and named); ``bound``: the bound of both parts together."""
+    """A multimodal job's per-step largest / mean rank cost of each part, as written, at the bound (the least
+    any plan of the step's samples could reach) and under naive per-rank loading of the same samples (its step
+    as each step is written: ``ReportSeries.naive_imbalance``), (K,) each. ``weighing``: how the encoder's part
+    was weighed (and named); ``bound``: the bound of both parts together."""
 
     weighing: EncoderWeighing
     encoder: np.ndarray
@@ -64,11 +64,11 @@ class ReportSeries:
     scheduled_shares: np.ndarray  # (K, S) the same had every step followed the schedule exactly
     drift: np.ndarray  # (S,) largest |tokens - scheduled tokens| before a source ran out
     imbalance: np.ndarray  # (K,) largest / mean rank cost, as written
-    # (N,) the same under naive per-rank loading of the job's samples, over its own steps: one as each step is
-    # written (what waits from before first), then those it needs for what still waits (N >= K)
+    # (K,) the same under naive per-rank loading of the job's samples as one run: its step as each step is written
     naive_imbalance: np.ndarray
     fill: np.ndarray  # (K,) tokens / capacity, as written
-    naive_fill: np.ndarray  # (N,) tokens naive loading packs / capacity, its steps
+    naive_fill: np.ndarray  # (K,) tokens naive loading packs / capacity, its step as each step is written
+    naive_steps: int  # the steps naive loading takes for the job's samples: K and those after for what still waits
     naive_time: float  # the sum of naive loading's steps' largest rank cost over the job's: its time for the samples
     elapsed_s: np.ndarray  # (K,) each step's commit time, from the first step's
     tokens: np.ndarray  # (K,) tokens of each step
@@ -80,13 +80,12 @@ def part_series(timeline: JobTimeline) -> PartSeries | None:
     if timeline.encoder is None:
         return None
     stats = timeline.stats
-    naive_parts = [n.parts for n in _naive_steps(timeline) if n.parts is not None]
     return PartSeries(
         weighing=timeline.encoder,
         encoder=np.array([s.encoder_imbalance for s in stats], dtype=np.float64),
-        naive_encoder=np.array([imbalance(p.encoder) for p in naive_parts], dtype=np.float64),
+        naive_encoder=np.array([s.naive_encoder_imbalance for s in stats], dtype=np.float64),
         llm=np.array([s.llm_imbalance for s in stats], dtype=np.float64),
-        naive_llm=np.array([imbalance(p.llm) for p in naive_parts], dtype=np.float64),
+        naive_llm=np.array([s.naive_llm_imbalance for s in stats], dtype=np.float64),
         bound_encoder=np.array([s.encoder_bound_imbalance for s in stats], dtype=np.float64),
         bound_llm=np.array([s.llm_bound_imbalance for s in stats], dtype=np.float64),
         bound=np.array([s.bound_imbalance for s in stats], dtype=np.float64),
@@ -120,17 +119,16 @@ def report_series(timeline: JobTimeline) -> ReportSeries:
     full = timeline.steps_with_all_sources
     stats = timeline.stats
     start = timeline.step_times[0] if len(timeline.step_times) else 0.0
-    naive = _naive_steps(timeline)
-    capacity = stats[0].capacity if stats else 1
     return ReportSeries(
         steps=np.array([s.step for s in stats], dtype=np.int64),
         shares=cumulative_shares(per_step),
         scheduled_shares=scheduled / np.maximum(scheduled.sum(axis=1, keepdims=True), 1e-12),
         drift=schedule_drift(per_step[:full], timeline.weights[:full]),
         imbalance=np.array([s.imbalance for s in stats]),
-        naive_imbalance=np.array([imbalance(n.rank_costs) for n in naive], dtype=np.float64),
+        naive_imbalance=np.array([s.naive_imbalance for s in stats]),
         fill=np.array([s.fill for s in stats]),
-        naive_fill=np.array([n.tokens / capacity for n in naive], dtype=np.float64),
+        naive_fill=np.array([s.naive_fill for s in stats]),
+        naive_steps=len(_naive_steps(timeline)),
         naive_time=naive_time(timeline),
         elapsed_s=timeline.step_times - start,
         tokens=np.array([s.tokens for s in stats], dtype=np.int64),

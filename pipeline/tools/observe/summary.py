@@ -86,7 +86,7 @@ def _balance_rows(series: ReportSeries) -> list[str]:
         f"| same under naive per-rank loading | {_median(series.naive_imbalance):.3f} "
         f"({series.naive_imbalance.max():.3f}); its time for the same samples {series.naive_time:.2f}x |",
         f"| naive loading: fill, steps for the same samples | {series.naive_fill.mean():.1%}, "
-        f"{series.naive_fill.size:,} against {series.fill.size:,} |",
+        f"{series.naive_steps:,} against {series.fill.size:,} |",
         *(_part_rows(series, series.parts) if series.parts is not None else []),
         "",
         NAIVE_NOTE,
@@ -97,9 +97,9 @@ def _balance_rows(series: ReportSeries) -> list[str]:
 NAIVE_NOTE = (
     "Naive per-rank loading: the job's samples in their written order, sample *i* to rank *i* mod *R*, each rank "
     "packing first-fit into its micro-batches what it holds waiting, then its new samples; a sample that fits none "
-    "waits for its rank's next step. Its figures are over its own steps (one as each step is written, then those "
-    "it needs for what still waits), its time the sum of its steps' largest rank cost over the job's: how much "
-    "longer naive loading takes for the same samples. Rank costs under the spec's cost model."
+    "waits for its rank's next step. Its figures are of its step as each step is written; it may need steps more "
+    "for what still waits at the end, which count in its time: the sum of its steps' largest rank cost over the "
+    "job's, how much longer naive loading takes for the same samples. Rank costs under the spec's cost model."
 )
 
 
