@@ -16,10 +16,12 @@ from pipeline.planning.scheduler.media import plan_with_media
 from pipeline.planning.scheduler.part_bound import (
     cheapest_cover,
     cramped_bound,
+    crowded_bound,
     largest_rank_bound,
     most_within,
     pigeonhole_bound,
     room_bound,
+    water_level,
 )
 from pipeline.planning.shape import StepShape
 from pipeline.spec.cost import CostModel, VisionCostModel
@@ -156,6 +158,17 @@ def test_each_argument_binds_where_it_should() -> None:
     assert cramped_bound(values, lengths, patches, cramped) == pytest.approx(4.0)
     assert largest_rank_bound(values, lengths, patches, cramped) == pytest.approx(4.0)
     assert best_plans(cramped, lengths, patches, {"x": values})["x"] == pytest.approx(4.0)
+    # Crowded ranks: two text samples fill a micro-batch each of 3 ranks x 2; an image fills one too, so the
+    # ranks hold 1, 1 and 2 of the 4 images at most (or 0, 2 and 2): some rank holds 2, where one rank cramped
+    # alone would allow 1.5.
+    crowded = StepShape(ranks=3, micro_batches=2, tokens_per_micro_batch=10, patches_per_micro_batch=10)
+    lengths, patches = np.array([10, 10, 2, 2, 2, 2]), np.array([0, 0, 10, 10, 10, 10])
+    values = np.array([0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    assert cramped_bound(values, lengths, patches, crowded) == pytest.approx(1.5)
+    assert crowded_bound(values, lengths, patches, crowded) == pytest.approx(2.0)
+    assert largest_rank_bound(values, lengths, patches, crowded) == pytest.approx(2.0)
+    assert best_plans(crowded, lengths, patches, {"x": values})["x"] == pytest.approx(2.0)
+    assert water_level(np.array([1.0, 1.0, 2.0]), 4.0) == 2.0 and water_level(np.array([1.0, 1.0]), 3.0) == 0.0
 
 
 @given(

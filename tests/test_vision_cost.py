@@ -43,6 +43,7 @@ def test_a_samples_encoder_cost_is_the_sum_over_its_items(items: list[list[int]]
     for cost, sample in zip(costs.tolist(), items, strict=True):
         expected = math.fsum(model.alpha * n * n + model.beta * n + model.gamma for n in sample)
         assert cost == pytest.approx(expected, rel=1e-12, abs=0.0)
+        assert model.sample_cost(sample) == cost  # one sample alone: the same float, bit for bit
         if len(sample) > 1 and model.alpha > 0:
             assert cost < model.costs(np.array([sum(sample)]))[0] + model.gamma * (len(sample) - 1)
 

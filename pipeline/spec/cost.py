@@ -4,6 +4,7 @@ vision encoder (``VisionCostModel``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,6 +108,16 @@ class VisionCostModel:
         as_float = np.asarray(patches).astype(np.float64)
         costs = (self.alpha * as_float) * as_float + self.beta * as_float
         return costs + self.gamma if self.gamma else costs
+
+    def sample_cost(self, item_patches: Iterable[int]) -> float:
+        """The encoder cost of one sample of items of ``item_patches`` patches: ``sample_costs`` of that sample
+        alone, the same float, without arrays (the constructor prices every sample it reads)."""
+        total = 0.0
+        for patches in item_patches:
+            x = float(patches)
+            cost = (self.alpha * x) * x + self.beta * x
+            total += cost + self.gamma if self.gamma else cost
+        return total
 
     def sample_costs(self, item_patches: np.ndarray, items_per_sample: np.ndarray) -> np.ndarray:
         """float64 encoder cost of each sample: ``item_patches`` holds the patches of every item, sample

@@ -18,6 +18,15 @@ Each argument below holds for every such plan, so their largest does too:
   (the fractional knapsack, by tokens and by patches: the lesser); the other ``R - 1`` ranks hold the rest, and
   the costliest of them at least its mean. A text sample that fills its micro-batch leaves its rank a
   micro-batch's patches fewer: the encoder's work it cannot take goes to the other ranks.
+- crowded ranks: samples over half a micro-batch's tokens (or patches) cannot share one, so ``k`` of them take
+  ``k`` micro-batches, each left with at most the room the roomiest of them leaves (tokens and patches that the
+  other samples can bring in both limits, as for a cramped rank); a rank holding ``c`` of them
+  holds at most ``c`` times the costliest of them plus what samples taken in fractions bring within its room
+  (``cap(c)``, concave in ``c``). Every rank holds at most its cap and all of them the whole step, so the largest
+  holds at least the level ``x`` where ``sum(min(x, cap(c_r)))`` reaches the step's total; of every way to
+  spread the ``k`` over the ranks, spreading them evenly gives the lowest level (the sum is Schur-concave in the
+  counts), which is the bound. Several long texts in a step leave several ranks a micro-batch of patches each,
+  and the images crowd the others.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ def largest_rank_bound(values: np.ndarray, lengths: np.ndarray, patches: np.ndar
         room.append((patches, shape.micro_batches * shape.patches_per_micro_batch))
     for weights, per_rank in room:
         bound = max(bound, room_bound(values, weights, (ranks - 1) * per_rank))
-    return max(bound, cramped_bound(values, lengths, patches, shape))
+    return max(bound, cramped_bound(values, lengths, patches, shape), crowded_bound(values, lengths, patches, shape))
 
 
 def pigeonhole_bound(values: np.ndarray, ranks: int) -> float:
@@ -141,3 +150,66 @@ def most_within(values: np.ndarray, weights: np.ndarray, budget: float) -> float
     if whole < w.size:
         out += float(v[whole]) * (budget - (held[whole - 1] if whole else 0.0)) / float(w[whole])
     return out
+
+
+def crowded_bound(values: np.ndarray, lengths: np.ndarray, patches: np.ndarray, shape: StepShape) -> float:
+    """The level the largest rank reaches where the samples over half a micro-batch's tokens, or over half its
+    patches, take a micro-batch each and are spread evenly over the ranks (the module docstring), for all of them
+    and for as many as there are ranks; 0 for one rank or fewer than two such samples."""
+    ranks, micro_batches = shape.ranks, shape.micro_batches
+    capacity, budget = shape.tokens_per_micro_batch, shape.patches_per_micro_batch
+    if ranks < 2:
+        return 0.0
+    sizes = [(lengths, capacity)] + ([(patches, budget)] if budget > 0 else [])
+    total, best = float(values.sum()), 0.0
+    for size, limit in sizes:
+        over_half = np.flatnonzero(2 * size > limit)
+        fullest = over_half[np.argsort(-size[over_half], kind="stable")]
+        for k in sorted({fullest.size, min(fullest.size, ranks)}):
+            if 2 <= k <= ranks * micro_batches:
+                best = max(best, _spread_level(values, lengths, patches, shape, fullest[:k], total))
+    return best
+
+
+def _spread_level(
+    values: np.ndarray, lengths: np.ndarray, patches: np.ndarray, shape: StepShape, crowd: np.ndarray, total: float
+) -> float:
+    """The level of ``crowded_bound`` for the samples ``crowd``, spread evenly."""
+    ranks, micro_batches = shape.ranks, shape.micro_batches
+    capacity, budget = shape.tokens_per_micro_batch, shape.patches_per_micro_batch
+    others = np.ones(values.size, dtype=bool)
+    others[crowd] = False
+    v, t, p = values[others], lengths[others], patches[others]
+    costliest = float(values[crowd].max())
+    tokens_in = float(capacity - lengths[crowd].min())  # what the others bring into the roomiest of them
+    patches_in = 0.0
+    if budget > 0:
+        patches_left = float(budget - patches[crowd].min())
+        tokens_in, patches_in = (
+            min(tokens_in, most_within(t, p, patches_left)),
+            min(patches_left, most_within(p, t, tokens_in)),
+        )
+
+    def cap(c: int) -> float:
+        held = most_within(v, t, (micro_batches - c) * capacity + c * tokens_in)
+        if budget > 0:
+            held = min(held, most_within(v, p, (micro_batches - c) * budget + c * patches_in))
+        return c * costliest + held
+
+    fewer, more = divmod(crowd.size, ranks)  # ``more`` ranks hold fewer + 1 of them, the others ``fewer``
+    caps = np.array([cap(fewer + 1)] * more + [cap(fewer)] * (ranks - more))
+    return water_level(caps, total)
+
+
+def water_level(caps: np.ndarray, total: float) -> float:
+    """The least ``x`` with ``sum(min(x, caps)) >= total``: where each rank holds at most its cap, the largest
+    holds at least that much; 0 where the caps cannot hold ``total`` (no such plan to bound)."""
+    caps = np.sort(np.asarray(caps, dtype=np.float64))
+    if total <= 0 or float(caps.sum()) < total:
+        return 0.0
+    below = np.concatenate([[0.0], np.cumsum(caps)])  # the sum of the i lowest caps
+    for i in range(caps.size):
+        level = (total - below[i]) / (caps.size - i)  # the others all at the level
+        if level <= caps[i]:
+            return float(level)
+    return float(caps[-1])

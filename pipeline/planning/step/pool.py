@@ -35,8 +35,7 @@ def encoder_cost(sample: Sample, vision: VisionCostModel | None) -> float:
     """The sample's cost in the vision encoder: 0 for text, or without a vision cost model."""
     if vision is None or not sample.media:
         return 0.0
-    patches = np.fromiter((item.patches for item in sample.media), np.int64, len(sample.media))
-    return float(vision.sample_costs(patches, np.array([len(sample.media)]))[0])
+    return vision.sample_cost(item.patches for item in sample.media)
 
 
 class SourceFifo:
