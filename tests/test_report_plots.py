@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from matplotlib.image import imread
 
 from pipeline.spec.cost import CostModel
-from pipeline.tools.observe.naive import first_fit, naive_loading
+from pipeline.tools.observe.naive import REPORT_BACKLOG_STEPS, NaiveStream, first_fit, naive_loading
 from pipeline.tools.observe.plots import write_plots
 from pipeline.tools.observe.series import rate_over_time, report_series, rolling_median
 from pipeline.tools.observe.step_stats import (
@@ -229,3 +229,24 @@ def test_drift_is_not_measured_when_a_source_ran_out_before_the_first_step(job) 
     assert "Drift: not measured, a source ran out before the first step." in summary
     rows = [line for line in summary.splitlines() if line.startswith(tuple(f"| {s} |" for s in SOURCES))]
     assert len(rows) == len(SOURCES) and all(row.split("|")[5].strip() == "n/a" for row in rows)
+
+
+@settings(max_examples=3, deadline=None)
+@given(job=steps(max_steps=6))
+def test_the_summary_compares_with_naive_loading_as_one_run_and_says_what_it_dropped(job) -> None:
+    """Naive loading's steps: one a written step, then those for what still waits; its time, over the job's, the
+    sum of all its steps' largest rank cost; samples past its backlog named."""
+    cost = CostModel(1.0, 1.0)
+    stream = NaiveStream(cost)
+    stats = [step_stats(batches, SOURCES, cost, naive=stream) for batches in job]
+    timeline = replace(synthetic_timeline(job, cost), stats=stats, naive_tail=stream.drain())
+    series = report_series(timeline)
+    assert series.naive_steps == len(job) + len(timeline.naive_tail)
+    naive = [s.naive.rank_costs.max() for s in stats] + [t.rank_costs.max() for t in timeline.naive_tail]
+    written = sum(s.rank_costs.max() for s in stats)
+    if written > 0:
+        assert series.naive_time == pytest.approx(sum(naive) / written)
+    summary = summary_markdown(series, timeline, {})
+    assert f"{series.naive_steps:,} against {len(job):,} |" in summary and "waiting past" not in summary
+    dropped = summary_markdown(report_series(replace(timeline, naive_dropped=7)), timeline, {})
+    assert f"and 7 samples it held waiting past {REPORT_BACKLOG_STEPS} steps, left out of its time" in dropped

@@ -106,6 +106,11 @@ class _Waiting:
         return _Waiting(self.lengths[keep], self.patches[keep], self.encoder_costs[keep])
 
 
+REPORT_BACKLOG_STEPS = 64
+"""Steps of a rank's tokens that naive loading holds waiting at most in a job's report: naive loading that packs
+worse than the job falls behind by a share of every step, and a long job's report would hold all of it."""
+
+
 class NaiveStream:
     """Naive per-rank loading over a job's steps (the module docstring): ``step`` deals a written step's samples
     and packs each rank's next step; ``drain`` the steps it takes for what still waits. A rank keeps at most

@@ -28,7 +28,7 @@ from pipeline.tools.dead_letters import DEFAULT_ALLOWED_SHARE, over_share, repor
 from pipeline.tools.delivery import SourceCheck, TrainerCheck, TrainerSummary, check_sources, check_trainer
 from pipeline.tools.observe.cp_steps import CPStepStats, CPWeighing, counted_ids, cp_step_stats, no_context_parallel
 from pipeline.tools.observe.cp_summary import CPSummary, cp_summary
-from pipeline.tools.observe.naive import NaiveLoading, NaiveStream
+from pipeline.tools.observe.naive import REPORT_BACKLOG_STEPS, NaiveLoading, NaiveStream
 from pipeline.tools.observe.step_stats import (
     HIGH_PERCENTILE,
     imbalance,
@@ -210,7 +210,7 @@ class StepBalance:
         self.encoder = encoder
         self.cp = cp
         self.rng = np.random.default_rng(seed)
-        self.stream = NaiveStream(cost)
+        self.stream = NaiveStream(cost, REPORT_BACKLOG_STEPS)
         self.balanced: list[float] = []
         self.naive: list[float] = []  # naive loading's step as each step is written
         self.written_time = 0.0  # the sum of the steps' largest rank cost, as written

@@ -70,6 +70,7 @@ class ReportSeries:
     naive_fill: np.ndarray  # (K,) tokens naive loading packs / capacity, its step as each step is written
     naive_steps: int  # the steps naive loading takes for the job's samples: K and those after for what still waits
     naive_time: float  # the sum of naive loading's steps' largest rank cost over the job's: its time for the samples
+    naive_dropped: int  # samples naive loading held waiting past its backlog: not in its time
     elapsed_s: np.ndarray  # (K,) each step's commit time, from the first step's
     tokens: np.ndarray  # (K,) tokens of each step
     parts: PartSeries | None = None  # a multimodal job's: imbalance and naive above are of both parts together
@@ -130,6 +131,7 @@ def report_series(timeline: JobTimeline) -> ReportSeries:
         naive_fill=np.array([s.naive_fill for s in stats]),
         naive_steps=len(_naive_steps(timeline)),
         naive_time=naive_time(timeline),
+        naive_dropped=timeline.naive_dropped,
         elapsed_s=timeline.step_times - start,
         tokens=np.array([s.tokens for s in stats], dtype=np.int64),
         parts=part_series(timeline),

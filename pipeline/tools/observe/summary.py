@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.tools.observe.cp_summary import STEP_COLUMNS, CPStepRow, CPSummary
+from pipeline.tools.observe.naive import REPORT_BACKLOG_STEPS
 from pipeline.tools.observe.series import PartSeries, ReportSeries
 from pipeline.tools.observe.step_stats import HIGH_PERCENTILE, median_and_high
 from pipeline.tools.observe.timeline import JobTimeline
@@ -86,12 +87,18 @@ def _balance_rows(series: ReportSeries) -> list[str]:
         f"| same under naive per-rank loading | {_median(series.naive_imbalance):.3f} "
         f"({series.naive_imbalance.max():.3f}); its time for the same samples {series.naive_time:.2f}x |",
         f"| naive loading: fill, steps for the same samples | {series.naive_fill.mean():.1%}, "
-        f"{series.naive_steps:,} against {series.fill.size:,} |",
+        f"{series.naive_steps:,} against {series.fill.size:,}{_dropped(series.naive_dropped)} |",
         *(_part_rows(series, series.parts) if series.parts is not None else []),
         "",
         NAIVE_NOTE,
         *([_part_note(series.parts)] if series.parts is not None else []),
     ]
+
+
+def _dropped(samples: int) -> str:
+    if not samples:
+        return ""
+    return f" and {samples:,} samples it held waiting past {REPORT_BACKLOG_STEPS} steps, left out of its time"
 
 
 NAIVE_NOTE = (

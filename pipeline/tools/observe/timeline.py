@@ -18,7 +18,7 @@ from pipeline.planning.mixing.changes import MixtureTimeline
 from pipeline.roles.constructor import ConstructorState
 from pipeline.spec import JobSpec
 from pipeline.tools.observe.cp_steps import CPWeighing
-from pipeline.tools.observe.naive import NaiveLoading, NaiveStream
+from pipeline.tools.observe.naive import REPORT_BACKLOG_STEPS, NaiveLoading, NaiveStream
 from pipeline.tools.observe.offsets import OffsetProbe
 from pipeline.tools.observe.rank_topics import read_steps
 from pipeline.tools.observe.step_stats import StepStats, step_stats
@@ -46,6 +46,7 @@ class JobTimeline:
     encoder: EncoderWeighing | None = None  # a multimodal job's weighing of the vision encoder
     cp: CPWeighing | None = None  # a context-parallel job's shape and cost
     naive_tail: list[NaiveLoading] = field(default_factory=list)  # naive loading's steps after the job's last
+    naive_dropped: int = 0  # samples past naive loading's backlog (``REPORT_BACKLOG_STEPS``), not in its time
 
     @property
     def tokens_per_step(self) -> np.ndarray:
@@ -72,7 +73,7 @@ def read_timeline(config: KafkaConfig, spec: JobSpec, job: str | None = None) ->
     job = job or spec.job
     sources = spec.source_names
     cost, encoder, cp = spec.cost.cost_model(), EncoderWeighing.for_spec(spec), CPWeighing.for_spec(spec)
-    naive = NaiveStream(cost)  # the job's samples in written order, as one run of naive per-rank loading
+    naive = NaiveStream(cost, REPORT_BACKLOG_STEPS)  # the job's samples in written order, as one run
     steps = read_steps(config, job, spec.step.ranks)
     stats = [step_stats(batches, sources, cost, encoder, cp, naive) for batches in steps]
     states = {r.step: r for r in first_per_step(read_state_records(config, JobTopics(job)))}
@@ -95,6 +96,7 @@ def read_timeline(config: KafkaConfig, spec: JobSpec, job: str | None = None) ->
         encoder=encoder,
         cp=cp,
         naive_tail=naive.drain(),
+        naive_dropped=naive.dropped,
     )
 
 
