@@ -142,6 +142,21 @@ class Grid(NamedTuple):
     patch_capacity: int = 0  # patches a micro-batch; 0: one capacity (tokens)
 
 
+class Pass(NamedTuple):
+    """What one pass evens out: each rank's ``load`` and each position's ``value`` (cost, encoder cost or LLM
+    cost); two other loads by rank and position, and the most of each a rank may hold (``cap``,
+    ``third_cap``: ``math.inf`` where the third is not held down)."""
+
+    load: np.ndarray
+    value: np.ndarray
+    other: np.ndarray
+    other_value: np.ndarray
+    cap: float
+    third: np.ndarray
+    third_value: np.ndarray
+    third_cap: float
+
+
 class Placement(NamedTuple):
     at: np.ndarray  # int32 or int64 (``at_dtype``)
     rank_cost: np.ndarray  # float64 by rank

@@ -25,7 +25,9 @@
    above the lower bound (``rebalance.move_from_costliest``): the costliest rank only falls, what is placed stays.
 7. With two capacities, placed samples trade places between ranks (``trades.trade_places``): the costliest rank
    falls where full micro-batches leave no room to move, then the vision encoder's part is evened out
-   without lifting the costliest rank, then the LLM's without lifting either.
+   without lifting the costliest rank, then the LLM's without lifting either; last, ranks exchange whole
+   micro-batches (``swaps.swap_micro_batches``) to even out the encoder's part and the LLM's, where samples
+   that fill their micro-batches keep single exchanges from it.
 
 Where a micro-batch bounds patches too (``Grid.patch_capacity > 0``) every phase tests both rooms through the
 same searches, the candidates go costliest first and the guarantee is on length and patches (``repair.py``).

@@ -20,7 +20,9 @@ encoder part are even, so is the LLM's; where samples that fill their micro-batc
 uneven, the LLM's is too, and a last pass evens it out under caps on both the total and the encoder part
 (a ``Pass``'s third load), so that neither of their maxima rises (with FSDP each part's layers wait for the
 slowest rank of that part, so a step takes about the largest encoder part plus the largest LLM part).
-Without encoder costs, only the total's pass runs.
+Last, micro-batch swaps (``swaps.py``) even out the encoder's part and then the LLM's where single exchanges
+cannot: samples that fill their micro-batches, piled on a few ranks. Without encoder costs, only the total's pass
+runs.
 
 **The pair search.** A pair trades only where its difference of value lies within the ranks' gap, and
 where each sample fits the other's rank: about as long as the one it replaces, to within the most room of a
@@ -39,7 +41,8 @@ import numpy as np
 
 from pipeline.planning.kernels.jit import kernel
 from pipeline.planning.kernels.trees import MinTree, new_min_tree, rekey_pair, restore_keys, set_key
-from pipeline.planning.scheduler._kernels.state import Candidates, Grid, Placement, flat_slot, move_tokens
+from pipeline.planning.scheduler._kernels.state import Candidates, Grid, Pass, Placement, flat_slot, move_tokens
+from pipeline.planning.scheduler._kernels.swaps import swap_micro_batches
 
 # Partner ranks tried for one rank before giving up on it.
 _TRADE_TRIES = 32
@@ -55,21 +58,6 @@ class Members(NamedTuple):
     begin: np.ndarray
     member: np.ndarray
     where: np.ndarray
-
-
-class Pass(NamedTuple):
-    """What one pass evens out: each rank's ``load`` and each position's ``value`` (cost, encoder cost or LLM
-    cost); two other loads by rank and position, and the most of each a rank may hold (``cap``,
-    ``third_cap``: ``math.inf`` where the third is not held down)."""
-
-    load: np.ndarray
-    value: np.ndarray
-    other: np.ndarray
-    other_value: np.ndarray
-    cap: float
-    third: np.ndarray
-    third_value: np.ndarray
-    third_cap: float
 
 
 class ByValue(NamedTuple):
@@ -344,3 +332,7 @@ def trade_places(cands: Candidates, plan: Placement, grid: Grid, tolerance: floa
         llm_target = (1 + tolerance) * max(llm.sum() / grid.ranks, largest_llm)
         by_llm = Pass(llm, sample_llm, total, cands.cost, total.max(), encoder, sample_encoder, encoder.max())
         even_out(cands, plan, grid, members, by_llm, llm_target, limits)
+        by_encoder = Pass(encoder, sample_encoder, total, cands.cost, total.max(), llm, sample_llm, llm.max())
+        swap_micro_batches(cands, plan, grid, by_encoder, (1 + tolerance) * encoder_bound, limits)
+        by_llm = Pass(llm, sample_llm, total, cands.cost, total.max(), encoder, sample_encoder, encoder.max())
+        swap_micro_batches(cands, plan, grid, by_llm, llm_target, limits)
