@@ -73,9 +73,10 @@ BOUND_NOTE = (
     "reach on its ranks and micro-batches, over the mean: no plan of those samples does better "
     "(`largest_rank_bound`: the mean; the costliest samples, some of which must share a rank; what a rank must hold "
     "that the other ranks have no room for; what a rank cramped by a sample that fills its micro-batch cannot "
-    "hold). Planned over it is each step's figure over its bound: at 1.000 the plan is the best those samples "
-    "allow; above it, the plan is at most that far from the best. Each part's bound is of that part alone: the "
-    "scheduler balances both together first, then evens out each part as far as that allows."
+    "hold; what ranks crowded by several such samples leave to the others). Planned over it is each step's figure "
+    "over its bound: at 1.000 the plan is the best those samples allow; above it, the plan is at most that far from "
+    "the best. Each part's bound is of that part alone: the scheduler balances both together first, then evens out "
+    "each part as far as that allows."
 )
 
 
