@@ -197,7 +197,9 @@ def _spread_level(
         return c * costliest + held
 
     fewer, more = divmod(crowd.size, ranks)  # ``more`` ranks hold fewer + 1 of them, the others ``fewer``
-    caps = np.array([cap(fewer + 1)] * more + [cap(fewer)] * (ranks - more))
+    caps = np.full(ranks, cap(fewer))
+    if more:
+        caps[:more] = cap(fewer + 1)
     return water_level(caps, total)
 
 
@@ -207,9 +209,7 @@ def water_level(caps: np.ndarray, total: float) -> float:
     caps = np.sort(np.asarray(caps, dtype=np.float64))
     if total <= 0 or float(caps.sum()) < total:
         return 0.0
-    below = np.concatenate([[0.0], np.cumsum(caps)])  # the sum of the i lowest caps
-    for i in range(caps.size):
-        level = (total - below[i]) / (caps.size - i)  # the others all at the level
-        if level <= caps[i]:
-            return float(level)
-    return float(caps[-1])
+    below = np.concatenate([[0.0], np.cumsum(caps)[:-1]])  # the sum of the i lowest caps
+    levels = (total - below) / (caps.size - np.arange(caps.size))  # the i lowest full, the others at the level
+    reached = levels <= caps
+    return float(levels[int(np.argmax(reached))]) if reached.any() else float(caps[-1])

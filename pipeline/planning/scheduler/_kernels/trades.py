@@ -306,11 +306,13 @@ def trade_places(cands: Candidates, plan: Placement, grid: Grid, tolerance: floa
     has_encoder = cands.encoder.shape[0] > 0
     total, encoder = plan.rank_cost.copy(), np.zeros(grid.ranks)
     sample_encoder = cands.encoder if has_encoder else np.zeros(n)
-    largest, largest_encoder = 0.0, 0.0
+    sample_llm = cands.cost - sample_encoder
+    largest, largest_encoder, largest_llm = 0.0, 0.0, 0.0
     for k in range(n):
         if plan.at[k] >= 0:
             encoder[plan.at[k] >> grid.shift] += sample_encoder[k]
             largest, largest_encoder = max(largest, cands.cost[k]), max(largest_encoder, sample_encoder[k])
+            largest_llm = max(largest_llm, sample_llm[k])
     total_target = (1 + tolerance) * max(total.sum() / grid.ranks, largest)
     encoder_bound = max(encoder.sum() / grid.ranks, largest_encoder)
     limits = (4 * grid.ranks + 64, _TRADE_TRIES)
@@ -324,11 +326,7 @@ def trade_places(cands: Candidates, plan: Placement, grid: Grid, tolerance: floa
     if has_encoder:
         by_encoder = Pass(encoder, sample_encoder, total, cands.cost, total.max(), free, free_value, np.inf)
         even_out(cands, plan, grid, members, by_encoder, (1 + tolerance) * encoder_bound, limits)
-        llm, sample_llm = total - encoder, cands.cost - sample_encoder
-        largest_llm = 0.0
-        for k in range(n):
-            if plan.at[k] >= 0:
-                largest_llm = max(largest_llm, sample_llm[k])
+        llm = total - encoder
         llm_target = (1 + tolerance) * max(llm.sum() / grid.ranks, largest_llm)
         by_llm = Pass(llm, sample_llm, total, cands.cost, total.max(), encoder, sample_encoder, encoder.max())
         even_out(cands, plan, grid, members, by_llm, llm_target, limits)
