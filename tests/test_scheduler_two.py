@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipeline.planning.scheduler import CostModel, StepPlan, plan_lpt, plan_step, validate_plan
@@ -112,14 +112,15 @@ def test_two_capacities_keep_every_guarantee_and_are_never_worse_than_safe_lpt(
     patch_capacity=st.sampled_from([0, 1, 10**6]),
     tolerance=st.sampled_from([0.0, 0.001, 0.05]),
 )
+@example(family="lognormal", seed=0, shape=(8, 1, 64), load=1.0, patch_capacity=1, tolerance=0.05)
 def test_text_planned_with_two_capacities_is_the_text_plan_with_trades(
     family: str, seed: int, shape: tuple, load: float, patch_capacity: int, tolerance: float
 ) -> None:
     """Samples without patches whose costs are the cost model's: the kernels for two capacities (costliest
     first, searches over both rooms, the repair on length and patches) make the one-capacity plan, which the
     trades between ranks then only improve: LPT is the same plan, and where the text plan places the same
-    samples its costliest rank is no cheaper. (Text steps have one candidate more, the prefix plan, which may
-    place more: it never places fewer tokens.)"""
+    samples its costliest rank is no cheaper, unless both are within ``tolerance`` of the lower bound. (Text
+    steps have one candidate more, the prefix plan, which may place more: it never places fewer tokens.)"""
     model = CostModel(alpha=1.0 / shape[2], beta=1.0)
     lengths = pool(family, seed, *shape, load, most=3000)
     text = plan_step(lengths, *shape, model, tolerance=tolerance)
@@ -135,7 +136,11 @@ def test_text_planned_with_two_capacities_is_the_text_plan_with_trades(
     costs = model.costs(lengths)
     assert int(lengths[text.placed_mask].sum()) >= int(lengths[two.placed_mask].sum())
     if np.array_equal(text.placed_mask, two.placed_mask):
-        assert two.rank_totals(costs).max() <= text.rank_totals(costs).max() * (1 + RATIO_SLACK)
+        # Both stop moving samples within ``tolerance`` of the lower bound, so only there may the two differ.
+        placed = costs[text.placed_mask]
+        lower_bound = max(float(placed.sum()) / shape[0], float(placed.max(initial=0.0)))
+        reachable = max(text.rank_totals(costs).max(), (1 + tolerance) * lower_bound)
+        assert two.rank_totals(costs).max() <= reachable * (1 + RATIO_SLACK)
     for starvation_safe in (False, True):
         text_lpt = plan_lpt(lengths, *shape, model, starvation_safe=starvation_safe)
         two_lpt = plan_lpt(lengths, *shape, model, starvation_safe=starvation_safe, costs=model.costs(lengths))
