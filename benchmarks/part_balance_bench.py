@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +42,7 @@ from pipeline.planning.mixing import Mixer, Schedule, step_budget
 from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW
 from pipeline.planning.mixing.mixer import Composition
 from pipeline.planning.shape import StepShape
-from pipeline.planning.step.core import StepCore, StepWindow
+from pipeline.planning.step.core import PlannedStep, StepCore, StepWindow
 from pipeline.spec.cost import CostModel, VisionCostModel
 from pipeline.tools.observe.naive import NaiveStream, naive_loading
 from pipeline.tools.observe.step_stats import imbalance
@@ -130,7 +131,10 @@ class Steps:
     seconds: float
 
 
-def run_job(family: Family, shape: StepShape, steps: int, seed: int) -> Steps:
+def run_job(
+    family: Family, shape: StepShape, steps: int, seed: int, observe: Callable[[PlannedStep], None] | None = None
+) -> Steps:
+    """The job's steps after the warm-up, measured; ``observe`` is handed each of them too."""
     rng = np.random.default_rng(seed)
     names = list(family.weights)
     sources = {
@@ -181,6 +185,8 @@ def run_job(family: Family, shape: StepShape, steps: int, seed: int) -> Steps:
         if step >= WARM_UP:
             out.seconds += time.perf_counter() - began
             _measure(out, planned, placed, shape, stream)
+            if observe is not None:
+                observe(planned)
         deferred_id, deferred_source = ids[~placed], source_of[~placed]
         state = planned.next_state
     return out
