@@ -1,13 +1,9 @@
-"""benchmarks/refetch_bench.py: the arm that fetches a step's records again by offset writes the bytes, steps and
-source offsets of the arm that holds them, at every window, reading every byte twice; a tiny run prints both arms."""
+"""benchmarks/refetch_bench.py: the arm that fetches a step's records again by offset writes the bytes and steps of
+the arm that holds them, at several windows, reading every byte written a second time; its table's rows."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +13,6 @@ from topics.formats.names import JobTopics
 from topics.kafka.admin import delete_job_topics, ensure_job_topics
 from topics.kafka.log_reader import read_to_end
 
-REPO = Path(__file__).resolve().parent.parent
 RANKS = 2
 
 
@@ -56,27 +51,13 @@ def test_fetching_again_writes_what_holding_writes(data: tuple[dict, str], windo
     assert again_result["read_over_written"] - held_result["read_over_written"] >= 1.0
 
 
-def test_a_tiny_run_prints_both_arms(data: tuple[dict, str], kafka_bootstrap: str) -> None:
-    _, job = data
-    command = [sys.executable, "-m", "benchmarks.refetch_bench", "--data-job", job, "--keep-data", "--step-mb", "0.4"]
-    command += [
-        "--ranks",
-        "2",
-        "--windows",
-        "0,2",
-        "--repeats",
-        "1",
-        "--markdown",
-        "--bootstrap-servers",
-        kafka_bootstrap,
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [re.split(r"\s*\|\s*", line)[1:-1] for line in done.stdout.splitlines() if re.match(r"\| \d", line)]
-    assert [(row[0], row[1]) for row in rows] == [
-        ("0", "held"),
-        ("0", "re-fetched"),
-        ("2", "held"),
-        ("2", "re-fetched"),
-    ]
-    assert all(float(row[3].split()[0]) > 0 for row in rows), rows
+def test_the_table_gives_each_arm_and_the_ratio_of_each_repeat() -> None:
+    def run(mbs: float) -> dict:
+        return {"steps": 9, "mbs": mbs, "cpu_step": 0.1, "max_rss": 2e9, "read_over_written": 1.0}
+
+    held, again = [run(200.0), run(100.0), run(300.0)], [run(100.0), run(90.0), run(60.0)]
+    rows = bench.rows_of(8, held, again)
+    assert [row[:3] for row in rows] == [["8", "held", "9"], ["8", "re-fetched", "9"]]
+    assert rows[0][3] == "200.0 [100.0-300.0]" and rows[1][3] == "90.0 [60.0-100.0]"
+    assert rows[1][4] == "0.50"  # the median of 0.5, 0.9 and 0.2
+    assert rows[0][6] == "2,000"
