@@ -1,7 +1,7 @@
 """The planner's multimodal steps against the best plans of their samples, found exactly by a mixed-integer
-program, on step shapes small enough to solve (a few ranks of 2 micro-batches).
+program (HiGHS, through ``scipy.optimize.milp``: in the ``dev`` extra), on step shapes small enough to solve (a
+few ranks of 2 micro-batches).
 
-    pip install scipy   # HiGHS, through scipy.optimize.milp: this benchmark's only, not a dependency of mixflow
     .venv/bin/python -m benchmarks.exact_parts_bench [--families a,b] [--shapes 3x2x2048] [--steps 40]
         [--every 2] [--time-limit 15] [--markdown]
 
