@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from confluent_kafka import Producer
 
 from tests.kafka_support import create_topic, read_to_end
@@ -29,10 +31,16 @@ def test_aborted_records_are_invisible_and_committed_ones_visible_once(kafka_boo
         producer.produce(topic, key=b"committed", value=f"committed-{i}".encode())
     producer.commit_transaction(30)
 
+    # The broker writes the commit markers after commit_transaction returns: until then the last stable offset, where
+    # a read_committed reader ends, lies before the committed records. Read again until they show, within a bound.
+    deadline = time.monotonic() + 30
     committed = [m.value() for m in read_to_end(kafka_bootstrap, topic, isolation="read_committed")]
+    while len(committed) < 5 and time.monotonic() < deadline:
+        committed = [m.value() for m in read_to_end(kafka_bootstrap, topic, isolation="read_committed")]
     everything = [m.value() for m in read_to_end(kafka_bootstrap, topic, isolation="read_uncommitted")]
 
-    assert committed == [f"committed-{i}".encode() for i in range(5)]
+    assert committed == [f"committed-{i}".encode() for i in range(5)], "the committed records within 30 s"
+
     # The aborted records were written to the log: only the isolation level hides them.
     assert sorted(everything) == sorted(committed + [f"aborted-{i}".encode() for i in range(5)])
 
