@@ -31,6 +31,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
 
 from benchmarks._table import add_markdown_flag, print_table
 from benchmarks.part_balance_bench import FAMILIES, LLM, SHAPES, run_job
@@ -38,19 +40,12 @@ from pipeline.planning.scheduler.part_bound import largest_rank_bound
 from pipeline.planning.shape import StepShape
 from pipeline.planning.step.core import PlannedStep
 
-try:
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix
-except ImportError:  # pragma: no cover - the message below says what to do
-    milp = None
-
 
 @dataclass(frozen=True)
 class Least:
-    """A solve: the best value found, the solver's lower bound, and whether it is proven least."""
+    """A solve: the best value found and whether it is proven least."""
 
     value: float
-    lower: float
     proven: bool
 
 
@@ -119,8 +114,7 @@ def least_largest(
         )
     if result.x is None:
         raise RuntimeError(f"no placement found within {time_limit} s: {result.message}")
-    lower = result.mip_dual_bound if result.mip_dual_bound is not None else result.fun
-    return Least(float(result.fun), float(lower), result.status == 0)
+    return Least(float(result.fun), result.status == 0)
 
 
 @contextmanager
@@ -158,8 +152,8 @@ def step_figures(samples: StepSamples, shape: StepShape, time_limit: float) -> S
     summed = least_largest(samples, parts[:2], [np.array([1.0, 0.0]), np.array([0.0, 1.0])], shape, time_limit)
     planned_sum = float(per_rank[0].max() + per_rank[1].max())
     # the planner's placement is one of them: a solve stopped by its time limit may have found none as good
-    at_once = Least(min(at_once.value, planned_parts), at_once.lower, at_once.proven)
-    summed = Least(min(summed.value, planned_sum), summed.lower, summed.proven)
+    at_once = Least(min(at_once.value, planned_parts), at_once.proven)
+    summed = Least(min(summed.value, planned_sum), summed.proven)
     return StepFigures(planned_parts, at_once, planned_sum, summed)
 
 
@@ -209,8 +203,6 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=15.0, help="seconds a solve, at most")
     add_markdown_flag(parser)
     args = parser.parse_args()
-    if milp is None:
-        raise SystemExit("exact_parts_bench needs scipy (HiGHS): .venv/bin/pip install scipy")
     table = [
         rows_of(name, shape, args.steps, args.every, args.time_limit)
         for name in args.families.split(",")

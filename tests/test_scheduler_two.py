@@ -137,9 +137,7 @@ def test_text_planned_with_two_capacities_is_the_text_plan_with_trades(
     assert int(lengths[text.placed_mask].sum()) >= int(lengths[two.placed_mask].sum())
     if np.array_equal(text.placed_mask, two.placed_mask):
         # Both stop moving samples within ``tolerance`` of the lower bound, so only there may the two differ.
-        placed = costs[text.placed_mask]
-        lower_bound = max(float(placed.sum()) / shape[0], float(placed.max(initial=0.0)))
-        reachable = max(text.rank_totals(costs).max(), (1 + tolerance) * lower_bound)
+        reachable = max(text.rank_totals(costs).max(), (1 + tolerance) * text.lower_bound(lengths, costs=costs))
         assert two.rank_totals(costs).max() <= reachable * (1 + RATIO_SLACK)
     for starvation_safe in (False, True):
         text_lpt = plan_lpt(lengths, *shape, model, starvation_safe=starvation_safe)
