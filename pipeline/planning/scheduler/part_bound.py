@@ -82,31 +82,67 @@ def room_bound(values: np.ndarray, weights: np.ndarray, others_hold: float) -> f
     left = float(weights.sum()) - others_hold
     if left <= 0:
         return 0.0
+    cheapest = Fractions(values, weights, cheapest_first=True)
     best = 0.0
     for h in np.argsort(-values, kind="stable")[:ROOM_CANDIDATES].tolist():
-        others = np.ones(values.size, dtype=bool)
-        others[h] = False
         need = left - weights[h]
-        best = max(best, float(values[h]) + cheapest_cover(values[others], weights[others], need))
+        best = max(best, float(values[h]) + cheapest.cover(need, without=_one(values.size, h)))
     return best
 
 
+class Fractions:
+    """Samples of ``values`` and ``weights`` taken in fractions, sorted once by value per unit of weight (the
+    most first, or with ``cheapest_first`` the least): the fractional knapsack and covering, over all of them or
+    all but some (``without``, a mask), without sorting again."""
+
+    def __init__(self, values: np.ndarray, weights: np.ndarray, *, cheapest_first: bool = False) -> None:
+        self.values, self.weights = values, weights
+        useful = np.flatnonzero(weights > 0)  # a sample of no weight fills and covers nothing
+        ratio = values[useful] / weights[useful]
+        self.order = useful[np.argsort(ratio if cheapest_first else -ratio, kind="stable")]
+
+    def _sorted(self, without: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        order = self.order if without is None else self.order[~without[self.order]]
+        return self.values[order], self.weights[order]
+
+    def most(self, budget: float, without: np.ndarray | None = None) -> float:
+        """The largest sum of values whose weights add up to at most ``budget``: every sample of no weight,
+        then the most per unit of weight first (whole samples hold no more)."""
+        free = self.weights <= 0
+        if without is not None:
+            free = free & ~without
+        v, w = self._sorted(without)
+        held = np.cumsum(w)
+        whole = int(np.searchsorted(held, budget, side="right"))  # the samples that fit whole
+        out = float(self.values[free].sum() + v[:whole].sum())
+        if whole < w.size:
+            out += float(v[whole]) * (budget - (held[whole - 1] if whole else 0.0)) / float(w[whole])
+        return out
+
+    def cover(self, need: float, without: np.ndarray | None = None) -> float:
+        """The least sum of values whose weights add up to ``need``, the cheapest per unit of weight first
+        (whole samples cost at least as much); all the values where the weights add up to less (no plan holds
+        the samples then)."""
+        if need <= 0:
+            return 0.0
+        v, w = self._sorted(without)
+        held = np.cumsum(w)
+        last = int(np.searchsorted(held, need))  # the first prefix that covers it
+        if last >= w.size:
+            return float(self.values.sum() if without is None else self.values[~without].sum())
+        short = need - (held[last] - w[last])
+        return float(v[:last].sum() + v[last] * short / w[last])
+
+
+def _one(size: int, index: int) -> np.ndarray:
+    mask = np.zeros(size, dtype=bool)
+    mask[index] = True
+    return mask
+
+
 def cheapest_cover(values: np.ndarray, weights: np.ndarray, need: float) -> float:
-    """The least sum of ``values`` of samples taken in fractions whose ``weights`` add up to ``need``: the
-    cheapest per unit of weight first (the fractional covering; whole samples cost at least as much). All
-    the values where the weights add up to less (no plan holds the samples then)."""
-    if need <= 0:
-        return 0.0
-    useful = weights > 0  # a sample of no weight covers nothing
-    v, w = values[useful], weights[useful]
-    order = np.argsort(v / w, kind="stable")
-    v, w = v[order], w[order]
-    held = np.cumsum(w)
-    last = int(np.searchsorted(held, need))  # the first prefix that covers it
-    if last >= w.size:
-        return float(values.sum())
-    short = need - (held[last] - w[last])
-    return float(v[:last].sum() + v[last] * short / w[last])
+    """``Fractions.cover`` of these samples."""
+    return Fractions(values, weights, cheapest_first=True).cover(need)
 
 
 def cramped_bound(values: np.ndarray, lengths: np.ndarray, patches: np.ndarray, shape: StepShape) -> float:
@@ -118,38 +154,27 @@ def cramped_bound(values: np.ndarray, lengths: np.ndarray, patches: np.ndarray, 
         return 0.0
     fullness = lengths / capacity if budget <= 0 else np.maximum(lengths / capacity, patches / budget)
     total, best = float(values.sum()), 0.0
+    by_tokens, by_patches = Fractions(values, lengths), Fractions(values, patches)
+    tokens_by_patches, patches_by_tokens = Fractions(lengths, patches), Fractions(patches, lengths)
     for j in np.argsort(-fullness, kind="stable")[:ROOM_CANDIDATES].tolist():
-        others = np.ones(values.size, dtype=bool)
-        others[j] = False
-        v, t, p = values[others], lengths[others], patches[others]
+        without = _one(values.size, j)
         tokens_left = max(0.0, capacity - float(lengths[j]))  # in j's micro-batch
-        held = most_within(v, t, (micro_batches - 1) * capacity + tokens_left)
+        held = by_tokens.most((micro_batches - 1) * capacity + tokens_left, without)
         if budget > 0:
             patches_left = max(0.0, budget - float(patches[j]))
-            tokens_in = min(tokens_left, most_within(t, p, patches_left))  # what the others bring in both limits
-            patches_in = min(patches_left, most_within(p, t, tokens_left))
+            tokens_in = min(tokens_left, tokens_by_patches.most(patches_left, without))  # what the others bring
+            patches_in = min(patches_left, patches_by_tokens.most(tokens_left, without))  # in both limits
             held = min(
-                most_within(v, t, (micro_batches - 1) * capacity + tokens_in),
-                most_within(v, p, (micro_batches - 1) * budget + patches_in),
+                by_tokens.most((micro_batches - 1) * capacity + tokens_in, without),
+                by_patches.most((micro_batches - 1) * budget + patches_in, without),
             )
         best = max(best, (total - float(values[j]) - held) / (ranks - 1))
     return best
 
 
 def most_within(values: np.ndarray, weights: np.ndarray, budget: float) -> float:
-    """The largest sum of ``values`` of samples taken in fractions whose ``weights`` add up to at most
-    ``budget``: every sample of no weight, then the most per unit of weight first (the fractional knapsack;
-    whole samples hold no more)."""
-    free = weights <= 0
-    v, w = values[~free], weights[~free]
-    order = np.argsort(-(v / w), kind="stable")
-    v, w = v[order], w[order]
-    held = np.cumsum(w)
-    whole = int(np.searchsorted(held, budget, side="right"))  # the samples that fit whole
-    out = float(values[free].sum() + v[:whole].sum())
-    if whole < w.size:
-        out += float(v[whole]) * (budget - (held[whole - 1] if whole else 0.0)) / float(w[whole])
-    return out
+    """``Fractions.most`` of these samples."""
+    return Fractions(values, weights).most(budget)
 
 
 def crowded_bound(values: np.ndarray, lengths: np.ndarray, patches: np.ndarray, shape: StepShape) -> float:
@@ -177,23 +202,23 @@ def _spread_level(
     """The level of ``crowded_bound`` for the samples ``crowd``, spread evenly."""
     ranks, micro_batches = shape.ranks, shape.micro_batches
     capacity, budget = shape.tokens_per_micro_batch, shape.patches_per_micro_batch
-    others = np.ones(values.size, dtype=bool)
-    others[crowd] = False
-    v, t, p = values[others], lengths[others], patches[others]
+    without = np.zeros(values.size, dtype=bool)
+    without[crowd] = True
+    by_tokens, by_patches = Fractions(values, lengths), Fractions(values, patches)
     costliest = float(values[crowd].max())
     tokens_in = float(capacity - lengths[crowd].min())  # what the others bring into the roomiest of them
     patches_in = 0.0
     if budget > 0:
         patches_left = float(budget - patches[crowd].min())
         tokens_in, patches_in = (
-            min(tokens_in, most_within(t, p, patches_left)),
-            min(patches_left, most_within(p, t, tokens_in)),
+            min(tokens_in, Fractions(lengths, patches).most(patches_left, without)),
+            min(patches_left, Fractions(patches, lengths).most(tokens_in, without)),
         )
 
     def cap(c: int) -> float:
-        held = most_within(v, t, (micro_batches - c) * capacity + c * tokens_in)
+        held = by_tokens.most((micro_batches - c) * capacity + c * tokens_in, without)
         if budget > 0:
-            held = min(held, most_within(v, p, (micro_batches - c) * budget + c * patches_in))
+            held = min(held, by_patches.most((micro_batches - c) * budget + c * patches_in, without))
         return c * costliest + held
 
     fewer, more = divmod(crowd.size, ranks)  # ``more`` ranks hold fewer + 1 of them, the others ``fewer``
