@@ -14,7 +14,8 @@ from benchmarks.part_balance_bench import FAMILIES, SHAPES, run_job
 @pytest.mark.parametrize(
     ("family", "shape"),
     [("example-like", "2x2x1024"), ("chunks", "2x2x1024"), ("video", "2x2x1024"), ("big images", "3x2x2048"),
-     ("long text", "3x2x2048")],
+     ("long text", "3x2x2048"), ("chunks + big images", "3x2x2048"), ("chunks + big images", "8x2x2048"),
+     ("documents", "8x2x2048")],
 )  # fmt: skip
 def test_each_part_is_near_its_bound_and_no_worse_than_naive_loading(family: str, shape: str) -> None:
     jobs = [run_job(FAMILIES[family], SHAPES[shape], steps=40, seed=seed) for seed in (0, 1)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.planning.scheduler.parts import even_parts
 from pipeline.planning.scheduler.plan import StepPlan, plan_step
 from pipeline.planning.shape import StepShape
 from pipeline.spec.cost import CostModel
@@ -18,27 +19,36 @@ def plan_with_media(
     patches: np.ndarray | None,
     encoder_costs: np.ndarray | None,
     even_encoder: bool = True,
+    near_bounds: bool = True,
 ) -> StepPlan:
     """The plan of a step of ``shape`` whose candidates have ``patches`` and ``encoder_costs`` (None: text).
 
     A step without patches under a patch budget and without encoder costs is planned as text, bit for bit.
     Otherwise each sample costs its LLM cost plus its encoder cost, every micro-batch keeps both
     capacities, ``start`` loses the newest samples with patches of any micro-batch over the budget
-    (``within_patch_capacity``), and with ``even_encoder`` the encoder's part is evened out too."""
+    (``within_patch_capacity``), and with ``even_encoder`` the encoder's part is evened out too; then, with
+    ``near_bounds`` as well, the total, the encoder's part and the LLM's are each brought near its own bound
+    (``even_parts``: exchanges that keep what is placed, the total allowed up to the parts' largest ratio).
+    Composition scores its options without that last search (``near_bounds=False``): it costs a bound of each
+    load, and moves no sample in or out of the step."""
     ranks, micro_batches, patch_capacity = shape.ranks, shape.micro_batches, shape.patches_per_micro_batch
     args = (lengths, ranks, micro_batches, shape.tokens_per_micro_batch, cost_model)
     if patches is None or encoder_costs is None or not planned_with_media(patches, encoder_costs, patch_capacity):
         return plan_step(*args, start=start)
     if start is not None and patch_capacity > 0:
         start = within_patch_capacity(start, patches, ranks * micro_batches, patch_capacity)
-    return plan_step(
+    costs = cost_model.costs(lengths) + encoder_costs
+    plan = plan_step(
         *args,
         start=start,
-        costs=cost_model.costs(lengths) + encoder_costs,
+        costs=costs,
         patches=patches,
         patch_capacity=patch_capacity,
         encoder_costs=encoder_costs if even_encoder else None,
     )
+    if not (even_encoder and near_bounds):
+        return plan
+    return even_parts(plan, lengths, costs, patches, encoder_costs, shape)
 
 
 def planned_with_media(patches: np.ndarray, encoder_costs: np.ndarray, patch_capacity: int) -> bool:

@@ -339,7 +339,7 @@ def score(
         balance = _balance(plan.rank_costs(lengths, cost_model))
     else:
         patches, encoder, even = media
-        plan = plan_with_media(lengths, shape, cost_model, start, patches, encoder, even)
+        plan = plan_with_media(lengths, shape, cost_model, start, patches, encoder, even, near_bounds=False)
         balance = _balance(plan.rank_totals(cost_model.costs(lengths) + encoder))
         if even:
             balance *= _balance(plan.rank_totals(encoder))
