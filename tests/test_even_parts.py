@@ -29,7 +29,7 @@ def largest_ratio(plan: StepPlan, lengths, patches, values: dict[str, np.ndarray
     return max(ratios, default=1.0)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(pool=pools(80, shapes((1, 9), (1, 4))), llm=LLMS, encoder=ENCODERS)
 def test_the_search_keeps_what_is_placed_and_never_lifts_the_largest_ratio(
     pool, llm: CostModel, encoder: VisionCostModel

@@ -33,7 +33,10 @@ def even_parts(
     costs, encoder = np.asarray(costs, dtype=np.float64), np.asarray(encoder_costs, dtype=np.float64)
     patches = np.asarray(patches, dtype=np.int64)
     held = (lengths[placed], patches[placed])
-    bounds = np.array([largest_rank_bound(v[placed], *held, shape) for v in (costs, encoder, costs - encoder)])
+    loads = (costs, encoder, costs - encoder)
+    if all(_near_mean(plan, values[placed], values, tolerance) for values in loads):
+        return plan  # the mean bounds each load from below, and the stronger bound too: nothing to gain
+    bounds = np.array([largest_rank_bound(values[placed], *held, shape) for values in loads])
     patch_limit = plan.patch_capacity or max(1, int(patches.sum()))  # no budget: one no micro-batch reaches
     grid = Grid(plan.ranks, plan.micro_batches, plan.capacity, int(micro_bits(plan.micro_batches)), patch_limit)
     rank, micro = plan.rank[placed].astype(np.int64), plan.micro[placed].astype(np.int64)
@@ -52,3 +55,10 @@ def even_parts(
     out_rank[placed] = placement.at >> grid.shift
     out_micro[placed] = placement.at & ((1 << grid.shift) - 1)
     return StepPlan(out_rank, out_micro, plan.ranks, plan.micro_batches, plan.capacity, plan.patch_capacity)
+
+
+def _near_mean(plan: StepPlan, placed_values: np.ndarray, values: np.ndarray, tolerance: float) -> bool:
+    """Whether the plan's costliest rank of ``values`` is within ``tolerance`` of the mean or the costliest
+    sample (placed), the least bound of any."""
+    bound = max(float(placed_values.sum()) / plan.ranks, float(placed_values.max()))
+    return float(plan.rank_totals(values).max()) <= (1 + tolerance) * bound

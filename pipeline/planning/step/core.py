@@ -14,9 +14,9 @@ capacities, tokens and patches a micro-batch, and with each sample's cost as its
 encoder cost (``plan_step(..., costs=, patches=, patch_capacity=)``); a step of text alone is planned as
 before, bit for bit (``plan_with_media``). Composition chooses from lengths, and scores its options with
 the plan the step will get, by true costs under both capacities, short of that plan's last search (each load
-brought near its own bound, ``even_parts``, which moves no sample in or out of the step); where its packing (the scheduler's
-start) puts more patches in a micro-batch than the budget, the newest samples with patches of that
-micro-batch leave it and the scheduler places them like any other.
+brought near its own bound, ``even_parts``, which moves no sample in or out of the step); where its packing
+(the scheduler's start) puts more patches in a micro-batch than the budget, the newest samples with patches of
+that micro-batch leave it and the scheduler places them like any other.
 """
 
 from __future__ import annotations
