@@ -37,16 +37,23 @@ def sample_ratios(cands: Candidates, bounds: np.ndarray) -> np.ndarray:
 
 
 @kernel
-def _pair_samples(members: Members, a: int, b: int) -> np.ndarray:
-    held_a = members.member[members.begin[a] : members.begin[a + 1]]
-    held_b = members.member[members.begin[b] : members.begin[b + 1]]
-    return np.concatenate((held_a, held_b))
+def _group_samples(members: Members, group: np.ndarray) -> np.ndarray:
+    count = 0
+    for r in group:
+        count += members.begin[r + 1] - members.begin[r]
+    out = np.empty(count, np.int64)
+    at = 0
+    for r in group:
+        for y in range(members.begin[r], members.begin[r + 1]):
+            out[at] = members.member[y]
+            at += 1
+    return out
 
 
 @kernel
 def _best_fit(cands: Candidates, grid: Grid, tokens: np.ndarray, patches: np.ndarray, side: int, k: np.int64) -> int:
-    """The micro-batch (0..micro-1) of pair side ``side`` with room for ``k`` that it leaves least room in, in the
-    kind it fills more of; -1 where none has room."""
+    """The micro-batch (0..micro-1) of the group's rank ``side`` with room for ``k`` that it leaves least room in, in
+    the kind it fills more of; -1 where none has room."""
     best, best_left = -1, np.inf
     length, held = np.int64(cands.length[k]), cands.patches[k]
     for m in range(grid.micro):
@@ -62,27 +69,32 @@ def _best_fit(cands: Candidates, grid: Grid, tokens: np.ndarray, patches: np.nda
 
 
 @kernel
+def _key(ratios: np.ndarray, k: np.int64, kind: int) -> float:
+    """Sample ``k``'s place in order ``kind`` (``ORDERS``), least first: the most of one load's ratio (0 total, 1
+    encoder, 2 LLM) or of the largest of the three first."""
+    if kind < 3:
+        return -ratios[k, kind]
+    return -max(ratios[k, 0], ratios[k, 1], ratios[k, 2])
+
+
+@kernel
 def _pack(
-    cands: Candidates, grid: Grid, ratios: np.ndarray, members: np.ndarray, kind: int
+    cands: Candidates, grid: Grid, ratios: np.ndarray, members: np.ndarray, sides: int, kind: int
 ) -> tuple[bool, np.ndarray, float]:
-    """``members`` packed over the two sides in order ``kind``: each one's side and micro-batch (``side * micro +
-    m``), and the pair's largest ratio; False where a sample fits neither side."""
+    """``members`` packed over ``sides`` ranks in order ``kind``: each one's side and micro-batch (``side * micro +
+    m``), and the group's largest ratio; False where a sample fits no side."""
     keys = np.empty(members.shape[0])
     for t in range(members.shape[0]):
-        k = members[t]
-        if kind < 3:
-            keys[t] = -ratios[k, kind]
-        else:
-            keys[t] = -max(ratios[k, 0], ratios[k, 1], ratios[k, 2])
+        keys[t] = _key(ratios, members[t], kind)
     order = np.argsort(keys, kind="mergesort")
-    tokens = np.zeros(2 * grid.micro, np.int64)
-    patches = np.zeros(2 * grid.micro, np.int64)
-    load = np.zeros((2, 3))
+    tokens = np.zeros(sides * grid.micro, np.int64)
+    patches = np.zeros(sides * grid.micro, np.int64)
+    load = np.zeros((sides, 3))
     slot_of = np.empty(members.shape[0], np.int64)
     for t in order:
         k = members[t]
         best_side, best_m, best_score = -1, -1, np.inf
-        for side in range(2):
+        for side in range(sides):
             m = _best_fit(cands, grid, tokens, patches, side, k)
             if m < 0:
                 continue
@@ -99,41 +111,31 @@ def _pack(
         for p in range(3):
             load[best_side, p] += ratios[k, p]
         slot_of[t] = slot
-    largest = 0.0
-    for side in range(2):
-        for p in range(3):
-            largest = max(largest, load[side, p])
-    return True, slot_of, largest
+    return True, slot_of, load.max()
 
 
 @kernel
-def repack_pair(
-    cands: Candidates,
-    plan: Placement,
-    grid: Grid,
-    held: tuple[Members, np.ndarray],
-    ranks: tuple[int, int],
-    now: float,
+def repack_group(
+    cands: Candidates, plan: Placement, grid: Grid, held: tuple[Members, np.ndarray], group: np.ndarray, now: float
 ) -> bool:
-    """Ranks ``a`` and ``b`` (``ranks``) packed again where some order gives a largest ratio below ``now`` (the
-    pair's as it is); whether they were. In place."""
-    a, b = ranks
+    """The ranks of ``group`` packed again where some order gives a largest ratio below ``now`` (the group's as it
+    is); whether they were. In place."""
     ratios = held[1]
-    members = _pair_samples(held[0], a, b)
+    members = _group_samples(held[0], group)
     best, best_slots = now * (1.0 - 1e-9), np.empty(0, np.int64)
     for kind in range(ORDERS):
-        packed, slots, largest = _pack(cands, grid, ratios, members, kind)
+        packed, slots, largest = _pack(cands, grid, ratios, members, group.shape[0], kind)
         if packed and largest < best:
             best, best_slots = largest, slots
     if best_slots.shape[0] != members.shape[0]:
         return False
-    for r in (a, b):
+    for r in group:
         plan.rank_cost[r] = 0.0
         for slot in range(r * grid.micro, (r + 1) * grid.micro):
             plan.tokens[slot], plan.micro_cost[slot], plan.patches[slot] = 0, 0.0, 0
     for t in range(members.shape[0]):
         k = members[t]
-        r = a if best_slots[t] < grid.micro else b
+        r = group[best_slots[t] // grid.micro]
         m = best_slots[t] % grid.micro
         slot = r * grid.micro + m
         plan.at[k] = (np.int64(r) << grid.shift) | m
@@ -157,30 +159,34 @@ def rank_ratios(plan: Placement, grid: Grid, ratios: np.ndarray) -> np.ndarray:
 
 
 @kernel
+def _repack_one(cands: Candidates, plan: Placement, grid: Grid, ratios: np.ndarray, target: float) -> int:
+    """The rank of the largest ratio and a partner packed again (the module docstring): 1 where they were, 0 where
+    no partner helps, -1 where the largest ratio is within ``target``."""
+    held = (members_of(plan, grid), ratios)
+    per_rank = rank_ratios(plan, grid, ratios)
+    worst, a, p = -1.0, 0, 0
+    for r in range(grid.ranks):
+        for q in range(3):
+            if per_rank[r, q] > worst:
+                worst, a, p = per_rank[r, q], r, q
+    if worst <= target:
+        return -1
+    partners = np.argsort(per_rank[:, p], kind="mergesort")
+    partners = partners[partners != a]
+    pair = np.empty(2, np.int64)
+    pair[0] = a
+    for b in partners[:PARTNERS]:
+        pair[1] = b
+        if repack_group(cands, plan, grid, held, pair, max(per_rank[a].max(), per_rank[b].max())):
+            return 1
+    return 0
+
+
+@kernel
 def repack_worst(cands: Candidates, plan: Placement, grid: Grid, ratios: np.ndarray, target: float, limit: int) -> int:
-    """While the largest ratio is above ``target`` and some pair of its rank and another packs better, pack it
-    (the partners of least load in that rank's worst load first); at most ``limit`` times. Returns how many. In
-    place."""
+    """While the largest ratio is above ``target`` and its rank and some partner pack better, pack them (the partners
+    of least load in that rank's worst load first); at most ``limit`` times. Returns how many. In place."""
     done = 0
-    while done < limit:
-        held = (members_of(plan, grid), ratios)
-        per_rank = rank_ratios(plan, grid, ratios)
-        worst, a, p = -1.0, 0, 0
-        for r in range(grid.ranks):
-            for q in range(3):
-                if per_rank[r, q] > worst:
-                    worst, a, p = per_rank[r, q], r, q
-        if worst <= target:
-            return done
-        moved = False
-        for b in np.argsort(per_rank[:, p], kind="mergesort")[: PARTNERS + 1]:
-            if b == a:
-                continue
-            now = max(per_rank[a].max(), per_rank[b].max())
-            if repack_pair(cands, plan, grid, held, (a, int(b)), now):
-                moved = True
-                break
-        if not moved:
-            return done
+    while done < limit and _repack_one(cands, plan, grid, ratios, target) > 0:
         done += 1
     return done
