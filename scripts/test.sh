@@ -25,13 +25,11 @@ echo "test: Kafka at $KAFKA_BOOTSTRAP_SERVERS"
 # the cache is written compiles its own (about a minute each on a small machine).
 .venv/bin/python -m pipeline.planning.warm
 # The Kafka tests mostly wait on the broker and on role processes, so several workers share the cores
-# well; a test file stays on one worker (module fixtures build a job once), the slowest files first
-# (tests/conftest.py, SLOWEST_FILES). MIXFLOW_TEST_WORKERS=0: serial.
+# well; a test file stays on one worker (module fixtures build a job once). MIXFLOW_TEST_WORKERS=0: serial.
 # --durations: the slowest tests, to see where the suite's time goes.
 began=$SECONDS
 status=0
-.venv/bin/python -m pytest -p no:cacheprovider -n "${MIXFLOW_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder \
-  --durations=40 "$@" \
+.venv/bin/python -m pytest -p no:cacheprovider -n "${MIXFLOW_TEST_WORKERS:-3}" --dist loadfile --durations=40 "$@" \
   || status=$?
 echo "test: suite took $((SECONDS - began)) s"
 exit "$status"

@@ -50,33 +50,11 @@ def _docker_engine_answers() -> bool:
     return True
 
 
-# The files that take longest (their tests' seconds added up, a fresh-clone run on the 2-core machine), slowest
-# first. ``scripts/test.sh`` hands each worker whole files in collection order (``--dist loadfile
-# --no-loadscope-reorder``): a long file collected last would hold the suite's end while the other workers idle.
-SLOWEST_FILES = (
-    "test_integration_torchtitan.py",
-    "test_constructor.py",
-    "test_chaos.py",
-    "test_integration_megatron.py",
-    "test_integration_hf.py",
-    "test_integration_lightning.py",
-    "test_chaos_secure.py",
-    "test_chaos_object_store.py",
-    "test_acls_secure.py",
-    "test_long_context_example.py",
-    "test_broker_restart.py",
-    "test_autoscale.py",
-    "test_torchtitan_cp.py",
-)
-
-
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the ``SLOWEST_FILES`` first, each file's tests in their order. Mark every test whose fixture closure
-    holds ``kafka_bootstrap`` or ``secure_stack`` (asked for directly or through another fixture) with ``kafka``,
-    so that ``-m "not kafka"`` runs the rest without a broker and ``-m kafka`` this; likewise ``object_store``."""
-    rank = {name: k for k, name in enumerate(SLOWEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST_FILES)))
+    """Mark every test whose fixture closure holds ``kafka_bootstrap`` or ``secure_stack`` (asked for directly
+    or through another fixture) with ``kafka``, so that ``-m "not kafka"`` runs the rest without a broker and
+    ``-m kafka`` this; likewise ``object_store``."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         if {"kafka_bootstrap", "secure_stack"} & set(fixtures):
