@@ -321,7 +321,7 @@ def test_a_secured_cluster_of_three_brokers_writes_transactions_and_takes_a_node
 def test_status_and_a_second_up_say_where_the_secrets_are_and_no_secret(secure_stack: SecureStack) -> None:
     state = secure_stack.broker.state_dir
     password = secure_stack.secrets.password(ADMIN_USER)
-    before = {path.name: path.read_bytes() for path in secure_stack.secrets.folder.iterdir()}
+    before = _files(secure_stack.secrets.folder)
     port = secure_stack.bootstrap.rpartition(":")[2]
     up = _mixflow("stack", "up", "--secure", "--state-dir", str(state), "--port", port)
     assert up.returncode == 0, up.stderr
@@ -329,7 +329,7 @@ def test_status_and_a_second_up_say_where_the_secrets_are_and_no_secret(secure_s
     assert lines[-1] == secure_stack.bootstrap
     assert f"admin client settings: {secure_stack.secrets.admin_properties}" in lines
     assert f"CA certificate: {secure_stack.secrets.ca}" in lines
-    assert {path.name: path.read_bytes() for path in secure_stack.secrets.folder.iterdir()} == before
+    assert _files(secure_stack.secrets.folder) == before
 
     status = _mixflow("stack", "status", "--state-dir", str(state))
     assert status.returncode == 0, status.stdout + status.stderr
@@ -495,3 +495,8 @@ def test_a_role_refused_by_the_cluster_says_so_before_it_starts(
     expected = "wrong password or unknown user" if who == "a wrong password" else "this client has neither"
     assert expected in message
     assert not [topic for topic in cluster_topics(secure_stack.admin_config) if topic.startswith(unique_name)]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (the tests sharing the stack add client folders to it) by its relative path."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
