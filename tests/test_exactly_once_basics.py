@@ -66,4 +66,8 @@ def test_a_new_producer_with_the_same_transactional_id_fences_the_old_one(
     except Exception as exc:  # KafkaException with a fatal or fencing error
         fenced = "fenc" in str(exc).lower() or exc.args[0].fatal()
     assert fenced, "the zombie producer committed after being fenced"
-    assert [m.value() for m in read_to_end(kafka_bootstrap, topic)] == [b"from-successor"]
+    values = [m.value() for m in read_to_end(kafka_bootstrap, topic)]
+    deadline = time.monotonic() + 30  # the commit markers trail commit_transaction, as above
+    while not values and time.monotonic() < deadline:
+        values = [m.value() for m in read_to_end(kafka_bootstrap, topic)]
+    assert values == [b"from-successor"], "the successor's committed record within 30 s"
