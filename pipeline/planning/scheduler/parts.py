@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.planning.scheduler._kernels.parts import even_parts as even_parts_kernel
-from pipeline.planning.scheduler._kernels.state import Candidates, Grid, Placement, micro_bits
+from pipeline.planning.scheduler._kernels.state import Candidates, Grid, Placement, micro_bits, patch_limit
 from pipeline.planning.scheduler.part_bound import largest_rank_bound
 from pipeline.planning.scheduler.plan import DEFAULT_TOLERANCE, StepPlan
 from pipeline.planning.shape import StepShape
@@ -37,8 +37,8 @@ def even_parts(
     if all(_near_mean(plan, values[placed], values, tolerance) for values in loads):
         return plan  # the mean bounds each load from below, and the stronger bound too: nothing to gain
     bounds = np.array([largest_rank_bound(values[placed], *held, shape) for values in loads])
-    patch_limit = plan.patch_capacity or max(1, int(patches.sum()))  # no budget: one no micro-batch reaches
-    grid = Grid(plan.ranks, plan.micro_batches, plan.capacity, int(micro_bits(plan.micro_batches)), patch_limit)
+    limit = patch_limit(patches, plan.patch_capacity)
+    grid = Grid(plan.ranks, plan.micro_batches, plan.capacity, int(micro_bits(plan.micro_batches)), limit)
     rank, micro = plan.rank[placed].astype(np.int64), plan.micro[placed].astype(np.int64)
     slots = rank * plan.micro_batches + micro
     n_slots = plan.ranks * plan.micro_batches

@@ -307,7 +307,11 @@ def step_inputs(
     the_costs = cost_model.costs(lengths) if costs is None else check_costs(costs, lengths.size)
     the_patches = np.zeros(lengths.size, np.int64) if checked is None else checked
     encoder = _NO_COSTS if encoder_costs is None else check_costs(encoder_costs, lengths.size, "encoder_costs")
-    if limit == 0:
-        limit = max(1, int(the_patches.sum()))
-    grid = Grid(ranks, micro_batches, capacity, int(micro_bits(micro_batches)), limit)
+    grid = Grid(ranks, micro_batches, capacity, int(micro_bits(micro_batches)), patch_limit(the_patches, limit))
     return Samples(lengths, the_costs, the_patches, encoder), grid
+
+
+def patch_limit(patches: np.ndarray, patch_capacity: int) -> int:
+    """The patches a micro-batch holds at most as the kernels read it: ``patch_capacity``, or where that is 0 (no
+    limit) one no micro-batch can reach."""
+    return int(patch_capacity) or max(1, int(patches.sum()))
