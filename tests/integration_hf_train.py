@@ -90,6 +90,8 @@ def main() -> None:
     trainer.add_callback(ReceivedLog(trainer, args.out / f"received-rank{sink.rank}.jsonl"))
     resume = args.resume_from or (args.resume and last_complete_checkpoint(training.output_dir) is not None)
     trainer.train(resume_from_checkpoint=resume or None)
+    if torch.distributed.is_initialized():  # gloo's threads left at exit can abort the process (SIGABRT)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
