@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 
 from pipeline.planning.scheduler import validate_plan
-from pipeline.planning.scheduler.media import Effort, plan_with_media
+from pipeline.planning.scheduler.media import plan_with_media
 from pipeline.planning.scheduler.part_bound import largest_rank_bound
 from pipeline.planning.scheduler.parts import even_parts
 from pipeline.planning.scheduler.plan import StepPlan
@@ -36,7 +36,7 @@ def test_the_search_keeps_what_is_placed_and_never_lifts_the_largest_ratio(
 ) -> None:
     shape, lengths, patches = pool
     values = part_values(lengths, patches, llm, encoder)
-    before = plan_with_media(lengths, shape, llm, None, patches, values["encoder"], effort=Effort.BALANCED)
+    before = plan_with_media(lengths, shape, llm, None, patches, values["encoder"], near_bounds=False)
     after = even_parts(before, lengths, values["total"], patches, values["encoder"], shape)
 
     assert np.array_equal(after.placed_mask, before.placed_mask)
@@ -57,7 +57,7 @@ def test_a_long_text_beside_big_images_takes_the_patch_dense_ones() -> None:
     patches = np.array([4, 0, 32, 4, 16, 4, 4], np.int64)
     llm, encoder = CostModel(1.0, 100.0), VisionCostModel(2.0, 50.0)
     values = part_values(lengths, patches, llm, encoder)
-    before = plan_with_media(lengths, shape, llm, None, patches, values["encoder"], effort=Effort.BALANCED)
+    before = plan_with_media(lengths, shape, llm, None, patches, values["encoder"], near_bounds=False)
     after = even_parts(before, lengths, values["total"], patches, values["encoder"], shape)
     ratio_before = largest_ratio(before, lengths, patches, values, shape)
     ratio_after = largest_ratio(after, lengths, patches, values, shape)

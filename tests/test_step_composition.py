@@ -17,19 +17,12 @@ from hypothesis import strategies as st
 
 from pipeline.planning.mixing import Draw, DrawStatus, Mixer, MixerState, Schedule, draw_step
 from pipeline.planning.mixing._composition.groups import build_groups
-from pipeline.planning.mixing._composition.options import (
-    PACK_AHEAD,
-    choose_option,
-    most_filled,
-    placed_share,
-    pool_order,
-    score,
-)
+from pipeline.planning.mixing._composition.options import PACK_AHEAD, choose_option, pool_order, score
 from pipeline.planning.mixing._composition.packing import pack_bins_kernel
 from pipeline.planning.mixing._composition.values import Groups, HoleFill, Longs
 from pipeline.planning.mixing.compose import DEFAULT_DUE, DEFAULT_WINDOW, HEADROOM, compose_step, waiting_bound
 from pipeline.planning.mixing.mixer import Composition
-from pipeline.planning.scheduler import CostModel, plan_step, validate_plan
+from pipeline.planning.scheduler import CostModel, validate_plan
 from pipeline.planning.shape import StepShape
 from pipeline.planning.step.core import StepCore, StepWindow
 from pipeline.spec import OnExhausted
@@ -654,30 +647,6 @@ def test_lazy_choice_is_the_choice_of_planning_every_option(seed: int) -> None:
     assert set(built[bound]) <= set(built[math.inf])
 
 
-@settings(deadline=None, max_examples=300)
-@given(st.integers(0, 2**32 - 1))
-def test_the_finalists_are_the_options_of_most_fill(seed: int) -> None:
-    """``most_filled`` keeps the options of most fill (ties to the older) as sorting every fill would, and
-    asks for an option's fill only where its upper could put it among them, each once, in order."""
-    rng = np.random.default_rng(seed)
-    n, keep = int(rng.integers(1, 30)), int(rng.integers(1, 6))
-    fills = rng.choice([0.97, 0.98, 0.99], n) - rng.choice([0.0, 0.001, 0.01], n) * rng.random(n)
-    uppers = fills + rng.choice([0.0, 0.005, 0.05], n)
-    asked: list[int] = []
-
-    def fill_of(i: int) -> float:
-        asked.append(i)
-        return float(fills[i])
-
-    kept = most_filled(n, fill_of, lambda i: float(uppers[i]), keep)
-    assert kept == sorted(sorted(range(n), key=lambda i: (-fills[i], i))[:keep])
-    assert asked == sorted(set(asked)), "each asked at most once, in order"
-    fills[:] = -np.sort(-fills)  # the older fill the most, each to its upper: none after the first ``keep`` can be kept
-    asked.clear()
-    assert most_filled(n, fill_of, lambda i: float(fills[i]), keep) == list(range(min(keep, n)))
-    assert asked == list(range(min(keep, n)))
-
-
 @settings(deadline=None, max_examples=40)
 @given(st.sampled_from(sorted(FAMILIES)), shapes, st.integers(0, 2**16))
 def test_an_option_scores_at_most_the_share_of_capacity_it_draws(family: str, shape: StepShape, seed: int) -> None:
@@ -686,6 +655,3 @@ def test_an_option_scores_at_most_the_share_of_capacity_it_draws(family: str, sh
     lengths = _lengths(family, rng, int(rng.integers(1, 60 * shape.ranks * shape.micro_batches)), capacity)
     for cost_model in (_cost_model(capacity), CostModel(alpha=1.0, beta=0.0), CostModel(alpha=0.0, beta=1.0)):
         assert score(lengths, shape, cost_model) <= min(int(lengths.sum()), tokens) / tokens + 1e-9
-        assert score(lengths, shape, cost_model) <= placed_share(lengths, shape, cost_model) + 1e-12
-        plan = plan_step(lengths, shape.ranks, shape.micro_batches, capacity, cost_model)
-        assert placed_share(lengths, shape, cost_model) == float(lengths[plan.placed_mask].sum()) / tokens

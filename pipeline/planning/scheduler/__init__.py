@@ -12,7 +12,7 @@ __getattr__, _, __all__ = lazy_loader.attach(
     __name__,
     submod_attrs={
         "lpt": ["plan_lpt"],
-        "media": ["Effort", "plan_with_media", "planned_with_media", "within_patch_capacity"],
+        "media": ["plan_with_media", "planned_with_media", "within_patch_capacity"],
         "part_bound": ["largest_rank_bound"],
         "plan": ["DEFAULT_TOLERANCE", "PlanSummary", "StepPlan", "plan_step"],
         "rank_order": ["RankOrders", "rank_order", "rank_orders"],

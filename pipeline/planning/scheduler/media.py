@@ -3,25 +3,12 @@ composition both make it, so that composition scores its options with the plan t
 
 from __future__ import annotations
 
-from enum import IntEnum
-
 import numpy as np
 
 from pipeline.planning.scheduler.parts import even_parts
 from pipeline.planning.scheduler.plan import StepPlan, plan_step
 from pipeline.planning.shape import StepShape
 from pipeline.spec.cost import CostModel
-
-
-class Effort(IntEnum):
-    """How far ``plan_with_media`` takes a plan; each level does what the one below it does, then more."""
-
-    PLACEMENT = 0
-    """Which samples the step places and a first place for each: the fill of every level above."""
-    BALANCED = 1
-    """Then samples moved and traded between ranks until the costliest is near its bound."""
-    NEAR_BOUNDS = 2
-    """Then the total, the encoder's part and the LLM's each brought near its own bound (``even_parts``)."""
 
 
 def plan_with_media(
@@ -32,7 +19,7 @@ def plan_with_media(
     patches: np.ndarray | None,
     encoder_costs: np.ndarray | None,
     even_encoder: bool = True,
-    effort: Effort = Effort.NEAR_BOUNDS,
+    near_bounds: bool = True,
 ) -> StepPlan:
     """The plan of a step of ``shape`` whose candidates have ``patches`` and ``encoder_costs`` (None: text).
 
@@ -40,14 +27,14 @@ def plan_with_media(
     Otherwise each sample costs its LLM cost plus its encoder cost, every micro-batch keeps both
     capacities, ``start`` loses the newest samples with patches of any micro-batch over the budget
     (``within_patch_capacity``), and with ``even_encoder`` the encoder's part is evened out too; then, with
-    ``even_encoder`` and ``effort`` ``NEAR_BOUNDS``, the total, the encoder's part and the LLM's are each brought
-    near its own bound (``even_parts``: exchanges that keep what is placed, the total allowed up to the parts'
-    largest ratio). Composition compares its options' fills at ``PLACEMENT`` and scores the few of most fill
-    at ``BALANCED``: neither level above the one before moves a sample in or out of the step."""
+    ``near_bounds`` as well, the total, the encoder's part and the LLM's are each brought near its own bound
+    (``even_parts``: exchanges that keep what is placed, the total allowed up to the parts' largest ratio).
+    Composition scores its options without that last search (``near_bounds=False``): it costs a bound of each
+    load, and moves no sample in or out of the step."""
     ranks, micro_batches, patch_capacity = shape.ranks, shape.micro_batches, shape.patches_per_micro_batch
     args = (lengths, ranks, micro_batches, shape.tokens_per_micro_batch, cost_model)
     if patches is None or encoder_costs is None or not planned_with_media(patches, encoder_costs, patch_capacity):
-        return plan_step(*args, start=start, balance=effort >= Effort.BALANCED)
+        return plan_step(*args, start=start)
     if start is not None and patch_capacity > 0:
         start = within_patch_capacity(start, patches, ranks * micro_batches, patch_capacity)
     costs = cost_model.costs(lengths) + encoder_costs
@@ -58,9 +45,8 @@ def plan_with_media(
         patches=patches,
         patch_capacity=patch_capacity,
         encoder_costs=encoder_costs if even_encoder else None,
-        balance=effort >= Effort.BALANCED,
     )
-    if not (even_encoder and effort >= Effort.NEAR_BOUNDS):
+    if not (even_encoder and near_bounds):
         return plan
     return even_parts(plan, lengths, costs, patches, encoder_costs, shape)
 

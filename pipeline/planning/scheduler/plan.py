@@ -139,7 +139,6 @@ def plan_step(
     patches: np.ndarray | None = None,
     patch_capacity: int = 0,
     encoder_costs: np.ndarray | None = None,
-    balance: bool = True,
 ) -> StepPlan:
     """Plan one global step over ``ranks`` data-parallel ranks of ``micro_batches`` micro-batches,
     each holding at most ``capacity`` tokens (and at most ``patch_capacity`` vision patches, where > 0).
@@ -174,13 +173,9 @@ def plan_step(
     room to move them, and ``encoder_costs`` (the vision encoder's part of ``costs``, where given) is
     evened out over the ranks as far as that lifts no rank above the costliest (``_kernels/trades.py``). Without
     them (text) the plan is the one described above, bit for bit.
-
-    Without ``balance``, the plan stops before its balancing (the moves off the costliest ranks and the
-    trades): the same samples placed and deferred, each where it was first put, for a caller that needs
-    only which (such as step composition comparing the fill of its options).
     """
     return _plan(lengths, ranks, micro_batches, capacity, cost_model, None, tolerance, start, costs, patches,
-                 patch_capacity, encoder_costs, balance)  # fmt: skip
+                 patch_capacity, encoder_costs)  # fmt: skip
 
 
 def plan_step_on(
@@ -196,7 +191,7 @@ def plan_step_on(
     """``plan_step`` (text) of a step that holds ``base`` before its candidates: each rank's cost
     ``base.rank_cost`` and each micro-batch's tokens ``base.tokens`` (a micro-batch it fills takes none of
     them), such as the context-parallel blocks ``plan_cp_step`` placed first."""
-    return _plan(lengths, ranks, micro_batches, capacity, cost_model, base, tolerance, None, None, None, 0, None, True)
+    return _plan(lengths, ranks, micro_batches, capacity, cost_model, base, tolerance, None, None, None, 0, None)
 
 
 def _plan(
@@ -212,7 +207,6 @@ def _plan(
     patches: np.ndarray | None,
     patch_capacity: int,
     encoder_costs: np.ndarray | None,
-    balance: bool,
 ) -> StepPlan:
     lengths, ranks, micro_batches, capacity = check_step(lengths, ranks, micro_batches, capacity)
     if not isinstance(tolerance, float | int) or not 0 <= tolerance < 1:
@@ -223,7 +217,7 @@ def _plan(
     start = _check_start(start, samples, grid)
     scratch = np.empty(lengths.size, at_dtype(ranks, micro_batches))
     base = empty_base(ranks, micro_batches) if base is None else base
-    rank, micro = plan_kernel(samples, grid, float(tolerance), scratch, start, base, balance)
+    rank, micro = plan_kernel(samples, grid, float(tolerance), scratch, start, base)
     return StepPlan(rank, micro, ranks, micro_batches, capacity, int(patch_capacity))
 
 

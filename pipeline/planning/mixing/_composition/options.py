@@ -36,15 +36,6 @@ is the one planning every option would make, usually after planning the first. N
 than each source's target (or its due samples) and one sample, so where the first option scores within
 ``PREFER_OLDER`` of that, the others are not even built (at 10k ranks, building them cost more than the
 plan).
-
-**Options with media.** Under a patch budget a step rarely places all it draws (both capacities bind in
-every micro-batch), so no score reaches that bound and every option would be planned in full, trades and
-all. There the options' fills are compared first, each from its plan's placement alone (``placed_share``:
-the balancing after it moves no sample in or out, and costs most of a plan), and only the ``FINALISTS`` of
-most fill (``most_filled``) are planned in full and chosen among as above. The plan's last search brings
-every load near its own bound whichever option wins, so what the options differ in most is what they
-place (``benchmarks/README.md``: the same or more fill, the same balance, at a third of the time at 64 and
-256 ranks).
 """
 
 from __future__ import annotations
@@ -52,7 +43,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
-from typing import NamedTuple
 
 import numpy as np
 
@@ -70,7 +60,7 @@ from pipeline.planning.mixing._composition.values import (
 from pipeline.planning.mixing._composition.windows import Fill, FillOrder, Homes, fill, lengths_at, not_due
 from pipeline.planning.mixing._take import EMPTY
 from pipeline.planning.order import candidate_order
-from pipeline.planning.scheduler import CostModel, Effort, StepPlan, plan_step, plan_with_media, planned_with_media
+from pipeline.planning.scheduler import CostModel, plan_step, plan_with_media
 from pipeline.planning.shape import StepShape
 
 LONG_FRACTION = 1 / 16
@@ -85,8 +75,6 @@ PACK_BELOW = 0.97
 """Where the best option scores below this, options whose holes are packed with window samples compete."""
 PACK_AHEAD = 1.0
 """Micro-batches of tokens a packed option may take from a source beyond its allowance."""
-FINALISTS = 3
-"""With media, how many options of most fill are planned in full and scored."""
 
 
 def compose_takes(
@@ -159,7 +147,6 @@ class _Composition:
         )
         self.group = cache(self._group)
         self.media = media
-        self.with_media = self._with_media()
 
     def longs(self, lengths: np.ndarray, source: np.ndarray) -> Longs:
         return Longs(self.cost_model.costs(lengths) - self.rho * lengths, lengths, source)
@@ -213,8 +200,7 @@ class _Composition:
         placement_of: Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
     ) -> tuple[int, dict[str, np.ndarray], float]:
         """The chosen option, its positions per source and its score; options are built only as needed. An
-        option with a placement (``placement_of`` its index and positions) is planned from it too. Where the step
-        is planned with media, the choice is among the ``FINALISTS`` options of most fill (``most_filled``)."""
+        option with a placement (``placement_of`` its index and positions) is planned from it too."""
         option = cache(build)
         scores: dict[int, float] = {}
         shape = self.shape
@@ -223,7 +209,7 @@ class _Composition:
             tokens = self.fixed_tokens + sum(fill.tokens for fill in option(i).values())
             return min(tokens, shape.tokens_per_step) / shape.tokens_per_step + 1e-9
 
-        def step_of(i: int) -> _Step:
+        def score_of(i: int) -> float:
             taken = {s: fill.positions for s, fill in option(i).items()}
             drawn = [self.windows[s].lengths[taken[s]] if s in self.windows else self.fixed[s] for s in self.before]
             permutation = pool_permutation(self.deferred, drawn)
@@ -234,43 +220,16 @@ class _Composition:
                 parts = [slots[s][: len(b)] for s, b in self.before.items()]
                 parts += [slots[s][len(b) :] for s, b in self.before.items()]
                 start = np.concatenate([EMPTY, *parts])[permutation]
-            return _Step(lengths, shape, self.cost_model, start, self._media_of(taken, permutation))
-
-        def score_of(i: int) -> float:
-            scores[i] = score(*step_of(i))
+            scores[i] = score(lengths, shape, self.cost_model, start, self._media_of(taken, permutation))
             return scores[i]
 
-        finalists = list(range(count))
-        if self.with_media:
-            fills = speculative.SpeculativeScores(
-                lambda i: placed_share(*step_of(i)), count, speculative.PLANNING_THREADS
-            )
-            try:
-                finalists = most_filled(count, fills, upper_of, FINALISTS)
-            finally:
-                fills.close()
         upper_bound = min(self.bound, shape.tokens_per_step) / shape.tokens_per_step + 1e-9
-        scorer = speculative.SpeculativeScores(
-            lambda j: score_of(finalists[j]), len(finalists), speculative.PLANNING_THREADS
-        )
+        scorer = speculative.SpeculativeScores(score_of, count, speculative.PLANNING_THREADS)
         try:
-            chosen = choose_option(len(finalists), lambda j: upper_of(finalists[j]), scorer, PREFER_OLDER, upper_bound)
+            winner = choose_option(count, upper_of, scorer, PREFER_OLDER, upper_bound)
         finally:
             scorer.close()
-        winner = finalists[chosen]
         return winner, {s: fill.positions for s, fill in option(winner).items()}, scores[winner]
-
-    def _with_media(self) -> bool:
-        """Whether an option can be planned as a multimodal step (``planned_with_media``): where none can, the
-        options are chosen as text's are."""
-        if self.media is None:
-            return False
-        media, fixed_take = self.media
-        every = {
-            s: np.arange(len(self.windows[s].lengths)) if s in self.windows else fixed_take[s] for s in self.before
-        }
-        patches, encoder = media.of_step(list(self.before), every)
-        return planned_with_media(patches, encoder, self.shape.patches_per_micro_batch)
 
     def _media_of(
         self, taken: dict[str, np.ndarray], permutation: np.ndarray
@@ -356,16 +315,6 @@ def pool_order(before: Sequence[np.ndarray], drawn: Sequence[np.ndarray]) -> np.
     return np.concatenate([EMPTY, *before, *drawn]).astype(np.int64)[pool_permutation(before, drawn)]
 
 
-class _Step(NamedTuple):
-    """An option's candidates as the scheduler gets them: ``score``'s and ``placed_share``'s arguments."""
-
-    lengths: np.ndarray
-    shape: StepShape
-    cost_model: CostModel
-    start: np.ndarray | None
-    media: tuple[np.ndarray, np.ndarray, bool] | None
-
-
 def score(
     lengths: np.ndarray,
     shape: StepShape,
@@ -383,72 +332,24 @@ def score(
     such samples, one a rank, or fewer patches, then balances both.)"""
     if not len(lengths):
         return 0.0
-    plan = _plan(lengths, shape, cost_model, start, media, Effort.BALANCED)
     if media is None:
+        plan = plan_step(
+            lengths, shape.ranks, shape.micro_batches, shape.tokens_per_micro_batch, cost_model, start=start
+        )
         balance = _balance(plan.rank_costs(lengths, cost_model))
     else:
-        _, encoder, even = media
+        patches, encoder, even = media
+        plan = plan_with_media(lengths, shape, cost_model, start, patches, encoder, even, near_bounds=False)
         balance = _balance(plan.rank_totals(cost_model.costs(lengths) + encoder))
         if even:
             balance *= _balance(plan.rank_totals(encoder))
     return balance * float(lengths[plan.placed_mask].sum()) / shape.tokens_per_step
 
 
-def placed_share(
-    lengths: np.ndarray,
-    shape: StepShape,
-    cost_model: CostModel,
-    start: np.ndarray | None = None,
-    media: tuple[np.ndarray, np.ndarray, bool] | None = None,
-) -> float:
-    """The share of the step's capacity that ``score``'s plan places, from the plan's placement alone (what
-    follows it moves no sample in or out): at most ``score`` over its balance, at a fraction of its cost."""
-    if not len(lengths):
-        return 0.0
-    plan = _plan(lengths, shape, cost_model, start, media, Effort.PLACEMENT)
-    return float(lengths[plan.placed_mask].sum()) / shape.tokens_per_step
-
-
-def _plan(
-    lengths: np.ndarray,
-    shape: StepShape,
-    cost_model: CostModel,
-    start: np.ndarray | None,
-    media: tuple[np.ndarray, np.ndarray, bool] | None,
-    effort: Effort,
-) -> StepPlan:
-    """The scheduler's plan of an option's candidates (``score``'s arguments), taken as far as ``effort``."""
-    if media is None:
-        return plan_step(
-            lengths,
-            shape.ranks,
-            shape.micro_batches,
-            shape.tokens_per_micro_batch,
-            cost_model,
-            start=start,
-            balance=effort >= Effort.BALANCED,
-        )
-    patches, encoder, even = media
-    return plan_with_media(lengths, shape, cost_model, start, patches, encoder, even, effort)
-
-
 def _balance(costs: np.ndarray) -> float:
     """Mean over largest of ``costs`` (per rank), 1.0 where none costs anything."""
     largest = float(costs.max())
     return math.fsum(costs) / len(costs) / largest if largest > 0 else 1.0
-
-
-def most_filled(count: int, fill_of: Callable[[int], float], upper_of: Callable[[int], float], keep: int) -> list[int]:
-    """The ``keep`` of ``count`` options of most fill (``fill_of``; ties to the older), in order. Option ``i``
-    fills no more than ``upper_of(i)``: ``fill_of`` is called only for the options that could be kept, in
-    order."""
-    fills: dict[int, float] = {}
-    for i in range(count):
-        kept = sorted(fills, key=lambda j: (-fills[j], j))[:keep]
-        if len(kept) == keep and upper_of(i) <= fills[kept[-1]]:
-            continue
-        fills[i] = fill_of(i)
-    return sorted(sorted(fills, key=lambda j: (-fills[j], j))[:keep])
 
 
 def choose_option(

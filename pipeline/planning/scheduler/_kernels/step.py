@@ -169,11 +169,12 @@ def _held_back(lengths: np.ndarray, cands: Candidates, lpt: Placement, grid: Gri
 
 
 @kernel
-def _placement(
-    samples: Samples, grid: Grid, at: np.ndarray, start: np.ndarray, base: Placement
-) -> tuple[Candidates, Placement]:
-    """Steps 1 to 5: which candidates the step places and a first place for each. ``at`` is scratch for
-    ``lpt_kernel``; ``start`` a checked placement to start from (step 5), or empty."""
+def plan_kernel(
+    samples: Samples, grid: Grid, tolerance: float, at: np.ndarray, start: np.ndarray, base: Placement
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rank and micro-batch of every sample (int32, -1 when deferred). ``samples`` are checked already (their
+    costs ``CostModel.costs`` or the caller's); ``at`` is scratch for ``lpt_kernel``; ``start`` a checked
+    placement to start from (step 5), or empty."""
     cands, plan = lpt_kernel(samples, grid, at, base)
     lpt_whole = (plan.at >= 0).all()
     held = _held_back(samples.lengths, cands, plan, grid)  # from LPT's plan, before the repair below changes it
@@ -188,29 +189,10 @@ def _placement(
         _fill(cands, started, grid, started.rank_cost.max())
         if balance_fill(started, grid.capacity) > balance_fill(plan, grid.capacity):
             plan = started
-    return cands, plan
-
-
-@kernel
-def plan_kernel(
-    samples: Samples,
-    grid: Grid,
-    tolerance: float,
-    at: np.ndarray,
-    start: np.ndarray,
-    base: Placement,
-    balance: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Rank and micro-batch of every sample (int32, -1 when deferred). ``samples`` are checked already (their
-    costs ``CostModel.costs`` or the caller's); ``at`` is scratch for ``lpt_kernel``; ``start`` a checked
-    placement to start from (step 5), or empty. Without ``balance``, the placement of steps 1 to 5: the
-    samples placed are the same (steps 6 and 7 move samples between ranks only)."""
-    cands, plan = _placement(samples, grid, at, start, base)
-    if balance:
-        _, ratio = score(cands, plan)
-        if ratio > 1.0 + tolerance:
-            target = (1.0 + tolerance) * plan.rank_cost.max() / ratio
-            move_from_costliest(cands, plan, grid, target, 4 * grid.ranks + 64)
-        if grid.patch_capacity > 0:
-            trade_places(cands, plan, grid, tolerance)
+    _, ratio = score(cands, plan)
+    if ratio > 1.0 + tolerance:
+        target = (1.0 + tolerance) * plan.rank_cost.max() / ratio
+        move_from_costliest(cands, plan, grid, target, 4 * grid.ranks + 64)
+    if grid.patch_capacity > 0:
+        trade_places(cands, plan, grid, tolerance)
     return by_index(samples.lengths.shape[0], cands.order, plan.at, grid.shift)
