@@ -217,23 +217,36 @@ def test_the_iterator_checkpoints_in_megatrons_iteration_folders_and_resumes_on_
         latest_iteration(root)
 
 
-@pytest.mark.parametrize(("tensor", "context", "pipeline"), [(2, 1, 1), (1, 2, 1), (1, 1, 2)])
+LAYOUTS = [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
+
+
+@pytest.fixture(scope="module")
+def layouts_seen(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 processes under ``parallel_state``, set up for each of ``LAYOUTS`` in turn (one launch): each layout's
+    records in a folder of its own."""
+    from tests.integration_support import finish, start
+
+    out = tmp_path_factory.mktemp("megatron-ranks")
+    script = Path(__file__).resolve().parent / "integration_megatron_ranks.py"
+    layouts = ",".join("x".join(map(str, sizes)) for sizes in LAYOUTS)
+    finish(start(script, 4, out, "--layouts", layouts, "--out", str(out)), out)
+    return out
+
+
+@pytest.mark.parametrize(("tensor", "context", "pipeline"), LAYOUTS)
 def test_ranks_from_parallel_state_give_model_parallel_peers_one_data_parallel_rank(
-    tensor: int, context: int, pipeline: int, tmp_path: Path
+    tensor: int, context: int, pipeline: int, layouts_seen: Path
 ) -> None:
     """4 processes under ``parallel_state``: the data-parallel rank of each is the sink's for Megatron's layout
     (``ParallelLayout``), one process of each data-parallel rank writes its sink state, and data is read on
     tensor-parallel rank 0 of the first and the last pipeline stage."""
     import json
 
-    from tests.integration_support import finish, start
     from trainer_sink.parallel import ParallelLayout
 
-    script = Path(__file__).resolve().parent / "integration_megatron_ranks.py"
-    sizes = ("--tensor", str(tensor), "--context", str(context), "--pipeline", str(pipeline))
-    finish(start(script, 4, tmp_path, *sizes, "--out", str(tmp_path)), tmp_path)
     layout = ParallelLayout(4, tensor=tensor, context=context, pipeline=pipeline)
-    seen = [json.loads((tmp_path / f"rank{g}.json").read_text()) for g in range(4)]
+    folder = layouts_seen / f"{tensor}x{context}x{pipeline}"
+    seen = [json.loads((folder / f"rank{g}.json").read_text()) for g in range(4)]
     for g, record in enumerate(seen):
         assert record["data_parallel_rank"] == layout.data_parallel_rank(g), g
         assert record["data_parallel_size"] == layout.data_parallel == 2
