@@ -24,6 +24,17 @@ def read_to_end(bootstrap: str, topic: str, **kwargs):
     return _read_to_end({"bootstrap.servers": bootstrap}, topic, **kwargs)
 
 
+def committed_values(bootstrap: str, topic: str, at_least: int, timeout_s: float = 30.0) -> list[bytes]:
+    """The values ``read_to_end`` reads under read_committed, read again until there are ``at_least`` or
+    ``timeout_s`` has passed: the broker writes a transaction's commit markers after ``commit_transaction``
+    returns, and until then the last stable offset, where such a reader ends, lies before its records."""
+    deadline = time.monotonic() + timeout_s
+    values = [m.value() for m in read_to_end(bootstrap, topic)]
+    while len(values) < at_least and time.monotonic() < deadline:
+        values = [m.value() for m in read_to_end(bootstrap, topic)]
+    return values
+
+
 class TopicGrowth:
     """Counts the records in some single-partition topics so far, committed or not (their high
     watermarks): to act at a moment defined by progress (kill a role mid-work), not by a delay."""

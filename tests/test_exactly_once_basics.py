@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 from confluent_kafka import Producer
 
-from tests.kafka_support import create_topic, read_to_end
+from tests.kafka_support import committed_values, create_topic, read_to_end
 
 
 def _transactional_producer(bootstrap: str, transactional_id: str) -> Producer:
@@ -31,12 +29,7 @@ def test_aborted_records_are_invisible_and_committed_ones_visible_once(kafka_boo
         producer.produce(topic, key=b"committed", value=f"committed-{i}".encode())
     producer.commit_transaction(30)
 
-    # The broker writes the commit markers after commit_transaction returns: until then the last stable offset, where
-    # a read_committed reader ends, lies before the committed records. Read again until they show, within a bound.
-    deadline = time.monotonic() + 30
-    committed = [m.value() for m in read_to_end(kafka_bootstrap, topic, isolation="read_committed")]
-    while len(committed) < 5 and time.monotonic() < deadline:
-        committed = [m.value() for m in read_to_end(kafka_bootstrap, topic, isolation="read_committed")]
+    committed = committed_values(kafka_bootstrap, topic, 5)
     everything = [m.value() for m in read_to_end(kafka_bootstrap, topic, isolation="read_uncommitted")]
 
     assert committed == [f"committed-{i}".encode() for i in range(5)], "the committed records within 30 s"
@@ -66,8 +59,5 @@ def test_a_new_producer_with_the_same_transactional_id_fences_the_old_one(
     except Exception as exc:  # KafkaException with a fatal or fencing error
         fenced = "fenc" in str(exc).lower() or exc.args[0].fatal()
     assert fenced, "the zombie producer committed after being fenced"
-    values = [m.value() for m in read_to_end(kafka_bootstrap, topic)]
-    deadline = time.monotonic() + 30  # the commit markers trail commit_transaction, as above
-    while not values and time.monotonic() < deadline:
-        values = [m.value() for m in read_to_end(kafka_bootstrap, topic)]
+    values = committed_values(kafka_bootstrap, topic, 1)
     assert values == [b"from-successor"], "the successor's committed record within 30 s"
